@@ -1,0 +1,347 @@
+"""The builder API, spelled as Mirage's so that its scripts port over.
+
+>>> import mirage as mi
+>>> g = mi.new_kernel_graph()
+>>> X = g.new_input(dims=(2, 4096), dtype=mi.float16)
+>>> W = g.new_input(dims=(4096, 6144), dtype=mi.float16)
+>>> tb = mi.new_threadblock_graph(grid_dim=(64, 1, 1), block_dim=(128, 1, 1), forloop_range=64,
+...                               reduction_dimx=64)
+>>> bx = tb.new_input(X, input_map=(-1, -1, -1), forloop_dim=1)
+>>> bw = tb.new_input(W, input_map=(1, -1, -1), forloop_dim=0)
+>>> r = tb.forloop_accum(bx, acc="rms")
+>>> m = tb.forloop_accum(tb.matmul(bx, bw))
+>>> tb.new_output(tb.div(m, r), output_map=(1, -1, -1))
+>>> O, = g.customized([X, W], tb)
+>>> g.mark_output(O)
+>>> O.dims
+(2, 6144)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mirage.errors import GraphError, MirageError
+from mirage.mugraph import build
+from mirage.mugraph.dtypes import DType
+from mirage.mugraph.graph import (
+    Accum,
+    AccumKind,
+    BlockGraph,
+    Clamp,
+    KernelGraph,
+    KernelInput,
+    Reduce,
+    Ref,
+    RmsNorm,
+    Scalar,
+    TensorType,
+)
+from mirage.mugraph.ops import Op
+
+
+class _Tensor:
+    """A handle on a tensor of a graph under construction."""
+
+    def __init__(self, builder: Any, ref: Ref) -> None:
+        self._builder = builder
+        self.ref = ref
+
+    @property
+    def type(self) -> TensorType:
+        return self._builder.graph.type_of(self.ref)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    shape = dims
+
+    @property
+    def num_dims(self) -> int:
+        return len(self.dims)
+
+    @property
+    def dtype(self) -> DType:
+        return self.type.dtype
+
+    def dim(self, i: int) -> int:
+        return self.dims[i]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(%{self.ref.node}.{self.ref.index}: {self.dtype.short}{list(self.dims)})"
+
+    # operator sugar
+    def __add__(self, other):
+        return self._builder.add(self, other)
+
+    def __sub__(self, other):
+        return self._builder.sub(self, other)
+
+    def __mul__(self, other):
+        return self._builder.mul(self, other)
+
+    def __truediv__(self, other):
+        return self._builder.div(self, other)
+
+    def __matmul__(self, other):
+        return self._builder.matmul(self, other)
+
+
+class DTensor(_Tensor):
+    """A device-memory tensor of a kernel graph."""
+
+
+class STensor(_Tensor):
+    """A shared-memory tensor of a block graph."""
+
+    @property
+    def after_accum(self) -> bool:
+        return self.type.after_accum
+
+
+class _Builder:
+    tensor_type: type[_Tensor] = _Tensor
+
+    def __init__(self, graph) -> None:
+        self.graph = graph
+
+    def _ref(self, t) -> Ref:
+        if not isinstance(t, _Tensor) or t._builder is not self:
+            raise GraphError(f"{t!r} is not a tensor of this graph; pass tensors created by this "
+                             f"{type(self).__name__}")
+        return t.ref
+
+    def _add(self, op: Op, inputs: Sequence, attrs=None, outputs=None):
+        refs = tuple(self._ref(t) for t in inputs)
+        try:
+            self.graph, index = build.append(self.graph, op, refs, attrs, outputs)
+        except GraphError as error:
+            build.rethrow(error, self.graph, None, _pending_line(op, refs, attrs))
+        node = self.graph.nodes[index]
+        outs = [self.tensor_type(self, Ref(index, j)) for j in range(len(node.outputs))]
+        return outs[0] if len(outs) == 1 else outs
+
+    # element-wise and matrix ops shared by the kernel and block levels
+    def matmul(self, a, b):
+        return self._add(Op.MATMUL, (a, b))
+
+    def exp(self, a):
+        return self._add(Op.EXP, (a,))
+
+    def sqrt(self, a):
+        return self._add(Op.SQRT, (a,))
+
+    def square(self, a):
+        return self._add(Op.SQUARE, (a,))
+
+    def silu(self, a):
+        return self._add(Op.SILU, (a,))
+
+    def gelu(self, a):
+        return self._add(Op.GELU, (a,))
+
+    def relu(self, a):
+        return self._add(Op.RELU, (a,))
+
+    def sigmoid(self, a):
+        return self._add(Op.SIGMOID, (a,))
+
+    def clamp(self, a, min_value: float, max_value: float):
+        return self._add(Op.CLAMP, (a,), Clamp(float(min_value), float(max_value)))
+
+    def mul_scalar(self, a, scalar: float):
+        return self._add(Op.MUL_SCALAR, (a,), Scalar(float(scalar)))
+
+    def add(self, a, b):
+        return self._add(Op.ADD, (a, b))
+
+    def sub(self, a, b):
+        return self._add(Op.SUB, (a, b))
+
+    def mul(self, a, b):
+        return self._add(Op.MUL, (a, b))
+
+    def div(self, a, b):
+        return self._add(Op.DIV, (a, b))
+
+    def reduction(self, a, dim: int):
+        return self._add(Op.REDUCTION, (a,), Reduce(_dim(dim, a)))
+
+    def reduction_max(self, a, dim: int):
+        return self._add(Op.REDUCTION_MAX, (a,), Reduce(_dim(dim, a)))
+
+    def rms_norm(self, a, normalized_shape: Sequence[int] | None = None, eps: float = 0.0):
+        if normalized_shape is not None and tuple(normalized_shape) != a.dims[-1:]:
+            raise GraphError(f"rms_norm normalizes the last dim only; normalized_shape "
+                             f"{tuple(normalized_shape)} must be {a.dims[-1:]}")
+        return self._add(Op.RMS_NORM, (a,), RmsNorm(float(eps)))
+
+    def __str__(self) -> str:
+        from mirage.mugraph.text import to_text
+
+        return to_text(self.graph)
+
+
+def _dim(dim: int, a) -> int:
+    return dim + a.num_dims if dim < 0 else dim
+
+
+def _pending_line(op: Op, refs, attrs) -> str:
+    args = ", ".join(f"%{r.node}" + (f".{r.index}" if r.index else "") for r in refs)
+    return f"  >>> {op.value}({args}) {attrs if attrs is not None else ''}  <-- this op"
+
+
+class KNGraph(_Builder):
+    """A kernel graph under construction (``mi.new_kernel_graph()``)."""
+
+    tensor_type = DTensor
+
+    def __init__(self, name: str = "") -> None:
+        super().__init__(KernelGraph(nodes=(), outputs=(), name=name))
+
+    def new_input(self, dims: Sequence[int], dtype: Any = DType.FLOAT16, strides=None, name: str = ""):
+        if strides is not None:
+            expected = _row_major_strides(tuple(dims))
+            if tuple(strides) != expected:
+                raise GraphError(f"only row-major inputs are supported (strides {expected}); got "
+                                 f"{tuple(strides)}: make the tensor contiguous first")
+        if not dims or any(int(d) <= 0 for d in dims):
+            raise GraphError(f"input dims must be positive, got {tuple(dims)}")
+        t = TensorType(tuple(int(d) for d in dims), DType.parse(dtype))
+        return self._add(Op.INPUT, (), KernelInput(name), (t,))
+
+    def customized(self, inputs: Sequence[DTensor], block_graph: TBGraph) -> list[DTensor]:
+        refs = tuple(self._ref(t) for t in inputs)
+        for k, t in enumerate(inputs):
+            bound = block_graph._bound[k] if k < len(block_graph._bound) else None
+            if bound is not None and bound is not t:
+                raise GraphError(f"customized input {k} is {t!r} but the block graph's input iterator "
+                                 f"{k} was created from {bound!r}")
+        try:
+            self.graph, index = build.add_customized(self.graph, refs, block_graph.graph)
+        except GraphError as error:
+            build.rethrow(error, self.graph, None, "  >>> customized(...)  <-- this op")
+        n = len(self.graph.nodes[index].outputs)
+        return [DTensor(self, Ref(index, j)) for j in range(n)]
+
+    def mark_output(self, t: DTensor, strides=None) -> None:
+        self.graph = KernelGraph(self.graph.nodes, self.graph.outputs + (self._ref(t),), self.graph.name)
+
+    def freeze(self) -> KernelGraph:
+        """The finished, checked, immutable graph."""
+        from mirage.mugraph.check import check
+
+        check(self.graph)
+        return self.graph
+
+    # conveniences on the finished graph
+    def superoptimize(self, config: str | None = None, **options):
+        from mirage import superoptimize
+
+        return superoptimize(self.freeze(), config=config, **options)
+
+    def to_json(self, path=None) -> str:
+        return self.freeze().to_json(path)
+
+    def visualize(self, path: str, format: str | None = None) -> str:
+        from mirage.mugraph.visualize import render
+
+        return render(self.freeze(), path, format)
+
+    def content_hash(self) -> str:
+        return self.freeze().content_hash()
+
+
+class TBGraph(_Builder):
+    """A block (thread-block) graph under construction (``mi.new_threadblock_graph(...)``)."""
+
+    tensor_type = STensor
+
+    def __init__(self, grid_dim, block_dim=(128, 1, 1), forloop_range: int = 1,
+                 reduction_dimx: int = 64) -> None:
+        grid, block = _dim3(grid_dim), _dim3(block_dim)
+        super().__init__(BlockGraph((), grid, block, int(forloop_range), int(reduction_dimx)))
+        from mirage.mugraph.check import check_block_header
+
+        check_block_header(self.graph)
+        self._bound: list[DTensor] = []
+
+    def new_input(self, dtensor: DTensor, input_map=(-1, -1, -1), forloop_dim: int = -1,
+                  store_in_dmem: bool = False) -> STensor:
+        if not isinstance(dtensor, DTensor):
+            raise GraphError(f"tb.new_input takes a kernel-graph tensor, got {dtensor!r}")
+        try:
+            self.graph, index = build.add_input_iterator(self.graph, dtensor.type, _dim3(input_map),
+                                                         int(forloop_dim))
+        except GraphError as error:
+            build.rethrow(error, self.graph, None, f"  >>> input(#{len(self._bound)}) input_map="
+                          f"{tuple(input_map)} forloop_dim={forloop_dim}  <-- this op")
+        self._bound.append(dtensor)
+        return STensor(self, Ref(index, 0))
+
+    def new_output(self, stensor: STensor, output_map=(-1, -1, -1), forloop_dim: int = -1) -> None:
+        try:
+            self.graph, _ = build.add_output_saver(self.graph, self._ref(stensor), _dim3(output_map),
+                                                   int(forloop_dim))
+        except GraphError as error:
+            build.rethrow(error, self.graph, None, f"  >>> output(...) output_map={tuple(output_map)}"
+                          "  <-- this op")
+
+    def reduction_to_dimx(self, a, dim: int):
+        return self._add(Op.REDUCTION_TO_DIMX, (a,), Reduce(_dim(dim, a)))
+
+    def concat_matmul(self, w, x, y, z):
+        """(W ‖ X) @ (Y ‖ Z), the LoRA op: W @ Y + X @ Z in one tensor-core pass."""
+        return self._add(Op.CONCAT_MATMUL, (w, x, y, z))
+
+    def forloop_accum(self, a, acc: str | None = None, eps: float = 0.0):
+        return self._add(Op.ACCUM, (a,), Accum(AccumKind.parse(acc), float(eps)))
+
+    def forloop_accum_max(self, a):
+        return self._add(Op.ACCUM, (a,), Accum(AccumKind.MAX))
+
+    def forloop_accum_rescale(self, a, running_max, acc: str | None = None):
+        """acc ← acc·exp(m_prev − m) + a, with ``m`` the running max of this iteration."""
+        return self._add(Op.ACCUM_RESCALE, (a, running_max), Accum(AccumKind.parse(acc)))
+
+    def running_max(self, a):
+        return self._add(Op.RUNNING_MAX, (a,))
+
+
+def _dim3(value) -> tuple[int, int, int]:
+    if isinstance(value, int):
+        return (value, 1, 1)
+    if hasattr(value, "x"):
+        return (int(value.x), int(value.y), int(value.z))
+    items = tuple(int(v) for v in value)
+    if not 1 <= len(items) <= 3:
+        raise MirageError(f"expected up to 3 dims, got {value!r}")
+    return items + (1,) * (3 - len(items))  # type: ignore[return-value]
+
+
+def _row_major_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(dims):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def new_kernel_graph(name: str = "") -> KNGraph:
+    return KNGraph(name)
+
+
+def new_threadblock_graph(grid_dim, block_dim=(128, 1, 1), forloop_range: int = 1,
+                          reduction_dimx: int = 64) -> TBGraph:
+    return TBGraph(grid_dim, block_dim, forloop_range, reduction_dimx)
+
+
+def as_graph(graph) -> KernelGraph:
+    """Accept a builder or a frozen graph."""
+    if isinstance(graph, KNGraph):
+        return graph.freeze()
+    if isinstance(graph, KernelGraph):
+        return graph
+    raise MirageError(f"expected a kernel graph or a builder, got {type(graph).__name__}")

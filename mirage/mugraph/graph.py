@@ -1,0 +1,284 @@
+"""The µGraph IR: tensors, nodes, and graphs at the kernel, block and thread levels.
+
+Graphs are immutable values.  A graph is a tuple of nodes in topological order; a node names its
+op, its inputs (references ``Ref(node, index)`` to outputs of earlier nodes), its typed attributes,
+and the types of its outputs.  Edits make new graphs (``dataclasses.replace``).
+
+* A :class:`KernelGraph` holds device tensors.  Its ``CUSTOMIZED`` (graph-defined) nodes carry a
+  :class:`BlockGraph` as their attributes.
+* A :class:`BlockGraph` holds shared-memory tensors.  Its ``INPUT`` nodes are input iterators
+  (attributes :class:`InputIterator`), its ``OUTPUT`` nodes output savers (:class:`OutputSaver`).
+  The i-th input iterator binds to the i-th input of the graph-defined op, the j-th output saver
+  produces its j-th output.
+* A :class:`ThreadGraph` is a fused chain of element-wise ops that runs in registers; it is the
+  attribute of a block-level ``FUSED`` node (built by the optimizer's fusion pass).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Union
+
+from mirage.mugraph.dtypes import DType
+
+if TYPE_CHECKING:
+    from mirage.mugraph.ops import Op
+
+
+class Level(enum.Enum):
+    KERNEL = "kernel"
+    BLOCK = "block"
+    THREAD = "thread"
+
+
+class Layout(enum.Enum):
+    """Where the innermost (contiguous) dimension is; chosen by the optimizer, never semantic."""
+
+    ROW_MAJOR = "row"
+    COLUMN_MAJOR = "col"
+
+
+class AccumKind(enum.Enum):
+    """What a for-loop accumulator sums (R = forloop range, d = the last dim of its input)."""
+
+    NONE = "none"  # out = Σ_r in_r, element-wise
+    SUM = "sum"  # out = Σ_r Σ_j in_r[..., j]           (last dim → 1)
+    MEAN = "mean"  # SUM / (R·d)                          (last dim → 1)
+    RMS = "rms"  # sqrt(Σ_r Σ_j in_r² / (R·d) + eps)    (last dim → 1)
+    SUM_TODIMX = "sum_todimx"  # Σ_r reduction_to_dimx(in_r)  (last dim → reduction_dimx)
+    MAX = "max"  # out = max_r in_r, element-wise (stable-softmax helper)
+
+    @classmethod
+    def parse(cls, value: object) -> AccumKind:
+        if isinstance(value, AccumKind):
+            return value
+        if value is None:
+            return AccumKind.NONE
+        for kind in cls:
+            if str(value).lower() == kind.value:
+                return kind
+        raise ValueError(f"unknown accumulator {value!r}; use None, {[k.value for k in cls][1:]}")
+
+
+Dim3 = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Shape, data type, layout and (in block graphs) whether the tensor is past the accumulator."""
+
+    shape: tuple[int, ...]
+    dtype: DType
+    after_accum: bool = False
+    layout: Layout = Layout.ROW_MAJOR
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return functools.reduce(lambda a, b: a * b, self.shape, 1)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def with_shape(self, shape: tuple[int, ...]) -> TensorType:
+        return dataclasses.replace(self, shape=tuple(shape))
+
+
+@dataclass(frozen=True)
+class Ref:
+    """The ``index``-th output of node number ``node`` in the same graph."""
+
+    node: int
+    index: int = 0
+
+
+# ---- typed attributes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelInput:
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """Reduce ``dim`` (keeping the rank) to size 1, or to ``reduction_dimx`` for REDUCTION_TO_DIMX."""
+
+    dim: int
+
+
+@dataclass(frozen=True)
+class Scalar:
+    value: float
+
+
+@dataclass(frozen=True)
+class Clamp:
+    min: float
+    max: float
+
+
+@dataclass(frozen=True)
+class RmsNorm:
+    """x / sqrt(mean(x², last dim) + eps)."""
+
+    eps: float = 0.0
+
+
+@dataclass(frozen=True)
+class Accum:
+    kind: AccumKind = AccumKind.NONE
+    eps: float = 0.0
+
+
+@dataclass(frozen=True)
+class InputIterator:
+    """Loads the tile of ``source`` for each block and iteration (mirage-notes §1.3)."""
+
+    source: TensorType
+    input_map: Dim3 = (-1, -1, -1)
+    forloop_dim: int = -1
+
+
+@dataclass(frozen=True)
+class OutputSaver:
+    """Writes each block's tile to its place in the device tensor."""
+
+    output_map: Dim3 = (-1, -1, -1)
+    forloop_dim: int = -1
+
+
+@dataclass(frozen=True)
+class ThreadInput:
+    index: int
+
+
+Attrs = Union[
+    KernelInput, Reduce, Scalar, Clamp, RmsNorm, Accum, InputIterator, OutputSaver, ThreadInput,
+    "BlockGraph", "ThreadGraph", None,
+]
+
+
+@dataclass(frozen=True)
+class Node:
+    op: Op
+    inputs: tuple[Ref, ...]
+    attrs: Attrs
+    outputs: tuple[TensorType, ...]
+
+
+@dataclass(frozen=True)
+class _GraphBase:
+    nodes: tuple[Node, ...]
+
+    def type_of(self, ref: Ref) -> TensorType:
+        return self.nodes[ref.node].outputs[ref.index]
+
+    def operand_types(self, node: Node) -> tuple[TensorType, ...]:
+        return tuple(self.type_of(r) for r in node.inputs)
+
+    def refs(self) -> list[Ref]:
+        """Every tensor of the graph, in canonical order (node, then output index)."""
+        return [Ref(i, j) for i, n in enumerate(self.nodes) for j in range(len(n.outputs))]
+
+    def consumers(self) -> dict[Ref, list[int]]:
+        uses: dict[Ref, list[int]] = {r: [] for r in self.refs()}
+        for i, node in enumerate(self.nodes):
+            for r in node.inputs:
+                uses.setdefault(r, []).append(i)
+        return uses
+
+
+@dataclass(frozen=True)
+class ThreadGraph(_GraphBase):
+    """A fused chain of element-wise ops; ``INPUT`` nodes carry :class:`ThreadInput`."""
+
+    outputs: tuple[Ref, ...] = ()
+
+    level = Level.THREAD
+
+
+@dataclass(frozen=True)
+class BlockGraph(_GraphBase):
+    grid_dim: Dim3 = (1, 1, 1)
+    block_dim: Dim3 = (128, 1, 1)
+    forloop_range: int = 1
+    reduction_dimx: int = 64
+
+    level = Level.BLOCK
+
+    @property
+    def num_blocks(self) -> int:
+        x, y, z = self.grid_dim
+        return x * y * z
+
+    @property
+    def input_nodes(self) -> list[int]:
+        from mirage.mugraph.ops import Op
+
+        return [i for i, n in enumerate(self.nodes) if n.op is Op.INPUT]
+
+    @property
+    def output_nodes(self) -> list[int]:
+        from mirage.mugraph.ops import Op
+
+        return [i for i, n in enumerate(self.nodes) if n.op is Op.OUTPUT]
+
+    @property
+    def source_types(self) -> tuple[TensorType, ...]:
+        return tuple(self.nodes[i].attrs.source for i in self.input_nodes)  # type: ignore[union-attr]
+
+    @property
+    def result_types(self) -> tuple[TensorType, ...]:
+        return tuple(self.nodes[i].outputs[0] for i in self.output_nodes)
+
+
+@dataclass(frozen=True)
+class KernelGraph(_GraphBase):
+    outputs: tuple[Ref, ...] = ()
+    name: str = field(default="", compare=True)
+
+    level = Level.KERNEL
+
+    @property
+    def input_nodes(self) -> list[int]:
+        from mirage.mugraph.ops import Op
+
+        return [i for i, n in enumerate(self.nodes) if n.op is Op.INPUT]
+
+    @property
+    def input_types(self) -> tuple[TensorType, ...]:
+        return tuple(self.nodes[i].outputs[0] for i in self.input_nodes)
+
+    @property
+    def output_types(self) -> tuple[TensorType, ...]:
+        return tuple(self.type_of(r) for r in self.outputs)
+
+    def block_graphs(self) -> list[BlockGraph]:
+        return [n.attrs for n in self.nodes if isinstance(n.attrs, BlockGraph)]
+
+    # conveniences that delegate to the rest of the package
+    def __str__(self) -> str:
+        from mirage.mugraph.text import to_text
+
+        return to_text(self)
+
+    def content_hash(self) -> str:
+        from mirage.mugraph.serialize import content_hash
+
+        return content_hash(self)
+
+    def to_json(self, path=None) -> str:
+        from mirage.mugraph.serialize import save
+
+        return save(self, path)
+
+
+Graph = Union[KernelGraph, BlockGraph, ThreadGraph]

@@ -1,0 +1,227 @@
+"""One interpreter for every level, over any algebra.
+
+The block level follows mirage-notes §1.3 exactly: every block of the grid runs the block graph;
+input iterators hand each block, at each for-loop iteration r, the tile at offset
+``off[d] = b_a`` (for the grid axis a mapped to d), ``off[f] = off[f]·R + r`` for the for-loop dim f
+(block-major, then iteration); ops whose inputs are before the accumulators run every iteration;
+accumulators carry state; ops after the accumulators run once; output savers write each block's
+tile at ``off[d] = b_a · tile[d]``.
+
+All blocks run at once: values in a block graph carry three leading grid axes (of size 1 where the
+value is the same for every block along that axis), so one numpy call covers the whole grid.
+
+>>> import numpy as np, mirage as mi
+>>> g = mi.new_kernel_graph()
+>>> x = g.new_input(dims=(2, 4), dtype=mi.float32)
+>>> g.mark_output(g.reduction(g.exp(x), 1))
+>>> out, = mi.interpret(g, [np.zeros((2, 4))])
+>>> out.ravel().tolist()
+[4.0, 4.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from mirage.errors import InterpretError
+from mirage.mugraph.algebra import Algebra, FloatAlgebra
+from mirage.mugraph.graph import (
+    Accum,
+    AccumKind,
+    BlockGraph,
+    Dim3,
+    InputIterator,
+    KernelGraph,
+    OutputSaver,
+    ThreadGraph,
+)
+from mirage.mugraph.ops import REGISTRY, Op, reduce_to_dimx
+
+
+def tile_view(source: np.ndarray, iterator: InputIterator, grid: Dim3, forloop_range: int) -> np.ndarray:
+    """All tiles of ``source`` as one array ``[gx, gy, gz, R, *tile]`` (size 1 where replicated)."""
+    shape = source.shape
+    mapped = {d: a for a, d in enumerate(iterator.input_map) if d >= 0 and grid[a] > 1}
+    split: list[int] = []
+    for d, size in enumerate(shape):
+        g = grid[mapped[d]] if d in mapped else 1
+        r = forloop_range if d == iterator.forloop_dim else 1
+        split += [g, r, size // (g * r)]
+    view = source.reshape(split)
+    axis_of_grid = {a: 3 * d for d, a in mapped.items()}
+    order = [axis_of_grid.get(a) for a in range(3)]
+    order.append(3 * iterator.forloop_dim + 1 if iterator.forloop_dim >= 0 else None)
+    order += [3 * d + 2 for d in range(len(shape))]
+    used = [i for i in order if i is not None]
+    unused = [i for i in range(len(split)) if i not in used]
+    final = [view.shape[i] if i is not None else 1 for i in order]
+    return view.transpose(used + unused).reshape(final)
+
+
+def assemble(tiles: np.ndarray, saver: OutputSaver, grid: Dim3) -> np.ndarray:
+    """Place each block's tile ``tiles[bx, by, bz]`` in the output tensor (mirage-notes §1.3)."""
+    tiles = np.broadcast_to(tiles, tuple(grid) + tiles.shape[3:])
+    rank = tiles.ndim - 3
+    axis_of_dim = {d: a for a, d in enumerate(saver.output_map) if d >= 0}
+    order: list[int] = []
+    out_shape: list[int] = []
+    for d in range(rank):
+        size = tiles.shape[3 + d]
+        if d in axis_of_dim:
+            order.append(axis_of_dim[d])
+            size *= grid[axis_of_dim[d]]
+        order.append(3 + d)
+        out_shape.append(size)
+    order += [a for a in range(3) if a not in order]
+    return tiles.transpose(order).reshape(out_shape)
+
+
+class Interpreter:
+    """Runs kernel, block and thread graphs over an :class:`~mirage.mugraph.algebra.Algebra`."""
+
+    def __init__(self, algebra: Algebra) -> None:
+        self.algebra = algebra
+
+    def run(self, graph: KernelGraph, inputs: Sequence[Any]) -> list[Any]:
+        types = graph.input_types
+        if len(inputs) != len(types):
+            raise InterpretError(f"the graph takes {len(types)} inputs, got {len(inputs)}")
+        for i, (value, t) in enumerate(zip(inputs, types, strict=True)):
+            if tuple(self.algebra.shape(value)) != t.shape:
+                raise InterpretError(f"input {i} has shape {list(self.algebra.shape(value))}, "
+                                     f"the graph expects {list(t.shape)}")
+        values: dict[tuple[int, int], Any] = {}
+        feed = iter(inputs)
+        for i, node in enumerate(graph.nodes):
+            args = [values[(r.node, r.index)] for r in node.inputs]
+            if node.op is Op.INPUT:
+                outs = [next(feed)]
+            elif node.op is Op.CUSTOMIZED:
+                outs = self.run_block(node.attrs, args)
+            else:
+                outs = [self.apply(node, graph.operand_types(node), args)]
+            for j, v in enumerate(outs):
+                values[(i, j)] = v
+        return [values[(r.node, r.index)] for r in graph.outputs]
+
+    def apply(self, node, in_types, args):
+        row = REGISTRY[node.op]
+        if node.op is Op.FUSED:
+            return self.run_thread(node.attrs, args)
+        if row.formula is None:
+            raise InterpretError(f"op {node.op.value} has no formula at this level")
+        return row.formula(self.algebra, node.attrs, in_types, *args)
+
+    def run_thread(self, graph: ThreadGraph, args: Sequence[Any]) -> Any:
+        values: dict[tuple[int, int], Any] = {}
+        for i, node in enumerate(graph.nodes):
+            if node.op is Op.INPUT:
+                values[(i, 0)] = args[node.attrs.index]
+            else:
+                ins = [values[(r.node, r.index)] for r in node.inputs]
+                values[(i, 0)] = self.apply(node, graph.operand_types(node), ins)
+        (out,) = graph.outputs
+        return values[(out.node, out.index)]
+
+    def run_block(self, graph: BlockGraph, args: Sequence[Any]) -> list[Any]:
+        A = self.algebra
+        grid, R = graph.grid_dim, graph.forloop_range
+        tiles = {}
+        for k, i in enumerate(graph.input_nodes):
+            it = graph.nodes[i].attrs
+            tiles[i] = A.structural(lambda s, it=it: tile_view(s, it, grid, R), args[k])
+        body = [i for i, n in enumerate(graph.nodes) if n.op is not Op.OUTPUT and
+                not n.outputs[0].after_accum]
+        after = [i for i, n in enumerate(graph.nodes) if n.op is not Op.OUTPUT and
+                 n.outputs[0].after_accum and n.op not in (Op.ACCUM, Op.ACCUM_RESCALE)]
+        accums = [i for i, n in enumerate(graph.nodes) if n.op in (Op.ACCUM, Op.ACCUM_RESCALE)]
+        state: dict[int, Any] = {}
+        previous_max: dict[int, Any] = {}
+        values: dict[tuple[int, int], Any] = {}
+        for r in range(R):
+            for i in body + accums:
+                node = graph.nodes[i]
+                ins = [values[(x.node, x.index)] for x in node.inputs]
+                if node.op is Op.INPUT:
+                    rr = r if A.shape(tiles[i])[3] > 1 else 0
+                    values[(i, 0)] = A.structural(lambda t, rr=rr: t[:, :, :, rr], tiles[i])
+                elif node.op is Op.RUNNING_MAX:
+                    state[i] = ins[0] if i not in state else A.maximum(state[i], ins[0])
+                    values[(i, 0)] = state[i]
+                elif node.op is Op.ACCUM:
+                    term = self._accum_term(node.attrs, ins[0], graph.reduction_dimx)
+                    if i not in state:
+                        state[i] = term
+                    elif node.attrs.kind is AccumKind.MAX:
+                        state[i] = A.maximum(state[i], term)
+                    else:
+                        state[i] = A.add(state[i], term)
+                elif node.op is Op.ACCUM_RESCALE:
+                    term = self._accum_term(node.attrs, ins[0], graph.reduction_dimx)
+                    m = ins[1]
+                    if i in state:
+                        scale = A.exp(A.sub(previous_max[i], m))
+                        state[i] = A.add(A.mul(state[i], scale), term)
+                    else:
+                        state[i] = term
+                    previous_max[i] = m
+                else:
+                    values[(i, 0)] = self.apply(node, graph.operand_types(node), ins)
+        for i in accums:
+            node = graph.nodes[i]
+            values[(i, 0)] = self._accum_final(node.attrs, state[i], graph.operand_types(node)[0], R)
+        for i in after:
+            node = graph.nodes[i]
+            ins = [values[(x.node, x.index)] for x in node.inputs]
+            values[(i, 0)] = self.apply(node, graph.operand_types(node), ins)
+        outs = []
+        for i in graph.output_nodes:
+            node = graph.nodes[i]
+            (src,) = node.inputs
+            value = values[(src.node, src.index)]
+            outs.append(A.structural(lambda t, s=node.attrs: assemble(t, s, grid), value))
+        return outs
+
+    def _accum_term(self, attrs: Accum, x, dimx: int):
+        A = self.algebra
+        match attrs.kind:
+            case AccumKind.NONE | AccumKind.MAX:
+                return x
+            case AccumKind.SUM | AccumKind.MEAN:
+                return A.sum(x, axis=-1)
+            case AccumKind.RMS:
+                return A.sum(A.mul(x, x), axis=-1)
+            case AccumKind.SUM_TODIMX:
+                return reduce_to_dimx(A, x, -1, dimx)
+        raise InterpretError(f"unknown accumulator kind {attrs.kind}")
+
+    def _accum_final(self, attrs: Accum, acc, in_type, forloop_range: int):
+        A = self.algebra
+        n = forloop_range * in_type.shape[-1]
+        match attrs.kind:
+            case AccumKind.MEAN:
+                return A.mul(acc, A.const(Fraction(1, n), acc))
+            case AccumKind.RMS:
+                mean = A.mul(acc, A.const(Fraction(1, n), acc))
+                if attrs.eps:
+                    mean = A.add(mean, A.const(Fraction(attrs.eps), acc))
+                return A.sqrt(mean)
+        return acc
+
+
+def interpret(graph, inputs: Sequence[Any], dtype: type = np.float64) -> list[np.ndarray]:
+    """Run ``graph`` on the CPU in ``dtype`` (float32 or float64); inputs may be numpy or torch."""
+    from mirage.mugraph.builder import as_graph
+
+    graph = as_graph(graph)
+    arrays = []
+    for x in inputs:
+        if hasattr(x, "detach"):
+            x = x.detach().cpu().double().numpy()
+        arrays.append(np.asarray(x, dtype=dtype))
+    outs = Interpreter(FloatAlgebra(dtype)).run(graph, arrays)
+    return [np.asarray(o, dtype=dtype) for o in outs]
