@@ -154,6 +154,9 @@ class _Builder:
     def mul_scalar(self, a, scalar: float):
         return self._add(Op.MUL_SCALAR, (a,), Scalar(float(scalar)))
 
+    def add_scalar(self, a, scalar: float):
+        return self._add(Op.ADD_SCALAR, (a,), Scalar(float(scalar)))
+
     def add(self, a, b):
         return self._add(Op.ADD, (a, b))
 

@@ -55,6 +55,7 @@ class Op(enum.Enum):
     SIGMOID = "sigmoid"
     CLAMP = "clamp"
     MUL_SCALAR = "mul_scalar"
+    ADD_SCALAR = "add_scalar"
     # element-wise binary (numpy broadcasting between equal ranks)
     ADD = "add"
     SUB = "sub"
@@ -76,7 +77,7 @@ class Op(enum.Enum):
 
 
 UNARY = frozenset({Op.EXP, Op.SQRT, Op.SQUARE, Op.SILU, Op.GELU, Op.RELU, Op.SIGMOID, Op.CLAMP,
-                   Op.MUL_SCALAR})
+                   Op.MUL_SCALAR, Op.ADD_SCALAR})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 ELEMENTWISE = UNARY | BINARY
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
@@ -86,7 +87,7 @@ FORLOOP_STATEFUL = ACCUMULATORS | {Op.RUNNING_MAX}
 # ops whose meaning uses an order (max): no finite-field fingerprint exists for them
 ORDERED = frozenset({Op.REDUCTION_MAX, Op.RUNNING_MAX, Op.ACCUM_RESCALE, Op.RELU, Op.CLAMP})
 # the LAX fragment (mirage-notes §2): multi-linear ops, division, exponentiation
-LAX = frozenset({Op.INPUT, Op.OUTPUT, Op.MATMUL, Op.EXP, Op.SQRT, Op.SQUARE, Op.MUL_SCALAR,
+LAX = frozenset({Op.INPUT, Op.OUTPUT, Op.MATMUL, Op.EXP, Op.SQRT, Op.SQUARE, Op.MUL_SCALAR, Op.ADD_SCALAR,
                  Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.REDUCTION, Op.REDUCTION_TO_DIMX, Op.RMS_NORM,
                  Op.CONCAT_MATMUL, Op.ACCUM, Op.CUSTOMIZED, Op.FUSED})
 
@@ -321,6 +322,7 @@ _F = {
     Op.SIGMOID: lambda A, at, it, x: A.opaque("sigmoid", x, _sigmoid),
     Op.CLAMP: lambda A, at, it, x: A.opaque(f"clamp[{at.min},{at.max}]", x, _clamp(at)),
     Op.MUL_SCALAR: lambda A, at, it, x: A.mul(x, A.const(Fraction(at.value), x)),
+    Op.ADD_SCALAR: lambda A, at, it, x: A.add(x, A.const(Fraction(at.value), x)),
     Op.ADD: lambda A, at, it, x, y: A.add(x, y),
     Op.SUB: lambda A, at, it, x, y: A.sub(x, y),
     Op.MUL: lambda A, at, it, x, y: A.mul(x, y),
@@ -355,6 +357,7 @@ REGISTRY: dict[Op, OpSpec] = {
         _row(Op.SIGMOID, _ALL, 1, None, _unary_shape, "Sigmoid", 3, "1/(1+e^-x)"),
         _row(Op.CLAMP, _ALL, 1, Clamp, _unary_shape, "Clamp", 2, "min(max(x, lo), hi)"),
         _row(Op.MUL_SCALAR, _ALL, 1, Scalar, _unary_shape, "MulScalar", 1, "x·c"),
+        _row(Op.ADD_SCALAR, _ALL, 1, Scalar, _unary_shape, "AddScalar", 1, "x + c"),
         _row(Op.ADD, _ALL, 2, None, _binary_shape, "Add", 1, "x + y"),
         _row(Op.SUB, _ALL, 2, None, _binary_shape, "Sub", 1, "x − y"),
         _row(Op.MUL, _ALL, 2, None, _binary_shape, "Mul", 1, "x·y"),

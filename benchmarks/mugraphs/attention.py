@@ -1,0 +1,64 @@
+"""GQA and QKNorm: ``softmax(Q @ K / 8) @ V`` with K stored transposed, optionally QK-normalized.
+
+Shapes (BENCHMARKS.md): Q (2b, 256, 64), K (2b, 64, 4096), V (2b, 4096, 64), fp16.  The search works
+on the LAX form ``exp(S) / Σ exp(S)``; the codegen's online-softmax rewrite makes kernels stable.
+"""
+
+from __future__ import annotations
+
+import mirage as mi
+
+SCALE = 1.0 / 8.0
+EPS = 1e-6
+
+
+def shapes(b: int) -> list[tuple[int, ...]]:
+    return [(2 * b, 256, 64), (2 * b, 64, 4096), (2 * b, 4096, 64)]
+
+
+def _rms_k(g, k):
+    """Normalize each 64-vector of K (2b, 64, n) over dim 1: k / sqrt(mean(k², dim 1) + eps)."""
+    mean = g.mul_scalar(g.reduction(g.square(k), 1), 1.0 / k.dims[1])
+    return g.div(k, g.sqrt(g.add_scalar(mean, EPS)))
+
+
+def reference(b: int, qknorm: bool = False) -> mi.KernelGraph:
+    g = mi.new_kernel_graph("qknorm" if qknorm else "gqa")
+    q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(shapes(b), "QKV"))
+    if qknorm:
+        q = g.rms_norm(q, eps=EPS)
+        k = _rms_k(g, k)
+    e = g.exp(g.mul_scalar(g.matmul(q, k), SCALE))
+    g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
+    return g.freeze()
+
+
+def fused(b: int, qknorm: bool = False) -> mi.KernelGraph:
+    """Two graph-defined kernels, as Mirage's FlashDecoding-like µGraph (mirage-notes §1.7)."""
+    heads, kv_splits, q_splits, iters = 2 * b, 8, 16, 4
+    g = mi.new_kernel_graph("qknorm" if qknorm else "gqa")
+    q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(shapes(b), "QKV"))
+    tb = mi.new_threadblock_graph(grid_dim=(heads, kv_splits, q_splits), block_dim=(128, 1, 1),
+                                  forloop_range=iters, reduction_dimx=64)
+    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)  # [1, 16, 64]
+    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)  # [1, 64, 128]
+    bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)  # [1, 128, 64]
+    if qknorm:
+        bq = tb.rms_norm(bq, eps=EPS)
+        bk = _rms_k(tb, bk)
+    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), SCALE))
+    sums = tb.forloop_accum(e)  # [1, 16, 128]
+    numerators = tb.forloop_accum(tb.matmul(e, bv))  # [1, 16, 64]
+    tb.new_output(sums, output_map=(0, 2, 1))  # [2b, 256, 1024]
+    tb.new_output(numerators, output_map=(0, 2, 1))  # [2b, 256, 512]
+    partial_sums, partial_numerators = g.customized([q, k, v], tb)
+
+    tb2 = mi.new_threadblock_graph(grid_dim=(heads, 16, 1), block_dim=(128, 1, 1), forloop_range=1,
+                                   reduction_dimx=64)
+    s = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")  # [1,16,1]
+    n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)),
+                          acc="sum_todimx")  # [1, 16, 64]
+    tb2.new_output(tb2.div(n, s), output_map=(0, 1, -1))
+    (out,) = g.customized([partial_sums, partial_numerators], tb2)
+    g.mark_output(out)
+    return g.freeze()

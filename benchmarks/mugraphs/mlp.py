@@ -1,0 +1,93 @@
+"""RMSNorm + linear, gated MLP and LoRA (BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import mirage as mi
+
+EPS = 1e-6
+
+
+def rmsnorm_shapes(b: int) -> list[tuple[int, ...]]:
+    # G (4096) is bound as a (1, 4096) view: element-wise operands have equal rank in µGraphs
+    return [(2 * b, 4096), (1, 4096), (4096, 6144)]
+
+
+def rmsnorm_reference(b: int) -> mi.KernelGraph:
+    g = mi.new_kernel_graph("rmsnorm")
+    x, gain, w = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(rmsnorm_shapes(b), "XGW"))
+    g.mark_output(g.matmul(g.mul(g.rms_norm(x, eps=EPS), gain), w))
+    return g.freeze()
+
+
+def rmsnorm_fused(b: int, grid: int = 64, iters: int = 64) -> mi.KernelGraph:
+    """One kernel: the rms accumulates beside the matmul; the division happens once, after the loop."""
+    g = mi.new_kernel_graph("rmsnorm")
+    x, gain, w = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(rmsnorm_shapes(b), "XGW"))
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(128, 1, 1), forloop_range=iters)
+    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
+    bg = tb.new_input(gain, input_map=(-1, -1, -1), forloop_dim=1)
+    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
+    rms = tb.forloop_accum(bx, acc="rms", eps=EPS)
+    acc = tb.forloop_accum(tb.matmul(tb.mul(bx, bg), bw))
+    tb.new_output(tb.div(acc, rms), output_map=(1, -1, -1))
+    (out,) = g.customized([x, gain, w], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
+def gatedmlp_shapes(m: int) -> list[tuple[int, ...]]:
+    return [(m, 4096), (4096, 4096), (4096, 4096)]
+
+
+def gatedmlp_reference(m: int) -> mi.KernelGraph:
+    g = mi.new_kernel_graph("gatedmlp")
+    x, w1, w2 = (g.new_input(dims=s, dtype=mi.float16, name=n)
+                 for s, n in zip(gatedmlp_shapes(m), ("X", "W1", "W2")))
+    g.mark_output(g.mul(g.silu(g.matmul(x, w1)), g.matmul(x, w2)))
+    return g.freeze()
+
+
+def gatedmlp_fused(m: int, grid: int = 128, iters: int = 64) -> mi.KernelGraph:
+    g = mi.new_kernel_graph("gatedmlp")
+    x, w1, w2 = (g.new_input(dims=s, dtype=mi.float16, name=n)
+                 for s, n in zip(gatedmlp_shapes(m), ("X", "W1", "W2")))
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(128, 1, 1), forloop_range=iters)
+    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
+    b1 = tb.new_input(w1, input_map=(1, -1, -1), forloop_dim=0)
+    b2 = tb.new_input(w2, input_map=(1, -1, -1), forloop_dim=0)
+    a1 = tb.forloop_accum(tb.matmul(bx, b1))
+    a2 = tb.forloop_accum(tb.matmul(bx, b2))
+    tb.new_output(tb.mul(tb.silu(a1), a2), output_map=(1, -1, -1))
+    (out,) = g.customized([x, w1, w2], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
+def lora_shapes(m: int = 16) -> list[tuple[int, ...]]:
+    return [(m, 256), (256, 4096), (256, 16), (16, 4096)]
+
+
+def lora_reference(m: int = 16) -> mi.KernelGraph:
+    g = mi.new_kernel_graph("lora")
+    x, w, la, lb = (g.new_input(dims=s, dtype=mi.float16, name=n)
+                    for s, n in zip(lora_shapes(m), ("X", "W", "LA", "LB")))
+    g.mark_output(g.add(g.matmul(x, w), g.matmul(g.matmul(x, la), lb)))
+    return g.freeze()
+
+
+def lora_fused(m: int = 16, grid: int = 64, concat: bool = False) -> mi.KernelGraph:
+    """One kernel; with ``concat`` the two products share one tensor-core pass: (X ‖ XA) @ (W ‖ LB)."""
+    g = mi.new_kernel_graph("lora")
+    x, w, la, lb = (g.new_input(dims=s, dtype=mi.float16, name=n)
+                    for s, n in zip(lora_shapes(m), ("X", "W", "LA", "LB")))
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
+    bx = tb.new_input(x, input_map=(-1, -1, -1))
+    bw = tb.new_input(w, input_map=(1, -1, -1))
+    ba = tb.new_input(la, input_map=(-1, -1, -1))
+    bb = tb.new_input(lb, input_map=(1, -1, -1))
+    xa = tb.matmul(bx, ba)
+    y = tb.concat_matmul(bx, xa, bw, bb) if concat else tb.add(tb.matmul(bx, bw), tb.matmul(xa, bb))
+    tb.new_output(tb.forloop_accum(y), output_map=(1, -1, -1))
+    (out,) = g.customized([x, w, la, lb], tb)
+    g.mark_output(out)
+    return g.freeze()
