@@ -220,8 +220,13 @@ class KNGraph(_Builder):
         for k, t in enumerate(inputs):
             bound = block_graph._bound[k] if k < len(block_graph._bound) else None
             if bound is not None and bound is not t:
-                raise GraphError(f"customized input {k} is {t!r} but the block graph's input iterator "
+                from mirage.errors import BindingError
+
+                raise BindingError(f"customized input {k} is {t!r} but the block graph's input iterator "
                                  f"{k} was created from {bound!r}")
+        from mirage.mugraph.check import check
+
+        check(block_graph.graph)
         try:
             self.graph, index = build.add_customized(self.graph, refs, block_graph.graph)
         except GraphError as error:
