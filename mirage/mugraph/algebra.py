@@ -14,7 +14,7 @@ every component of a value, so the tiling code of the interpreter is shared by a
 
 >>> import numpy as np
 >>> A = FloatAlgebra(np.float64)
->>> A.div(A.const(1, like=None), A.const(4, like=None))
+>>> float(A.div(A.const(1, like=None), A.const(4, like=None)))
 0.25
 """
 
