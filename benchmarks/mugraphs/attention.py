@@ -24,7 +24,7 @@ def _rms_k(g, k):
 
 def reference(b: int, qknorm: bool = False) -> mi.KernelGraph:
     g = mi.new_kernel_graph("qknorm" if qknorm else "gqa")
-    q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(shapes(b), "QKV"))
+    q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(shapes(b), "QKV", strict=True))
     if qknorm:
         q = g.rms_norm(q, eps=EPS)
         k = _rms_k(g, k)
@@ -37,7 +37,7 @@ def fused(b: int, qknorm: bool = False) -> mi.KernelGraph:
     """Two graph-defined kernels, as Mirage's FlashDecoding-like µGraph (mirage-notes §1.7)."""
     heads, kv_splits, q_splits, iters = 2 * b, 8, 16, 4
     g = mi.new_kernel_graph("qknorm" if qknorm else "gqa")
-    q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(shapes(b), "QKV"))
+    q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(shapes(b), "QKV", strict=True))
     tb = mi.new_threadblock_graph(grid_dim=(heads, kv_splits, q_splits), block_dim=(128, 1, 1),
                                   forloop_range=iters, reduction_dimx=64)
     bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)  # [1, 16, 64]

@@ -14,7 +14,8 @@ def rmsnorm_shapes(b: int) -> list[tuple[int, ...]]:
 
 def rmsnorm_reference(b: int) -> mi.KernelGraph:
     g = mi.new_kernel_graph("rmsnorm")
-    x, gain, w = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(rmsnorm_shapes(b), "XGW"))
+    x, gain, w = (g.new_input(dims=s, dtype=mi.float16, name=n)
+                  for s, n in zip(rmsnorm_shapes(b), "XGW", strict=True))
     g.mark_output(g.matmul(g.mul(g.rms_norm(x, eps=EPS), gain), w))
     return g.freeze()
 
@@ -22,7 +23,8 @@ def rmsnorm_reference(b: int) -> mi.KernelGraph:
 def rmsnorm_fused(b: int, grid: int = 64, iters: int = 64) -> mi.KernelGraph:
     """One kernel: the rms accumulates beside the matmul; the division happens once, after the loop."""
     g = mi.new_kernel_graph("rmsnorm")
-    x, gain, w = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(rmsnorm_shapes(b), "XGW"))
+    x, gain, w = (g.new_input(dims=s, dtype=mi.float16, name=n)
+                  for s, n in zip(rmsnorm_shapes(b), "XGW", strict=True))
     tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(128, 1, 1), forloop_range=iters)
     bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
     bg = tb.new_input(gain, input_map=(-1, -1, -1), forloop_dim=1)
@@ -42,7 +44,7 @@ def gatedmlp_shapes(m: int) -> list[tuple[int, ...]]:
 def gatedmlp_reference(m: int) -> mi.KernelGraph:
     g = mi.new_kernel_graph("gatedmlp")
     x, w1, w2 = (g.new_input(dims=s, dtype=mi.float16, name=n)
-                 for s, n in zip(gatedmlp_shapes(m), ("X", "W1", "W2")))
+                 for s, n in zip(gatedmlp_shapes(m), ("X", "W1", "W2"), strict=True))
     g.mark_output(g.mul(g.silu(g.matmul(x, w1)), g.matmul(x, w2)))
     return g.freeze()
 
@@ -50,7 +52,7 @@ def gatedmlp_reference(m: int) -> mi.KernelGraph:
 def gatedmlp_fused(m: int, grid: int = 128, iters: int = 64) -> mi.KernelGraph:
     g = mi.new_kernel_graph("gatedmlp")
     x, w1, w2 = (g.new_input(dims=s, dtype=mi.float16, name=n)
-                 for s, n in zip(gatedmlp_shapes(m), ("X", "W1", "W2")))
+                 for s, n in zip(gatedmlp_shapes(m), ("X", "W1", "W2"), strict=True))
     tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(128, 1, 1), forloop_range=iters)
     bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
     b1 = tb.new_input(w1, input_map=(1, -1, -1), forloop_dim=0)
@@ -70,7 +72,7 @@ def lora_shapes(m: int = 16) -> list[tuple[int, ...]]:
 def lora_reference(m: int = 16) -> mi.KernelGraph:
     g = mi.new_kernel_graph("lora")
     x, w, la, lb = (g.new_input(dims=s, dtype=mi.float16, name=n)
-                    for s, n in zip(lora_shapes(m), ("X", "W", "LA", "LB")))
+                    for s, n in zip(lora_shapes(m), ("X", "W", "LA", "LB"), strict=True))
     g.mark_output(g.add(g.matmul(x, w), g.matmul(g.matmul(x, la), lb)))
     return g.freeze()
 
@@ -79,7 +81,7 @@ def lora_fused(m: int = 16, grid: int = 64, concat: bool = False) -> mi.KernelGr
     """One kernel; with ``concat`` the two products share one tensor-core pass: (X ‖ XA) @ (W ‖ LB)."""
     g = mi.new_kernel_graph("lora")
     x, w, la, lb = (g.new_input(dims=s, dtype=mi.float16, name=n)
-                    for s, n in zip(lora_shapes(m), ("X", "W", "LA", "LB")))
+                    for s, n in zip(lora_shapes(m), ("X", "W", "LA", "LB"), strict=True))
     tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
     bx = tb.new_input(x, input_map=(-1, -1, -1))
     bw = tb.new_input(w, input_map=(1, -1, -1))

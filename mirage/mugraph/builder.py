@@ -70,7 +70,8 @@ class _Tensor:
         return self.dims[i]
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(%{self.ref.node}.{self.ref.index}: {self.dtype.short}{list(self.dims)})"
+        ref = f"%{self.ref.node}.{self.ref.index}"
+        return f"{type(self).__name__}({ref}: {self.dtype.short}{list(self.dims)})"
 
     # operator sugar
     def __add__(self, other):

@@ -17,7 +17,7 @@ from mirage.errors import (
 )
 from mirage.mugraph import build
 from mirage.mugraph.graph import BlockGraph, KernelGraph, Level, ThreadGraph
-from mirage.mugraph.ops import ELEMENTWISE, Op, UNARY
+from mirage.mugraph.ops import ELEMENTWISE, UNARY, Op
 from mirage.mugraph.target import DEFAULT_TARGET, Target
 
 

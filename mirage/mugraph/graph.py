@@ -281,4 +281,4 @@ class KernelGraph(_GraphBase):
         return save(self, path)
 
 
-Graph = Union[KernelGraph, BlockGraph, ThreadGraph]
+Graph = KernelGraph | BlockGraph | ThreadGraph

@@ -391,5 +391,6 @@ def spec(op: Op | str) -> OpSpec:
         except ValueError:
             from mirage.errors import UnknownOpError
 
-            raise UnknownOpError(f"unknown op {op!r}; known ops: {', '.join(o.value for o in Op)}")
+            known = ", ".join(o.value for o in Op)
+            raise UnknownOpError(f"unknown op {op!r}; known ops: {known}") from None
     return REGISTRY[op]

@@ -1,0 +1,160 @@
+"""Run the benchmark suite end to end on the GPU and write JSON, a markdown table and a bar chart.
+
+    python -m benchmarks.run --out benchmarks/results [--cases gqa_b1,rmsnorm_b1] [--ours superoptimize]
+
+Every variant of a case runs in the same process on the same inputs; timing is by CUDA-graph
+replays (``mirage.codegen.profile.time_graph``).  ``limit = max(roofline, launch floor)`` with the
+copy bandwidth and the launch floor measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import traceback
+from pathlib import Path
+
+import torch
+
+from benchmarks.suite import WORKLOADS, Workload, sdpa_baselines
+from mirage.codegen.profile import copy_bandwidth, device_facts, launch_floor, time_graph
+
+log = logging.getLogger("benchmarks")
+
+
+def ours(workload: Workload, inputs, mode: str):
+    """Our callable for ``workload``: through ``mi.superoptimize`` on the PyTorch program, or none."""
+    if mode == "none":
+        return None
+    import mirage as mi
+
+    if mode == "superoptimize":
+        return mi.superoptimize(workload.function, inputs)
+    raise ValueError(f"unknown --ours mode {mode!r}")
+
+
+def check(fn, expected, name) -> float:
+    out = fn()
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    out = out.reshape(expected.shape).double()
+    error = float((out - expected).norm() / expected.norm())
+    if not math.isfinite(error) or error > 2e-2:
+        raise AssertionError(f"{name}: relative error {error:.3g} against the float64 reference")
+    return error
+
+
+def run_case(workload: Workload, mode: str, floor: float, bandwidth: float) -> dict:
+    inputs = workload.inputs()
+    fn = workload.function
+    expected = fn(*[x.double() for x in inputs])
+    variants = {"eager": lambda: fn(*inputs)}
+    compiled = torch.compile(fn, mode="max-autotune-no-cudagraphs")
+    variants["torch_compile"] = lambda: compiled(*inputs)
+    for name, run in sdpa_baselines(workload, inputs).items():
+        variants[name] = run
+    row: dict = {"case": workload.name, "times_us": {}, "errors": {}, "failures": {}}
+    try:
+        mine = ours(workload, inputs, mode)
+        if mine is not None:
+            variants["mirage"] = lambda: mine(*inputs)
+    except Exception as error:  # noqa: BLE001 - recorded, never hidden
+        row["failures"]["mirage"] = f"{type(error).__name__}: {error}"
+        log.warning("%s: mirage failed: %s", workload.name, traceback.format_exc())
+    for name, variant in variants.items():
+        try:
+            row["errors"][name] = check(variant, expected, name)
+            row["times_us"][name] = time_graph(variant).as_dict()
+        except Exception as error:  # noqa: BLE001
+            row["failures"][name] = f"{type(error).__name__}: {str(error)[:300]}"
+    baselines = {k: v["median_us"] for k, v in row["times_us"].items() if k != "mirage"}
+    row["best_baseline"] = min(baselines, key=baselines.get) if baselines else None
+    row["best_us"] = min(baselines.values()) if baselines else None
+    roofline = workload.min_bytes() / bandwidth * 1e6
+    row["roofline_us"], row["launch_floor_us"] = roofline, floor
+    row["limit_us"] = max(roofline, floor)
+    if "mirage" in row["times_us"] and row["best_us"]:
+        t = row["times_us"]["mirage"]["median_us"]
+        row["speedup"] = row["best_us"] / t
+        row["of_limit"] = row["limit_us"] / t
+    return row
+
+
+def write_reports(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"suite_{result['facts']['date']}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    names = ["eager", "torch_compile", "sdpa_flash", "mirage"]
+    lines = [f"Device {result['facts']['device']}, driver {result['facts']['driver']}, torch "
+             f"{result['facts']['torch']}, {result['facts']['date']}; copy bandwidth "
+             f"{result['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, launch floor "
+             f"{result['launch_floor_us']:.2f} µs.",
+             "", "| case | " + " | ".join(names) + " | best | limit | speedup | of limit |",
+             "|" + " --- |" * (len(names) + 5)]
+    speedups = []
+    for row in result["cases"]:
+        cells = [f"{row['times_us'][n]['median_us']:.2f}" if n in row["times_us"] else "–" for n in names]
+        sp = row.get("speedup")
+        if sp:
+            speedups.append(sp)
+        lines.append(f"| {row['case']} | " + " | ".join(cells) + f" | {_fmt(row['best_us'])} | "
+                     f"{_fmt(row['limit_us'])} | {_fmt(sp)} | {_fmt(row.get('of_limit'))} |")
+    if speedups:
+        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        lines += ["", f"Geometric mean speedup over the best baseline: {geo:.2f} ({len(speedups)} cases)."]
+    failures = [(r["case"], k, v) for r in result["cases"] for k, v in r["failures"].items()]
+    if failures:
+        lines += ["", "Failures:"] + [f"- {c} / {k}: {v}" for c, k, v in failures]
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    _chart(result, out / f"{stem}.png")
+
+
+def _fmt(value) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [r["case"] for r in result["cases"]]
+    names = ["eager", "torch_compile", "sdpa_flash", "mirage"]
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    width = 0.8 / (len(names) + 1)
+    for k, name in enumerate(names + ["limit"]):
+        values = [(r["limit_us"] if name == "limit" else r["times_us"].get(name, {}).get("median_us", 0))
+                  for r in result["cases"]]
+        ax.bar([i + k * width for i in range(len(cases))], values, width, label=name)
+    ax.set_xticks([i + 0.4 for i in range(len(cases))], cases, rotation=30, ha="right")
+    ax.set_ylabel("µs per call (median, CUDA-graph replays)")
+    ax.set_yscale("log")
+    ax.legend(ncol=5, fontsize=8)
+    ax.set_title(f"{result['facts']['device']} — {result['facts']['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--ours", default="superoptimize", choices=["superoptimize", "none"])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    chosen = [w for w in WORKLOADS if not args.cases or w.name in args.cases.split(",")]
+    bandwidth, floor = copy_bandwidth(), launch_floor()
+    result = {"facts": device_facts(), "bandwidth_bytes_per_s": bandwidth, "launch_floor_us": floor,
+              "cases": []}
+    for workload in chosen:
+        log.info("case %s", workload.name)
+        result["cases"].append(run_case(workload, args.ours, floor, bandwidth))
+        write_reports(result, Path(args.out))
+    print((Path(args.out) / f"suite_{result['facts']['date']}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""GPU timing as BENCHMARKS.md prescribes: CUDA-graph replays timed with CUDA events, medians.
+
+``time_graph(fn)`` captures ``calls`` back-to-back calls of ``fn`` in one CUDA graph, replays it
+``replays`` times, each between two events, and returns the median time of one call in µs.  Warm-up
+(compilation, autotuning, allocator growth) happens before the capture.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p10_us: float
+    p90_us: float
+    replays: int
+    calls_per_replay: int
+
+    def as_dict(self) -> dict:
+        return {"median_us": self.median_us, "p10_us": self.p10_us, "p90_us": self.p90_us,
+                "replays": self.replays, "calls_per_replay": self.calls_per_replay}
+
+
+def time_graph(fn: Callable[[], object], calls: int = 10, replays: int = 200, warmup: int = 3) -> Timing:
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for start, end in zip(starts, ends, strict=True):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    per_call = sorted(s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends, strict=True))
+    q = statistics.quantiles(per_call, n=10)
+    return Timing(statistics.median(per_call), q[0], q[-1], replays, calls)
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    import torch
+
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    timing = time_graph(lambda: dst.copy_(src), calls=2, replays=30)
+    return 2 * src.numel() / (timing.median_us * 1e-6)
+
+
+def launch_floor() -> float:
+    """The time of one tiny kernel per call, timed like everything else (µs)."""
+    import torch
+
+    x = torch.zeros(1, device="cuda")
+    return time_graph(lambda: x.add_(1.0)).median_us
+
+
+def device_facts() -> dict:
+    import datetime
+    import subprocess
+
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        driver = "unknown"
+    return {"device": props.name, "sm_count": props.multi_processor_count,
+            "compute_capability": f"{props.major}.{props.minor}", "driver": driver,
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "date": datetime.date.today().isoformat()}
