@@ -1,0 +1,130 @@
+// Compile-time layouts of shared-memory tiles.
+//
+// A tile has four logical dims (leading dims of size 1 pad lower ranks: a 2-D tile [M, N] is
+// Layout<1, 1, M, N>). It is stored row-major with the last dim contiguous; consecutive rows
+// (a "row" is one index of the first three dims) are `Pitch` elements apart, Pitch >= D3.
+// Padding the pitch by 16 bytes keeps ldmatrix and row-wise accesses free of bank conflicts.
+#pragma once
+
+#include "config.cuh"
+
+namespace mirage::dev {
+
+template <int D0, int D1, int D2, int D3, int Pitch = D3>
+struct Layout {
+  static_assert(D0 >= 1 && D1 >= 1 && D2 >= 1 && D3 >= 1, "tile dims must be positive");
+  static_assert(Pitch >= D3, "the pitch of a row must be at least its length");
+
+  static constexpr int dim0 = D0;
+  static constexpr int dim1 = D1;
+  static constexpr int dim2 = D2;
+  static constexpr int dim3 = D3;
+  static constexpr int rows = D0 * D1 * D2;
+  static constexpr int cols = D3;
+  static constexpr int pitch = Pitch;
+  // Number of logical elements, and number of elements the stored tile spans.
+  static constexpr int size = rows * cols;
+  static constexpr int storage = rows * Pitch;
+
+  static MIRAGE_HOST_DEVICE constexpr int dim(int d) {
+    return d == 0 ? D0 : d == 1 ? D1 : d == 2 ? D2 : D3;
+  }
+
+  static MIRAGE_HOST_DEVICE constexpr int offset(int i0, int i1, int i2, int i3) {
+    return ((i0 * D1 + i1) * D2 + i2) * Pitch + i3;
+  }
+
+  // Storage offset of the element with logical row-major index `linear`.
+  static MIRAGE_HOST_DEVICE constexpr int offset_of(int linear) {
+    return (linear / D3) * Pitch + linear % D3;
+  }
+
+  // Logical coordinates of the element with row-major index `linear`.
+  static MIRAGE_HOST_DEVICE void coordinates(int linear, int (&index)[4]) {
+    index[3] = linear % D3;
+    int row = linear / D3;
+    index[2] = row % D2;
+    row /= D2;
+    index[1] = row % D1;
+    index[0] = row / D1;
+  }
+};
+
+namespace detail {
+template <int... Dims>
+struct LayoutOf;
+template <int A>
+struct LayoutOf<A> {
+  using type = Layout<1, 1, 1, A>;
+};
+template <int A, int B>
+struct LayoutOf<A, B> {
+  using type = Layout<1, 1, A, B>;
+};
+template <int A, int B, int C>
+struct LayoutOf<A, B, C> {
+  using type = Layout<1, A, B, C>;
+};
+template <int A, int B, int C, int D>
+struct LayoutOf<A, B, C, D> {
+  using type = Layout<A, B, C, D>;
+};
+}  // namespace detail
+
+// Dense row-major layout of a tile of rank 1 to 4: RowMajor<64, 32> is Layout<1, 1, 64, 32>.
+template <int... Dims>
+using RowMajor = typename detail::LayoutOf<Dims...>::type;
+
+// The same logical tile with another pitch.
+template <class L, int NewPitch>
+using WithPitch = Layout<L::dim0, L::dim1, L::dim2, L::dim3, NewPitch>;
+
+// The layout with dim `Dim` replaced by `Size` (dense pitch): the output of a reduction.
+template <class L, int Dim, int Size>
+using Resized = Layout<Dim == 0 ? Size : L::dim0, Dim == 1 ? Size : L::dim1, Dim == 2 ? Size : L::dim2,
+                       Dim == 3 ? Size : L::dim3>;
+
+// A pitch for rows of `cols` elements of T that keeps 16-byte alignment and avoids bank
+// conflicts: rows whose byte length is a multiple of 16 are padded by one 16-byte vector.
+template <class T>
+MIRAGE_HOST_DEVICE constexpr int padded_pitch(int cols) {
+  return (cols * static_cast<int>(sizeof(T))) % kVectorBytes == 0 ? cols + kVectorElements<T> : cols;
+}
+
+// Two layouts describe the same logical shape.
+template <class A, class B>
+constexpr bool kSameShape = A::dim0 == B::dim0 && A::dim1 == B::dim1 && A::dim2 == B::dim2 && A::dim3 == B::dim3;
+
+// `Source` broadcasts to `Target`: each dim is equal or 1.
+template <class Source, class Target>
+constexpr bool kBroadcastsTo = (Source::dim0 == Target::dim0 || Source::dim0 == 1) &&
+                               (Source::dim1 == Target::dim1 || Source::dim1 == 1) &&
+                               (Source::dim2 == Target::dim2 || Source::dim2 == 1) &&
+                               (Source::dim3 == Target::dim3 || Source::dim3 == 1);
+
+// Storage offset in `Source` of the element of `Target` at `index`, broadcasting dims of size 1.
+template <class Source>
+MIRAGE_HOST_DEVICE constexpr int broadcast_offset(const int (&index)[4]) {
+  return Source::offset(Source::dim0 == 1 ? 0 : index[0], Source::dim1 == 1 ? 0 : index[1],
+                        Source::dim2 == 1 ? 0 : index[2], Source::dim3 == 1 ? 0 : index[3]);
+}
+
+// A tile in shared memory: a pointer and a compile-time layout.
+template <class T, class L>
+struct SharedTile {
+  using Element = T;
+  using TileLayout = L;
+  T* data;
+
+  MIRAGE_DEVICE T& at(int i0, int i1, int i2, int i3) const { return data[L::offset(i0, i1, i2, i3)]; }
+  MIRAGE_DEVICE T& at_linear(int linear) const { return data[L::offset_of(linear)]; }
+  MIRAGE_DEVICE float load(int linear) const { return to_float(data[L::offset_of(linear)]); }
+  MIRAGE_DEVICE void store(int linear, float value) const { data[L::offset_of(linear)] = from_float<T>(value); }
+};
+
+template <class L, class T>
+MIRAGE_DEVICE SharedTile<T, L> make_shared_tile(T* data) {
+  return SharedTile<T, L>{data};
+}
+
+}  // namespace mirage::dev

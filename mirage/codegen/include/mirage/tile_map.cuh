@@ -1,0 +1,93 @@
+// Where a block's tile lies in a device tensor: the imap / fmap / omap semantics.
+//
+// Dims are numbered in the tensor's own rank in the µGraph; the library works on four dims,
+// so a rank-n tensor gets 4 - n leading dims of size 1 and each dim index d becomes
+// d + 4 - n (`rank4_dim`). Device tensors are addressed with element strides (row-major
+// tensors have strides (d1*d2*d3, d2*d3, d3, 1)).
+//
+// Input tile of block (bx, by, bz) at forloop iteration r (tile shape T, forloop range R):
+//   off[d] = b_a                    for the grid axis a with imap_a == d (-1: replicated)
+//   off[f] = off[f] * R + r         for the forloop dim f (block-major, then iteration)
+//   element offset = Σ_d off[d] * T[d] * stride[d]
+// which is `base + r * iteration_step` with base and step computed once per block.
+// If several grid axes name the same dim, the last of x, y, z wins (as in Mirage's loader).
+//
+// Output tile of block b (tile shape S): off[d] = b_a * S[d] for omap_a == d.
+#pragma once
+
+#include "config.cuh"
+
+namespace mirage::dev {
+
+// Element strides of a device tensor, padded to four dims.
+struct Strides {
+  int64_t stride[4];
+};
+
+// For each grid axis x, y, z: the (four-dim) data dim it partitions, or -1 (replica).
+struct DimMap {
+  int x;
+  int y;
+  int z;
+};
+
+// The tile of one block in a device tensor: element offset at iteration 0 and the
+// offset added per forloop iteration.
+struct TileCoordinate {
+  int64_t base;
+  int64_t iteration_step;
+
+  MIRAGE_HOST_DEVICE int64_t at(int iteration) const { return base + iteration_step * iteration; }
+};
+
+MIRAGE_HOST_DEVICE constexpr int rank4_dim(int rank, int dim) { return dim < 0 ? -1 : dim + 4 - rank; }
+
+MIRAGE_HOST_DEVICE constexpr DimMap rank4_map(int rank, int x, int y, int z) {
+  return DimMap{rank4_dim(rank, x), rank4_dim(rank, y), rank4_dim(rank, z)};
+}
+
+// Strides of a dense row-major tensor with (four-dim) shape d0 x d1 x d2 x d3.
+MIRAGE_HOST_DEVICE constexpr Strides row_major_strides(int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+  (void)d0;
+  return Strides{{d1 * d2 * d3, d2 * d3, d3, 1}};
+}
+
+namespace detail {
+// The block offset of dim d (last of x, y, z wins). Selects on compile-time d only, no arrays:
+// maps known only at run time must not index memory (that would move it to local memory).
+MIRAGE_HOST_DEVICE int64_t block_offset(DimMap map, uint3 block, int d) {
+  int64_t offset = 0;
+  offset = map.x == d ? static_cast<int64_t>(block.x) : offset;
+  offset = map.y == d ? static_cast<int64_t>(block.y) : offset;
+  offset = map.z == d ? static_cast<int64_t>(block.z) : offset;
+  return offset;
+}
+}  // namespace detail
+
+// Tile of an input iterator with tile layout L, input map `imap`, forloop dim `forloop_dim`
+// (-1: the same tile at every iteration) and forloop range `forloop_range`.
+template <class L>
+MIRAGE_HOST_DEVICE TileCoordinate locate_input_tile(const Strides& strides, DimMap imap, int forloop_dim,
+                                                    int forloop_range, uint3 block) {
+  TileCoordinate coordinate{0, 0};
+#pragma unroll
+  for (int d = 0; d < 4; ++d) {
+    const int64_t tile_stride = static_cast<int64_t>(L::dim(d)) * strides.stride[d];
+    const bool looped = d == forloop_dim;
+    const int64_t offset = detail::block_offset(imap, block, d) * (looped ? forloop_range : 1);
+    coordinate.iteration_step = looped ? tile_stride : coordinate.iteration_step;
+    coordinate.base += offset * tile_stride;
+  }
+  return coordinate;
+}
+
+// Element offset of the tile (layout L) that block `block` of an output saver writes.
+template <class L>
+MIRAGE_HOST_DEVICE int64_t locate_output_tile(const Strides& strides, DimMap omap, uint3 block) {
+  int64_t base = 0;
+#pragma unroll
+  for (int d = 0; d < 4; ++d) base += detail::block_offset(omap, block, d) * L::dim(d) * strides.stride[d];
+  return base;
+}
+
+}  // namespace mirage::dev

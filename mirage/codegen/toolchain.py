@@ -1,0 +1,227 @@
+"""The CUDA toolchain: where nvcc, cuobjdump and the headers are, and which GPU to build for.
+
+Environment variables are read in one place, :func:`read_environment`:
+
+``MIRAGE_CACHE_DIR``
+    cubin cache directory (default ``~/.cache/mirage/cubins``).
+``MIRAGE_CUTLASS_INCLUDE``
+    a CUTLASS/CuTe ``include`` directory, used instead of the one in the ``nvidia-cutlass`` wheel.
+``MIRAGE_NVCC``
+    the nvcc executable (default: ``$CUDA_HOME/bin/nvcc``, then ``nvcc`` on ``PATH``).
+``CUDA_HOME`` / ``CUDA_PATH``
+    the CUDA installation, searched for nvcc and cuobjdump.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+try:  # the package-wide base class, once the package defines one
+    from mirage.errors import MirageError
+except ImportError:  # pragma: no cover - depends on the rest of the package
+
+    class MirageError(Exception):  # type: ignore[no-redef]
+        """Stand-in base class until mirage.errors exists."""
+
+
+class ToolchainError(MirageError):
+    """A CUDA tool or header directory is missing, or the target GPU is not supported."""
+
+
+# Compute capabilities for which nvcc has an architecture-specific target ("sm_90a"), whose
+# features (wgmma, setmaxnreg, ...) the plain target lacks.
+ARCH_SPECIFIC_CAPABILITIES: frozenset[tuple[int, int]] = frozenset(
+    {(9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)}
+)
+# The device library uses cp.async and bf16 mma.sync: Ampere or newer.
+MINIMUM_CAPABILITY: tuple[int, int] = (8, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The GPU architecture to build for.
+
+    >>> Target((9, 0)).gencode_flags
+    ('-gencode=arch=compute_90a,code=sm_90a',)
+    >>> Target((8, 6)).sm_name
+    'sm_86'
+    """
+
+    compute_capability: tuple[int, int]
+    # Use the architecture-specific variant ("a") where the architecture has one.
+    arch_specific: bool = True
+
+    def __post_init__(self) -> None:
+        if self.compute_capability < MINIMUM_CAPABILITY:
+            major, minor = self.compute_capability
+            raise ToolchainError(
+                f"compute capability {major}.{minor} is not supported: the device library needs "
+                f"cp.async and bf16 tensor cores (compute capability 8.0 or newer)"
+            )
+
+    @property
+    def _suffix(self) -> str:
+        major, minor = self.compute_capability
+        variant = "a" if self.arch_specific and self.compute_capability in ARCH_SPECIFIC_CAPABILITIES else ""
+        return f"{major}{minor}{variant}"
+
+    @property
+    def sm_name(self) -> str:
+        return f"sm_{self._suffix}"
+
+    @property
+    def compute_name(self) -> str:
+        return f"compute_{self._suffix}"
+
+    @property
+    def gencode_flags(self) -> tuple[str, ...]:
+        return (f"-gencode=arch={self.compute_name},code={self.sm_name}",)
+
+    @classmethod
+    def from_name(cls, name: str) -> Target:
+        """Parse ``sm_90a``, ``sm_80``, ``90a`` or ``9.0``."""
+        match = re.fullmatch(r"(?:sm_|compute_)?(\d+)(\d)(a?)", name.strip()) or re.fullmatch(
+            r"(\d+)\.(\d)()", name.strip()
+        )
+        if match is None:
+            raise ToolchainError(f"cannot parse GPU target {name!r}: write it as 'sm_90a', 'sm_80' or '9.0'")
+        major, minor, variant = match.groups()
+        return cls((int(major), int(minor)), arch_specific=bool(variant) or "." in name)
+
+    @classmethod
+    def detect(cls) -> Target:
+        """The current GPU's target, or Hopper (sm_90a) when no GPU is visible."""
+        capability = _current_device_capability()
+        if capability is None:
+            logger.debug("no CUDA device visible: building for %s", HOPPER.sm_name)
+            return HOPPER
+        return cls(capability)
+
+
+HOPPER = Target((9, 0))
+
+
+def _current_device_capability() -> tuple[int, int] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return (major, minor)
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """Settings taken from environment variables (see the module docstring)."""
+
+    cache_dir: Path
+    cutlass_include: Path | None
+    nvcc: Path | None
+    cuda_home: Path | None
+
+
+def read_environment(environ: Mapping[str, str] | None = None) -> Environment:
+    """Read every environment variable the code generator uses."""
+    values = os.environ if environ is None else environ
+
+    def path_of(name: str) -> Path | None:
+        value = values.get(name, "").strip()
+        return Path(value).expanduser() if value else None
+
+    cache_dir = path_of("MIRAGE_CACHE_DIR") or Path.home() / ".cache" / "mirage" / "cubins"
+    return Environment(
+        cache_dir=cache_dir,
+        cutlass_include=path_of("MIRAGE_CUTLASS_INCLUDE"),
+        nvcc=path_of("MIRAGE_NVCC"),
+        cuda_home=path_of("CUDA_HOME") or path_of("CUDA_PATH"),
+    )
+
+
+def library_include_dir() -> Path:
+    """The directory holding ``mirage/*.cuh``, the hand-written device library."""
+    return Path(__file__).resolve().parent / "include"
+
+
+def cutlass_include_dir(environment: Environment | None = None) -> Path:
+    """The CUTLASS/CuTe include directory: ``MIRAGE_CUTLASS_INCLUDE`` or the nvidia-cutlass wheel's."""
+    environment = environment or read_environment()
+    candidates: list[Path] = []
+    if environment.cutlass_include is not None:
+        candidates.append(environment.cutlass_include)
+    else:
+        spec = importlib.util.find_spec("cutlass_library")
+        if spec is not None and spec.origin is not None:
+            candidates.append(Path(spec.origin).parent / "source" / "include")
+    for candidate in candidates:
+        if (candidate / "cute" / "arch" / "mma_sm80.hpp").is_file():
+            return candidate
+    where = ", ".join(str(c) for c in candidates) or "no candidate"
+    raise ToolchainError(
+        f"CuTe headers not found ({where}): install the nvidia-cutlass wheel "
+        f"(pip install nvidia-cutlass==4.2.0.0) or point MIRAGE_CUTLASS_INCLUDE at a CUTLASS include directory"
+    )
+
+
+def _find_executable(name: str, directories: list[Path]) -> Path | None:
+    for directory in directories:
+        candidate = directory / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+def _wheel_bin_dirs() -> list[Path]:
+    """bin/ directories of the NVIDIA pip wheels (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)."""
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or spec.submodule_search_locations is None:
+        return []
+    dirs = []
+    for root in spec.submodule_search_locations:
+        dirs.extend(sorted(Path(root).glob("*/bin")))
+    return dirs
+
+
+def find_nvcc(environment: Environment | None = None) -> Path:
+    environment = environment or read_environment()
+    if environment.nvcc is not None:
+        if not environment.nvcc.is_file():
+            raise ToolchainError(f"MIRAGE_NVCC={environment.nvcc} does not exist: point it at an nvcc executable")
+        return environment.nvcc
+    directories = [environment.cuda_home / "bin"] if environment.cuda_home else []
+    found = _find_executable("nvcc", directories)
+    if found is None:
+        raise ToolchainError("nvcc not found: install the CUDA toolkit, or set CUDA_HOME or MIRAGE_NVCC")
+    return found
+
+
+def find_binary_tool(name: str, environment: Environment | None = None) -> Path:
+    """``cuobjdump`` or ``nvdisasm``: from the CUDA installation, PATH, or the NVIDIA pip wheels."""
+    environment = environment or read_environment()
+    directories = [environment.cuda_home / "bin"] if environment.cuda_home else []
+    found = _find_executable(name, directories) or _find_executable(name, _wheel_bin_dirs())
+    if found is None:
+        raise ToolchainError(f"{name} not found: install nvidia-cuda-{name} (pip) or the CUDA toolkit")
+    return found
+
+
+@functools.lru_cache(maxsize=8)
+def tool_version(executable: Path) -> str:
+    """The tool's ``--version`` text (part of every cache key)."""
+    completed = subprocess.run([str(executable), "--version"], capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise ToolchainError(f"{executable} --version failed: {completed.stderr.strip()}")
+    return completed.stdout.strip()

@@ -1,0 +1,150 @@
+// Test kernels for matmul.cuh, and an attention kernel that composes the whole library
+// (built by test_device_lib.py).
+#include <mirage/mirage.cuh>
+#include <type_traits>
+
+using namespace mirage::dev;
+
+// C[M gy, N gx] = A[M gy, K R] · B[K R, N gx]: block (bx, by) computes C tile (by, bx), the
+// forloop walks K, and the accumulator stays in registers across the forloop.
+template <class T, class Out, int M, int N, int K, int NumThreads, int Stages, template <class, class, class, int> class Mm>
+__device__ void matmul_forloop(Out* c, const T* a, const T* b, int forloop_range) {
+  extern __shared__ __align__(128) char shared[];
+  using ALayout = WithPitch<RowMajor<M, K>, padded_pitch<T>(K)>;
+  using BLayout = WithPitch<RowMajor<K, N>, padded_pitch<T>(N)>;
+  using CLayout = RowMajor<M, N>;
+  using Matmul = Mm<T, ALayout, BLayout, NumThreads>;
+  using AIterator = InputIterator<T, ALayout, Stages, NumThreads>;
+  using BIterator = InputIterator<T, BLayout, Stages, NumThreads>;
+  const int64_t rows = int64_t(M) * gridDim.y, cols = int64_t(N) * gridDim.x, depth = int64_t(K) * forloop_range;
+  const Strides a_strides = row_major_strides(1, 1, rows, depth);
+  const Strides b_strides = row_major_strides(1, 1, depth, cols);
+  const Strides c_strides = row_major_strides(1, 1, rows, cols);
+  // Four-dim numbering: rows are dim 2, columns dim 3.
+  const AIterator in_a(a, a_strides, locate_input_tile<ALayout>(a_strides, DimMap{-1, 2, -1}, 3, forloop_range, blockIdx),
+                       forloop_range, shared_at<T>(shared, 0));
+  const BIterator in_b(b, b_strides, locate_input_tile<BLayout>(b_strides, DimMap{3, -1, -1}, 2, forloop_range, blockIdx),
+                       forloop_range, shared_at<T>(shared, AIterator::kSharedBytes));
+  const auto c_tile = make_shared_tile<CLayout>(shared_at<Out>(shared, AIterator::kSharedBytes + BIterator::kSharedBytes));
+  typename Matmul::Accumulator accumulator;
+  accumulator.clear();
+  pipelined_forloop<Stages>(
+      forloop_range, [&](int r) { Matmul::run(accumulator, in_a.stage(r), in_b.stage(r)); }, in_a, in_b);
+  Matmul::write_back(accumulator, c_tile);
+  __syncthreads();
+  OutputSaver<Out, CLayout, NumThreads>::save(c, c_strides, locate_output_tile<CLayout>(c_strides, DimMap{3, 2, -1}, blockIdx),
+                                              c_tile);
+}
+
+#define MATMUL(NAME, T, OUT, M, N, K, THREADS, STAGES, MM)                                                    \
+  extern "C" __global__ void __launch_bounds__(THREADS) NAME(OUT* c, const T* a, const T* b, int forloop_range) { \
+    matmul_forloop<T, OUT, M, N, K, THREADS, STAGES, MM>(c, a, b, forloop_range);                               \
+  }
+
+MATMUL(mm_tc_f16_64x64x32, __half, __half, 64, 64, 32, 128, 3, TensorCoreMatmul)
+MATMUL(mm_tc_bf16_32x64x16, __nv_bfloat16, float, 32, 64, 16, 128, 2, TensorCoreMatmul)
+MATMUL(mm_tc_f32_32x32x16, float, float, 32, 32, 16, 128, 2, TensorCoreMatmul)
+// One warp of four works; a single n8 tile per warp (ldmatrix .x2.trans).
+MATMUL(mm_tc_f16_16x8x16, __half, float, 16, 8, 16, 128, 2, TensorCoreMatmul)
+// A 3 x 1 warp grid with three n8 tiles per warp (.x4 then .x2).
+MATMUL(mm_tc_f16_48x24x32, __half, __half, 48, 24, 32, 128, 2, TensorCoreMatmul)
+MATMUL(mm_simt_f16_10x12x6, __half, float, 10, 12, 6, 64, 2, SimtMatmul)
+MATMUL(mm_simt_bf16_32x32x32, __nv_bfloat16, __nv_bfloat16, 32, 32, 32, 128, 2, SimtMatmul)
+
+// Matmul picks tensor cores exactly when the shape allows it.
+static_assert(std::is_same_v<Matmul<__half, RowMajor<10, 6>, RowMajor<6, 12>, 64>,
+                             SimtMatmul<__half, RowMajor<10, 6>, RowMajor<6, 12>, 64>>);
+static_assert(std::is_same_v<Matmul<__half, WithPitch<RowMajor<64, 32>, 40>, WithPitch<RowMajor<32, 64>, 72>, 128>,
+                             TensorCoreMatmul<__half, WithPitch<RowMajor<64, 32>, 40>, WithPitch<RowMajor<32, 64>, 72>, 128>>);
+// Rows of 36 halves are not 16-byte aligned for ldmatrix.
+static_assert(!TensorCoreMatmul<__half, RowMajor<16, 36>, RowMajor<36, 8>, 128>::kSupported);
+
+// O[16 gy, D] = softmax(scale · Q Kᵀ) V with Kᵀ given as [D, KB R] and V as [KB R, D]; the
+// forloop walks the keys with the online-softmax accumulators; O stays in registers.
+template <int D, int KB, int NumThreads, int Stages>
+__device__ void attention(__half* o, const __half* q, const __half* kt, const __half* v, int forloop_range, float scale) {
+  constexpr int BM = 16;
+  extern __shared__ __align__(128) char shared[];
+  using QLayout = WithPitch<RowMajor<BM, D>, padded_pitch<__half>(D)>;
+  using KLayout = WithPitch<RowMajor<D, KB>, padded_pitch<__half>(KB)>;
+  using VLayout = WithPitch<RowMajor<KB, D>, padded_pitch<__half>(D)>;
+  using SLayout = RowMajor<BM, KB>;
+  using PLayout = WithPitch<RowMajor<BM, KB>, padded_pitch<__half>(KB)>;
+  using RowLayout = RowMajor<BM, 1>;
+  using OLayout = RowMajor<BM, D>;
+  using QK = TensorCoreMatmul<__half, QLayout, KLayout, NumThreads>;
+  using PV = TensorCoreMatmul<__half, PLayout, VLayout, NumThreads>;
+  using QIterator = InputIterator<__half, QLayout, 1, NumThreads>;
+  using KIterator = InputIterator<__half, KLayout, Stages, NumThreads>;
+  using VIterator = InputIterator<__half, VLayout, Stages, NumThreads>;
+  constexpr int kQ = 0;
+  constexpr int kK = kQ + QIterator::kSharedBytes;
+  constexpr int kV = kK + KIterator::kSharedBytes;
+  constexpr int kS = kV + VIterator::kSharedBytes;
+  constexpr int kP = kS + SLayout::storage * 4;
+  constexpr int kRowMax = kP + round_up(PLayout::storage * 2, 16);
+  constexpr int kMax = kRowMax + RowLayout::storage * 4;
+  constexpr int kFactors = kMax + MaxAccumulator<RowLayout, NumThreads>::kSharedBytes;
+  constexpr int kSum = kFactors + RowLayout::storage * 4;
+  constexpr int kO = kSum + RowLayout::storage * 4;
+  constexpr int kOut = kO + OLayout::storage * 4;
+
+  const int64_t keys = int64_t(KB) * forloop_range;
+  const Strides q_strides = row_major_strides(1, 1, int64_t(BM) * gridDim.y, D);
+  const Strides k_strides = row_major_strides(1, 1, D, keys);
+  const Strides v_strides = row_major_strides(1, 1, keys, D);
+  const QIterator in_q(q, q_strides, locate_input_tile<QLayout>(q_strides, DimMap{-1, 2, -1}, -1, 1, blockIdx), 1,
+                       shared_at<__half>(shared, kQ));
+  const KIterator in_k(kt, k_strides, locate_input_tile<KLayout>(k_strides, DimMap{-1, -1, -1}, 3, forloop_range, blockIdx),
+                       forloop_range, shared_at<__half>(shared, kK));
+  const VIterator in_v(v, v_strides, locate_input_tile<VLayout>(v_strides, DimMap{-1, -1, -1}, 2, forloop_range, blockIdx),
+                       forloop_range, shared_at<__half>(shared, kV));
+  const auto s_tile = make_shared_tile<SLayout>(shared_at<float>(shared, kS));
+  const auto p_tile = make_shared_tile<PLayout>(shared_at<__half>(shared, kP));
+  const auto row_max = make_shared_tile<RowLayout>(shared_at<float>(shared, kRowMax));
+  const auto factors = make_shared_tile<RowLayout>(shared_at<float>(shared, kFactors));
+  const auto o_tile = make_shared_tile<OLayout>(shared_at<float>(shared, kO));
+  const auto out_tile = make_shared_tile<OLayout>(shared_at<__half>(shared, kOut));
+  const MaxAccumulator<RowLayout, NumThreads> maximum{make_shared_tile<RowLayout>(shared_at<float>(shared, kMax)),
+                                                      make_shared_tile<RowLayout>(shared_at<float>(shared, kMax + RowLayout::storage * 4))};
+  const RescaleSumLastDimAccumulator<PLayout, NumThreads> sum{make_shared_tile<RowLayout>(shared_at<float>(shared, kSum))};
+
+  in_q.load(0);
+  Pipeline<1>::commit();
+  maximum.clear();
+  sum.clear();
+  typename PV::Accumulator o_accumulator;
+  o_accumulator.clear();
+  pipelined_forloop<Stages>(
+      forloop_range,
+      [&](int r) {
+        typename QK::Accumulator s_accumulator;
+        s_accumulator.clear();
+        QK::run(s_accumulator, in_q.stage(0), in_k.stage(r));
+        QK::write_back(s_accumulator, s_tile, MulScalar{scale});
+        __syncthreads();
+        reduce_max<NumThreads, 3>(row_max, s_tile);
+        __syncthreads();
+        maximum.accumulate(row_max);
+        __syncthreads();
+        maximum.rescale_factors(factors);
+        elementwise_binary<NumThreads>(p_tile, s_tile, maximum.tile(), Sub{}, Exp{});
+        __syncthreads();
+        sum.accumulate(p_tile, maximum.previous, maximum.current);
+        PV::rescale_rows(o_accumulator, factors);
+        PV::run(o_accumulator, p_tile, in_v.stage(r));
+      },
+      in_k, in_v);
+  PV::write_back(o_accumulator, o_tile);
+  __syncthreads();
+  elementwise_binary<NumThreads>(out_tile, o_tile, sum.tile(), Div{});
+  __syncthreads();
+  const Strides o_strides = q_strides;
+  OutputSaver<__half, OLayout, NumThreads>::save(o, o_strides, locate_output_tile<OLayout>(o_strides, DimMap{-1, 2, -1}, blockIdx),
+                                                 out_tile);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_f16_d64_kb32(__half* o, const __half* q, const __half* kt, const __half* v, int forloop_range, float scale) {
+  attention<64, 32, 128, 2>(o, q, kt, v, forloop_range, scale);
+}
