@@ -1,0 +1,1 @@
+"""Finite-field equivalence verification of µGraphs, and the floating-point check."""
