@@ -38,7 +38,6 @@ from mirage.codegen.toolchain import (
     Environment,
     Target,
     ToolchainError,
-    MirageError,
     cutlass_include_dir,
     find_binary_tool,
     find_nvcc,
@@ -46,6 +45,7 @@ from mirage.codegen.toolchain import (
     read_environment,
     tool_version,
 )
+from mirage.errors import MirageError
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,8 @@ def source_to_cubin(
     keep_dir = Path("keep") if keep_ptx else None
     if keep_dir is not None:
         (directory / keep_dir).mkdir()
-    command = nvcc_command(Path(source_path.name), Path(STAGE_FILES[Stage.CUBIN]), options, environment, keep_dir)
+    cubin = Path(STAGE_FILES[Stage.CUBIN])
+    command = nvcc_command(Path(source_path.name), cubin, options, environment, keep_dir)
     start = time.perf_counter()
     _run(Stage.CUBIN, command, directory)
     seconds = time.perf_counter() - start
@@ -277,7 +278,8 @@ def _complete_entry(entry: Path, dumps: frozenset[Stage], environment: Environme
     if Stage.PTX in dumps and not (entry / STAGE_FILES[Stage.PTX]).is_file():
         return False
     if Stage.SASS in dumps and not (entry / STAGE_FILES[Stage.SASS]).is_file():
-        _write_atomically(entry / STAGE_FILES[Stage.SASS], cubin_to_sass(entry / STAGE_FILES[Stage.CUBIN], environment))
+        sass = cubin_to_sass(entry / STAGE_FILES[Stage.CUBIN], environment)
+        _write_atomically(entry / STAGE_FILES[Stage.SASS], sass)
     return True
 
 
@@ -306,8 +308,10 @@ def compile_source(
         source_path.write_text(source)
         command, seconds = source_to_cubin(source_path, options, environment, keep_ptx=Stage.PTX in dumps)
         if Stage.SASS in dumps:
-            (scratch / STAGE_FILES[Stage.SASS]).write_text(cubin_to_sass(scratch / STAGE_FILES[Stage.CUBIN], environment))
-        metadata = {"command": command, "seconds": seconds, "target": options.target.sm_name if options.target else None}
+            sass = cubin_to_sass(scratch / STAGE_FILES[Stage.CUBIN], environment)
+            (scratch / STAGE_FILES[Stage.SASS]).write_text(sass)
+        assert options.target is not None
+        metadata = {"command": command, "seconds": seconds, "target": options.target.sm_name}
         (scratch / "metadata.json").write_text(json.dumps(metadata, indent=2))
         logger.info("compiled %s for %s in %.1f s", key[:12], metadata["target"], seconds)
         _publish(scratch, entry)

@@ -1,9 +1,10 @@
 """The CUDA toolchain: where nvcc, cuobjdump and the headers are, and which GPU to build for.
 
-Environment variables are read in one place, :func:`read_environment`:
+The code generator's settings are gathered in one place, :func:`read_environment`. The cache
+location comes from :mod:`mirage.config` (``MIRAGE_CACHE_DIR``, default ``~/.cache/mirage``;
+cubins go to its ``cubins/`` folder; ``MIRAGE_NO_CACHE=1`` builds into a temporary folder that
+is removed at exit). The toolchain variables:
 
-``MIRAGE_CACHE_DIR``
-    cubin cache directory (default ``~/.cache/mirage/cubins``).
 ``MIRAGE_CUTLASS_INCLUDE``
     a CUTLASS/CuTe ``include`` directory, used instead of the one in the ``nvidia-cutlass`` wheel.
 ``MIRAGE_NVCC``
@@ -14,6 +15,7 @@ Environment variables are read in one place, :func:`read_environment`:
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import importlib.util
@@ -22,17 +24,12 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
 from pathlib import Path
 
+from mirage import config
+from mirage.errors import MirageError
+
 logger = logging.getLogger(__name__)
-
-try:  # the package-wide base class, once the package defines one
-    from mirage.errors import MirageError
-except ImportError:  # pragma: no cover - depends on the rest of the package
-
-    class MirageError(Exception):  # type: ignore[no-redef]
-        """Stand-in base class until mirage.errors exists."""
 
 
 class ToolchainError(MirageError):
@@ -127,23 +124,34 @@ def _current_device_capability() -> tuple[int, int] | None:
 class Environment:
     """Settings taken from environment variables (see the module docstring)."""
 
-    cache_dir: Path
+    cache_dir: Path  # cubin cache root
+    use_cache: bool
     cutlass_include: Path | None
     nvcc: Path | None
     cuda_home: Path | None
 
 
-def read_environment(environ: Mapping[str, str] | None = None) -> Environment:
-    """Read every environment variable the code generator uses."""
-    values = os.environ if environ is None else environ
+@functools.lru_cache(maxsize=1)
+def _uncached_root() -> Path:
+    """A private build folder for MIRAGE_NO_CACHE runs, removed when the process exits."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="mirage-cubins-"))
+    atexit.register(shutil.rmtree, root, True)
+    return root
+
+
+def read_environment() -> Environment:
+    """Read every setting the code generator uses (cache settings through :mod:`mirage.config`)."""
 
     def path_of(name: str) -> Path | None:
-        value = values.get(name, "").strip()
+        value = os.environ.get(name, "").strip()
         return Path(value).expanduser() if value else None
 
-    cache_dir = path_of("MIRAGE_CACHE_DIR") or Path.home() / ".cache" / "mirage" / "cubins"
+    settings = config.settings()
     return Environment(
-        cache_dir=cache_dir,
+        cache_dir=settings.cache_dir / "cubins" if settings.use_cache else _uncached_root(),
+        use_cache=settings.use_cache,
         cutlass_include=path_of("MIRAGE_CUTLASS_INCLUDE"),
         nvcc=path_of("MIRAGE_NVCC"),
         cuda_home=path_of("CUDA_HOME") or path_of("CUDA_PATH"),
@@ -171,7 +179,8 @@ def cutlass_include_dir(environment: Environment | None = None) -> Path:
     where = ", ".join(str(c) for c in candidates) or "no candidate"
     raise ToolchainError(
         f"CuTe headers not found ({where}): install the nvidia-cutlass wheel "
-        f"(pip install nvidia-cutlass==4.2.0.0) or point MIRAGE_CUTLASS_INCLUDE at a CUTLASS include directory"
+        "(pip install nvidia-cutlass==4.2.0.0) or point MIRAGE_CUTLASS_INCLUDE at a CUTLASS include "
+        "directory"
     )
 
 
@@ -199,7 +208,9 @@ def find_nvcc(environment: Environment | None = None) -> Path:
     environment = environment or read_environment()
     if environment.nvcc is not None:
         if not environment.nvcc.is_file():
-            raise ToolchainError(f"MIRAGE_NVCC={environment.nvcc} does not exist: point it at an nvcc executable")
+            raise ToolchainError(
+                f"MIRAGE_NVCC={environment.nvcc} does not exist: point it at an nvcc executable"
+            )
         return environment.nvcc
     directories = [environment.cuda_home / "bin"] if environment.cuda_home else []
     found = _find_executable("nvcc", directories)

@@ -1,0 +1,255 @@
+"""Compilation stages, targets, the cubin cache and compiler errors (mirage.codegen.compile)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mirage.codegen import toolchain
+from mirage.codegen.compile import (
+    CompileError,
+    CompileOptions,
+    Stage,
+    cache_key,
+    compile_source,
+    compile_sources,
+    nvcc_command,
+)
+from mirage.codegen.toolchain import HOPPER, Target, ToolchainError, read_environment
+from mirage.errors import MirageError
+
+SM90A = Target((9, 0))
+OPTIONS = CompileOptions(target=SM90A)
+
+# Small kernels without CuTe: each builds in about a second.
+SCALE_KERNEL = """
+extern "C" __global__ void scale(float* out, const float* in, float factor) {
+  out[threadIdx.x] = in[threadIdx.x] * factor;
+}
+"""
+ADD_KERNEL = """
+extern "C" __global__ void add(float* out, const float* a, const float* b) {
+  out[threadIdx.x] = a[threadIdx.x] + b[threadIdx.x];
+}
+"""
+BROKEN_KERNEL = """
+extern "C" __global__ void broken(float* out) {
+  out[threadIdx.x] = undeclared_name;
+}
+"""
+
+
+def _have_nvcc() -> bool:
+    try:
+        toolchain.find_nvcc()
+    except ToolchainError:
+        return False
+    return True
+
+
+needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not installed")
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("MIRAGE_NO_CACHE", raising=False)
+    return tmp_path / "cubins"
+
+
+# ---- targets ------------------------------------------------------------------------------
+
+TARGET_CASES = [
+    # (target, sm name, gencode flag)
+    (Target((9, 0)), "sm_90a", "-gencode=arch=compute_90a,code=sm_90a"),
+    (Target((9, 0), arch_specific=False), "sm_90", "-gencode=arch=compute_90,code=sm_90"),
+    (Target((8, 0)), "sm_80", "-gencode=arch=compute_80,code=sm_80"),
+    (Target((8, 6)), "sm_86", "-gencode=arch=compute_86,code=sm_86"),
+    (Target((8, 9)), "sm_89", "-gencode=arch=compute_89,code=sm_89"),
+    (Target((10, 0)), "sm_100a", "-gencode=arch=compute_100a,code=sm_100a"),
+    (Target((12, 0)), "sm_120a", "-gencode=arch=compute_120a,code=sm_120a"),
+]
+
+
+@pytest.mark.parametrize(("target", "sm_name", "gencode"), TARGET_CASES)
+def test_target_flags(target: Target, sm_name: str, gencode: str) -> None:
+    assert target.sm_name == sm_name
+    assert target.gencode_flags == (gencode,)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("sm_90a", Target((9, 0))),
+        ("sm_90", Target((9, 0), arch_specific=False)),
+        ("90a", Target((9, 0))),
+        ("9.0", Target((9, 0))),
+        ("sm_80", Target((8, 0), arch_specific=False)),
+        ("compute_100a", Target((10, 0))),
+    ],
+)
+def test_target_from_name(name: str, expected: Target) -> None:
+    assert Target.from_name(name) == expected
+
+
+@pytest.mark.parametrize("name", ["hopper", "sm_", "sm_9x"])
+def test_target_from_bad_name(name: str) -> None:
+    with pytest.raises(ToolchainError, match="cannot parse GPU target"):
+        Target.from_name(name)
+
+
+def test_target_below_ampere_is_refused() -> None:
+    with pytest.raises(ToolchainError, match="compute capability 7.5 is not supported"):
+        Target((7, 5))
+    assert issubclass(ToolchainError, MirageError)
+
+
+@pytest.mark.parametrize(("capability", "expected"), [(None, HOPPER), ((8, 6), Target((8, 6)))])
+def test_target_detect(monkeypatch: pytest.MonkeyPatch, capability, expected: Target) -> None:
+    monkeypatch.setattr(toolchain, "_current_device_capability", lambda: capability)
+    assert Target.detect() == expected
+    assert CompileOptions().resolved().target == expected
+
+
+# ---- environment and command line ---------------------------------------------------------
+
+
+def test_environment_cache_dir(cache_dir: Path) -> None:
+    environment = read_environment()
+    assert environment.cache_dir == cache_dir
+    assert environment.use_cache
+
+
+def test_environment_without_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("MIRAGE_NO_CACHE", "1")
+    environment = read_environment()
+    assert not environment.use_cache
+    assert tmp_path not in environment.cache_dir.parents
+
+
+def test_cutlass_include_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    wheel_dir = toolchain.cutlass_include_dir()
+    assert (wheel_dir / "cute" / "arch" / "mma_sm80.hpp").is_file()
+    monkeypatch.setenv("MIRAGE_CUTLASS_INCLUDE", str(wheel_dir))
+    assert toolchain.cutlass_include_dir() == wheel_dir
+    monkeypatch.setenv("MIRAGE_CUTLASS_INCLUDE", str(tmp_path))
+    with pytest.raises(ToolchainError, match="MIRAGE_CUTLASS_INCLUDE"):
+        toolchain.cutlass_include_dir()
+
+
+def test_missing_nvcc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MIRAGE_NVCC", str(tmp_path / "no-nvcc"))
+    with pytest.raises(ToolchainError, match="MIRAGE_NVCC=.*does not exist"):
+        toolchain.find_nvcc()
+
+
+@needs_nvcc
+def test_nvcc_command_line() -> None:
+    options = CompileOptions(
+        target=SM90A, fast_math=True, line_info=True, max_registers=128, defines=(("TILE", "64"),)
+    )
+    command = nvcc_command(Path("kernel.cu"), Path("kernel.cubin"), options)
+    assert Path(command[0]).name == "nvcc"
+    for flag in ("-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-O3", "--use_fast_math"):
+        assert flag in command
+    for flag in ("-lineinfo", "-maxrregcount=128", "-DTILE=64"):
+        assert flag in command
+    includes = [command[i + 1] for i, part in enumerate(command) if part == "-I"]
+    assert str(toolchain.library_include_dir()) in includes
+    assert str(toolchain.cutlass_include_dir()) in includes
+    assert command[-3:] == ["-o", "kernel.cubin", "kernel.cu"]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"source": ADD_KERNEL},
+        {"options": CompileOptions(target=SM90A, fast_math=True)},
+        {"options": CompileOptions(target=Target((8, 0)))},
+        {"options": CompileOptions(target=SM90A, defines=(("X", "1"),))},
+    ],
+)
+def test_cache_key_depends_on_everything_that_changes_the_cubin(change: dict) -> None:
+    base = {"source": SCALE_KERNEL, "options": OPTIONS}
+    assert cache_key(**base) == cache_key(**base)
+    assert cache_key(**{**base, **change}) != cache_key(**base)
+
+
+# ---- building -----------------------------------------------------------------------------
+
+
+@needs_nvcc
+def test_compile_then_cache_hit(cache_dir: Path) -> None:
+    first = compile_source(SCALE_KERNEL, OPTIONS)
+    assert not first.from_cache
+    assert first.seconds > 0
+    assert first.cubin()[:4] == b"\x7fELF"
+    assert first.directory.parent.parent == cache_dir
+    second = compile_source(SCALE_KERNEL, OPTIONS)
+    assert second.from_cache and second.key == first.key
+    assert second.cubin() == first.cubin()
+    assert second.command == first.command
+    with pytest.raises(FileNotFoundError, match="request it in dumps="):
+        second.sass()
+
+
+@needs_nvcc
+def test_dumps_are_added_to_a_cached_entry(cache_dir: Path) -> None:
+    compile_source(SCALE_KERNEL, OPTIONS)
+    with_sass = compile_source(SCALE_KERNEL, OPTIONS, dumps={Stage.SASS})
+    assert with_sass.from_cache  # SASS comes from the cached cubin
+    assert "Function : scale" in with_sass.sass()
+    assert "FMUL" in with_sass.sass()
+    with_ptx = compile_source(SCALE_KERNEL, OPTIONS, dumps={Stage.PTX})
+    assert not with_ptx.from_cache  # PTX needs the front end again
+    assert ".entry scale" in with_ptx.ptx()
+    assert ".target sm_90a" in with_ptx.ptx()
+    assert with_ptx.path(Stage.SOURCE).read_text() == SCALE_KERNEL
+
+
+@needs_nvcc
+def test_failed_build_reports_a_reproducible_command_and_caches_nothing(cache_dir: Path) -> None:
+    with pytest.raises(CompileError) as caught:
+        compile_source(BROKEN_KERNEL, OPTIONS)
+    error = caught.value
+    assert isinstance(error, MirageError)
+    assert error.stage is Stage.CUBIN
+    assert 'identifier "undeclared_name" is undefined' in str(error)
+    assert shlex.join(error.command) in str(error)
+    assert "-gencode=arch=compute_90a,code=sm_90a" in error.command
+    # Nothing in the cache: no entry, no leftovers; only the failed source, kept apart.
+    entries = [p for p in cache_dir.iterdir() if p.name not in ("failed", "scratch")]
+    assert entries == []
+    assert list((cache_dir / "scratch").iterdir()) == []
+    assert error.directory.parent == cache_dir / "failed"
+    # The reported command reproduces the failure.
+    rerun = subprocess.run(list(error.command), cwd=error.directory, capture_output=True, text=True)
+    assert rerun.returncode != 0
+    assert 'identifier "undeclared_name" is undefined' in rerun.stderr + rerun.stdout
+    # Fixing the source builds normally.
+    assert not compile_source(SCALE_KERNEL, OPTIONS).from_cache
+
+
+@needs_nvcc
+def test_parallel_builds_keep_order_and_report_failures(cache_dir: Path) -> None:
+    sources = [SCALE_KERNEL, BROKEN_KERNEL, ADD_KERNEL]
+    outcomes = compile_sources(sources, OPTIONS, dumps={Stage.SASS}, max_workers=2, return_exceptions=True)
+    assert isinstance(outcomes[1], CompileError)
+    assert "Function : scale" in outcomes[0].sass()
+    assert "Function : add" in outcomes[2].sass()
+    with pytest.raises(CompileError, match="undeclared_name"):
+        compile_sources(sources, OPTIONS, max_workers=2)
+
+
+@needs_nvcc
+def test_no_cache_mode_builds_outside_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("MIRAGE_NO_CACHE", "1")
+    result = compile_source(SCALE_KERNEL, OPTIONS)
+    assert result.cubin()[:4] == b"\x7fELF"
+    assert not (tmp_path / "cubins").exists()
