@@ -1,0 +1,73 @@
+"""Configuration from environment variables, read in this one module.
+
+Every setting is read when it is asked for (not at import), so a test or a long-running process can
+change the environment and see the change.  The variables:
+
+=========================  ==================================================================
+``MIRAGE_CACHE_DIR``       where search results and compiled kernels are cached
+                           (default ``$XDG_CACHE_HOME/mirage``, else ``~/.cache/mirage``)
+``MIRAGE_NO_CACHE``        ``1`` to neither read nor write the on-disk caches
+``MIRAGE_EXECUTOR``        ``auto`` (default), ``interpret`` or ``cuda``: how subprograms run
+``MIRAGE_NO_PROGRESS``     ``1`` to hide progress bars
+``MIRAGE_LOG_LEVEL``       level of the ``mirage`` logger set by the command line (default INFO)
+=========================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirage.errors import MirageError
+
+EXECUTORS = ("auto", "interpret", "cuda")
+
+
+class ConfigError(MirageError):
+    """An environment variable has a value mirage cannot use."""
+
+
+def _flag(name: str) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{name}={os.environ[name]!r} is not a yes/no value; use 1 or 0")
+
+
+@dataclass(frozen=True)
+class Settings:
+    cache_dir: Path
+    use_cache: bool
+    executor: str
+    progress: bool
+    log_level: str
+
+    @property
+    def search_cache_dir(self) -> Path:
+        return self.cache_dir / "search"
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("MIRAGE_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "mirage"
+
+
+def settings() -> Settings:
+    """The current settings (read from the environment now)."""
+    executor = os.environ.get("MIRAGE_EXECUTOR", "auto").strip().lower() or "auto"
+    if executor not in EXECUTORS:
+        raise ConfigError(f"MIRAGE_EXECUTOR={executor!r}; use one of {', '.join(EXECUTORS)}")
+    return Settings(
+        cache_dir=cache_dir(),
+        use_cache=not _flag("MIRAGE_NO_CACHE"),
+        executor=executor,
+        progress=not _flag("MIRAGE_NO_PROGRESS"),
+        log_level=os.environ.get("MIRAGE_LOG_LEVEL", "INFO").upper(),
+    )

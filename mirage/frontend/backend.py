@@ -1,0 +1,52 @@
+"""The ``torch.compile`` backend: ``torch.compile(model, backend="mirage")``.
+
+Dynamo hands over each captured graph with example inputs; the backend wraps it in a
+:class:`~mirage.frontend.runtime.MirageModule`, which captures it at aten level on the first call
+for each input signature and runs its subprograms through their µGraphs.  Backend options come from
+``torch.compile(..., options={...})`` and are those of ``superoptimize``.  When gradients are
+needed (training), the graph runs in PyTorch instead, with a one-time notice: mirage kernels are
+forward-only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+from mirage.frontend.options import Options
+from mirage.frontend.runtime import MirageModule
+
+logger = logging.getLogger("mirage.frontend")
+
+BACKEND_NAME = "mirage"
+
+
+def mirage_backend(gm: fx.GraphModule, example_inputs: Sequence, options: dict | None = None,
+                   mode: str | None = None) -> Callable:
+    """Dynamo backend entry point (see the module docstring)."""
+    module = MirageModule(gm, Options.parse(**(options or {})))
+    noticed = []
+
+    def run(*args):
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            if not noticed:
+                noticed.append(True)
+                logger.warning("mirage: gradients are required, so this graph runs in PyTorch (mirage "
+                               "kernels are forward-only; use torch.no_grad() for inference)")
+            return gm(*args)
+        return module(*args)
+
+    run.mirage_module = module  # type: ignore[attr-defined]
+    return run
+
+
+def register() -> None:
+    """Make ``backend="mirage"`` known to torch.compile (no-op when already known, for instance
+    through the ``torch_dynamo_backends`` entry point of an installed mirage)."""
+    import torch._dynamo
+
+    if BACKEND_NAME not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(mirage_backend, name=BACKEND_NAME)

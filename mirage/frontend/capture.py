@@ -1,0 +1,144 @@
+"""Capturing a PyTorch program as an aten-level fx graph, and the signature calls are checked against.
+
+``torch.export`` (non-strict) traces an ``nn.Module``, a plain function or an ``fx.GraphModule`` (the
+graphs Dynamo hands to a ``torch.compile`` backend) for concrete inputs.  Its graph keeps the
+high-level aten ops the lowering table knows (``linear``, ``rms_norm``, ``softmax``,
+``scaled_dot_product_attention``); parameters become ``get_attr`` nodes of the returned module.
+
+A :class:`Signature` records, for the flattened inputs of a call, each tensor's shape, dtype and
+device and each other value.  Shapes and values select a specialization; dtypes, devices, the
+number and the kinds of inputs must match the first capture (:func:`check_call`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.utils._pytree as pytree
+
+from mirage.frontend.errors import (
+    CaptureError,
+    ExampleInputsError,
+    InputCountError,
+    InputDeviceError,
+    InputDTypeError,
+    InputTypeError,
+    UnsupportedProgramError,
+)
+
+
+class FunctionModule(nn.Module):
+    """Wraps a plain function so that torch.export can trace it."""
+
+    def __init__(self, function: Callable) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
+
+
+def program_name(program: Any) -> str:
+    if isinstance(program, FunctionModule):
+        program = program.function
+    return getattr(program, "__qualname__", None) or type(program).__name__
+
+
+def as_module(program: Any) -> nn.Module:
+    if isinstance(program, nn.Module):
+        return program
+    if callable(program):
+        return FunctionModule(program)
+    raise UnsupportedProgramError(
+        f"cannot superoptimize a {type(program).__name__}: pass a torch.nn.Module, a function of "
+        "tensors, a torch.fx.GraphModule, or a kernel graph built with mirage.new_kernel_graph()")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    def describe(self) -> str:
+        return f"tensor {str(self.dtype).removeprefix('torch.')}{list(self.shape)} on {self.device}"
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    type_name: str
+    value: str  # repr: values are specialized on, like shapes
+
+    def describe(self) -> str:
+        return f"{self.type_name} {self.value}"
+
+
+LeafSpec = TensorSpec | ValueSpec
+
+
+@dataclass(frozen=True)
+class Signature:
+    tree: str  # the pytree structure of (args, kwargs)
+    leaves: tuple[LeafSpec, ...]
+
+    def describe(self) -> str:
+        return ", ".join(leaf.describe() for leaf in self.leaves) or "no inputs"
+
+
+_VALUE_TYPES = (int, float, bool, str, type(None))
+
+
+def signature_of(args: tuple, kwargs: dict) -> Signature:
+    leaves, tree = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    specs: list[LeafSpec] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            specs.append(TensorSpec(tuple(int(s) for s in leaf.shape), leaf.dtype, leaf.device))
+        elif isinstance(leaf, _VALUE_TYPES):
+            specs.append(ValueSpec(type(leaf).__name__, repr(leaf)))
+        else:
+            raise ExampleInputsError(
+                f"input of type {type(leaf).__name__} is not supported: pass tensors, numbers, strings "
+                "or None (in tuples, lists or dicts)")
+    return Signature(str(tree), tuple(specs))
+
+
+def check_call(captured: Signature, call: Signature, name: str) -> None:
+    """Raise the InputError that explains how ``call`` differs from ``captured`` (shapes may differ)."""
+    if captured.tree != call.tree or len(captured.leaves) != len(call.leaves):
+        raise InputCountError(
+            f"{name} was captured with {len(captured.leaves)} input(s) ({captured.describe()}) but is "
+            f"called with {len(call.leaves)} ({call.describe()}); pass the inputs in the same structure")
+    for i, (was, now) in enumerate(zip(captured.leaves, call.leaves, strict=True)):
+        if type(was) is not type(now):
+            raise InputTypeError(f"input {i} of {name} was captured as a {was.describe()} but is now a "
+                                 f"{now.describe()}; pass the same kind of value")
+        if isinstance(was, TensorSpec) and isinstance(now, TensorSpec):
+            if was.dtype != now.dtype:
+                raise InputDTypeError(
+                    f"input {i} of {name} has dtype {now.dtype}, but it was captured with {was.dtype}; "
+                    f"convert it with .to({was.dtype}) or superoptimize again with inputs of {now.dtype}")
+            if was.device != now.device:
+                raise InputDeviceError(
+                    f"input {i} of {name} is on {now.device}, but it was captured on {was.device}; move it "
+                    f"with .to('{was.device}') or superoptimize the model again on {now.device}")
+
+
+def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+    """The aten-level graph module of ``module`` for these inputs (parameters as attributes)."""
+    name = program_name(module)
+    try:
+        with torch.inference_mode(False):
+            exported = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
+    except Exception as error:  # torch raises many types here; all mean "could not trace"
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise CaptureError(
+            f"torch.export could not capture {name}: {type(error).__name__}: {first[:300]}. Make the "
+            "forward traceable (no Python branches on tensor values, no .item(), no in-place updates of "
+            "inputs), or superoptimize only the traceable part") from error
+    return exported.module()

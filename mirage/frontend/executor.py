@@ -1,0 +1,92 @@
+"""Running a chosen µGraph on torch tensors.
+
+* :class:`Interpreted` runs the graph with the reference interpreter (``mi.interpret``, float64 on
+  the CPU) and hands back tensors of the graph's dtypes on the caller's device.  It is exact to the
+  µGraph semantics everywhere, and slow.
+* :class:`Compiled` runs the kernels that ``mirage.codegen`` generates, on a CUDA device.  Inputs that
+  are views (a transposed weight) are made contiguous; copies of unchanged tensors are reused.
+
+``make_executor`` picks one: ``"auto"`` compiles on CUDA when mirage.codegen can, else interprets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from mirage.frontend.errors import ExecutorError
+from mirage.mugraph.graph import KernelGraph
+from mirage.mugraph.interpret import interpret
+
+logger = logging.getLogger("mirage.frontend")
+Launcher = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
+
+
+class Interpreted:
+    kind = "interpret"
+
+    def __init__(self, graph: KernelGraph) -> None:
+        self.graph = graph
+        self.dtypes = [t.dtype.torch() for t in graph.output_types]
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        device = inputs[0].device if inputs else torch.device("cpu")
+        outs = interpret(self.graph, list(inputs), dtype=np.float64)
+        return [torch.from_numpy(np.ascontiguousarray(o)).to(device=device, dtype=d)
+                for o, d in zip(outs, self.dtypes, strict=True)]
+
+
+class Compiled:
+    kind = "cuda"
+
+    def __init__(self, graph: KernelGraph, launch: Launcher) -> None:
+        self.graph = graph
+        self.launch = launch
+        self._copies: dict[int, tuple[tuple, torch.Tensor]] = {}
+
+    def _contiguous(self, position: int, t: torch.Tensor) -> torch.Tensor:
+        if t.is_contiguous():
+            return t
+        key = (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))
+        cached = self._copies.get(position)
+        if cached is None or cached[0] != key:
+            cached = (key, t.contiguous())
+            self._copies[position] = cached
+        return cached[1]
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return list(self.launch([self._contiguous(i, t) for i, t in enumerate(inputs)]))
+
+
+def codegen_launcher(graph: KernelGraph) -> Callable | None:
+    """The compiled form of ``graph`` from mirage.codegen, or None where it cannot build one."""
+    try:
+        from mirage import codegen
+    except ImportError:
+        return None
+    build = getattr(codegen, "compile_graph", None)
+    if build is None:
+        return None
+    return build(graph)
+
+
+def make_executor(graph: KernelGraph, device: torch.device, mode: str = "auto"):
+    if mode == "interpret":
+        return Interpreted(graph)
+    if device.type != "cuda":
+        if mode == "cuda":
+            raise ExecutorError(f"executor='cuda' needs CUDA tensors, got tensors on {device}; move the "
+                                "model and inputs to a GPU or use executor='interpret'")
+        return Interpreted(graph)
+    launcher = codegen_launcher(graph)
+    if launcher is None:
+        if mode == "cuda":
+            raise ExecutorError("executor='cuda' needs mirage.codegen.compile_graph, which this "
+                                "installation lacks; use executor='auto' or 'interpret'")
+        logger.warning("mirage: no CUDA code generator available; %s runs in the reference "
+                       "interpreter (correct, not fast)", graph.name or "the subprogram")
+        return Interpreted(graph)
+    return Compiled(graph, launcher)

@@ -1,0 +1,393 @@
+"""The lowering table: one row per aten op, from a captured torch program to kernel-graph ops.
+
+Each row names the aten op, says whether it computes (``COMPUTE``) or only relabels a value
+(``LAYOUT``: views, reshapes, order-keeping transposes, float casts), and gives the rule that builds
+its kernel-graph form with a :class:`~mirage.frontend.region.RegionBuilder`.  A rule raises
+:class:`~mirage.frontend.region.Unlowerable` with a reason for the cases it cannot express (the
+partitioner then cuts the subprogram there, or leaves the op in PyTorch with a one-line notice).
+
+>>> sorted(LOWERINGS)[:4]
+['_safe_softmax', '_softmax', '_to_copy', '_unsafe_view']
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from mirage.frontend import shapes
+from mirage.frontend.region import FLOAT_DTYPES, RegionBuilder, Unlowerable, Value
+
+
+class Kind(enum.Enum):
+    COMPUTE = "compute"  # becomes kernel-graph ops
+    LAYOUT = "layout"  # relabels the shape of a value computed in the same subprogram
+
+
+Rule = Callable[[RegionBuilder, fx.Node, dict[str, Any]], Value]
+
+
+@dataclass(frozen=True)
+class Lowering:
+    op: str  # aten op name (all overloads)
+    kind: Kind
+    rule: Rule
+    doc: str
+
+
+def params(node: fx.Node) -> dict[str, Any]:
+    """The node's arguments by schema name, defaults filled in."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    out: dict[str, Any] = {}
+    for i, argument in enumerate(schema.arguments):
+        if i < len(node.args) and not argument.kwarg_only:
+            out[argument.name] = node.args[i]
+        elif argument.name in node.kwargs:
+            out[argument.name] = node.kwargs[argument.name]
+        elif argument.has_default_value():
+            out[argument.name] = argument.default_value
+    return out
+
+
+def _result_shape(node: fx.Node) -> tuple[int, ...]:
+    return tuple(int(s) for s in node.meta["val"].shape)
+
+
+# ---- rules ----------------------------------------------------------------------------------------
+
+
+def _add(sign: float) -> Rule:
+    def rule(b: RegionBuilder, node, p):
+        x, y = b.operand(p["self"]), b.operand(p["other"])
+        alpha = float(p.get("alpha", 1))
+        if isinstance(x, float) and isinstance(y, float):
+            raise Unlowerable("arithmetic on two numbers")
+        if isinstance(y, float):
+            return b.shift(x, sign * alpha * y)
+        if isinstance(x, float):  # only reached through rsub's swapped operands
+            return b.shift(b.scale(y, sign * alpha), x)
+        return b.add(x, y, sign * alpha)
+
+    return rule
+
+
+def _rsub(b: RegionBuilder, node, p):  # other − alpha·self
+    x, y = b.tensor_operand(p["self"]), b.operand(p["other"])
+    alpha = float(p.get("alpha", 1))
+    if isinstance(y, float):
+        return b.shift(b.scale(x, -alpha), y)
+    return b.add(y, x, -alpha)
+
+
+def _mul(b: RegionBuilder, node, p):
+    x, y = b.operand(p["self"]), b.operand(p["other"])
+    if isinstance(x, float):
+        x, y = y, x
+    if isinstance(x, float):
+        raise Unlowerable("arithmetic on two numbers")
+    if isinstance(y, float):
+        return b.scale(x, y)
+    return b.product(x, y)
+
+
+def _div(b: RegionBuilder, node, p):
+    if p.get("rounding_mode") is not None:
+        raise Unlowerable(f"division with rounding_mode={p['rounding_mode']!r}")
+    x, y = b.operand(p["self"]), b.operand(p["other"])
+    if isinstance(y, float):
+        if isinstance(x, float):
+            raise Unlowerable("arithmetic on two numbers")
+        return b.scale(x, 1.0 / y)
+    if isinstance(x, float):  # c / y
+        t, reciprocal = b.raw(y)
+        if reciprocal:
+            return b.scale(Value(t, y.shape), x)
+        return b.scale(Value(t, y.shape, True), x) if x != 1.0 else Value(t, y.shape, True)
+    return b.product(x, y, divide=True)
+
+
+def power(b: RegionBuilder, x, exponent: float) -> Value:
+    """x**e for e in ±{1/2, 1, 2, 3, 4}; negative powers stay symbolic reciprocals."""
+    t, reciprocal = b.raw(x)
+    magnitude = abs(exponent)
+    if magnitude == 0.5:
+        t = b.emit("sqrt", t)
+    elif magnitude == 2:
+        t = b.emit("square", t)
+    elif magnitude == 3:
+        t = b.emit("mul", b.emit("square", t), t)
+    elif magnitude == 4:
+        t = b.emit("square", b.emit("square", t))
+    elif magnitude != 1:
+        raise Unlowerable(f"pow with exponent {exponent} (supported: ±0.5, ±1, ±2, 3, 4)")
+    return Value(t, x.shape, reciprocal != (exponent < 0))
+
+
+def _pow(b: RegionBuilder, node, p):
+    exponent = p.get("exponent")
+    if not isinstance(exponent, (int, float)) or isinstance(exponent, bool):
+        raise Unlowerable("pow with a tensor exponent")
+    return power(b, b.tensor_operand(p["self"]), float(exponent))
+
+
+def _fixed_power(exponent: float) -> Rule:
+    return lambda b, node, p: power(b, b.tensor_operand(p["self"]), exponent)
+
+
+def _unary(method: str) -> Rule:
+    return lambda b, node, p: b.unary(method, b.tensor_operand(p["self"]))
+
+
+def _gelu(b: RegionBuilder, node, p):
+    if p.get("approximate", "none") != "tanh":
+        raise Unlowerable("gelu(approximate='none') needs erf, which µGraphs lack; use approximate='tanh'")
+    return b.unary("gelu", b.tensor_operand(p["self"]))
+
+
+def _clamp(b: RegionBuilder, node, p):
+    low, high = p.get("min", p.get("min_val")), p.get("max", p.get("max_val"))
+    x = b.tensor_operand(p["self"])
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)):
+        return b.unary("clamp", x, float(low), float(high))
+    if low == 0 and high is None:
+        return b.unary("relu", x)
+    raise Unlowerable("clamp needs both bounds as numbers (or min=0 alone)")
+
+
+def _clamp_min(b: RegionBuilder, node, p):
+    low, x = p.get("min"), b.tensor_operand(p["self"])
+    if not isinstance(low, (int, float)):
+        raise Unlowerable("clamp_min with a tensor bound")
+    if low == 0:
+        return b.unary("relu", x)
+    return b.unary("clamp", x, float(low), float(torch.finfo(node.meta["val"].dtype).max))
+
+
+def _reduce(mean: bool) -> Rule:
+    def rule(b: RegionBuilder, node, p):
+        x = b.tensor_operand(p["self"])
+        dtype = p.get("dtype")
+        if dtype is not None and dtype != node.meta["val"].dtype:
+            raise Unlowerable(f"reduction with dtype={dtype}")
+        return b.reduce(x, p.get("dim"), bool(p.get("keepdim", False)), mean)
+
+    return rule
+
+
+def _vector_norm(b: RegionBuilder, node, p):  # sqrt(sum(x²)) over dims
+    if float(p.get("ord", 2)) != 2.0:
+        raise Unlowerable(f"vector norm of order {p.get('ord')} (only the 2-norm)")
+    if p.get("dtype") is not None:
+        raise Unlowerable("vector norm with a dtype")
+    squares = power(b, b.tensor_operand(p["self"]), 2.0)
+    return power(b, b.reduce(squares, p.get("dim"), bool(p.get("keepdim", False)), mean=False), 0.5)
+
+
+def _matmul(b: RegionBuilder, node, p):
+    return b.matmul(b.tensor_operand(p["self"]), b.tensor_operand(p.get("other", p.get("mat2"))))
+
+
+def _linear(b: RegionBuilder, node, p):
+    x, weight = b.tensor_operand(p["input"]), b.tensor_operand(p["weight"])
+    if len(weight.shape) != 2 or len(x.shape) < 1:
+        raise Unlowerable("linear needs a 2-D weight")
+    w_t = b.transposed(weight)
+    rows = math.prod(x.shape[:-1])
+    out = Value(b.emit("matmul", b.tensor(x, (rows, x.shape[-1])), w_t), (*x.shape[:-1], weight.shape[0]))
+    if p.get("bias") is not None:
+        out = b.add(out, b.tensor_operand(p["bias"]))
+    return out
+
+
+def _addmm(b: RegionBuilder, node, p):  # beta·self + alpha·(mat1 @ mat2)
+    out = b.scale(b.matmul(b.tensor_operand(p["mat1"]), b.tensor_operand(p["mat2"])), float(p["alpha"]))
+    bias = b.tensor_operand(p["self"])
+    if float(p["beta"]) != 1.0:
+        bias = b.scale(bias, float(p["beta"]))
+    return b.add(out, bias)
+
+
+def _softmax(b: RegionBuilder, node, p):
+    if p.get("half_to_float") or p.get("dtype") not in (None, node.meta["val"].dtype):
+        raise Unlowerable("softmax that changes the dtype")
+    return b.softmax(b.tensor_operand(p["self"]), int(p["dim"]))
+
+
+def _rms_norm(b: RegionBuilder, node, p):
+    x = b.tensor_operand(p["input"])
+    if len(p["normalized_shape"]) != 1:
+        raise Unlowerable("rms_norm over more than the last dim")
+    eps = p.get("eps")
+    eps = float(torch.finfo(node.meta["val"].dtype).eps) if eps is None else float(eps)
+    graph_shape, logical = b.frame(x)
+    t = b.tensor(x, graph_shape)
+    if shapes.graph_dim(t.dims, logical, len(logical) - 1) != len(t.dims) - 1:
+        raise Unlowerable("rms_norm of a tensor whose last dim is not the graph's last dim")
+    out = Value(b.emit("rms_norm", t, eps=eps), logical)
+    if p.get("weight") is not None:
+        out = b.product(out, b.tensor_operand(p["weight"]))
+    return out
+
+
+def _attention(b: RegionBuilder, node, p):
+    """softmax(q @ kᵀ · scale + mask) @ v, grouped-query heads folded into the query rows."""
+    q, k, v = (b.tensor_operand(p[name]) for name in ("query", "key", "value"))
+    if float(p.get("dropout_p", 0.0)) != 0.0:
+        raise Unlowerable("attention dropout")
+    if p.get("is_causal"):
+        raise Unlowerable("is_causal=True (pass an explicit additive float mask instead)")
+    if min(len(q.shape), len(k.shape), len(v.shape)) < 3:
+        raise Unlowerable("attention without a heads dim")
+    *prefix, heads, length, dim = q.shape
+    *k_prefix, kv_heads, keys, _ = k.shape
+    if k_prefix != prefix or v.shape[:-1] != k.shape[:-1] or heads % kv_heads:
+        raise Unlowerable(f"attention shapes q{list(q.shape)} k{list(k.shape)} v{list(v.shape)}")
+    group = heads // kv_heads
+    if group > 1 and not p.get("enable_gqa"):
+        raise Unlowerable("query and key heads differ without enable_gqa=True")
+    tq = b.tensor(q, (*prefix, kv_heads, group * length, dim))
+    scores = b.emit("matmul", tq, b.transposed(k))
+    scale = p.get("scale")
+    scores = b.emit("mul_scalar", scores, 1.0 / math.sqrt(dim) if scale is None else float(scale))
+    weights = Value(scores, (*prefix, heads, length, keys))
+    if p.get("attn_mask") is not None:
+        weights = b.add(weights, b.tensor_operand(p["attn_mask"]))
+    probabilities = b.softmax(weights, -1)
+    out = b.emit("matmul", b.tensor(probabilities), b.tensor(v, v.shape))
+    return Value(out, (*prefix, heads, length, v.shape[-1]))
+
+
+# ---- layout rules -------------------------------------------------------------------------------
+
+
+def _view(b: RegionBuilder, node, p):
+    return b.relabel(b.tensor_operand(p["self"]), _result_shape(node))
+
+
+def _permutation(node: fx.Node, p) -> tuple[int, ...]:
+    rank = len(node.meta["val"].shape)
+    name = node.target.overloadpacket.__name__  # type: ignore[union-attr]
+    order = list(range(rank))
+    if name == "permute":
+        return tuple(d % rank for d in p["dims"])
+    if name == "transpose":
+        i, j = p["dim0"] % rank, p["dim1"] % rank
+        order[i], order[j] = order[j], order[i]
+        return tuple(order)
+    return tuple(reversed(order)) if rank <= 2 else (*order[:-2], order[-1], order[-2])
+
+
+def _transpose(b: RegionBuilder, node, p):
+    x = b.tensor_operand(p["self"])
+    if not shapes.keeps_order(x.shape, _permutation(node, p)):
+        raise Unlowerable("a transpose of a computed tensor (µGraph tensors are row-major)")
+    return b.relabel(x, _result_shape(node))
+
+
+def _identity(b: RegionBuilder, node, p):
+    return b.relabel(b.tensor_operand(p["self"]), _result_shape(node))
+
+
+def _cast(b: RegionBuilder, node, p):
+    x = b.tensor_operand(p["self"])
+    out = node.meta["val"]
+    if out.dtype not in FLOAT_DTYPES:
+        raise Unlowerable(f"cast to {out.dtype}")
+    device = p.get("device")
+    if device is not None and torch.device(device) != out.device:
+        raise Unlowerable("a device copy")
+    return b.relabel(x, _result_shape(node))  # float casts inside a subprogram keep the graph dtype
+
+
+def _expand(b: RegionBuilder, node, p):
+    return b.expand(b.tensor_operand(p["self"]), _result_shape(node))
+
+
+C, L = Kind.COMPUTE, Kind.LAYOUT
+
+LOWERINGS: dict[str, Lowering] = {
+    row.op: row
+    for row in [
+        Lowering("linear", C, _linear, "x @ wᵀ + b (the weight is viewed transposed)"),
+        Lowering("matmul", C, _matmul, "batched or 2-D matrix product"),
+        Lowering("mm", C, _matmul, "matrix product"),
+        Lowering("bmm", C, _matmul, "batched matrix product"),
+        Lowering("addmm", C, _addmm, "beta·bias + alpha·(a @ b)"),
+        Lowering("add", C, _add(1.0), "x + alpha·y (numbers become add_scalar)"),
+        Lowering("sub", C, _add(-1.0), "x − alpha·y"),
+        Lowering("rsub", C, _rsub, "y − alpha·x"),
+        Lowering("mul", C, _mul, "x·y (numbers become mul_scalar; x·(1/s) becomes x/s)"),
+        Lowering("div", C, _div, "x / y"),
+        Lowering("neg", C, lambda b, n, p: b.scale(b.tensor_operand(p["self"]), -1.0), "−x"),
+        Lowering("exp", C, _unary("exp"), "eˣ"),
+        Lowering("sqrt", C, _fixed_power(0.5), "√x"),
+        Lowering("rsqrt", C, _fixed_power(-0.5), "1/√x (kept symbolic: x·rsqrt(s) becomes x/√s)"),
+        Lowering("reciprocal", C, _fixed_power(-1.0), "1/x (kept symbolic)"),
+        Lowering("square", C, _fixed_power(2.0), "x²"),
+        Lowering("pow", C, _pow, "x**e for e in ±0.5, ±1, ±2, 3, 4"),
+        Lowering("silu", C, _unary("silu"), "x·sigmoid(x)"),
+        Lowering("gelu", C, _gelu, "gelu, tanh approximation only"),
+        Lowering("relu", C, _unary("relu"), "max(x, 0)"),
+        Lowering("sigmoid", C, _unary("sigmoid"), "1/(1+e⁻ˣ)"),
+        Lowering("clamp", C, _clamp, "min(max(x, lo), hi)"),
+        Lowering("clamp_min", C, _clamp_min, "max(x, lo): relu, or clamp to [lo, dtype max]"),
+        Lowering("hardtanh", C, _clamp, "clamp to [min_val, max_val]"),
+        Lowering("sum", C, _reduce(mean=False), "sum over dims (one reduction per dim)"),
+        Lowering("mean", C, _reduce(mean=True), "sum over dims, then · 1/n"),
+        Lowering("softmax", C, _softmax, "LAX form exp(x)/Σexp(x), marked for online softmax"),
+        Lowering("_softmax", C, _softmax, "as softmax"),
+        Lowering("_safe_softmax", C, _softmax, "as softmax (rows are never all −inf here)"),
+        Lowering("linalg_vector_norm", C, _vector_norm, "2-norm: sqrt(Σx²) over dims"),
+        Lowering("rms_norm", C, _rms_norm, "rms_norm(x, eps) · weight over the last dim"),
+        Lowering("scaled_dot_product_attention", C, _attention,
+                 "softmax(q kᵀ·scale + mask) v, decomposed; grouped-query heads folded into rows"),
+        Lowering("view", L, _view, "relabel"),
+        Lowering("reshape", L, _view, "relabel"),
+        Lowering("_unsafe_view", L, _view, "relabel"),
+        Lowering("flatten", L, _view, "relabel"),
+        Lowering("unflatten", L, _view, "relabel"),
+        Lowering("unsqueeze", L, _view, "relabel"),
+        Lowering("squeeze", L, _view, "relabel"),
+        Lowering("transpose", L, _transpose, "relabel when only size-1 dims move"),
+        Lowering("t", L, _transpose, "relabel when only size-1 dims move"),
+        Lowering("permute", L, _transpose, "relabel when only size-1 dims move"),
+        Lowering("expand", L, _expand, "kept symbolic for element-wise consumers"),
+        Lowering("expand_as", L, _expand, "kept symbolic for element-wise consumers"),
+        Lowering("contiguous", L, _identity, "identity"),
+        Lowering("clone", L, _identity, "identity"),
+        Lowering("alias", L, _identity, "identity"),
+        Lowering("detach", L, _identity, "identity"),
+        Lowering("lift_fresh_copy", L, _identity, "identity"),
+        Lowering("_to_copy", L, _cast, "float casts are dropped inside a subprogram"),
+        Lowering("to", L, _cast, "float casts are dropped inside a subprogram"),
+    ]
+}
+
+
+def lowering_of(node: fx.Node) -> Lowering | None:
+    """The table row for an fx node, or None (not an aten op, or not in the table)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return None
+    if node.target.namespace != "aten":
+        return None
+    return LOWERINGS.get(node.target.overloadpacket.__name__)
+
+
+def lower_node(builder: RegionBuilder, node: fx.Node) -> Value:
+    row = lowering_of(node)
+    if row is None:
+        raise Unlowerable(f"{node.target} has no µGraph lowering")
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise Unlowerable(f"{node.target} does not produce one tensor")
+    value = row.rule(builder, node, params(node))
+    if tuple(value.shape) != tuple(val.shape):  # a rule bug, not a user error
+        raise AssertionError(f"lowering {node.target} gave shape {value.shape}, torch has {tuple(val.shape)}")
+    builder.values[node] = value
+    return value

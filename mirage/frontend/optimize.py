@@ -1,0 +1,199 @@
+"""Choosing the µGraph that runs each subprogram: the search, and its on-disk cache.
+
+The cache key is the content hash of the reference kernel graph (input names stripped, so that two
+programs that differ only in variable names share an entry), the search settings and the library
+version.  A cached entry is reused without searching.  When ``mirage.generator`` offers no search
+(or ``search=False``), the reference graph itself is the chosen µGraph: a marked fallback
+(``source == "reference"``) that is correct everywhere, only not faster, and is never cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import inspect
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirage.errors import MirageError
+from mirage.mugraph.graph import KernelGraph, KernelInput, Node
+from mirage.mugraph.serialize import content_hash, dumps, loads
+
+logger = logging.getLogger("mirage.frontend")
+
+CACHE_FORMAT = "mirage.search-cache"
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What the search is asked to do; part of the cache key."""
+
+    config: str | None = None
+    time_limit_s: float = 60.0
+    overrides: tuple[tuple[str, str], ...] = ()  # (name, repr(value)), sorted
+
+    def to_dict(self) -> dict:
+        return {"config": self.config, "time_limit_s": self.time_limit_s, "overrides": list(self.overrides)}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The µGraph chosen for one subprogram, and where it came from."""
+
+    graph: KernelGraph
+    source: str  # "search": searched now; "cache": from disk; "reference": fallback, no search
+    key: str
+    detail: str
+    seconds: float = 0.0
+
+
+def strip_names(graph: KernelGraph) -> KernelGraph:
+    nodes = tuple(dataclasses.replace(n, attrs=KernelInput("")) if isinstance(n.attrs, KernelInput) else n
+                  for n in graph.nodes)
+    return KernelGraph(nodes, graph.outputs, "")
+
+
+def cache_key(reference: KernelGraph, settings: SearchSettings) -> str:
+    from mirage import __version__
+
+    text = json.dumps({"graph": content_hash(strip_names(reference)), "settings": settings.to_dict(),
+                       "version": __version__}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _entry_path(cache_dir: Path, key: str) -> Path:
+    return cache_dir / f"{key}.json"
+
+
+def read_entry(cache_dir: Path, key: str) -> dict | None:
+    path = _entry_path(cache_dir, key)
+    if not path.exists():
+        return None
+    try:
+        entry = json.loads(path.read_text())
+        if entry.get("format") != CACHE_FORMAT or entry.get("version") != CACHE_VERSION:
+            raise ValueError("unknown format")
+        entry["graph"] = loads(entry["chosen"])
+        return entry
+    except (OSError, ValueError, KeyError, MirageError) as error:
+        logger.warning("mirage: ignoring unreadable search-cache entry %s (%s); it will be rewritten",
+                       path, error)
+        return None
+
+
+def write_entry(cache_dir: Path, key: str, reference: KernelGraph, choice: Choice,
+                settings: SearchSettings) -> Path:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    entry = {
+        "format": CACHE_FORMAT, "version": CACHE_VERSION, "key": key, "name": reference.name,
+        "reference": dumps(reference), "chosen": dumps(choice.graph), "source": choice.source,
+        "detail": choice.detail, "search_seconds": round(choice.seconds, 3),
+        "settings": settings.to_dict(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    path = _entry_path(cache_dir, key)
+    scratch = path.with_suffix(f".{os.getpid()}.tmp")
+    scratch.write_text(json.dumps(entry, indent=1))
+    os.replace(scratch, path)
+    return path
+
+
+def list_entries(cache_dir: Path) -> list[dict]:
+    """Summaries of the cache entries (newest first); unreadable files are listed as such."""
+    rows = []
+    for path in sorted(cache_dir.glob("*.json")) if cache_dir.exists() else []:
+        try:
+            entry = json.loads(path.read_text())
+            rows.append({"key": entry["key"], "name": entry.get("name", ""), "source": entry.get("source"),
+                         "created": entry.get("created", ""), "detail": entry.get("detail", ""),
+                         "bytes": path.stat().st_size})
+        except (OSError, ValueError, KeyError):
+            rows.append({"key": path.stem, "name": "", "source": "unreadable", "created": "", "detail": "",
+                         "bytes": path.stat().st_size})
+    return sorted(rows, key=lambda r: r["created"], reverse=True)
+
+
+def clear_entries(cache_dir: Path) -> int:
+    count = 0
+    for path in cache_dir.glob("*.json") if cache_dir.exists() else []:
+        path.unlink()
+        count += 1
+    return count
+
+
+# ---- the search ------------------------------------------------------------------------------------
+
+
+class SearchUnavailable(Exception):
+    """mirage.generator has no search driver in this installation."""
+
+
+def run_search(reference: KernelGraph, settings: SearchSettings) -> tuple[KernelGraph | None, str]:
+    """Search µGraphs equivalent to ``reference``; returns the best verified one (or None) and a note."""
+    try:
+        from mirage.generator import search
+    except ImportError as error:
+        raise SearchUnavailable(f"mirage.generator offers no search ({error})") from None
+    kwargs: dict = {name: json.loads(value) for name, value in settings.overrides}
+    accepted = inspect.signature(search).parameters
+    if "budget" in accepted and "budget" not in kwargs:
+        from mirage.generator.budget import Budget
+
+        kwargs["budget"] = Budget(time_s=settings.time_limit_s)
+    result = search(reference, config=settings.config, **kwargs)
+    graphs = _ranked_graphs(result)
+    note = str(getattr(result, "stop_reason", "")) or f"{len(graphs)} verified µGraph(s)"
+    return (graphs[0] if graphs else None), note
+
+
+def _ranked_graphs(result) -> list[KernelGraph]:
+    for name in ("graphs", "mugraphs", "results", "ranked"):
+        items = getattr(result, name, None)
+        if items is not None:
+            return [getattr(item, "graph", item) for item in items]
+    if isinstance(result, (list, tuple)):
+        return [getattr(item, "graph", item) for item in result]
+    raise MirageError(f"unexpected search result type {type(result).__name__}")
+
+
+def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = True,
+           cache_dir: Path | None = None) -> Choice:
+    """The µGraph to run for ``reference``: from the cache, from a new search, or the reference."""
+    key = cache_key(reference, settings)
+    if cache_dir is not None:
+        entry = read_entry(cache_dir, key)
+        if entry is not None:
+            return Choice(_rename(entry["graph"], reference), "cache", key,
+                          f"cached {entry['source']} result from {entry.get('created', '?')}")
+    if not search:
+        return Choice(reference, "reference", key, "search disabled (search=False)")
+    start = time.perf_counter()
+    try:
+        found, note = run_search(reference, settings)
+    except SearchUnavailable as error:
+        return Choice(reference, "reference", key, f"fallback: {error}")
+    seconds = time.perf_counter() - start
+    if found is None:
+        choice = Choice(reference, "reference", key, f"search found nothing better ({note})", seconds)
+    else:
+        choice = Choice(_rename(found, reference), "search", key, note, seconds)
+    if cache_dir is not None:
+        write_entry(cache_dir, key, reference, choice, settings)
+    return choice
+
+
+def _rename(graph: KernelGraph, reference: KernelGraph) -> KernelGraph:
+    """Give a cached or searched graph the reference's input names and graph name (for printing)."""
+    names = iter(n.attrs.name for n in reference.nodes if isinstance(n.attrs, KernelInput))
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        if isinstance(node.attrs, KernelInput):
+            node = dataclasses.replace(node, attrs=KernelInput(next(names, "")))
+        nodes.append(node)
+    return KernelGraph(tuple(nodes), graph.outputs, reference.name)

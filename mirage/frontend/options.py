@@ -1,0 +1,89 @@
+"""The options of ``superoptimize`` and of the ``torch.compile`` backend, checked in one place.
+
+>>> Options.parse(max_subprogram_ops=8).max_subprogram_ops
+8
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mirage import config
+from mirage.frontend.errors import OptionError
+from mirage.frontend.optimize import SearchSettings
+from mirage.frontend.partition import Budget
+
+
+@dataclass(frozen=True)
+class Options:
+    search: bool = True  # False: run the reference graphs, no search
+    config: str | None = None  # named search space ("mlp", "attention", "lora")
+    time_limit_s: float = 60.0  # search budget per subprogram
+    search_overrides: tuple[tuple[str, str], ...] = ()  # passed to mirage.generator.search
+    max_subprogram_ops: int = 16  # kernel-graph ops per subprogram
+    executor: str = "auto"  # "auto", "interpret" or "cuda"
+    use_cache: bool = True  # read and write the on-disk search cache
+    cache_dir: Path | None = None  # default: $MIRAGE_CACHE_DIR/search
+    progress: bool = True
+
+    @classmethod
+    def parse(cls, **options: Any) -> Options:
+        """Options from keyword arguments; defaults for executor, cache and progress from the
+        environment (mirage.config)."""
+        settings = config.settings()
+        names = [f.name for f in dataclasses.fields(cls)]
+        values: dict[str, Any] = {"executor": settings.executor, "use_cache": settings.use_cache,
+                                  "progress": settings.progress}
+        for name, value in options.items():
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise OptionError(f"unknown option {name!r}{hint} Known options: {', '.join(names)}")
+            values[name] = value
+        overrides = values.pop("search_overrides", ())
+        if isinstance(overrides, Mapping):
+            try:
+                overrides = tuple(sorted((str(k), json.dumps(v)) for k, v in overrides.items()))
+            except TypeError as error:
+                raise OptionError(f"search_overrides values must be JSON data (numbers, strings, lists): "
+                                  f"{error}") from None
+        values["search_overrides"] = tuple(overrides)
+        if values.get("cache_dir") is not None:
+            values["cache_dir"] = Path(values["cache_dir"]).expanduser()
+        options_ = cls(**values)
+        options_.validate()
+        return options_
+
+    def validate(self) -> None:
+        if not isinstance(self.max_subprogram_ops, int) or self.max_subprogram_ops < 1:
+            raise OptionError(
+                f"max_subprogram_ops must be a positive integer, got {self.max_subprogram_ops!r}")
+        if not isinstance(self.time_limit_s, (int, float)) or self.time_limit_s <= 0:
+            raise OptionError(f"time_limit_s must be a positive number of seconds, got {self.time_limit_s!r}")
+        if self.executor not in config.EXECUTORS:
+            raise OptionError(f"executor must be one of {', '.join(config.EXECUTORS)}, got {self.executor!r}")
+        if self.config is not None and not isinstance(self.config, str):
+            raise OptionError(f"config must be a search-space name such as 'mlp', got {self.config!r}")
+        for name in ("search", "use_cache", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(max_ops=self.max_subprogram_ops)
+
+    @property
+    def search_settings(self) -> SearchSettings:
+        return SearchSettings(self.config, float(self.time_limit_s), self.search_overrides)
+
+    @property
+    def search_cache_dir(self) -> Path | None:
+        if not self.use_cache:
+            return None
+        return self.cache_dir if self.cache_dir is not None else config.settings().search_cache_dir

@@ -1,0 +1,251 @@
+"""The LAX partitioner: cut a captured program into subprograms the search can take.
+
+A subprogram is a connected set of ops of the lowering table whose kernel graph is in the LAX
+fragment (at most one exp on any input→output path, mirage-notes §2) and within a size budget the
+search can handle.  Everything else stays in PyTorch; each compute op left there gets a one-line
+notice with the reason.
+
+The algorithm is greedy, in topological order: an op joins the union of the subprograms of its
+operands if that union plus the op still lowers, stays LAX, fits the budget and creates no cycle
+through PyTorch ops; otherwise the largest single such subprogram; otherwise it starts a new one;
+otherwise it stays in PyTorch.  View-like ops join only the subprogram of their operand (outside
+ones are free views that PyTorch runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from mirage.frontend.lowering import Kind, lower_node, lowering_of
+from mirage.frontend.region import InputBinding, OutputBinding, RegionBuilder, Unlowerable, Value
+from mirage.mugraph.graph import KernelGraph, Node, Ref
+from mirage.mugraph.ops import Op
+from mirage.mugraph.text import to_text, type_text
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits on one subprogram."""
+
+    max_ops: int = 16  # kernel-graph ops, inputs not counted
+    max_exps_per_path: int = 1  # the LAX condition
+
+
+@dataclass(frozen=True)
+class Subprogram:
+    name: str
+    nodes: tuple[str, ...]  # fx node names, in topological order
+    ops: tuple[str, ...]  # their aten op names
+    graph: KernelGraph  # the reference kernel graph
+    inputs: tuple[InputBinding, ...]  # graph input i <- torch value
+    outputs: tuple[OutputBinding, ...]  # torch value <- graph output
+    online_softmax: tuple[int, ...]  # graph nodes: exps of softmaxes, for the online-softmax rewrite
+
+    @property
+    def num_ops(self) -> int:
+        return sum(1 for n in self.graph.nodes if n.op is not Op.INPUT)
+
+
+@dataclass(frozen=True)
+class PyTorchOp:
+    """A compute op left in PyTorch."""
+
+    node: str
+    target: str
+    reason: str
+
+    def notice(self) -> str:
+        return f"mirage: {self.target} ({self.node}) runs in PyTorch: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Partition:
+    subprograms: tuple[Subprogram, ...]
+    pytorch_ops: tuple[PyTorchOp, ...]
+
+    def notices(self) -> list[str]:
+        return [op.notice() for op in self.pytorch_ops]
+
+    def summary(self) -> str:
+        ops = sum(len(s.nodes) for s in self.subprograms)
+        return (f"{len(self.subprograms)} subprogram(s) covering {ops} torch op(s); "
+                f"{len(self.pytorch_ops)} compute op(s) left in PyTorch")
+
+    def __str__(self) -> str:
+        lines = [f"partition: {self.summary()}"]
+        for s in self.subprograms:
+            softmax = ", online softmax" if s.online_softmax else ""
+            lines.append(f"subprogram {s.name}: {len(s.nodes)} torch ops -> {s.num_ops} kernel-graph "
+                         f"ops{softmax}")
+            lines.append(f"  torch ops: {', '.join(f'{n}={o}' for n, o in zip(s.nodes, s.ops, strict=True))}")
+            for i, binding in enumerate(s.inputs):
+                permute = f".permute{binding.permute}" if binding.permute else ""
+                t = s.graph.input_types[i]
+                lines.append(f"  input {i}: {binding.source}{permute} as {type_text(t)}")
+            for binding in s.outputs:
+                expand = f" expanded to {list(binding.expand)}" if binding.expand else ""
+                lines.append(f"  output {binding.index} -> {binding.node} {list(binding.shape)}{expand}")
+            lines += ["    " + line for line in to_text(s.graph).splitlines()]
+        for op in self.pytorch_ops:
+            lines.append(f"pytorch: {op.node} = {op.target}: {op.reason}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Lowered:
+    graph: KernelGraph
+    inputs: tuple[InputBinding, ...]
+    outputs: tuple[OutputBinding, ...]
+    online_softmax: tuple[int, ...]
+
+
+def lower_region(members: list[fx.Node], budget: Budget, name: str = "") -> Lowered:
+    """The kernel graph of ``members`` (topologically ordered); raises Unlowerable."""
+    builder = RegionBuilder(name)
+    member_set = set(members)
+    for node in members:
+        lower_node(builder, node)
+    outputs: list[OutputBinding] = []
+    marked: dict[Ref, int] = {}
+    for node in members:
+        if all(user in member_set for user in node.users):
+            continue
+        value = builder.values[node]
+        expand = None
+        if value.expanded_from is not None:
+            expand, value = value.shape, Value(value.tensor, value.expanded_from, value.reciprocal)
+        t = builder.tensor(value)
+        if t.ref not in marked:
+            marked[t.ref] = len(marked)
+            builder.builder.mark_output(t)
+        outputs.append(OutputBinding(node.name, marked[t.ref], value.shape, node.meta["val"].dtype, expand))
+    graph, keep_inputs, renumber = prune(builder.builder.graph)
+    inputs = tuple(builder.bindings[i] for i in keep_inputs)
+    exps = tuple(renumber[i] for i in builder.softmax_exps if i in renumber)
+    ops = sum(1 for n in graph.nodes if n.op is not Op.INPUT)
+    if ops > budget.max_ops:
+        raise Unlowerable(f"{ops} kernel-graph ops, over the budget of {budget.max_ops} per subprogram")
+    if max_exps_on_a_path(graph) > budget.max_exps_per_path:
+        raise Unlowerable(f"more than {budget.max_exps_per_path} exp on one path (outside the LAX fragment)")
+    return Lowered(graph, inputs, tuple(outputs), exps)
+
+
+def prune(graph: KernelGraph) -> tuple[KernelGraph, list[int], dict[int, int]]:
+    """Drop nodes no output needs; returns the graph, the kept input positions and the renumbering."""
+    live: set[int] = set()
+    stack = [r.node for r in graph.outputs]
+    while stack:
+        i = stack.pop()
+        if i not in live:
+            live.add(i)
+            stack.extend(r.node for r in graph.nodes[i].inputs)
+    renumber: dict[int, int] = {}
+    nodes: list[Node] = []
+    kept_inputs: list[int] = []
+    position = 0
+    for i, node in enumerate(graph.nodes):
+        if node.op is Op.INPUT:
+            if i in live:
+                kept_inputs.append(position)
+            position += 1
+        if i not in live:
+            continue
+        renumber[i] = len(nodes)
+        nodes.append(Node(node.op, tuple(Ref(renumber[r.node], r.index) for r in node.inputs), node.attrs,
+                          node.outputs))
+    outputs = tuple(Ref(renumber[r.node], r.index) for r in graph.outputs)
+    return KernelGraph(tuple(nodes), outputs, graph.name), kept_inputs, renumber
+
+
+def max_exps_on_a_path(graph: KernelGraph) -> int:
+    depth: list[int] = []
+    for node in graph.nodes:
+        before = max((depth[r.node] for r in node.inputs), default=0)
+        depth.append(before + (1 if node.op is Op.EXP else 0))
+    return max(depth, default=0)
+
+
+def _creates_cycle(members: set[fx.Node], order: dict[fx.Node, int]) -> bool:
+    """Is there a path member → outside op → member?  (The subprogram could then not run at once.)"""
+    last = max(order[m] for m in members)
+    stack = [u for m in members for u in m.users if u not in members]
+    seen: set[fx.Node] = set()
+    while stack:
+        node = stack.pop()
+        if node in members:
+            return True
+        if node in seen or order[node] > last:
+            continue
+        seen.add(node)
+        stack.extend(node.users)
+    return False
+
+
+def _is_compute(node: fx.Node) -> bool:
+    """An aten op producing a tensor (asserts, shape queries and getitems are not worth a notice)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    return isinstance(node.meta.get("val"), torch.Tensor) and not node.target.__name__.startswith("_assert")
+
+
+def partition(gm: fx.GraphModule, budget: Budget | None = None) -> Partition:
+    """Partition a captured (aten-level) program."""
+    budget = budget or Budget()
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    region_of: dict[fx.Node, int] = {}
+    regions: dict[int, list[fx.Node]] = {}
+    left: list[PyTorchOp] = []
+    next_id = 0
+    for node in nodes:
+        row = lowering_of(node)
+        if row is None:
+            if _is_compute(node):
+                left.append(PyTorchOp(node.name, str(node.target), "no µGraph lowering"))
+            continue
+        candidates: list[int] = []
+        for producer in node.all_input_nodes:
+            if producer in region_of and region_of[producer] not in candidates:
+                candidates.append(region_of[producer])
+        if row.kind is Kind.LAYOUT:  # joins the subprogram of its operand, or stays a PyTorch view
+            operand = node.args[0] if node.args else None
+            attempts = [[region_of[operand]]] if operand in region_of else []
+        else:
+            attempts = [candidates] if len(candidates) > 1 else []
+            attempts += [[c] for c in sorted(candidates, key=lambda c: -len(regions[c]))]
+            attempts.append([])
+        reason = "no µGraph lowering"
+        for ids in attempts:
+            members = sorted([m for i in ids for m in regions[i]] + [node], key=order.__getitem__)
+            if ids and _creates_cycle(set(members), order):
+                reason = "joining would create a cycle through PyTorch ops"
+                continue
+            try:
+                lower_region(members, budget)
+            except Unlowerable as error:
+                reason = error.reason
+                continue
+            target = min(ids) if ids else next_id
+            next_id += 0 if ids else 1
+            for i in ids:
+                del regions[i]
+            regions[target] = members
+            for m in members:
+                region_of[m] = target
+            break
+        else:
+            if row.kind is Kind.COMPUTE:
+                left.append(PyTorchOp(node.name, str(node.target), reason))
+    subprograms = []
+    for k, (_, members) in enumerate(sorted(regions.items(), key=lambda item: order[item[1][0]])):
+        name = f"sp{k}"
+        lowered = lower_region(members, budget, name)
+        if not lowered.outputs:
+            continue
+        ops = tuple(lowering_of(m).op for m in members)  # type: ignore[union-attr]
+        subprograms.append(Subprogram(name, tuple(m.name for m in members), ops, lowered.graph,
+                                      lowered.inputs, lowered.outputs, lowered.online_softmax))
+    return Partition(tuple(subprograms), tuple(left))

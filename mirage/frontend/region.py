@@ -1,0 +1,354 @@
+"""Building the kernel graph of one subprogram from torch values.
+
+A :class:`RegionBuilder` holds the kernel graph under construction and the torch value each fx node
+of the subprogram stands for (a :class:`Value`).  Tensors from outside the subprogram
+(:class:`Boundary`) become graph inputs on first use, bound by an :class:`InputBinding` that says how
+to view the torch tensor (an optional permutation, then a free row-major reshape).  The methods are
+the building blocks of the lowering table in :mod:`mirage.frontend.lowering`; anything they cannot
+express raises :class:`Unlowerable` with the reason, and the partitioner then cuts the subprogram
+there or leaves the op in PyTorch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+import mirage.mugraph as mg
+from mirage.errors import GraphError
+from mirage.frontend import shapes
+from mirage.mugraph.builder import DTensor
+from mirage.mugraph.ops import Op
+
+Shape = tuple[int, ...]
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class Unlowerable(Exception):
+    """This op (here) has no kernel-graph form; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A tensor computed outside the subprogram (an input, a parameter or a PyTorch result)."""
+
+    node: fx.Node
+    shape: Shape
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Value:
+    """A torch value computed inside: ``tensor`` reshaped to ``shape`` (reciprocal: ``1/tensor``).
+
+    ``expanded_from`` is set on the result of an ``expand``: the tensor holds the value before the
+    expand (of that shape), which element-wise ops broadcast just as they would the expanded one."""
+
+    tensor: DTensor
+    shape: Shape
+    reciprocal: bool = False
+    expanded_from: Shape | None = None
+
+    @property
+    def broadcast_shape(self) -> Shape:
+        return self.shape if self.expanded_from is None else self.expanded_from
+
+
+@dataclass(frozen=True)
+class InputBinding:
+    """Graph input ``i`` is ``source`` (an fx node name), permuted, then reshaped to ``shape``."""
+
+    source: str
+    permute: tuple[int, ...] | None
+    shape: Shape
+
+    def apply(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.permute is not None:
+            tensor = tensor.permute(self.permute)
+        return tensor.reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class OutputBinding:
+    """fx node ``node`` is graph output ``index`` reshaped to ``shape``, cast to ``dtype`` and, when
+    ``expand`` is set, expanded to that shape (a view)."""
+
+    node: str
+    index: int
+    shape: Shape
+    dtype: torch.dtype
+    expand: Shape | None = None
+
+    def apply(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.reshape(self.shape).to(self.dtype)
+        return tensor if self.expand is None else tensor.expand(self.expand)
+
+
+Operand = Value | Boundary
+Combine = Callable[[DTensor, bool, DTensor, bool], tuple[DTensor, bool]]
+
+
+def broadcast_shape(x: Operand) -> Shape:
+    """The shape an element-wise op broadcasts ``x`` from."""
+    return x.broadcast_shape if isinstance(x, Value) else x.shape
+
+
+class RegionBuilder:
+    """The kernel graph of one subprogram under construction."""
+
+    def __init__(self, name: str = "") -> None:
+        self.builder = mg.new_kernel_graph(name)
+        self.values: dict[fx.Node, Value] = {}
+        self.bindings: list[InputBinding] = []
+        self._inputs: dict[InputBinding, DTensor] = {}
+        self.softmax_exps: list[int] = []
+
+    # ---- operands -----------------------------------------------------------------------------
+
+    def operand(self, arg) -> Operand | float:
+        if isinstance(arg, fx.Node):
+            if arg in self.values:
+                return self.values[arg]
+            val = arg.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                raise Unlowerable(f"operand {arg.name} is not a tensor")
+            return Boundary(arg, tuple(int(s) for s in val.shape), val.dtype)
+        if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+            return float(arg)
+        raise Unlowerable(f"operand {arg!r} is neither a tensor nor a number")
+
+    def tensor_operand(self, arg) -> Operand:
+        x = self.operand(arg)
+        if isinstance(x, float):
+            raise Unlowerable("a number where a tensor is needed")
+        return x
+
+    def bind(self, x: Boundary, shape: Sequence[int], permute: tuple[int, ...] | None = None) -> DTensor:
+        if x.dtype not in FLOAT_DTYPES:
+            raise Unlowerable(f"{x.node.name} has dtype {x.dtype}; µGraphs hold floating-point tensors")
+        binding = InputBinding(x.node.name, permute, tuple(int(s) for s in shape))
+        if binding not in self._inputs:
+            if math.prod(binding.shape) != math.prod(x.shape):
+                raise Unlowerable(f"cannot view {x.node.name}{list(x.shape)} as {list(shape)}")
+            self._inputs[binding] = self.builder.new_input(dims=binding.shape, dtype=mg.DType.parse(x.dtype),
+                                                         name=x.node.name)
+            self.bindings.append(binding)
+        return self._inputs[binding]
+
+    def raw(self, x: Operand, shape: Sequence[int] | None = None) -> tuple[DTensor, bool]:
+        """The graph tensor holding ``x`` in graph shape ``shape`` (default: its own / flat 2-D)."""
+        if isinstance(x, Boundary):
+            return self.bind(x, shapes.flat2d(x.shape) if shape is None else shape), False
+        if x.expanded_from is not None:
+            raise Unlowerable("an expanded tensor feeds an op that is not element-wise")
+        if shape is not None and tuple(x.tensor.dims) != tuple(shape):
+            raise Unlowerable(f"a computed tensor is held as {list(x.tensor.dims)} but is needed as "
+                              f"{list(shape)} here")
+        return x.tensor, x.reciprocal
+
+    def tensor(self, x: Operand, shape: Sequence[int] | None = None) -> DTensor:
+        t, reciprocal = self.raw(x, shape)
+        return self.reciprocal(t) if reciprocal else t
+
+    def frame(self, x: Operand) -> tuple[Shape, Shape]:
+        """(graph shape, logical shape) of ``x``; boundaries default to the flat 2-D frame."""
+        if isinstance(x, Boundary):
+            return shapes.flat2d(x.shape), x.shape
+        return tuple(x.tensor.dims), x.shape
+
+    # ---- graph ops with the checks turned into Unlowerable -----------------------------------
+
+    def emit(self, method: str, *args, **kwargs) -> DTensor:
+        try:
+            return getattr(self.builder, method)(*args, **kwargs)
+        except GraphError as error:
+            raise Unlowerable(str(error).splitlines()[0]) from None
+
+    def node_of(self, t: DTensor) -> mg.Node:
+        return self.builder.graph.nodes[t.ref.node]
+
+    def reciprocal(self, t: DTensor) -> DTensor:
+        """``1/t``: ``sqrt(z)/z`` when t is ``sqrt(z)``, else ``(0·t + 1)/t``."""
+        node = self.node_of(t)
+        if node.op is Op.SQRT:
+            (z,) = node.inputs
+            return self.emit("div", t, DTensor(self.builder, z))
+        ones = self.emit("add_scalar", self.emit("mul_scalar", t, 0.0), 1.0)
+        return self.emit("div", ones, t)
+
+    # ---- building blocks of the lowering rules ----------------------------------------------
+
+    def unary(self, method: str, x: Operand, *extra) -> Value:
+        return Value(self.emit(method, self.tensor(x), *extra), x.shape)
+
+    def scale(self, x: Operand, factor: float) -> Value:
+        if factor == 1.0:
+            return x if isinstance(x, Value) else Value(self.tensor(x), x.shape)
+        return Value(self.emit("mul_scalar", self.tensor(x), factor), x.shape)
+
+    def shift(self, x: Operand, offset: float) -> Value:
+        if offset == 0.0:
+            return x if isinstance(x, Value) else Value(self.tensor(x), x.shape)
+        return Value(self.emit("add_scalar", self.tensor(x), offset), x.shape)
+
+    def elementwise(self, a: Operand, b: Operand, combine: Combine) -> Value:
+        """Apply ``combine`` to both operands broadcast as torch broadcasts them."""
+        sa, sb = broadcast_shape(a), broadcast_shape(b)
+        try:
+            out = tuple(torch.broadcast_shapes(sa, sb))
+        except RuntimeError as error:
+            raise Unlowerable(str(error)) from None
+        pairs = ((a, sa), (b, sb))
+        frame = next((tuple(x.tensor.dims) for x, s in pairs if isinstance(x, Value) and s == out), None)
+        if frame is None:
+            frame = shapes.flat2d(out) if out in (sa, sb) or len(out) < 2 else out
+        tensors = []
+        for x, s in pairs:
+            target = shapes.broadcast_target(frame, out, shapes.pad(s, len(out)))
+            if target is None:
+                raise Unlowerable(f"broadcasting {list(s)} to {list(out)} splits a graph dim")
+            if isinstance(x, Value) and x.expanded_from is not None:
+                x = Value(x.tensor, x.expanded_from, x.reciprocal)
+            tensors.append(self.raw(x, target))
+        (ta, ra), (tb, rb) = tensors
+        result, reciprocal = combine(ta, ra, tb, rb)
+        return Value(result, out, reciprocal)
+
+    def add(self, a: Operand, b: Operand, sign: float = 1.0) -> Value:
+        def combine(ta, ra, tb, rb):
+            ta = self.reciprocal(ta) if ra else ta
+            tb = self.reciprocal(tb) if rb else tb
+            if sign == 1.0:
+                return self.emit("add", ta, tb), False
+            if sign == -1.0:
+                return self.emit("sub", ta, tb), False
+            return self.emit("add", ta, self.emit("mul_scalar", tb, sign)), False
+
+        return self.elementwise(a, b, combine)
+
+    def product(self, a: Operand, b: Operand, divide: bool = False) -> Value:
+        """``a·b`` or ``a/b``, keeping reciprocals symbolic: ``x·(1/s) = x/s``."""
+
+        def combine(ta, ra, tb, rb):
+            rb = rb != divide
+            if not ra and not rb:
+                return self.emit("mul", ta, tb), False
+            if not ra and rb:
+                return self.divide(ta, tb), False
+            if ra and not rb:
+                return self.divide(tb, ta), False
+            return self.emit("mul", ta, tb), True
+
+        return self.elementwise(a, b, combine)
+
+    def divide(self, x: DTensor, s: DTensor) -> DTensor:
+        """``x / s``, or ``rms_norm(x, eps)`` when s is ``sqrt(mean(x²) + eps)`` over the last dim."""
+        eps = self._rms_of(x, s)
+        if eps is not None:
+            return self.emit("rms_norm", x, eps=eps)
+        return self.emit("div", x, s)
+
+    def _rms_of(self, x: DTensor, s: DTensor) -> float | None:
+        node = self.node_of(s)
+        if node.op is not Op.SQRT:
+            return None
+        eps, (ref,) = 0.0, node.inputs
+        node = self.builder.graph.nodes[ref.node]
+        if node.op is Op.ADD_SCALAR:
+            eps, (ref,) = node.attrs.value, node.inputs
+            node = self.builder.graph.nodes[ref.node]
+        n = x.dims[-1]
+        if node.op is not Op.MUL_SCALAR or abs(node.attrs.value * n - 1.0) > 1e-9:
+            return None
+        node = self.builder.graph.nodes[node.inputs[0].node]
+        if node.op is not Op.REDUCTION or node.attrs.dim != x.num_dims - 1:
+            return None
+        node = self.builder.graph.nodes[node.inputs[0].node]
+        squares_x = (node.op is Op.SQUARE and node.inputs == (x.ref,)) or (
+            node.op is Op.MUL and node.inputs == (x.ref, x.ref))
+        return float(eps) if squares_x else None
+
+    def reduce(self, x: Operand, dims, keepdim: bool, mean: bool) -> Value:
+        logical = x.shape
+        dims = shapes.normalize_dims(dims if dims not in ([], ()) else None, len(logical))
+        if isinstance(x, Boundary):
+            last_only = dims == (len(logical) - 1,)
+            t = self.bind(x, shapes.flat2d(logical) if last_only or len(logical) < 2 else logical)
+        else:
+            t = self.tensor(x)
+        current = list(logical)
+        for d in dims:
+            if current[d] == 1:
+                continue
+            g = shapes.graph_dim(t.dims, current, d)
+            if g is None:
+                raise Unlowerable(f"dim {d} of {list(logical)} is merged with others in the graph tensor "
+                                  f"{list(t.dims)}")
+            t = self.emit("reduction", t, g)
+            current[d] = 1
+        result = tuple(current) if keepdim else tuple(s for d, s in enumerate(current) if d not in dims)
+        if mean:
+            count = math.prod(logical[d] for d in dims)
+            if count != 1:
+                t = self.emit("mul_scalar", t, 1.0 / count)
+        return Value(t, result)
+
+    def matmul(self, a: Operand, b: Operand) -> Value:
+        la, lb = a.shape, b.shape
+        if len(la) < 2 or len(lb) < 2:
+            raise Unlowerable("matmul with a 1-D operand")
+        if len(lb) == 2:
+            ta = self.tensor(a, (math.prod(la[:-1]), la[-1]))
+            tb = self.tensor(b, lb)
+        elif la[:-2] == lb[:-2]:
+            ta, tb = self.tensor(a, la), self.tensor(b, lb)
+        else:
+            raise Unlowerable(f"matmul batch dims {list(la[:-2])} and {list(lb[:-2])} broadcast")
+        return Value(self.emit("matmul", ta, tb), (*la[:-1], lb[-1]))
+
+    def transposed(self, x: Operand) -> DTensor:
+        """The last two dims of a boundary tensor swapped (a weight's ``t()``, the keys of attention)."""
+        if not isinstance(x, Boundary):
+            raise Unlowerable("transpose of a tensor computed in the same subprogram")
+        rank = len(x.shape)
+        permute = (*range(rank - 2), rank - 1, rank - 2)
+        return self.bind(x, (*x.shape[:-2], x.shape[-1], x.shape[-2]), permute)
+
+    def softmax(self, x: Operand, dim: int) -> Value:
+        """LAX form ``exp(x) / sum(exp(x))``; the exp is recorded for the online-softmax rewrite."""
+        logical = x.shape
+        dim %= len(logical)
+        if logical[dim] == 1:
+            raise Unlowerable("softmax over a dim of size 1")
+        if isinstance(x, Boundary):
+            t = self.bind(x, shapes.flat2d(logical) if dim == len(logical) - 1 else logical)
+        else:
+            t = self.tensor(x)
+        g = shapes.graph_dim(t.dims, logical, dim)
+        if g is None:
+            raise Unlowerable(f"softmax dim {dim} is merged with others in the graph tensor")
+        e = self.emit("exp", t)
+        self.softmax_exps.append(e.ref.node)
+        return Value(self.emit("div", e, self.emit("reduction", e, g)), logical)
+
+    def expand(self, x: Operand, shape: Shape) -> Value:
+        if not isinstance(x, Value) or x.expanded_from is not None:
+            raise Unlowerable("expands of outside tensors run in PyTorch")
+        return Value(x.tensor, tuple(shape), x.reciprocal, x.shape)
+
+    def relabel(self, x: Operand, shape: Shape) -> Value:
+        if not isinstance(x, Value):
+            raise Unlowerable("views of outside tensors run in PyTorch")
+        if x.expanded_from is not None:
+            raise Unlowerable("a view of an expanded tensor")
+        if math.prod(shape) != math.prod(x.shape):
+            raise Unlowerable(f"view {list(x.shape)} -> {list(shape)} changes the element count")
+        return Value(x.tensor, tuple(shape), x.reciprocal)

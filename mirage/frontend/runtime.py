@@ -1,0 +1,228 @@
+"""The module ``superoptimize`` returns: each subprogram through its µGraph, the rest through PyTorch.
+
+:class:`MirageModule` captures the program for the shapes of a call, partitions it, chooses a µGraph
+per subprogram (search or cache) and stitches a graph module in which every subprogram is one call
+of a :class:`SubprogramModule`.  Specializations are cached per input signature (shapes and
+non-tensor values); dtypes and devices must stay those of the first capture.
+
+>>> import torch, mirage as mi
+>>> fast = mi.superoptimize(lambda x, w: torch.relu(x @ w), (torch.ones(2, 3), torch.ones(3, 4)),
+...                         search=False, use_cache=False, progress=False)
+>>> fast(torch.ones(2, 3), torch.ones(3, 4))[0].tolist()
+[3.0, 3.0, 3.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import operator
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from mirage.frontend.capture import (
+    Signature,
+    as_module,
+    capture,
+    check_call,
+    program_name,
+    signature_of,
+)
+from mirage.frontend.errors import InputError, InputGradError
+from mirage.frontend.executor import make_executor
+from mirage.frontend.optimize import Choice, choose
+from mirage.frontend.options import Options
+from mirage.frontend.partition import Partition, Subprogram, partition
+
+logger = logging.getLogger("mirage.frontend")
+
+
+class SubprogramModule(nn.Module):
+    """Runs one subprogram: views the torch inputs as the graph's inputs, runs the chosen µGraph,
+    views the graph's outputs as the torch values."""
+
+    def __init__(self, subprogram: Subprogram, choice: Choice, options: Options) -> None:
+        super().__init__()
+        self.subprogram = subprogram
+        self.choice = choice
+        self.executor_mode = options.executor
+        self.sources = list(dict.fromkeys(b.source for b in subprogram.inputs))
+        self._position = {name: i for i, name in enumerate(self.sources)}
+        self._executors: dict[torch.device, Any] = {}
+
+    def executor(self, device: torch.device):
+        if device not in self._executors:
+            self._executors[device] = make_executor(self.choice.graph, device, self.executor_mode)
+        return self._executors[device]
+
+    def forward(self, *sources: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inputs = [b.apply(sources[self._position[b.source]]) for b in self.subprogram.inputs]
+        results = self.executor(inputs[0].device)(inputs)
+        return tuple(o.apply(results[o.index]) for o in self.subprogram.outputs)
+
+    def extra_repr(self) -> str:
+        return f"{self.subprogram.name}: {self.subprogram.num_ops} ops, µGraph from {self.choice.source}"
+
+
+def stitch(gm: fx.GraphModule, part: Partition, modules: dict[str, nn.Module]) -> fx.GraphModule:
+    """Replace each subprogram's nodes in ``gm`` by one call of its module (in place)."""
+    nodes = list(gm.graph.nodes)
+    by_name = {n.name: n for n in nodes}
+    index = {n: i for i, n in enumerate(nodes)}
+    unit_of: dict[fx.Node, Any] = {n: n for n in nodes}
+    for s in part.subprograms:
+        for name in s.nodes:
+            unit_of[by_name[name]] = s.name
+    subprograms = {s.name: s for s in part.subprograms}
+
+    def dependencies(unit) -> set:
+        if isinstance(unit, str):
+            return {unit_of[by_name[b.source]] for b in subprograms[unit].inputs}
+        return {unit_of[p] for p in unit.all_input_nodes}
+
+    def first_index(unit) -> int:
+        return index[by_name[subprograms[unit].nodes[0]]] if isinstance(unit, str) else index[unit]
+
+    units = list(dict.fromkeys(unit_of[n] for n in nodes))
+    waiting = {u: dependencies(u) - {u} for u in units}
+    users: dict[Any, list] = {u: [] for u in units}
+    for u, deps in waiting.items():
+        for d in deps:
+            users[d].append(u)
+    ready = [(first_index(u), k, u) for k, u in enumerate(units) if not waiting[u]]
+    heapq.heapify(ready)
+    order_key = {u: k for k, u in enumerate(units)}
+    graph = fx.Graph()
+    graph._codegen = gm.graph._codegen
+    env: dict[fx.Node, fx.Node] = {}
+    emitted = 0
+    while ready:
+        _, _, unit = heapq.heappop(ready)
+        emitted += 1
+        if isinstance(unit, str):
+            module = modules[unit]
+            call = graph.call_module(unit, tuple(env[by_name[name]] for name in module.sources))
+            for k, binding in enumerate(subprograms[unit].outputs):
+                env[by_name[binding.node]] = graph.call_function(operator.getitem, (call, k))
+        else:
+            env[unit] = graph.node_copy(unit, lambda n: env[n])
+        for user in users[unit]:
+            waiting[user].discard(unit)
+            if not waiting[user]:
+                heapq.heappush(ready, (first_index(user), order_key[user], user))
+    if emitted != len(units):  # the partitioner rules cycles out; this is a bug if reached
+        raise AssertionError("the partition has a cycle through PyTorch ops")
+    for name, module in modules.items():
+        gm.add_submodule(name, module)
+    gm.graph = graph
+    gm.recompile()
+    return gm
+
+
+@dataclass
+class Specialization:
+    signature: Signature
+    module: fx.GraphModule
+    partition: Partition
+    choices: dict[str, Choice]
+    seconds: dict[str, float]
+
+    def report(self) -> str:
+        lines = [f"inputs: {self.signature.describe()}", self.partition.summary()]
+        for s in self.partition.subprograms:
+            c = self.choices[s.name]
+            lines.append(f"  {s.name}: {len(s.nodes)} torch ops, {s.num_ops} kernel-graph ops; µGraph from "
+                         f"{c.source} ({c.detail})")
+        lines += [f"  {n}" for n in self.partition.notices()]
+        lines.append("  time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items()))
+        return "\n".join(lines)
+
+
+def choose_all(subprograms: Sequence[Subprogram], options: Options) -> dict[str, Choice]:
+    """Choose a µGraph for each subprogram, with a progress bar."""
+    from tqdm.auto import tqdm
+
+    choices = {}
+    bar = tqdm(subprograms, desc="mirage: choosing µGraphs", unit="subprogram",
+               disable=not options.progress or len(subprograms) == 0, leave=False)
+    for s in bar:
+        bar.set_postfix_str(s.name)
+        choices[s.name] = choose(s.graph, options.search_settings, search=options.search,
+                                 cache_dir=options.search_cache_dir)
+        c = choices[s.name]
+        logger.info("mirage: %s (%d ops): µGraph from %s: %s", s.name, s.num_ops, c.source, c.detail)
+    return choices
+
+
+class MirageModule(nn.Module):
+    """A superoptimized PyTorch program (inference only: outputs carry no gradients)."""
+
+    def __init__(self, program: Any, options: Options) -> None:
+        super().__init__()
+        self.program = as_module(program)
+        self.name = program_name(program)
+        self.options = options
+        self._specializations: dict[Signature, Specialization] = {}
+        self._first: Signature | None = None
+        self._noticed: set[str] = set()
+
+    @property
+    def specializations(self) -> list[Specialization]:
+        return list(self._specializations.values())
+
+    @property
+    def partition(self) -> Partition:
+        if not self._specializations:
+            raise InputError(f"{self.name} has not been captured yet: call it once, or pass example_inputs")
+        return self.specializations[-1].partition
+
+    def report(self) -> str:
+        return "\n\n".join(s.report() for s in self.specializations) or "not captured yet"
+
+    def specialize(self, args: tuple, kwargs: dict) -> Specialization:
+        signature = signature_of(args, kwargs)
+        if self._first is not None:
+            check_call(self._first, signature, self.name)
+        if signature in self._specializations:
+            return self._specializations[signature]
+        seconds = {}
+        start = time.perf_counter()
+        gm = capture(self.program, args, kwargs)
+        seconds["capture"] = time.perf_counter() - start
+        start = time.perf_counter()
+        part = partition(gm, self.options.budget)
+        seconds["partition"] = time.perf_counter() - start
+        for notice in part.notices():
+            if notice not in self._noticed:
+                self._noticed.add(notice)
+                logger.warning(notice)
+        start = time.perf_counter()
+        choices = choose_all(part.subprograms, self.options)
+        seconds["choose"] = time.perf_counter() - start
+        modules = {s.name: SubprogramModule(s, choices[s.name], self.options) for s in part.subprograms}
+        stitched = stitch(gm, part, modules)
+        spec = Specialization(signature, stitched, part, choices, seconds)
+        self._first = self._first or signature
+        self._specializations[signature] = spec
+        logger.info("mirage: specialized %s for %s: %s", self.name, signature.describe(), part.summary())
+        return spec
+
+    def forward(self, *args, **kwargs):
+        signature = signature_of(args, kwargs)
+        if self._first is not None:
+            check_call(self._first, signature, self.name)
+        if torch.is_grad_enabled():
+            leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+            if any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
+                raise InputGradError(
+                    f"an input of {self.name} requires grad, but mirage modules compute forward passes "
+                    "only: call it under torch.no_grad() or torch.inference_mode(), or pass x.detach()")
+        spec = self._specializations.get(signature) or self.specialize(args, kwargs)
+        with torch.no_grad():
+            return spec.module(*args, **kwargs)
