@@ -1,0 +1,224 @@
+"""The optimizer pipeline and its result, the record the code generator reads.
+
+``prepare(graph, target)`` runs :data:`PIPELINE`, a flat list of passes.  Each pass is a function
+from a kernel graph to a kernel graph plus a small result record; the first two rewrite the graph
+(online softmax, thread-graph fusion), the others analyse it (layouts, registers, schedule, memory)
+and return it unchanged.  The result is a :class:`PreparedProgram`: the rewritten graph, and per
+graph-defined op a :class:`PreparedKernel` with everything code generation needs.
+
+>>> from benchmarks.mugraphs import CASES
+>>> program = prepare(CASES["gqa_b1"].fused())
+>>> [k.node for k in program.kernels], program.softmax.applied
+([3, 4], True)
+>>> k = program.kernels[0]
+>>> k.smem_bytes <= program.target.smem_per_block, k.registers.accumulators
+(True, (10,))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mirage.mugraph.check import check
+from mirage.mugraph.dtypes import DType
+from mirage.mugraph.graph import BlockGraph, KernelGraph, Ref
+from mirage.mugraph.target import DEFAULT_TARGET, Target
+from mirage.optimizer.fusion import FusionResult, fuse_thread_graphs
+from mirage.optimizer.graphs import customized_nodes
+from mirage.optimizer.layout import LayoutCosts, LayoutPlan, TensorLayout, select_layouts
+from mirage.optimizer.memory import MemoryPlan, plan_memory
+from mirage.optimizer.registers import RegisterOptions, RegisterPlan, plan_registers
+from mirage.optimizer.schedule import Schedule, build_schedule
+from mirage.optimizer.softmax import SoftmaxResult, online_softmax
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OptimizerOptions:
+    online_softmax: bool = True  # run the online-softmax rewrite
+    fusion: bool = True  # fuse element-wise chains into thread graphs
+    wrap_single: bool = True  # wrap single element-wise ops into FUSED nodes too
+    hoist_invariants: bool = True  # run loop-invariant ops before the for-loop
+    stages: int = 2  # copies of each pipelined input tile (2 = double, 3 = triple buffering)
+    accumulator_dtype: DType = DType.FLOAT32  # element type of accumulators and running maxima
+    registers: RegisterOptions = field(default_factory=RegisterOptions)
+    layout_costs: LayoutCosts = field(default_factory=LayoutCosts)
+    free_innermost: bool = True  # False: every shared tile is row-major (only swizzles are chosen)
+    layout_timeout_ms: int = 20_000
+
+
+@dataclass(frozen=True)
+class PreparedKernel:
+    """Everything the code generator needs for one graph-defined op (see docs/optimizer.md)."""
+
+    node: int  # index of the graph-defined op in PreparedProgram.graph
+    block_graph: BlockGraph  # its block graph after the rewrites (FUSED thread graphs inside)
+    schedule: Schedule  # steps and barriers in execution order
+    registers: RegisterPlan  # epilogues, register-resident accumulators, register estimate
+    memory: MemoryPlan  # shared-memory buffers with offsets, and the total
+    layouts: tuple[TensorLayout | None, ...]  # per block node (None for output savers)
+    input_layouts: tuple[TensorLayout, ...]  # device tensors read, in input-iterator order
+    output_layouts: tuple[TensorLayout, ...]  # device tensors written, in output-saver order
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory to request at launch."""
+        return self.memory.total
+
+    @property
+    def grid_dim(self) -> tuple[int, int, int]:
+        return self.block_graph.grid_dim
+
+    @property
+    def block_dim(self) -> tuple[int, int, int]:
+        return self.block_graph.block_dim
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    name: str
+    result: Any  # the pass's result record
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PreparedProgram:
+    source: KernelGraph  # the graph given to prepare
+    graph: KernelGraph  # after the online-softmax rewrite and fusion
+    kernels: tuple[PreparedKernel, ...]  # one per graph-defined op of ``graph``, in node order
+    layouts: LayoutPlan  # every tensor's layout (device and shared)
+    target: Target
+    options: OptimizerOptions
+    records: tuple[PassRecord, ...]  # what each pass did and how long it took
+
+    def kernel(self, node: int) -> PreparedKernel:
+        for k in self.kernels:
+            if k.node == node:
+                return k
+        raise KeyError(f"%{node} is not a graph-defined op of the prepared graph")
+
+    def record(self, name: str) -> Any:
+        return next(r.result for r in self.records if r.name == name)
+
+    @property
+    def softmax(self) -> SoftmaxResult:
+        return self.record("online_softmax")
+
+    @property
+    def fusion(self) -> FusionResult:
+        return self.record("fuse_thread_graphs")
+
+
+@dataclass
+class PassState:
+    """What passes may read: the target, the options and the records of earlier passes."""
+
+    target: Target
+    options: OptimizerOptions
+    records: dict[str, Any] = field(default_factory=dict)
+
+
+PassFunction = Callable[[KernelGraph, PassState], tuple[KernelGraph, Any]]
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: PassFunction
+    doc: str
+
+
+def _per_kernel(fn: Callable[[int, BlockGraph, PassState], Any]) -> PassFunction:
+    def run(graph: KernelGraph, state: PassState):
+        return graph, tuple((k, fn(k, graph.nodes[k].attrs, state)) for k in customized_nodes(graph))
+
+    return run
+
+
+def _softmax(graph: KernelGraph, state: PassState):
+    return online_softmax(graph) if state.options.online_softmax else (graph, SoftmaxResult())
+
+
+def _fusion(graph: KernelGraph, state: PassState):
+    if not state.options.fusion:
+        return graph, FusionResult(0, 0, 0, 0, 0)
+    return fuse_thread_graphs(graph, state.options.wrap_single)
+
+
+def _layouts(graph: KernelGraph, state: PassState):
+    o = state.options
+    return select_layouts(graph, state.target, o.layout_costs, o.free_innermost, o.layout_timeout_ms)
+
+
+def _registers(k: int, block: BlockGraph, state: PassState) -> RegisterPlan:
+    return plan_registers(block, state.options.registers, state.options.hoist_invariants)
+
+
+def _schedule(k: int, block: BlockGraph, state: PassState) -> Schedule:
+    registers = dict(state.records["plan_registers"])[k]
+    return build_schedule(block, registers, state.options.hoist_invariants)
+
+
+def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
+    o = state.options
+    layouts = state.records["select_layouts"].of_kernel(k)
+    return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
+                       layouts, state.target, o.stages, o.accumulator_dtype)
+
+
+PIPELINE: tuple[Pass, ...] = (
+    Pass("online_softmax", _softmax, "make exp of LAX attention numerically stable"),
+    Pass("fuse_thread_graphs", _fusion, "element-wise chains → FUSED thread graphs in registers"),
+    Pass("select_layouts", _layouts, "innermost dim and swizzles of every tensor (z3)"),
+    Pass("plan_registers", _per_kernel(_registers), "epilogues and register-resident accumulators"),
+    Pass("schedule", _per_kernel(_schedule), "steps by depth, barriers between depths"),
+    Pass("plan_memory", _per_kernel(_memory), "shared-memory offsets from lifetimes"),
+)
+
+
+def run_pipeline(graph: KernelGraph, state: PassState,
+                 passes: tuple[Pass, ...] = PIPELINE) -> tuple[KernelGraph, list[PassRecord]]:
+    records = []
+    for p in passes:
+        start = time.perf_counter()
+        graph, result = p.run(graph, state)
+        seconds = time.perf_counter() - start
+        state.records[p.name] = result
+        records.append(PassRecord(p.name, result, seconds))
+        log.debug("pass %s: %.3f s", p.name, seconds)
+    return graph, records
+
+
+def prepare(graph, target: Target = DEFAULT_TARGET,
+            options: OptimizerOptions = OptimizerOptions()) -> PreparedProgram:
+    """Optimize ``graph`` (a kernel graph or a builder) for ``target``: see the module docstring."""
+    from mirage.mugraph.builder import as_graph
+
+    source = as_graph(graph)
+    check(source, target)
+    state = PassState(target, options)
+    result, records = run_pipeline(source, state)
+    # shared memory is checked by the memory plan, with real lifetimes, not check's estimate
+    check(result, dataclasses.replace(target, smem_per_block=1 << 40))
+    layouts: LayoutPlan = state.records["select_layouts"]
+    plans = {name: dict(state.records[name]) for name in ("plan_registers", "schedule", "plan_memory")}
+    kernels = []
+    for k in customized_nodes(result):
+        node = result.nodes[k]
+        block: BlockGraph = node.attrs
+        shared = layouts.of_kernel(k)
+        kernels.append(PreparedKernel(
+            node=k, block_graph=block, schedule=plans["schedule"][k], registers=plans["plan_registers"][k],
+            memory=plans["plan_memory"][k],
+            layouts=tuple(shared.get(i) for i in range(len(block.nodes))),
+            input_layouts=tuple(layouts.of_device(r) for r in node.inputs),
+            output_layouts=tuple(layouts.of_device(Ref(k, j)) for j in range(len(node.outputs)))))
+    total = sum(r.seconds for r in records)
+    log.info("prepared %s: %d kernels in %.2f s", source.name or "graph", len(kernels), total)
+    return PreparedProgram(source, result, tuple(kernels), layouts, target, options, tuple(records))

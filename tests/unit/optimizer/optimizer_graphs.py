@@ -1,0 +1,225 @@
+"""Small hand-made µGraphs and checks shared by the optimizer tests."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+import mirage as mi
+from mirage.mugraph.algebra import FloatAlgebra
+from mirage.mugraph.interpret import Interpreter
+from mirage.mugraph.ops import Op, reduce_to_dimx
+
+SHAPES_QKV = [(2, 16, 32), (2, 32, 64), (2, 64, 16)]
+
+
+@functools.lru_cache(maxsize=32)
+def _random(shapes: tuple[tuple[int, ...], ...], seed: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    arrays = tuple(rng.standard_normal(s, dtype=np.float32).astype(np.float64) for s in shapes)
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
+def inputs_for(graph, seed: int = 0, scale: dict[int, float] | None = None) -> list[np.ndarray]:
+    """Standard normal inputs (cached, read-only); ``scale`` multiplies input k by a factor."""
+    xs = list(_random(tuple(t.shape for t in mi.as_graph(graph).input_types), seed))
+    for k, factor in (scale or {}).items():
+        xs[k] = xs[k] * factor
+    return xs
+
+
+class _Interpreter(Interpreter):
+    """The reference interpreter plus block-level reduction_to_dimx, which has no registry formula yet."""
+
+    def apply(self, node, in_types, args):
+        if node.op is Op.REDUCTION_TO_DIMX:
+            dim = node.attrs.dim
+            return reduce_to_dimx(self.algebra, args[0], dim - in_types[0].rank, node.outputs[0].shape[dim])
+        return super().apply(node, in_types, args)
+
+
+def interpret(graph, xs, algebra=None) -> list[np.ndarray]:
+    algebra = algebra or FloatAlgebra(np.float64)
+    arrays = [np.asarray(x, algebra.dtype) for x in xs]
+    return [np.asarray(o) for o in _Interpreter(algebra).run(mi.as_graph(graph), arrays)]
+
+
+def assert_same_function(before, after, seed: int = 0, rtol: float = 1e-10) -> None:
+    """``after`` computes what ``before`` computes (float64 interpreter, random inputs)."""
+    xs = inputs_for(before, seed)
+    expected = interpret(before, xs)
+    got = interpret(after, xs)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=rtol * max(1.0, float(np.abs(e).max())))
+
+
+class Float16RangeAlgebra(FloatAlgebra):
+    """float32 arithmetic in which any result beyond fp16's largest value (65504) becomes ±inf."""
+
+    LIMIT = 65504.0
+
+    def __init__(self) -> None:
+        super().__init__(np.float32)
+
+    def _clip(self, x):
+        x = np.asarray(x, np.float32)
+        return np.where(np.abs(x) > self.LIMIT, np.sign(x) * np.float32(np.inf), x)
+
+    def add(self, x, y):
+        return self._clip(super().add(x, y))
+
+    def mul(self, x, y):
+        return self._clip(super().mul(x, y))
+
+    def div(self, x, y):
+        return self._clip(super().div(x, y))
+
+    def exp(self, x):
+        return self._clip(super().exp(x))
+
+    def matmul(self, x, y):
+        return self._clip(super().matmul(x, y))
+
+    def sum(self, x, axis, keepdims=True):
+        return self._clip(super().sum(x, axis, keepdims))
+
+
+def run_fp16_range(graph, xs) -> list[np.ndarray]:
+    return interpret(graph, xs, Float16RangeAlgebra())
+
+
+def attention_one_kernel(denominator: str = "sum", forloop_range: int = 4) -> mi.KernelGraph:
+    """softmax(Q K / 5) V in one kernel: the LAX form with a plain exp, as the search finds it."""
+    g = mi.new_kernel_graph("attention")
+    q, k, v = (g.new_input(dims=s, dtype=mi.float16) for s in SHAPES_QKV)
+    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=forloop_range, reduction_dimx=4)
+    bq = tb.new_input(q, input_map=(0, -1, -1))
+    bk = tb.new_input(k, input_map=(0, -1, -1), forloop_dim=2)
+    bv = tb.new_input(v, input_map=(0, -1, -1), forloop_dim=1)
+    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), 0.2))
+    numerator = tb.forloop_accum(tb.matmul(e, bv))
+    width = 64 // forloop_range
+    if denominator == "sum":
+        out = tb.div(numerator, tb.forloop_accum(e, acc="sum"))
+    elif denominator == "mean":
+        out = tb.div(tb.mul_scalar(numerator, 1.0 / (forloop_range * width)), tb.forloop_accum(e, acc="mean"))
+    elif denominator == "sum_todimx":
+        out = tb.div(numerator, tb.reduction(tb.forloop_accum(e, acc="sum_todimx"), 2))
+    elif denominator == "elementwise":
+        out = tb.div(numerator, tb.reduction(tb.forloop_accum(e), 2))
+    else:
+        raise ValueError(denominator)
+    tb.new_output(out, output_map=(0, -1, -1))
+    (o,) = g.customized([q, k, v], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+def softmax_after_loop() -> mi.KernelGraph:
+    """softmax(Q K) with the scores accumulated over the loop and the exp after it."""
+    g = mi.new_kernel_graph("softmax_after_loop")
+    q = g.new_input(dims=(2, 16, 32), dtype=mi.float16)
+    k = g.new_input(dims=(2, 32, 64), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=4)
+    bq = tb.new_input(q, input_map=(0, -1, -1), forloop_dim=2)
+    bk = tb.new_input(k, input_map=(0, -1, -1), forloop_dim=1)
+    e = tb.exp(tb.forloop_accum(tb.matmul(bq, bk)))
+    tb.new_output(tb.div(e, tb.reduction(e, 2)), output_map=(0, -1, -1))
+    (o,) = g.customized([q, k], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+def split_kv(combine: str = "sum", combine_range: int = 1, save_partial: bool = False) -> mi.KernelGraph:
+    """Split-KV attention: kernel 1 saves per-block partials, kernel 2 sums them and divides."""
+    g = mi.new_kernel_graph("split_kv")
+    q, k, v = (g.new_input(dims=s, dtype=mi.float16) for s in [(2, 16, 32), (2, 32, 256), (2, 256, 16)])
+    tb = mi.new_threadblock_graph(grid_dim=(2, 4, 1), forloop_range=2, reduction_dimx=16)
+    bq = tb.new_input(q, input_map=(0, -1, -1))
+    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)  # [1, 32, 32]
+    bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)  # [1, 32, 16]
+    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), 0.25))
+    tb.new_output(tb.forloop_accum(e), output_map=(0, 2, -1))  # [2, 16, 256]
+    tb.new_output(tb.forloop_accum(tb.matmul(e, bv)), output_map=(0, 2, -1))  # [2, 16, 64]
+    sums, numerators = g.customized([q, k, v], tb)
+    if save_partial:
+        g.mark_output(sums)
+    tb2 = mi.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=combine_range, reduction_dimx=16)
+    fmap = -1 if combine_range == 1 else 2
+    ps = tb2.new_input(sums, input_map=(0, -1, -1), forloop_dim=fmap)
+    pn = tb2.new_input(numerators, input_map=(0, -1, -1), forloop_dim=fmap)
+    n = tb2.forloop_accum(pn, acc="sum_todimx")  # [1, 16, 16]
+    if combine == "sum":
+        out = tb2.div(n, tb2.forloop_accum(ps, acc="sum"))
+    elif combine == "mean":
+        out = tb2.div(tb2.mul_scalar(n, 1.0 / 256), tb2.forloop_accum(ps, acc="mean"))
+    elif combine == "product":  # not a ratio: keeps the factor exp(G)
+        out = tb2.mul(n, tb2.forloop_accum(ps, acc="sum"))
+    else:
+        raise ValueError(combine)
+    tb2.new_output(out, output_map=(0, -1, -1))
+    (o,) = g.customized([sums, numerators], tb2)
+    g.mark_output(o)
+    return g.freeze()
+
+
+def exp_into(kind: str) -> mi.KernelGraph:
+    """An exp whose uses cannot absorb a per-row factor (the rewrite must leave it alone)."""
+    g = mi.new_kernel_graph(kind)
+    x = g.new_input(dims=(8, 64), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), forloop_range=4)
+    bx = tb.new_input(x, forloop_dim=1)
+    e = tb.exp(bx)
+    if kind == "silu":
+        out = tb.forloop_accum(tb.silu(e), acc="sum")
+    elif kind == "rms":
+        out = tb.forloop_accum(e, acc="rms")
+    elif kind == "affine":
+        out = tb.forloop_accum(tb.add(e, bx), acc="sum")
+    else:
+        raise ValueError(kind)
+    tb.new_output(out)
+    (o,) = g.customized([x], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+def elementwise_tree() -> mi.KernelGraph:
+    """Element-wise chains that fuse into trees, one shared intermediate, broadcasting operands."""
+    g = mi.new_kernel_graph("tree")
+    x = g.new_input(dims=(16, 32), dtype=mi.float32)
+    y = g.new_input(dims=(16, 32), dtype=mi.float32)
+    s = g.new_input(dims=(16, 1), dtype=mi.float32)
+    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=2)
+    bx = tb.new_input(x, input_map=(0, -1, -1), forloop_dim=1)
+    by = tb.new_input(y, input_map=(0, -1, -1), forloop_dim=1)
+    bs = tb.new_input(s, input_map=(0, -1, -1))
+    shared = tb.exp(tb.mul_scalar(bx, 0.5))  # read twice: stays a tensor
+    left = tb.add(tb.sqrt(tb.square(shared)), tb.mul(by, bs))  # a tree with a broadcast operand
+    right = tb.sigmoid(shared)
+    a = tb.forloop_accum(tb.sub(left, right))
+    b = tb.forloop_accum(shared, acc="sum")
+    tb.new_output(tb.div(tb.clamp(a, -3.0, 3.0), b), output_map=(0, -1, -1))
+    (o,) = g.customized([x, y, s], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+def matmul_chain(m: int = 16, n: int = 32, k: int = 64, forloop_range: int = 4) -> mi.KernelGraph:
+    """X @ W accumulated over the loop, then an element-wise epilogue: the GEMM shape."""
+    g = mi.new_kernel_graph("gemm")
+    x = g.new_input(dims=(m, k), dtype=mi.float16)
+    w = g.new_input(dims=(k, n), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), forloop_range=forloop_range)
+    bx = tb.new_input(x, forloop_dim=1)
+    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
+    acc = tb.forloop_accum(tb.mul_scalar(tb.matmul(bx, bw), 0.5))
+    tb.new_output(tb.silu(acc), output_map=(1, -1, -1))
+    (o,) = g.customized([x, w], tb)
+    g.mark_output(o)
+    return g.freeze()
