@@ -87,6 +87,7 @@ class LayoutPlan:
     shared: tuple[tuple[tuple[int, int], TensorLayout], ...]
     cost: int
     breakdown: tuple[tuple[str, int], ...]  # cost paid per rule name at the optimum
+    assignment: tuple[tuple[str, int | bool], ...] = ()  # the solver's value of every model variable
 
     @functools.cached_property
     def _device(self) -> dict[Ref, TensorLayout]:
@@ -293,4 +294,5 @@ def _plan(graph: KernelGraph, model: _Model, values, cost: int) -> LayoutPlan:
     for rule in model.rules:
         if rule.cost and evaluate([rule], values):
             breakdown[rule.name] = breakdown.get(rule.name, 0) + rule.cost
-    return LayoutPlan(tuple(device), tuple(shared), cost, tuple(sorted(breakdown.items())))
+    return LayoutPlan(tuple(device), tuple(shared), cost, tuple(sorted(breakdown.items())),
+                      tuple(sorted(values.items())))
