@@ -83,9 +83,10 @@ class FieldPair:
         return out[0], out[1]
 
     def random(self, shape: tuple[int, ...], rng: np.random.Generator) -> FieldArray:
-        """Uniform residues in Z_p × Z_q."""
-        return FieldArray(rng.integers(0, self.p, shape, dtype=np.int64),
-                          rng.integers(0, self.q, shape, dtype=np.int64))
+        """Uniform residues in Z_p × Z_q (with their centred float64 copies, for matrix products)."""
+        p = rng.integers(0, self.p, shape, dtype=np.int64)
+        q = rng.integers(0, self.q, shape, dtype=np.int64)
+        return FieldArray(p, q, centred(p, self.p), centred(q, self.q))
 
 
 def as_fraction(value: Scalar) -> Fraction:
@@ -171,6 +172,9 @@ class FieldArray:
 
     p: np.ndarray
     q: np.ndarray | None
+    # the same residues centred in (-m/2, m/2] as float64, kept along structural ops when known
+    p_centred: np.ndarray | None = None
+    q_centred: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -222,15 +226,20 @@ def keyed_hash(fields: FieldPair, key: int, name: str, x: FieldArray) -> FieldAr
 # ---- exact modular matrix products through float64 BLAS ----------------------------------------
 
 
-def _centred(x: np.ndarray, m: int) -> np.ndarray:
-    return np.where(x > m // 2, x - m, x).astype(np.float64)
+def centred(x: np.ndarray, m: int) -> np.ndarray:
+    """Residues in [0, m) as float64 values in (-m/2, m/2]."""
+    out = x.astype(np.float64)
+    out[x > m // 2] -= m
+    return out
 
 
-def matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
+def matmul_mod(a: np.ndarray, b: np.ndarray, m: int, a_centred: np.ndarray | None = None,
+               b_centred: np.ndarray | None = None) -> np.ndarray:
     """(a @ b) mod m for residue arrays, exactly, via float64 products of centred residues."""
     half = (m - 1) // 2
     depth = max(1, (FLOAT64_EXACT - 1) // (half * half))
-    fa, fb = _centred(a, m), _centred(b, m)
+    fa = centred(a, m) if a_centred is None else a_centred
+    fb = centred(b, m) if b_centred is None else b_centred
     k = a.shape[-1]
     if k <= depth:
         return np.matmul(fa, fb).astype(np.int64) % m
@@ -314,7 +323,10 @@ class FieldAlgebra:
 
     def matmul(self, x: FieldArray, y: FieldArray) -> FieldArray:
         p, q = self.fields.p, self.fields.q
-        return _both(x, y, lambda a, b: matmul_mod(a, b, p), lambda a, b: matmul_mod(a, b, q))
+        out_p = matmul_mod(x.p, y.p, p, x.p_centred, y.p_centred)
+        if x.q is None or y.q is None:
+            return FieldArray(out_p, None)
+        return FieldArray(out_p, matmul_mod(x.q, y.q, q, x.q_centred, y.q_centred))
 
     def sum(self, x: FieldArray, axis: int, keepdims: bool = True) -> FieldArray:
         p, q = self.fields.p, self.fields.q
@@ -341,9 +353,12 @@ class FieldAlgebra:
     # shape-only work
     def structural(self, fn: Callable[..., np.ndarray], *xs: FieldArray) -> FieldArray:
         p = fn(*(x.p for x in xs))
+        p_centred = fn(*(x.p_centred for x in xs)) if all(x.p_centred is not None for x in xs) else None
         if any(x.q is None for x in xs):
-            return FieldArray(p, None)
-        return FieldArray(p, fn(*(x.q for x in xs)))
+            return FieldArray(p, None, p_centred)
+        q = fn(*(x.q for x in xs))
+        q_centred = fn(*(x.q_centred for x in xs)) if all(x.q_centred is not None for x in xs) else None
+        return FieldArray(p, q, p_centred, q_centred)
 
     def shape(self, x: FieldArray) -> tuple[int, ...]:
         return x.shape

@@ -1,0 +1,103 @@
+"""The floating-point check: both graphs through the float interpreter on random inputs.
+
+The check catches what the finite-field test cannot see (numerical instability) and covers graphs
+the field cannot interpret (max-based softmax, nested exps).  Both graphs run in float64; two
+outputs agree when ``|a - b| ≤ atol · scale + rtol · |b|`` element-wise, with ``scale`` the largest
+magnitude of the reference output and the tolerances taken from the output's data type (the
+precision the generated kernels will run at).  Later stages pass GPU kernels through ``run``.
+
+>>> import mirage as mi
+>>> g = mi.new_kernel_graph()
+>>> x = g.new_input(dims=(3, 5), dtype=mi.float16)
+>>> g.mark_output(g.reduction_max(g.exp(x), 1))
+>>> float_check(g.freeze(), g.freeze()).equivalent
+True
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from mirage.mugraph.builder import as_graph
+from mirage.mugraph.dtypes import DType
+from mirage.mugraph.interpret import interpret
+from mirage.verifier.classify import Guarantee
+from mirage.verifier.result import (
+    VerificationResult,
+    check_same_inputs,
+    compatible_pairs,
+    first_matching,
+)
+
+# (rtol, atol as a fraction of the output's scale) per output data type
+TOLERANCES: dict[DType, tuple[float, float]] = {
+    DType.FLOAT64: (1e-9, 1e-9),
+    DType.FLOAT32: (1e-5, 1e-5),
+    DType.FLOAT16: (2e-3, 2e-3),
+    DType.BFLOAT16: (1.6e-2, 1.6e-2),
+}
+
+Runner = Callable[[object, Sequence[np.ndarray]], list[np.ndarray]]
+
+
+def scaled_error(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> float:
+    """max |got - want| / (atol·scale + rtol·|want|): ≤ 1 means within tolerance (inf if shapes differ)."""
+    if got.shape != want.shape:
+        return float("inf")
+    finite = np.isfinite(want)
+    if not np.array_equal(finite, np.isfinite(got)):
+        return float("inf")
+    if not finite.any():
+        return 0.0 if np.array_equal(got, want, equal_nan=True) else float("inf")
+    scale = float(np.max(np.abs(want[finite]))) or 1.0
+    allowed = atol * scale + rtol * np.abs(want[finite])
+    return float(np.max(np.abs(got[finite] - want[finite]) / allowed))
+
+
+def float_check(reference, candidate, trials: int = 2, seed: int | None = None,
+                rtol: float | None = None, atol: float | None = None,
+                run_reference: Runner | None = None,
+                run_candidate: Runner | None = None) -> VerificationResult:
+    """Compare two graphs in floating point on ``trials`` sets of standard-normal inputs.
+
+    ``run_reference`` / ``run_candidate`` default to ``mi.interpret`` in float64; a GPU runner for
+    generated kernels plugs in here.  The result's ``max_error`` is the worst ratio of difference to
+    allowed difference over the matched outputs (≤ 1 when equivalent).
+    """
+    start = time.perf_counter()
+    reference, candidate = as_graph(reference), as_graph(candidate)
+    check_same_inputs(reference, candidate)
+    run_reference = run_reference or interpret
+    run_candidate = run_candidate or interpret
+    tolerances = [TOLERANCES[t.dtype] for t in reference.output_types]
+    tolerances = [(rtol if rtol is not None else r, atol if atol is not None else a) for r, a in tolerances]
+    alive = compatible_pairs(reference, candidate)
+    if len(candidate.outputs) != len(reference.outputs) or first_matching(alive) is None:
+        return VerificationResult(False, None, 0, None, Guarantee.FLOAT, time.perf_counter() - start,
+                                  reason="output shapes differ")
+    rng = np.random.default_rng(seed)
+    errors = [[0.0] * len(row) for row in alive]
+    for trial in range(trials):
+        inputs = [rng.standard_normal(t.shape) for t in reference.input_types]
+        want = [np.asarray(o, dtype=np.float64) for o in run_reference(reference, inputs)]
+        got = [np.asarray(o, dtype=np.float64) for o in run_candidate(candidate, inputs)]
+        for i, row in enumerate(alive):
+            for j, ok in enumerate(row):
+                if ok:
+                    errors[i][j] = max(errors[i][j], scaled_error(got[j], want[i], *tolerances[i]))
+                    row[j] = errors[i][j] <= 1.0
+        matching = first_matching(alive)
+        if matching is None:
+            compatible = compatible_pairs(reference, candidate)
+            best = [min((e for e, ok in zip(errors[i], compatible[i], strict=True) if ok), default=np.inf)
+                    for i in range(len(errors))]
+            worst = float(max(best))
+            return VerificationResult(False, None, trial + 1, None, Guarantee.FLOAT,
+                                      time.perf_counter() - start, max_error=worst,
+                                      reason=f"outputs differ on trial {trial + 1}")
+    max_error = max(errors[i][j] for i, j in enumerate(matching)) if matching else 0.0
+    return VerificationResult(True, matching, trials, None, Guarantee.FLOAT, time.perf_counter() - start,
+                              max_error=max_error)
