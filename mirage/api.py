@@ -51,7 +51,7 @@ def superoptimize(program: Any, example_inputs: Any = None, **options: Any) -> n
     shapes captures again (cached per shape); dtypes and devices must stay the same.
 
     Options (all keywords; see :class:`mirage.frontend.Options`): ``search`` (default True),
-    ``config`` (search space name), ``time_limit_s`` (search budget per subprogram, default 60),
+    ``config`` (search space name), ``time_limit_s`` (search budget per subprogram, default 30),
     ``search_overrides`` (dict for the generator), ``max_subprogram_ops`` (default 16), ``executor``
     ("auto", "interpret", "cuda"), ``use_cache``, ``cache_dir``, ``progress``.
     """
@@ -97,7 +97,7 @@ class KernelGraphModule(nn.Module):
         self.reference = reference
         self.options = options
         self.choice: Choice = choose(reference, options.search_settings, search=options.search,
-                                     cache_dir=options.search_cache_dir)
+                                     cache_dir=options.search_cache_dir, progress=options.progress)
         logger.info("mirage: %s: µGraph from %s (%s)", reference.name or "graph", self.choice.source,
                     self.choice.detail)
         self._executors: dict[torch.device, Any] = {}

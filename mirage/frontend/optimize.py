@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -35,7 +34,7 @@ class SearchSettings:
     """What the search is asked to do; part of the cache key."""
 
     config: str | None = None
-    time_limit_s: float = 60.0
+    time_limit_s: float = 30.0
     overrides: tuple[tuple[str, str], ...] = ()  # (name, repr(value)), sorted
 
     def to_dict(self) -> dict:
@@ -134,36 +133,23 @@ class SearchUnavailable(Exception):
     """mirage.generator has no search driver in this installation."""
 
 
-def run_search(reference: KernelGraph, settings: SearchSettings) -> tuple[KernelGraph | None, str]:
+def run_search(reference: KernelGraph, settings: SearchSettings,
+               progress: bool = True) -> tuple[KernelGraph | None, str]:
     """Search µGraphs equivalent to ``reference``; returns the best verified one (or None) and a note."""
     try:
         from mirage.generator import search
     except ImportError as error:
         raise SearchUnavailable(f"mirage.generator offers no search ({error})") from None
-    kwargs: dict = {name: json.loads(value) for name, value in settings.overrides}
-    accepted = inspect.signature(search).parameters
-    if "budget" in accepted and "budget" not in kwargs:
-        from mirage.generator.budget import Budget
-
-        kwargs["budget"] = Budget(time_s=settings.time_limit_s)
-    result = search(reference, config=settings.config, **kwargs)
-    graphs = _ranked_graphs(result)
-    note = str(getattr(result, "stop_reason", "")) or f"{len(graphs)} verified µGraph(s)"
-    return (graphs[0] if graphs else None), note
-
-
-def _ranked_graphs(result) -> list[KernelGraph]:
-    for name in ("graphs", "mugraphs", "results", "ranked"):
-        items = getattr(result, name, None)
-        if items is not None:
-            return [getattr(item, "graph", item) for item in items]
-    if isinstance(result, (list, tuple)):
-        return [getattr(item, "graph", item) for item in result]
-    raise MirageError(f"unexpected search result type {type(result).__name__}")
+    kwargs: dict = {"progress": progress}
+    kwargs.update((name, json.loads(value)) for name, value in settings.overrides)
+    kwargs.setdefault("time_limit_s", settings.time_limit_s)
+    result = search(reference, settings.config, **kwargs)
+    stop = getattr(result.stop_reason, "value", result.stop_reason)
+    return result.best, f"{len(result.graphs)} verified µGraph(s); search stopped: {stop}"
 
 
 def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = True,
-           cache_dir: Path | None = None) -> Choice:
+           cache_dir: Path | None = None, progress: bool = True) -> Choice:
     """The µGraph to run for ``reference``: from the cache, from a new search, or the reference."""
     key = cache_key(reference, settings)
     if cache_dir is not None:
@@ -175,9 +161,13 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         return Choice(reference, "reference", key, "search disabled (search=False)")
     start = time.perf_counter()
     try:
-        found, note = run_search(reference, settings)
+        found, note = run_search(reference, settings, progress)
     except SearchUnavailable as error:
         return Choice(reference, "reference", key, f"fallback: {error}")
+    except Exception as error:  # a failed search must not lose the (correct) reference program
+        logger.warning("mirage: the search for %s failed (%s: %s); running the reference graph",
+                       reference.name or "a subprogram", type(error).__name__, error)
+        return Choice(reference, "reference", key, f"fallback: search failed: {type(error).__name__}")
     seconds = time.perf_counter() - start
     if found is None:
         choice = Choice(reference, "reference", key, f"search found nothing better ({note})", seconds)

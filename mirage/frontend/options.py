@@ -24,7 +24,7 @@ from mirage.frontend.partition import Budget
 class Options:
     search: bool = True  # False: run the reference graphs, no search
     config: str | None = None  # named search space ("mlp", "attention", "lora")
-    time_limit_s: float = 60.0  # search budget per subprogram
+    time_limit_s: float = 30.0  # search budget per subprogram
     search_overrides: tuple[tuple[str, str], ...] = ()  # passed to mirage.generator.search
     max_subprogram_ops: int = 16  # kernel-graph ops per subprogram
     executor: str = "auto"  # "auto", "interpret" or "cuda"

@@ -103,8 +103,19 @@ class Lowered:
 
 
 def lower_region(members: list[fx.Node], budget: Budget, name: str = "") -> Lowered:
-    """The kernel graph of ``members`` (topologically ordered); raises Unlowerable."""
-    builder = RegionBuilder(name)
+    """The kernel graph of ``members`` (topologically ordered), holding outside tensors flat (2-D)
+    or, when that fails, in their own shapes; raises Unlowerable (with the first reason)."""
+    try:
+        return _lower_region(members, budget, name, flat=True)
+    except Unlowerable as first:
+        try:
+            return _lower_region(members, budget, name, flat=False)
+        except Unlowerable:
+            raise first from None
+
+
+def _lower_region(members: list[fx.Node], budget: Budget, name: str, flat: bool) -> Lowered:
+    builder = RegionBuilder(name, flat)
     member_set = set(members)
     for node in members:
         lower_node(builder, node)

@@ -102,9 +102,14 @@ def broadcast_shape(x: Operand) -> Shape:
 
 
 class RegionBuilder:
-    """The kernel graph of one subprogram under construction."""
+    """The kernel graph of one subprogram under construction.
 
-    def __init__(self, name: str = "") -> None:
+    ``flat``: outside tensors are held with their leading dims merged (``(b, s, h)`` as ``(b·s, h)``),
+    which suits matrix products with 2-D weights; otherwise in their own shape, which suits
+    reductions over inner dims.  The partitioner tries both."""
+
+    def __init__(self, name: str = "", flat: bool = True) -> None:
+        self.flat = flat
         self.builder = mg.new_kernel_graph(name)
         self.values: dict[fx.Node, Value] = {}
         self.bindings: list[InputBinding] = []
@@ -146,7 +151,7 @@ class RegionBuilder:
     def raw(self, x: Operand, shape: Sequence[int] | None = None) -> tuple[DTensor, bool]:
         """The graph tensor holding ``x`` in graph shape ``shape`` (default: its own / flat 2-D)."""
         if isinstance(x, Boundary):
-            return self.bind(x, shapes.flat2d(x.shape) if shape is None else shape), False
+            return self.bind(x, self.default_shape(x.shape) if shape is None else shape), False
         if x.expanded_from is not None:
             raise Unlowerable("an expanded tensor feeds an op that is not element-wise")
         if shape is not None and tuple(x.tensor.dims) != tuple(shape):
@@ -158,10 +163,13 @@ class RegionBuilder:
         t, reciprocal = self.raw(x, shape)
         return self.reciprocal(t) if reciprocal else t
 
+    def default_shape(self, logical: Shape) -> Shape:
+        return shapes.flat2d(logical) if self.flat or len(logical) < 2 else tuple(logical)
+
     def frame(self, x: Operand) -> tuple[Shape, Shape]:
-        """(graph shape, logical shape) of ``x``; boundaries default to the flat 2-D frame."""
+        """(graph shape, logical shape) of ``x``; outside tensors get the default shape."""
         if isinstance(x, Boundary):
-            return shapes.flat2d(x.shape), x.shape
+            return self.default_shape(x.shape), x.shape
         return tuple(x.tensor.dims), x.shape
 
     # ---- graph ops with the checks turned into Unlowerable -----------------------------------
@@ -207,20 +215,33 @@ class RegionBuilder:
         except RuntimeError as error:
             raise Unlowerable(str(error)) from None
         pairs = ((a, sa), (b, sb))
-        frame = next((tuple(x.tensor.dims) for x, s in pairs if isinstance(x, Value) and s == out), None)
-        if frame is None:
-            frame = shapes.flat2d(out) if out in (sa, sb) or len(out) < 2 else out
+        full = [tuple(x.tensor.dims) for x, s in pairs if isinstance(x, Value) and s == out]
+        frames = full[:1] or list(dict.fromkeys([self.default_shape(out), tuple(out)]))
+        targets = next((t for t in (self._targets(f, out, pairs) for f in frames) if t is not None), None)
+        if targets is None:
+            raise Unlowerable(f"operands of shapes {list(sa)} and {list(sb)} are held in graph tensors that "
+                              "do not broadcast")
         tensors = []
-        for x, s in pairs:
-            target = shapes.broadcast_target(frame, out, shapes.pad(s, len(out)))
-            if target is None:
-                raise Unlowerable(f"broadcasting {list(s)} to {list(out)} splits a graph dim")
+        for (x, _), target in zip(pairs, targets, strict=True):
             if isinstance(x, Value) and x.expanded_from is not None:
                 x = Value(x.tensor, x.expanded_from, x.reciprocal)
             tensors.append(self.raw(x, target))
         (ta, ra), (tb, rb) = tensors
         result, reciprocal = combine(ta, ra, tb, rb)
         return Value(result, out, reciprocal)
+
+    @staticmethod
+    def _targets(frame: Shape, out: Shape, pairs) -> list[Shape] | None:
+        """Graph shapes of both operands in ``frame``, or None when a computed one does not fit."""
+        targets = []
+        for x, s in pairs:
+            target = shapes.broadcast_target(frame, out, shapes.pad(s, len(out)))
+            if target is None:
+                return None
+            if isinstance(x, Value) and tuple(x.tensor.dims) != target:
+                return None
+            targets.append(target)
+        return targets
 
     def add(self, a: Operand, b: Operand, sign: float = 1.0) -> Value:
         def combine(ta, ra, tb, rb):
@@ -281,7 +302,7 @@ class RegionBuilder:
         dims = shapes.normalize_dims(dims if dims not in ([], ()) else None, len(logical))
         if isinstance(x, Boundary):
             last_only = dims == (len(logical) - 1,)
-            t = self.bind(x, shapes.flat2d(logical) if last_only or len(logical) < 2 else logical)
+            t = self.bind(x, self.default_shape(logical) if last_only else shapes.pad(logical, 2))
         else:
             t = self.tensor(x)
         current = list(logical)
@@ -329,7 +350,7 @@ class RegionBuilder:
         if logical[dim] == 1:
             raise Unlowerable("softmax over a dim of size 1")
         if isinstance(x, Boundary):
-            t = self.bind(x, shapes.flat2d(logical) if dim == len(logical) - 1 else logical)
+            t = self.bind(x, self.default_shape(logical) if dim == len(logical) - 1 else logical)
         else:
             t = self.tensor(x)
         g = shapes.graph_dim(t.dims, logical, dim)

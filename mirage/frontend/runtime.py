@@ -128,10 +128,16 @@ def stitch(gm: fx.GraphModule, part: Partition, modules: dict[str, nn.Module]) -
 @dataclass
 class Specialization:
     signature: Signature
-    module: fx.GraphModule
+    module: fx.GraphModule  # the stitched module that runs
+    captured: fx.Graph  # the graph as captured, before stitching
     partition: Partition
     choices: dict[str, Choice]
     seconds: dict[str, float]
+
+    def partition_dot(self) -> str:
+        from mirage.frontend.draw import partition_dot
+
+        return partition_dot(self.captured, self.partition)
 
     def report(self) -> str:
         lines = [f"inputs: {self.signature.describe()}", self.partition.summary()]
@@ -154,7 +160,7 @@ def choose_all(subprograms: Sequence[Subprogram], options: Options) -> dict[str,
     for s in bar:
         bar.set_postfix_str(s.name)
         choices[s.name] = choose(s.graph, options.search_settings, search=options.search,
-                                 cache_dir=options.search_cache_dir)
+                                 cache_dir=options.search_cache_dir, progress=options.progress)
         c = choices[s.name]
         logger.info("mirage: %s (%d ops): µGraph from %s: %s", s.name, s.num_ops, c.source, c.detail)
     return choices
@@ -185,6 +191,14 @@ class MirageModule(nn.Module):
     def report(self) -> str:
         return "\n\n".join(s.report() for s in self.specializations) or "not captured yet"
 
+    def draw_partition(self, path: str, format: str | None = None) -> str:
+        """Draw the partition of the latest specialization (.dot always; .png/.svg with Graphviz)."""
+        from mirage.frontend.draw import render
+
+        if not self._specializations:
+            raise InputError(f"{self.name} has not been captured yet: call it once, or pass example_inputs")
+        return render(self.specializations[-1].partition_dot(), path, format)
+
     def specialize(self, args: tuple, kwargs: dict) -> Specialization:
         signature = signature_of(args, kwargs)
         if self._first is not None:
@@ -206,8 +220,9 @@ class MirageModule(nn.Module):
         choices = choose_all(part.subprograms, self.options)
         seconds["choose"] = time.perf_counter() - start
         modules = {s.name: SubprogramModule(s, choices[s.name], self.options) for s in part.subprograms}
+        captured = gm.graph
         stitched = stitch(gm, part, modules)
-        spec = Specialization(signature, stitched, part, choices, seconds)
+        spec = Specialization(signature, stitched, captured, part, choices, seconds)
         self._first = self._first or signature
         self._specializations[signature] = spec
         logger.info("mirage: specialized %s for %s: %s", self.name, signature.describe(), part.summary())

@@ -1,0 +1,279 @@
+"""The ``mirage`` command line (also ``python -m mirage``).
+
+::
+
+    mirage demo                          the default example end to end (search, verify, code, time)
+    mirage search GRAPH.json | PROGRAM   search µGraphs for a saved graph or a PyTorch program
+    mirage show GRAPH.json               print a saved graph's text form
+    mirage draw GRAPH.json -o out.png    draw a saved graph (DOT always, PNG/SVG with Graphviz)
+    mirage partition PROGRAM             print (and draw) how a PyTorch program is partitioned
+    mirage cache list | clear            the on-disk search cache
+    mirage sass ...                      SASS tools (when mirage.sass provides them)
+
+``PROGRAM`` is ``path/to/file.py:factory`` or ``package.module:factory``; the factory returns
+``(module_or_function, example_inputs)`` or a kernel graph.  Results go to standard output, progress
+and notices to standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mirage.errors import MirageError
+
+logger = logging.getLogger("mirage")
+
+
+class UsageError(MirageError):
+    """A command-line argument names something that cannot be used."""
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text.rstrip("\n") + "\n")
+
+
+# ---- loading programs and graphs ---------------------------------------------------------------
+
+
+def load_factory(spec: str):
+    """The object named by ``file.py:name`` or ``package.module:name``."""
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise UsageError(f"{spec!r} is not PATH.py:FACTORY or MODULE:FACTORY (for example "
+                         "models.py:make or mirage.frontend.examples:gated_mlp)")
+    if where.endswith(".py") or Path(where).exists():
+        path = Path(where)
+        if not path.exists():
+            raise UsageError(f"no such file: {where}")
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        if module_spec is None or module_spec.loader is None:
+            raise UsageError(f"cannot import {where}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.path.insert(0, str(path.parent.resolve()))
+        try:
+            module_spec.loader.exec_module(module)
+        finally:
+            sys.path.pop(0)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as error:
+            raise UsageError(f"cannot import module {where!r}: {error}") from None
+    if not hasattr(module, name):
+        raise UsageError(f"{where} has no {name!r}")
+    return getattr(module, name)
+
+
+def load_program(spec: str) -> tuple[Any, Any]:
+    """Call the factory ``spec``: returns (program, example_inputs), example_inputs None for graphs."""
+    from mirage.mugraph import KernelGraph, KNGraph
+
+    made = load_factory(spec)()
+    if isinstance(made, (KernelGraph, KNGraph)):
+        return made, None
+    if isinstance(made, tuple) and len(made) == 2:
+        return made
+    raise UsageError(f"{spec} returned a {type(made).__name__}; a factory returns (module, example_inputs) "
+                     "or a kernel graph")
+
+
+def load_graph(path: str):
+    from mirage.mugraph import load
+
+    if not Path(path).exists():
+        raise UsageError(f"no such graph file: {path} (save one with g.to_json(path))")
+    return load(path)
+
+
+# ---- commands -------------------------------------------------------------------------------------
+
+
+def _options(args) -> dict:
+    options = {"search": not getattr(args, "no_search", False), "time_limit_s": args.time_limit,
+               "use_cache": not args.no_cache}
+    if getattr(args, "config", None):
+        options["config"] = args.config
+    return options
+
+
+def cmd_search(args) -> int:
+    import mirage
+
+    if args.target.endswith(".json"):
+        graph = load_graph(args.target)
+        module = mirage.superoptimize(graph, **_options(args))
+        choice = module.choice
+        _out(f"µGraph from {choice.source}: {choice.detail}")
+        _out(str(choice.graph))
+        if args.output:
+            choice.graph.to_json(args.output)
+            _out(f"saved {args.output}")
+        return 0
+    program, example_inputs = load_program(args.target)
+    if example_inputs is None:
+        module = mirage.superoptimize(program, **_options(args))
+        _out(f"µGraph from {module.choice.source}: {module.choice.detail}\n{module.choice.graph}")
+        return 0
+    module = mirage.superoptimize(program, example_inputs, **_options(args))
+    _out(module.report())
+    return 0
+
+
+def cmd_show(args) -> int:
+    graph = load_graph(args.graph)
+    _out(str(graph))
+    _out(f"content hash {graph.content_hash()}")
+    return 0
+
+
+def cmd_draw(args) -> int:
+    from mirage.mugraph.visualize import render
+
+    graph = load_graph(args.graph)
+    _out(f"wrote {render(graph, args.output)}")
+    return 0
+
+
+def cmd_partition(args) -> int:
+    from mirage.api import _split_inputs
+    from mirage.frontend.capture import as_module, capture
+    from mirage.frontend.draw import partition_dot, render
+    from mirage.frontend.partition import Budget, partition
+
+    program, example_inputs = load_program(args.program)
+    if example_inputs is None:
+        raise UsageError(f"{args.program} returned a kernel graph; `mirage partition` takes PyTorch programs")
+    inputs, kwargs = _split_inputs(example_inputs)
+    gm = capture(as_module(program), inputs, kwargs)
+    part = partition(gm, Budget(max_ops=args.max_ops))
+    _out(str(part))
+    if args.output:
+        _out(f"wrote {render(partition_dot(gm.graph, part), args.output)}")
+    return 0
+
+
+def cmd_cache(args) -> int:
+    from mirage import config
+    from mirage.frontend.optimize import clear_entries, list_entries
+
+    directory = Path(args.dir).expanduser() if args.dir else config.settings().search_cache_dir
+    if args.action == "clear":
+        _out(f"removed {clear_entries(directory)} entries from {directory}")
+        return 0
+    rows = list_entries(directory)
+    _out(f"{len(rows)} entries in {directory}")
+    for row in rows:
+        _out(f"{row['key'][:16]}  {row['created'] or '-':25}  {row['source'] or '-':9}  "
+             f"{row['bytes']:>8} B  {row['name'] or '-'}  {row['detail']}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from mirage import config
+    from mirage.frontend.demo import run_demo
+
+    result = run_demo(scale=args.scale, search=not args.no_search, time_limit_s=args.time_limit,
+                      use_cache=not args.no_cache, output_dir=Path(args.output_dir),
+                      progress=config.settings().progress)
+    for line in result.lines:
+        _out(line)
+    return 0 if result.passed else 1
+
+
+# ---- parser ---------------------------------------------------------------------------------------
+
+
+def _search_flags(parser: argparse.ArgumentParser, default_time: float) -> None:
+    parser.add_argument("--config", help="search space name (mlp, attention, lora)")
+    parser.add_argument("--time-limit", type=float, default=default_time, metavar="S",
+                        help=f"search budget per subprogram in seconds (default {default_time:g})")
+    parser.add_argument("--no-cache", action="store_true", help="neither read nor write the search cache")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mirage", description="Superoptimize tensor programs for GPUs.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    demo = sub.add_parser("demo", help="RMSNorm + linear end to end: search, verify, generate, time")
+    demo.add_argument("--scale", type=int, default=1, help="size multiplier of the example (default 1)")
+    demo.add_argument("--no-search", action="store_true", help="skip the search (reference µGraphs)")
+    demo.add_argument("--output-dir", default="mirage-demo", help="where generated code goes")
+    _search_flags(demo, 30.0)
+    demo.set_defaults(run=cmd_demo)
+
+    search = sub.add_parser("search", help="search µGraphs for a saved graph or a PyTorch program")
+    search.add_argument("target", help="GRAPH.json, or PATH.py:FACTORY / MODULE:FACTORY")
+    search.add_argument("-o", "--output", help="save the chosen µGraph (JSON)")
+    _search_flags(search, 30.0)
+    search.set_defaults(run=cmd_search)
+
+    show = sub.add_parser("show", help="print a saved graph")
+    show.add_argument("graph", help="GRAPH.json")
+    show.set_defaults(run=cmd_show)
+
+    draw = sub.add_parser("draw", help="draw a saved graph")
+    draw.add_argument("graph", help="GRAPH.json")
+    draw.add_argument("-o", "--output", required=True, help="out.dot, out.png, out.svg or out.pdf")
+    draw.set_defaults(run=cmd_draw)
+
+    part = sub.add_parser("partition", help="show how a PyTorch program is cut into LAX subprograms")
+    part.add_argument("program", help="PATH.py:FACTORY or MODULE:FACTORY returning (module, inputs)")
+    part.add_argument("--max-ops", type=int, default=16, help="kernel-graph ops per subprogram")
+    part.add_argument("-o", "--output", help="draw the partition (out.dot, out.png, out.svg)")
+    part.set_defaults(run=cmd_partition)
+
+    cache = sub.add_parser("cache", help="list or clear the search cache")
+    cache.add_argument("action", choices=("list", "clear"))
+    cache.add_argument("--dir", help="cache directory (default: $MIRAGE_CACHE_DIR/search)")
+    cache.set_defaults(run=cmd_cache)
+
+    try:
+        from mirage.sass.cli import add_subparsers
+    except ImportError:
+        pass
+    else:
+        add_subparsers(sub)
+    return parser
+
+
+def _setup_logging(args) -> None:
+    from mirage import config
+
+    try:
+        level = config.settings().log_level
+    except MirageError:
+        level = "INFO"
+    if args.verbose:
+        level = "DEBUG"
+    elif args.quiet:
+        level = "WARNING"
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("mirage")
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level, logging.INFO))
+    root.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args)
+    try:
+        return int(args.run(args) or 0)
+    except MirageError as error:
+        sys.stderr.write(f"mirage {args.command}: error: {error}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130

@@ -1,0 +1,146 @@
+"""Each row: a small torch function, the kernel-graph ops its single subprogram must contain, and a
+check that the superoptimized function equals eager PyTorch."""
+
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mirage as mi
+from mirage.frontend.lowering import LOWERINGS, Kind
+from mirage.mugraph.ops import Op
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    function: object
+    shapes: tuple
+    ops: dict  # Op -> count the subprogram must have (exactly)
+
+
+def r(*shape):
+    return torch.randn(*shape)
+
+
+CASES = [
+    Case("linear_bias", lambda x, w, b: F.linear(x, w, b), ((3, 8), (5, 8), (5,)),
+         {Op.MATMUL: 1, Op.ADD: 1}),
+    Case("linear_3d", lambda x, w: F.linear(x, w), ((2, 3, 8), (5, 8)), {Op.MATMUL: 1}),
+    Case("matmul_t", lambda x, w: x @ w.t(), ((3, 8), (5, 8)), {Op.MATMUL: 1}),
+    Case("bmm", lambda a, b: torch.bmm(a, b), ((2, 3, 4), (2, 4, 5)), {Op.MATMUL: 1}),
+    Case("addmm", lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), ((5,), (3, 4), (4, 5)),
+         {Op.MATMUL: 1, Op.MUL_SCALAR: 2, Op.ADD: 1}),
+    Case("scalars", lambda x: (x * 3.0 + 1.0) / 2.0 - 0.25, ((4, 6),), {Op.MUL_SCALAR: 2, Op.ADD_SCALAR: 2}),
+    Case("rsub_neg", lambda x: 1.0 - (-x), ((4, 6),), {Op.MUL_SCALAR: 2, Op.ADD_SCALAR: 1}),
+    Case("binary_broadcast", lambda x, y, z: (x + y) * z - y / z, ((4, 6), (6,), (4, 1)),
+         {Op.ADD: 1, Op.MUL: 1, Op.DIV: 1, Op.SUB: 1}),
+    Case("unaries", lambda x: torch.exp(x) + torch.sigmoid(x) + F.relu(x) + F.silu(x), ((4, 6),),
+         {Op.EXP: 1, Op.SIGMOID: 1, Op.RELU: 1, Op.SILU: 1, Op.ADD: 3}),
+    Case("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), ((4, 6),), {Op.GELU: 1}),
+    Case("clamp", lambda x: torch.clamp(x, -0.5, 0.5) + x.clamp(min=0), ((4, 6),),
+         {Op.CLAMP: 1, Op.RELU: 1, Op.ADD: 1}),
+    Case("powers", lambda x: x.pow(2) + x**3 + torch.square(x), ((4, 6),),
+         {Op.SQUARE: 3, Op.MUL: 1, Op.ADD: 2}),
+    Case("sqrt_of_positive", lambda x: torch.sqrt(x * x + 1.0), ((4, 6),),
+         {Op.MUL: 1, Op.ADD_SCALAR: 1, Op.SQRT: 1}),
+    Case("rsqrt_times_is_div", lambda x, y: x * torch.rsqrt(y * y + 1.0), ((4, 6), (4, 6)),
+         {Op.MUL: 1, Op.ADD_SCALAR: 1, Op.SQRT: 1, Op.DIV: 1}),
+    Case("reciprocal_alone", lambda x: torch.reciprocal(x * x + 1.0), ((4, 6),),
+         {Op.MUL: 1, Op.ADD_SCALAR: 2, Op.MUL_SCALAR: 1, Op.DIV: 1}),  # (0·s + 1)/s
+    Case("number_over_tensor", lambda x: 2.0 / (x * x + 1.0), ((4, 6),),
+         {Op.MUL: 1, Op.ADD_SCALAR: 2, Op.MUL_SCALAR: 2, Op.DIV: 1}),
+    Case("sum_mean", lambda x: x.sum(-1, keepdim=True) * x.mean(dim=(0, 1), keepdim=True) + x, ((2, 3, 4),),
+         {Op.REDUCTION: 3, Op.MUL_SCALAR: 1, Op.MUL: 1, Op.ADD: 1}),
+    Case("sum_no_keepdim", lambda x: x.sum(-1).unsqueeze(-1) * x, ((3, 5),),
+         {Op.REDUCTION: 1, Op.MUL: 1}),
+    Case("softmax", lambda x: torch.softmax(x * 0.5, dim=-1), ((3, 7),),
+         {Op.MUL_SCALAR: 1, Op.EXP: 1, Op.REDUCTION: 1, Op.DIV: 1}),
+    Case("softmax_middle_dim", lambda x: F.softmax(x * 0.5, dim=1), ((2, 3, 4),),
+         {Op.MUL_SCALAR: 1, Op.EXP: 1, Op.REDUCTION: 1, Op.DIV: 1}),
+    Case("rms_norm_functional", lambda x, w: F.rms_norm(x, (8,), w, 1e-5), ((3, 8), (8,)),
+         {Op.RMS_NORM: 1, Op.MUL: 1}),
+    Case("rms_norm_by_hand", lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w,
+         ((3, 8), (8,)), {Op.RMS_NORM: 1, Op.MUL: 1}),
+    Case("rms_norm_by_hand_div", lambda x: x / torch.sqrt((x * x).mean(-1, keepdim=True)), ((3, 8),),
+         {Op.RMS_NORM: 1}),
+    Case("vector_norm", lambda x: x / x.norm(dim=-1, keepdim=True), ((3, 8),),
+         {Op.SQUARE: 1, Op.REDUCTION: 1, Op.SQRT: 1, Op.DIV: 1}),
+    Case("normalize", lambda x: F.normalize(x, dim=-1), ((3, 8),),
+         {Op.SQUARE: 1, Op.REDUCTION: 1, Op.SQRT: 1, Op.CLAMP: 1, Op.DIV: 1}),
+    Case("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), ((2, 2, 3, 4), (2, 2, 5, 4),
+                                                                           (2, 2, 5, 4)),
+         {Op.MATMUL: 2, Op.MUL_SCALAR: 1, Op.EXP: 1, Op.REDUCTION: 1, Op.DIV: 1}),
+    Case("sdpa_gqa_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, m, enable_gqa=True,
+                                                                            scale=0.3),
+         ((1, 4, 1, 8), (1, 2, 6, 8), (1, 2, 6, 8), (1, 1, 1, 6)),
+         {Op.MATMUL: 2, Op.MUL_SCALAR: 1, Op.ADD: 1, Op.EXP: 1, Op.REDUCTION: 1, Op.DIV: 1}),
+    Case("views_inside", lambda x, w: (x @ w).view(2, 3, 5).transpose(0, 1).reshape(6, 5).relu(),
+         ((6, 4), (4, 5)), {Op.MATMUL: 1}),  # the transpose moves data: relu runs in a second subprogram
+]
+
+
+def _run(case):
+    torch.manual_seed(0)
+    inputs = tuple(r(*s) for s in case.shapes)
+    fast = mi.superoptimize(case.function, inputs, search=False)
+    with torch.no_grad():
+        expected = case.function(*inputs)
+        got = fast(*inputs)
+    return fast, expected, got
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_lowering_matches_eager(case):
+    fast, expected, got = _run(case)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    first = fast.partition.subprograms[0]
+    counts = Counter(n.op for n in first.graph.nodes if n.op is not Op.INPUT)
+    assert dict(counts) == case.ops, str(first.graph)
+
+
+def test_softmax_is_marked_for_the_online_rewrite():
+    fast, _, _ = _run(CASES[[c.name for c in CASES].index("softmax")])
+    (sub,) = fast.partition.subprograms
+    assert [sub.graph.nodes[i].op for i in sub.online_softmax] == [Op.EXP]
+
+
+def test_linear_binds_the_weight_transposed_without_copying():
+    fast, _, _ = _run(CASES[0])
+    (sub,) = fast.partition.subprograms
+    weight = next(b for b in sub.inputs if b.source == "args_1")
+    assert weight.permute == (1, 0) and weight.shape == (8, 5)
+    bias = next(b for b in sub.inputs if b.source == "args_2")
+    assert bias.shape == (1, 5)
+
+
+UNLOWERABLE = [
+    ("gelu_exact", lambda x: F.gelu(x), "approximate='tanh'"),
+    ("pow_fraction", lambda x: x.pow(2.5), "exponent 2.5"),
+    ("cumsum", lambda x: torch.cumsum(x, -1), "no µGraph lowering"),
+    ("tanh", lambda x: torch.tanh(x), "no µGraph lowering"),
+    ("causal_attention", lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True), "is_causal"),
+    ("integer_division", lambda x: torch.div(x, 2.0, rounding_mode="floor"), "rounding_mode"),
+]
+
+
+@pytest.mark.parametrize(("name", "function", "reason"), UNLOWERABLE, ids=[u[0] for u in UNLOWERABLE])
+def test_unlowerable_ops_stay_in_pytorch_with_a_reason(name, function, reason):
+    x = torch.randn(2, 3, 4, 4)
+    fast = mi.superoptimize(function, (x,), search=False)
+    (left,) = fast.partition.pytorch_ops
+    assert reason in left.reason
+    assert not fast.partition.subprograms
+    torch.testing.assert_close(fast(x), function(x), equal_nan=True)
+
+
+def test_table_rows_are_consistent():
+    assert all(row.op == name for name, row in LOWERINGS.items())
+    compute = {name for name, row in LOWERINGS.items() if row.kind is Kind.COMPUTE}
+    for required in ("linear", "matmul", "bmm", "mm", "addmm", "add", "sub", "mul", "div", "exp", "sqrt",
+                     "rsqrt", "pow", "mean", "sum", "softmax", "silu", "gelu", "relu", "sigmoid", "rms_norm",
+                     "scaled_dot_product_attention"):
+        assert required in compute
+    assert {"view", "reshape", "transpose", "permute", "t"} <= set(LOWERINGS)
