@@ -8,7 +8,7 @@ reproduces the failure)::
 
 Typical use::
 
-    result = compile_source(source, CompileOptions(target=Target((9, 0))), dumps={Stage.SASS})
+    result = compile_source(source, CompileOptions(target=TARGETS["H100"]), dumps={Stage.SASS})
     result.cubin_path, result.sass()
 
 Cubins are cached under ``MIRAGE_CACHE_DIR`` (default ``~/.cache/mirage/cubins``) keyed by the
@@ -36,8 +36,8 @@ from pathlib import Path
 
 from mirage.codegen.toolchain import (
     Environment,
-    Target,
     ToolchainError,
+    check_target,
     cutlass_include_dir,
     find_binary_tool,
     find_nvcc,
@@ -46,6 +46,7 @@ from mirage.codegen.toolchain import (
     tool_version,
 )
 from mirage.errors import MirageError
+from mirage.mugraph.target import Target, detect_target
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ STAGE_FILES: dict[Stage, str] = {
 class CompileOptions:
     """How to build: the target GPU and the nvcc options that change the cubin."""
 
-    target: Target | None = None  # None: the current GPU, or sm_90a without one
+    target: Target | None = None  # None: the current GPU (detect_target), or the H100 without one
     optimization_level: int = 3
     fast_math: bool = False
     line_info: bool = False
@@ -114,7 +115,8 @@ class CompileOptions:
     extra_flags: tuple[str, ...] = ()
 
     def resolved(self) -> CompileOptions:
-        return self if self.target is not None else dataclasses.replace(self, target=Target.detect())
+        target = self.target if self.target is not None else detect_target()
+        return dataclasses.replace(self, target=check_target(target))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +166,7 @@ def nvcc_command(
     command = [
         str(find_nvcc(environment)),
         "-cubin",
-        *target.gencode_flags,
+        target.gencode,
         "-std=c++17",
         f"-O{options.optimization_level}",
         "--expt-relaxed-constexpr",
@@ -311,7 +313,7 @@ def compile_source(
             sass = cubin_to_sass(scratch / STAGE_FILES[Stage.CUBIN], environment)
             (scratch / STAGE_FILES[Stage.SASS]).write_text(sass)
         assert options.target is not None
-        metadata = {"command": command, "seconds": seconds, "target": options.target.sm_name}
+        metadata = {"command": command, "seconds": seconds, "target": options.target.arch}
         (scratch / "metadata.json").write_text(json.dumps(metadata, indent=2))
         logger.info("compiled %s for %s in %.1f s", key[:12], metadata["target"], seconds)
         _publish(scratch, entry)

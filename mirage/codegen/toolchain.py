@@ -1,4 +1,7 @@
-"""The CUDA toolchain: where nvcc, cuobjdump and the headers are, and which GPU to build for.
+"""The CUDA toolchain: where nvcc, cuobjdump and the headers are.
+
+GPU targets are :class:`mirage.mugraph.target.Target` rows (``TARGETS``, ``detect_target``);
+:func:`check_target` refuses the ones the device library cannot be built for.
 
 The code generator's settings are gathered in one place, :func:`read_environment`. The cache
 location comes from :mod:`mirage.config` (``MIRAGE_CACHE_DIR``, default ``~/.cache/mirage``;
@@ -21,13 +24,13 @@ import functools
 import importlib.util
 import logging
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 from mirage import config
 from mirage.errors import MirageError
+from mirage.mugraph.target import Target
 
 logger = logging.getLogger(__name__)
 
@@ -36,88 +39,18 @@ class ToolchainError(MirageError):
     """A CUDA tool or header directory is missing, or the target GPU is not supported."""
 
 
-# Compute capabilities for which nvcc has an architecture-specific target ("sm_90a"), whose
-# features (wgmma, setmaxnreg, ...) the plain target lacks.
-ARCH_SPECIFIC_CAPABILITIES: frozenset[tuple[int, int]] = frozenset(
-    {(9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)}
-)
-# The device library uses cp.async and bf16 mma.sync: Ampere or newer.
-MINIMUM_CAPABILITY: tuple[int, int] = (8, 0)
+# The device library uses cp.async and bf16 mma.sync: Ampere (compute capability 8.0) or newer.
+MINIMUM_COMPUTE_CAPABILITY = 80
 
 
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """The GPU architecture to build for.
-
-    >>> Target((9, 0)).gencode_flags
-    ('-gencode=arch=compute_90a,code=sm_90a',)
-    >>> Target((8, 6)).sm_name
-    'sm_86'
-    """
-
-    compute_capability: tuple[int, int]
-    # Use the architecture-specific variant ("a") where the architecture has one.
-    arch_specific: bool = True
-
-    def __post_init__(self) -> None:
-        if self.compute_capability < MINIMUM_CAPABILITY:
-            major, minor = self.compute_capability
-            raise ToolchainError(
-                f"compute capability {major}.{minor} is not supported: the device library needs "
-                f"cp.async and bf16 tensor cores (compute capability 8.0 or newer)"
-            )
-
-    @property
-    def _suffix(self) -> str:
-        major, minor = self.compute_capability
-        variant = "a" if self.arch_specific and self.compute_capability in ARCH_SPECIFIC_CAPABILITIES else ""
-        return f"{major}{minor}{variant}"
-
-    @property
-    def sm_name(self) -> str:
-        return f"sm_{self._suffix}"
-
-    @property
-    def compute_name(self) -> str:
-        return f"compute_{self._suffix}"
-
-    @property
-    def gencode_flags(self) -> tuple[str, ...]:
-        return (f"-gencode=arch={self.compute_name},code={self.sm_name}",)
-
-    @classmethod
-    def from_name(cls, name: str) -> Target:
-        """Parse ``sm_90a``, ``sm_80``, ``90a`` or ``9.0``."""
-        match = re.fullmatch(r"(?:sm_|compute_)?(\d+)(\d)(a?)", name.strip()) or re.fullmatch(
-            r"(\d+)\.(\d)()", name.strip()
+def check_target(target: Target) -> Target:
+    """``target`` if the device library can be built for it, else a ToolchainError."""
+    if target.compute_capability < MINIMUM_COMPUTE_CAPABILITY:
+        raise ToolchainError(
+            f"{target.name} ({target.arch}) is not supported: the device library needs cp.async and bf16 "
+            "tensor cores (compute capability 8.0 or newer)"
         )
-        if match is None:
-            raise ToolchainError(f"cannot parse GPU target {name!r}: write it as 'sm_90a', 'sm_80' or '9.0'")
-        major, minor, variant = match.groups()
-        return cls((int(major), int(minor)), arch_specific=bool(variant) or "." in name)
-
-    @classmethod
-    def detect(cls) -> Target:
-        """The current GPU's target, or Hopper (sm_90a) when no GPU is visible."""
-        capability = _current_device_capability()
-        if capability is None:
-            logger.debug("no CUDA device visible: building for %s", HOPPER.sm_name)
-            return HOPPER
-        return cls(capability)
-
-
-HOPPER = Target((9, 0))
-
-
-def _current_device_capability() -> tuple[int, int] | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability()
-    return (major, minor)
+    return target
 
 
 @dataclasses.dataclass(frozen=True)

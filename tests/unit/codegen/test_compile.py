@@ -7,7 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
+from mirage.codegen import compile as compile_module
 from mirage.codegen import toolchain
 from mirage.codegen.compile import (
     CompileError,
@@ -18,10 +20,11 @@ from mirage.codegen.compile import (
     compile_sources,
     nvcc_command,
 )
-from mirage.codegen.toolchain import HOPPER, Target, ToolchainError, read_environment
+from mirage.codegen.toolchain import ToolchainError, read_environment
 from mirage.errors import MirageError
+from mirage.mugraph.target import TARGETS, Target
 
-SM90A = Target((9, 0))
+SM90A = TARGETS["H100"]
 OPTIONS = CompileOptions(target=SM90A)
 
 # Small kernels without CuTe: each builds in about a second.
@@ -42,6 +45,13 @@ extern "C" __global__ void broken(float* out) {
 """
 
 
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("MIRAGE_NO_CACHE", raising=False)
+    return tmp_path / "cubins"
+
+
 def _have_nvcc() -> bool:
     try:
         toolchain.find_nvcc()
@@ -53,65 +63,41 @@ def _have_nvcc() -> bool:
 needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not installed")
 
 
-@pytest.fixture
-def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("MIRAGE_NO_CACHE", raising=False)
-    return tmp_path / "cubins"
-
-
 # ---- targets ------------------------------------------------------------------------------
 
-TARGET_CASES = [
-    # (target, sm name, gencode flag)
-    (Target((9, 0)), "sm_90a", "-gencode=arch=compute_90a,code=sm_90a"),
-    (Target((9, 0), arch_specific=False), "sm_90", "-gencode=arch=compute_90,code=sm_90"),
-    (Target((8, 0)), "sm_80", "-gencode=arch=compute_80,code=sm_80"),
-    (Target((8, 6)), "sm_86", "-gencode=arch=compute_86,code=sm_86"),
-    (Target((8, 9)), "sm_89", "-gencode=arch=compute_89,code=sm_89"),
-    (Target((10, 0)), "sm_100a", "-gencode=arch=compute_100a,code=sm_100a"),
-    (Target((12, 0)), "sm_120a", "-gencode=arch=compute_120a,code=sm_120a"),
-]
 
-
-@pytest.mark.parametrize(("target", "sm_name", "gencode"), TARGET_CASES)
-def test_target_flags(target: Target, sm_name: str, gencode: str) -> None:
-    assert target.sm_name == sm_name
-    assert target.gencode_flags == (gencode,)
-
-
+@needs_nvcc
 @pytest.mark.parametrize(
-    ("name", "expected"),
+    ("target", "gencode"),
     [
-        ("sm_90a", Target((9, 0))),
-        ("sm_90", Target((9, 0), arch_specific=False)),
-        ("90a", Target((9, 0))),
-        ("9.0", Target((9, 0))),
-        ("sm_80", Target((8, 0), arch_specific=False)),
-        ("compute_100a", Target((10, 0))),
+        (TARGETS["H100"], "-gencode=arch=compute_90a,code=sm_90a"),
+        (TARGETS["H200"], "-gencode=arch=compute_90a,code=sm_90a"),
+        (TARGETS["A100"], "-gencode=arch=compute_80,code=sm_80"),
+        (TARGETS["L40S"], "-gencode=arch=compute_89,code=sm_89"),
     ],
 )
-def test_target_from_name(name: str, expected: Target) -> None:
-    assert Target.from_name(name) == expected
+def test_nvcc_builds_for_the_target(target: Target, gencode: str) -> None:
+    command = nvcc_command(Path("kernel.cu"), Path("kernel.cubin"), CompileOptions(target=target))
+    assert gencode in command
+    assert not [flag for flag in command if flag.startswith(("-arch", "--gpu-architecture"))]
 
 
-@pytest.mark.parametrize("name", ["hopper", "sm_", "sm_9x"])
-def test_target_from_bad_name(name: str) -> None:
-    with pytest.raises(ToolchainError, match="cannot parse GPU target"):
-        Target.from_name(name)
-
-
-def test_target_below_ampere_is_refused() -> None:
-    with pytest.raises(ToolchainError, match="compute capability 7.5 is not supported"):
-        Target((7, 5))
+def test_targets_below_ampere_are_refused() -> None:
+    volta = Target("V100", 70, 96 * 1024, 80)
+    with pytest.raises(ToolchainError, match=r"V100 \(sm_70\) is not supported"):
+        CompileOptions(target=volta).resolved()
     assert issubclass(ToolchainError, MirageError)
 
 
-@pytest.mark.parametrize(("capability", "expected"), [(None, HOPPER), ((8, 6), Target((8, 6)))])
-def test_target_detect(monkeypatch: pytest.MonkeyPatch, capability, expected: Target) -> None:
-    monkeypatch.setattr(toolchain, "_current_device_capability", lambda: capability)
-    assert Target.detect() == expected
-    assert CompileOptions().resolved().target == expected
+def test_default_target_is_the_current_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compile_module, "detect_target", lambda: TARGETS["A100"])
+    assert CompileOptions().resolved().target == TARGETS["A100"]
+
+
+def test_default_target_without_a_gpu_is_hopper() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert CompileOptions().resolved().target == TARGETS["H100"]
 
 
 # ---- environment and command line ---------------------------------------------------------
@@ -170,7 +156,7 @@ def test_nvcc_command_line() -> None:
     [
         {"source": ADD_KERNEL},
         {"options": CompileOptions(target=SM90A, fast_math=True)},
-        {"options": CompileOptions(target=Target((8, 0)))},
+        {"options": CompileOptions(target=TARGETS["A100"])},
         {"options": CompileOptions(target=SM90A, defines=(("X", "1"),))},
     ],
 )

@@ -19,11 +19,12 @@ import pytest
 
 from mirage.codegen import toolchain
 from mirage.codegen.compile import CompileError, CompileOptions, Stage, compile_source, compile_sources
-from mirage.codegen.toolchain import Target, ToolchainError
+from mirage.codegen.toolchain import ToolchainError
+from mirage.mugraph.target import TARGETS
 
 KERNEL_DIR = Path(__file__).parent
 KERNEL_FILES = ("io", "matmul", "elementwise", "accumulator")
-OPTIONS = CompileOptions(target=Target((9, 0)))
+OPTIONS = CompileOptions(target=TARGETS["H100"])
 
 
 def _have_nvcc() -> bool:
@@ -159,6 +160,20 @@ def test_static_checks_reject_bad_instantiations() -> None:
         compile_source(source, OPTIONS)
     for _, message in STATIC_CHECKS:
         assert message in caught.value.output, message
+
+
+def test_the_documented_kernel_compiles() -> None:
+    """The generated-kernel example of docs/codegen.md §3 builds, with the instructions it promises."""
+    doc = (KERNEL_DIR.parents[2] / "docs" / "codegen.md").read_text()
+    section = doc[doc.index("## 3. A generated kernel") :]
+    source = section[
+        section.index("```cpp") + len("```cpp") : section.index("```\n", section.index("```cpp") + 6)
+    ]
+    found = opcodes(
+        sass_by_function(compile_source(source, OPTIONS, dumps={Stage.SASS}).sass())["custom_kernel_0"]
+    )
+    assert {"HMMA.16816.F32", CP_ASYNC_128, STORE_128, "MUFU.EX2"} <= found
+    assert not has(found, "LDL") and not has(found, "STL")
 
 
 # ---- tiling formula on the host -------------------------------------------------------------
