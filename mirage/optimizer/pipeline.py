@@ -6,13 +6,23 @@ from a kernel graph to a kernel graph plus a small result record; the first two 
 and return it unchanged.  The result is a :class:`PreparedProgram`: the rewritten graph, and per
 graph-defined op a :class:`PreparedKernel` with everything code generation needs.
 
->>> from benchmarks.mugraphs import CASES
->>> program = prepare(CASES["gqa_b1"].fused())
->>> [k.node for k in program.kernels], program.softmax.applied
-([3, 4], True)
->>> k = program.kernels[0]
->>> k.smem_bytes <= program.target.smem_per_block, k.registers.accumulators
-(True, (10,))
+>>> import mirage as mi
+>>> g = mi.new_kernel_graph()
+>>> X = g.new_input(dims=(16, 1024), dtype=mi.float16)
+>>> W = g.new_input(dims=(1024, 256), dtype=mi.float16)
+>>> tb = mi.new_threadblock_graph(grid_dim=(4, 1, 1), forloop_range=16)
+>>> acc = tb.forloop_accum(tb.matmul(tb.new_input(X, forloop_dim=1), tb.new_input(W, (1, -1, -1), 0)))
+>>> tb.new_output(tb.silu(acc), output_map=(1, -1, -1))
+>>> (O,) = g.customized([X, W], tb)
+>>> g.mark_output(O)
+>>> program = prepare(g)
+>>> (kernel,) = program.kernels
+>>> kernel.registers.accumulators  # the matmul accumulates in registers
+(3,)
+>>> kernel.smem_bytes  # X [16, 64] and W [64, 64] fp16 tiles, double-buffered; the write-back reuses them
+20480
+>>> kernel.schedule.barriers_executed()  # 2 per iteration; write-back | silu | store after the loop
+34
 """
 
 from __future__ import annotations
