@@ -19,7 +19,9 @@ per byte of padding).  :func:`select_layouts` solves the model with z3 and retur
 still check), keyed by tensor, with strides in elements.
 
 Strides follow Mirage's ``calc_tensor_strides``: dims ordered innermost first, then from the last dim
-down; in shared memory the first dim of extent > 1 is padded to a multiple of 16 bytes.
+down; in shared memory the first dim of extent > 1 is padded to a multiple of 16 bytes, plus one
+16-byte vector when the tile has a swizzled dim (``swizzle_by_padding``: the swizzle is realised as
+a row shift, Mirage's "shift swizzle", as the device library's ``padded_pitch`` does).
 """
 
 from __future__ import annotations
@@ -111,16 +113,25 @@ def _order(rank: int, innermost: int) -> tuple[int, ...]:
     return (innermost, *[d for d in range(rank - 1, -1, -1) if d != innermost])
 
 
-def strides(t: TensorType, innermost: int, pad: bool) -> tuple[tuple[int, ...], int]:
-    """Strides (elements) and the elements spanned, for ``t`` stored innermost-first."""
+def strides(t: TensorType, innermost: int, pad: bool,
+            extra_vector: bool = False) -> tuple[tuple[int, ...], int]:
+    """Strides (elements) and the elements spanned, for ``t`` stored innermost-first.
+
+    With ``pad`` the contiguous run (the first dim of extent > 1) is rounded up to 16 bytes; with
+    ``extra_vector`` it gets one more 16-byte vector, which shifts consecutive rows across the
+    shared-memory banks (a swizzle by padding, the device library's ``padded_pitch``).
+    """
     align = max(16 // t.dtype.itemsize, 1) if pad else 1
     out = [0] * t.rank
     stride, padded = 1, False
     for d in _order(t.rank, innermost):
         out[d] = stride
         if t.shape[d] != 1:
-            stride *= -(-t.shape[d] // align) * align if not padded else t.shape[d]
-            padded = True
+            if padded:
+                stride *= t.shape[d]
+            else:
+                stride *= -(-t.shape[d] // align) * align + (align if extra_vector else 0)
+                padded = True
     return tuple(out), max(stride, align)
 
 
@@ -269,14 +280,19 @@ def _block_rules(model: _Model, graph: KernelGraph, k: int) -> None:
 
 
 def select_layouts(graph: KernelGraph, target: Target = DEFAULT_TARGET, costs: LayoutCosts = LayoutCosts(),
-                   free_innermost: bool = True, timeout_ms: int = 20_000) -> tuple[KernelGraph, LayoutPlan]:
-    """Choose every tensor's layout (a pass: the graph is returned unchanged, the plan is the record)."""
+                   free_innermost: bool = True, timeout_ms: int = 20_000,
+                   swizzle_by_padding: bool = True) -> tuple[KernelGraph, LayoutPlan]:
+    """Choose every tensor's layout (a pass: the graph is returned unchanged, the plan is the record).
+
+    With ``swizzle_by_padding`` a shared tile with a swizzled dim gets one extra 16-byte vector per
+    row in its strides (and size); without, the code generator must swizzle addresses itself.
+    """
     model = _build(graph, costs, target, free_innermost)
     values, cost = solve(model.rules, timeout_ms)
-    return graph, _plan(graph, model, values, cost)
+    return graph, _plan(graph, model, values, cost, swizzle_by_padding)
 
 
-def _plan(graph: KernelGraph, model: _Model, values, cost: int) -> LayoutPlan:
+def _plan(graph: KernelGraph, model: _Model, values, cost: int, swizzle_by_padding: bool) -> LayoutPlan:
     device, shared = [], []
     for key, choice in model.inner.items():
         t = model.types[key]
@@ -287,8 +303,8 @@ def _plan(graph: KernelGraph, model: _Model, values, cost: int) -> LayoutPlan:
             device.append((Ref(node, index), TensorLayout(t.shape, inner, (), st, span)))
         else:
             kernel, node = map(int, key[1:].split("_"))
-            st, span = strides(t, inner, pad=True)
             swizzled = tuple(d for d in range(t.rank) if values.get(model.swizzle(key, d).name, False))
+            st, span = strides(t, inner, pad=True, extra_vector=swizzle_by_padding and bool(swizzled))
             shared.append(((kernel, node), TensorLayout(t.shape, inner, swizzled, st, span)))
     breakdown: dict[str, int] = {}
     for rule in model.rules:

@@ -9,8 +9,8 @@ level that reads it; state carried across iterations lives through the whole loo
   its tile, so the copies for the next iterations land while this one computes (2 = double, 3 =
   triple buffering); alive through the loop;
 * ``ACCUMULATOR``: an accumulator's state, in ``accumulator_dtype`` (fp32), alive through the loop
-  and up to its last reader; a register-resident accumulator only gets a buffer for its write-back,
-  alive after the loop;
+  and up to its last reader (two slots for a ``max`` accumulator: its value and the previous one);
+  a register-resident accumulator only gets a buffer for its write-back, alive after the loop;
 * ``RUNNING_MAX``: two slots (the maximum of this iteration and of the previous one, which rescaling
   accumulators read), alive through the loop.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from mirage.errors import SharedMemoryError
 from mirage.mugraph.dtypes import DType
-from mirage.mugraph.graph import BlockGraph, Ref
+from mirage.mugraph.graph import AccumKind, BlockGraph, Ref
 from mirage.mugraph.ops import Op
 from mirage.mugraph.target import DEFAULT_TARGET, Target
 from mirage.optimizer.layout import TensorLayout
@@ -129,6 +129,7 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
             start, end = prologue, max(end, loop[1])
         elif node.op in (Op.ACCUM, Op.ACCUM_RESCALE) and loop:
             kind, itemsize = BufferKind.ACCUMULATOR, accumulator_dtype.itemsize
+            slots = 2 if node.attrs.kind is AccumKind.MAX else 1  # a max keeps its previous value too
             start = finalize[i] if i in in_registers else prologue
             end = max(end, start if i in in_registers else loop[1])
         elif node.op is Op.RUNNING_MAX and loop:

@@ -19,8 +19,8 @@ graph-defined op a :class:`PreparedKernel` with everything code generation needs
 >>> (kernel,) = program.kernels
 >>> kernel.registers.accumulators  # the matmul accumulates in registers
 (3,)
->>> kernel.smem_bytes  # X [16, 64] and W [64, 64] fp16 tiles, double-buffered; the write-back reuses them
-20480
+>>> kernel.smem_bytes  # X [16, 64] and W [64, 64] tiles, rows padded to 72, double-buffered
+23040
 >>> kernel.schedule.barriers_executed()  # 2 per iteration; write-back | silu | store after the loop
 34
 """
@@ -60,6 +60,7 @@ class OptimizerOptions:
     registers: RegisterOptions = field(default_factory=RegisterOptions)
     layout_costs: LayoutCosts = field(default_factory=LayoutCosts)
     free_innermost: bool = True  # False: every shared tile is row-major (only swizzles are chosen)
+    swizzle_by_padding: bool = True  # realise swizzled dims as one extra 16-byte vector per row
     layout_timeout_ms: int = 20_000
 
 
@@ -163,7 +164,8 @@ def _fusion(graph: KernelGraph, state: PassState):
 
 def _layouts(graph: KernelGraph, state: PassState):
     o = state.options
-    return select_layouts(graph, state.target, o.layout_costs, o.free_innermost, o.layout_timeout_ms)
+    return select_layouts(graph, state.target, o.layout_costs, o.free_innermost, o.layout_timeout_ms,
+                          o.swizzle_by_padding)
 
 
 def _registers(k: int, block: BlockGraph, state: PassState) -> RegisterPlan:

@@ -103,19 +103,31 @@ def test_older_targets_pay_for_wide_copies_instead_of_cp_async():
 
 
 STRIDES = [
-    # shape, dtype, innermost, padded?, strides, elements spanned
-    ((8, 3), DType.FLOAT16, 1, True, (8, 1), 64),
-    ((8, 3), DType.FLOAT16, 0, True, (1, 8), 24),
-    ((8, 3), DType.FLOAT16, 1, False, (3, 1), 24),
-    ((2, 16, 1), DType.FLOAT16, 2, True, (16, 1, 1), 32),
-    ((4, 6), DType.FLOAT32, 1, True, (8, 1), 32),
-    ((1, 1), DType.FLOAT16, 1, True, (1, 1), 8),
+    # shape, dtype, innermost, padded?, extra vector?, strides, elements spanned
+    ((8, 3), DType.FLOAT16, 1, True, False, (8, 1), 64),
+    ((8, 3), DType.FLOAT16, 0, True, False, (1, 8), 24),
+    ((8, 3), DType.FLOAT16, 1, False, False, (3, 1), 24),
+    ((2, 16, 1), DType.FLOAT16, 2, True, False, (16, 1, 1), 32),
+    ((4, 6), DType.FLOAT32, 1, True, False, (8, 1), 32),
+    ((1, 1), DType.FLOAT16, 1, True, False, (1, 1), 8),
+    ((64, 32), DType.FLOAT16, 1, True, True, (40, 1), 2560),  # the device library's padded pitch
+    ((1, 16, 64), DType.FLOAT16, 2, True, True, (1152, 72, 1), 1152),
 ]
 
 
-@pytest.mark.parametrize(("shape", "dtype", "inner", "pad", "expected", "span"), STRIDES)
-def test_strides_follow_the_innermost_first_order_with_16_byte_rows(shape, dtype, inner, pad, expected, span):
-    assert strides(TensorType(shape, dtype), inner, pad) == (expected, span)
+@pytest.mark.parametrize(("shape", "dtype", "inner", "pad", "extra", "expected", "span"), STRIDES)
+def test_strides_follow_the_innermost_first_order_with_16_byte_rows(shape, dtype, inner, pad, extra, expected,
+                                                                    span):
+    assert strides(TensorType(shape, dtype), inner, pad, extra) == (expected, span)
+
+
+def test_swizzled_tiles_get_padded_rows_unless_switched_off():
+    graph, _ = fuse_thread_graphs(matmul_chain())
+    _, padded = select_layouts(graph)
+    _, plain = select_layouts(graph, swizzle_by_padding=False)
+    w_tile = padded.of_shared(2, 1)  # [64, 16] fp16, dim 0 swizzled
+    assert w_tile.swizzled_dims == (0,) and w_tile.strides == (24, 1)
+    assert plain.of_shared(2, 1).strides == (16, 1)
 
 
 def test_contradictory_constraints_raise_a_layout_error():
