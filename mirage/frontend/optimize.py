@@ -154,7 +154,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     key = cache_key(reference, settings)
     if cache_dir is not None:
         entry = read_entry(cache_dir, key)
-        if entry is not None:
+        if entry is not None and _fits(entry["graph"], reference, f"cache entry {key[:16]}"):
             return Choice(_rename(entry["graph"], reference), "cache", key,
                           f"cached {entry['source']} result from {entry.get('created', '?')}")
     if not search:
@@ -169,6 +169,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
                        reference.name or "a subprogram", type(error).__name__, error)
         return Choice(reference, "reference", key, f"fallback: search failed: {type(error).__name__}")
     seconds = time.perf_counter() - start
+    if found is not None and not _fits(found, reference, "the searched µGraph"):
+        return Choice(reference, "reference", key, "fallback: the search returned another signature")
     if found is None:
         choice = Choice(reference, "reference", key, f"search found nothing better ({note})", seconds)
     else:
@@ -176,6 +178,20 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     if cache_dir is not None:
         write_entry(cache_dir, key, reference, choice, settings)
     return choice
+
+
+def _signature(graph: KernelGraph) -> tuple:
+    def types(ts) -> tuple:
+        return tuple((t.shape, t.dtype) for t in ts)
+
+    return types(graph.input_types), types(graph.output_types)
+
+
+def _fits(graph: KernelGraph, reference: KernelGraph, what: str) -> bool:
+    if _signature(graph) == _signature(reference):
+        return True
+    logger.warning("mirage: %s does not take the reference's inputs or give its outputs; ignoring it", what)
+    return False
 
 
 def _rename(graph: KernelGraph, reference: KernelGraph) -> KernelGraph:

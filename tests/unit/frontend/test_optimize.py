@@ -1,0 +1,154 @@
+import json
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mirage as mi
+from mirage.frontend import optimize
+from mirage.frontend.optimize import SearchSettings, SearchUnavailable, cache_key, choose
+
+
+def program(x, w):
+    return F.silu(x @ w) * 2.0
+
+
+def renamed_program(a, b):  # the same computation, other names
+    return F.silu(a @ b) * 2.0
+
+
+INPUTS = (torch.randn(4, 8), torch.randn(8, 6))
+
+
+def _doubled(reference):
+    """A graph like the reference whose last op has another scalar: proves the chosen graph runs."""
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(4, 8), dtype=mi.float32)
+    w = g.new_input(dims=(8, 6), dtype=mi.float32)
+    g.mark_output(g.mul_scalar(g.silu(g.matmul(x, w)), 4.0))
+    return g.freeze()
+
+
+@pytest.fixture
+def fake_search(monkeypatch):
+    calls = []
+
+    def run_search(reference, settings, progress=True):
+        calls.append(reference)
+        found = _doubled(reference) if reference.input_types == _doubled(reference).input_types else reference
+        return found, "1 verified µGraph(s); search stopped: test"
+
+    monkeypatch.setattr(optimize, "run_search", run_search)
+    return calls
+
+
+def test_second_call_does_no_search(fake_search, isolated_cache):
+    first = mi.superoptimize(program, INPUTS)
+    assert len(fake_search) == 1
+    assert first.specializations[0].choices["sp0"].source == "search"
+    second = mi.superoptimize(renamed_program, INPUTS)  # same program up to names: same cache entry
+    assert len(fake_search) == 1
+    choice = second.specializations[0].choices["sp0"]
+    assert choice.source == "cache" and "cached search result" in choice.detail
+    # the chosen µGraph is what runs: it multiplies by 4, the program by 2
+    torch.testing.assert_close(second(*INPUTS), 2.0 * program(*INPUTS), rtol=1e-5, atol=1e-6)
+    assert len(list((isolated_cache / "search").glob("*.json"))) == 1
+
+
+def test_cache_can_be_switched_off(fake_search):
+    mi.superoptimize(program, INPUTS, use_cache=False)
+    mi.superoptimize(program, INPUTS, use_cache=False)
+    assert len(fake_search) == 2
+
+
+def test_environment_switches_the_cache_off(fake_search, monkeypatch):
+    monkeypatch.setenv("MIRAGE_NO_CACHE", "1")
+    mi.superoptimize(program, INPUTS)
+    mi.superoptimize(program, INPUTS)
+    assert len(fake_search) == 2
+
+
+def test_search_settings_are_part_of_the_key():
+    graph = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
+    keys = {cache_key(graph, SearchSettings()), cache_key(graph, SearchSettings(config="mlp")),
+            cache_key(graph, SearchSettings(time_limit_s=5.0)),
+            cache_key(graph, SearchSettings(overrides=(("workers", "1"),)))}
+    assert len(keys) == 4
+
+
+def test_corrupt_cache_entry_is_ignored_and_rewritten(fake_search, isolated_cache, caplog):
+    mi.superoptimize(program, INPUTS)
+    (entry,) = (isolated_cache / "search").glob("*.json")
+    entry.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        again = mi.superoptimize(program, INPUTS)
+    assert len(fake_search) == 2
+    assert again.specializations[0].choices["sp0"].source == "search"
+    assert any("unreadable search-cache entry" in r.getMessage() for r in caplog.records)
+    assert json.loads(entry.read_text())["source"] == "search"
+
+
+def test_a_found_graph_with_another_signature_is_rejected(monkeypatch, caplog):
+    def wrong(reference, settings, progress=True):
+        g = mi.new_kernel_graph()
+        g.mark_output(g.exp(g.new_input(dims=(3, 3), dtype=mi.float32)))
+        return g.freeze(), "1 verified µGraph(s)"
+
+    monkeypatch.setattr(optimize, "run_search", wrong)
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        fast = mi.superoptimize(program, INPUTS)
+    assert fast.specializations[0].choices["sp0"].source == "reference"
+    assert any("does not take the reference's inputs" in r.getMessage() for r in caplog.records)
+    torch.testing.assert_close(fast(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
+
+
+def test_missing_search_falls_back_to_the_reference_and_caches_nothing(monkeypatch, isolated_cache):
+    def unavailable(reference, settings, progress=True):
+        raise SearchUnavailable("mirage.generator offers no search (test)")
+
+    monkeypatch.setattr(optimize, "run_search", unavailable)
+    fast = mi.superoptimize(program, INPUTS)
+    choice = fast.specializations[0].choices["sp0"]
+    assert choice.source == "reference" and choice.detail.startswith("fallback:")
+    assert choice.graph == fast.partition.subprograms[0].graph
+    assert not (isolated_cache / "search").exists()
+    torch.testing.assert_close(fast(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
+
+
+def test_failed_search_falls_back_with_a_warning(monkeypatch, caplog):
+    def broken(reference, settings, progress=True):
+        raise RuntimeError("worker died")
+
+    monkeypatch.setattr(optimize, "run_search", broken)
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        fast = mi.superoptimize(program, INPUTS)
+    assert fast.specializations[0].choices["sp0"].detail == "fallback: search failed: RuntimeError"
+    assert any("worker died" in r.getMessage() for r in caplog.records)
+    torch.testing.assert_close(fast(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
+
+
+def test_nothing_found_is_cached_as_the_reference(monkeypatch, isolated_cache):
+    calls = []
+
+    def finds_nothing(reference, settings, progress=True):
+        calls.append(1)
+        return None, "0 verified µGraph(s); search stopped: time budget spent"
+
+    monkeypatch.setattr(optimize, "run_search", finds_nothing)
+    graph = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
+    cache = isolated_cache / "search"
+    first = choose(graph, SearchSettings(), cache_dir=cache)
+    second = choose(graph, SearchSettings(), cache_dir=cache)
+    assert (first.source, second.source, len(calls)) == ("reference", "cache", 1)
+    assert second.graph == graph
+
+
+def test_list_and_clear_entries(fake_search, isolated_cache):
+    mi.superoptimize(program, INPUTS)
+    mi.superoptimize(lambda x: torch.exp(x) * 3.0, (torch.randn(2, 2),))
+    rows = optimize.list_entries(isolated_cache / "search")
+    assert len(rows) == 2 and {r["source"] for r in rows} == {"search"}
+    assert all(len(r["key"]) == 64 and r["bytes"] > 0 for r in rows)
+    assert optimize.clear_entries(isolated_cache / "search") == 2
+    assert optimize.list_entries(isolated_cache / "search") == []

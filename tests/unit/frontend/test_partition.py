@@ -1,0 +1,136 @@
+import logging
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mirage as mi
+from mirage.frontend import Budget, capture, partition
+from mirage.frontend.capture import as_module
+from mirage.frontend.draw import partition_dot
+from mirage.frontend.examples import EXAMPLES
+from mirage.frontend.partition import max_exps_on_a_path
+from mirage.mugraph.ops import Op
+
+# example -> number of subprograms (view/reshape between projections and attention cut GQA in three)
+EXPECTED = {"gated_mlp": 1, "rmsnorm_linear": 1, "manual_rmsnorm_linear": 1, "gqa_decode": 3,
+            "gqa_decode_manual": 3, "lora_linear": 1, "ngpt_update": 1}
+
+
+def _partition(function, inputs, **budget):
+    gm = capture(as_module(function), inputs, {})
+    return gm, partition(gm, Budget(**budget))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_examples_partition_completely(name):
+    module, inputs = EXAMPLES[name]()
+    _, part = _partition(module, inputs)
+    assert len(part.subprograms) == EXPECTED[name], str(part)
+    assert part.pytorch_ops == ()
+    for sub in part.subprograms:
+        assert max_exps_on_a_path(sub.graph) <= 1
+        assert sub.num_ops <= Budget().max_ops
+
+
+def test_rms_norm_by_hand_becomes_one_rms_norm_op():
+    module, inputs = EXAMPLES["manual_rmsnorm_linear"]()
+    _, part = _partition(module, inputs)
+    ops = [n.op for n in part.subprograms[0].graph.nodes if n.op is not Op.INPUT]
+    assert ops == [Op.RMS_NORM, Op.MUL, Op.MATMUL]
+
+
+@pytest.mark.parametrize(("name", "function", "subprograms"), [
+    ("softmax_of_softmax", lambda x: torch.softmax(torch.softmax(x, -1) * 3.0, -1), 2),
+    ("exp_of_exp", lambda x: torch.exp(torch.exp(x) * 0.1), 2),
+    ("two_exps_side_by_side", lambda x: torch.exp(x) + torch.exp(2.0 * x), 1),
+])
+def test_at_most_one_exp_on_any_path(name, function, subprograms):
+    x = torch.randn(3, 5)
+    _, part = _partition(function, (x,))
+    assert len(part.subprograms) == subprograms
+    assert all(max_exps_on_a_path(s.graph) <= 1 for s in part.subprograms)
+    fast = mi.superoptimize(function, (x,), search=False)
+    torch.testing.assert_close(fast(x), function(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("max_ops", [1, 2, 3])
+def test_budget_limits_subprogram_size(max_ops):
+    module, (x,) = EXAMPLES["gated_mlp"]()
+    _, part = _partition(module, (x,), max_ops=max_ops)
+    assert all(s.num_ops <= max_ops for s in part.subprograms)
+    assert len(part.subprograms) >= -(-5 // max_ops)
+    fast = mi.superoptimize(module, (x,), search=False, max_subprogram_ops=max_ops)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), module(x), rtol=1e-4, atol=1e-5)
+
+
+def test_no_cycle_through_pytorch_ops():
+    def function(x):
+        a = x * 2.0
+        b = torch.cumsum(a, -1)  # runs in PyTorch, between a and c
+        return a + b
+
+    x = torch.randn(3, 4)
+    gm, part = _partition(function, (x,))
+    owner = {name: s.name for s in part.subprograms for name in s.nodes}
+    assert owner["mul"] != owner["add"]
+    fast = mi.superoptimize(function, (x,), search=False)
+    torch.testing.assert_close(fast(x), function(x))
+
+
+def test_one_subprogram_feeds_several_outputs():
+    def function(x, w):
+        h = F.silu(x @ w)
+        return h, h.sum(-1, keepdim=True), h * 2.0
+
+    x, w = torch.randn(4, 6), torch.randn(6, 5)
+    _, part = _partition(function, (x, w))
+    (sub,) = part.subprograms
+    assert len(sub.outputs) == 3
+    fast = mi.superoptimize(function, (x, w), search=False)
+    for got, expected in zip(fast(x, w), function(x, w), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_unsupported_op_gets_a_one_line_notice(caplog):
+    def function(x, w):
+        return torch.cumsum(F.silu(x @ w), -1) * 2.0
+
+    x, w = torch.randn(4, 6), torch.randn(6, 5)
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        fast = mi.superoptimize(function, (x, w), search=False)
+        fast(torch.randn(4, 6), w)
+        fast(torch.randn(8, 6), w)  # a new shape: captured again, no repeated notice
+    notices = [r.getMessage() for r in caplog.records if "runs in PyTorch" in r.getMessage()]
+    assert notices == ["mirage: aten.cumsum.default (cumsum) runs in PyTorch: no µGraph lowering"]
+    assert len(fast.specializations) == 2
+    torch.testing.assert_close(fast(x, w), function(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_text_form_lists_bindings_and_graphs():
+    module, inputs = EXAMPLES["gated_mlp"]()
+    _, part = _partition(module, inputs)
+    text = str(part)
+    assert text.startswith("partition: 1 subprogram(s) covering 5 torch op(s)")
+    assert ": x as f32[4,64]" in text
+    assert "gate_proj_weight.permute(1, 0) as f32[64,128]" in text
+    assert 'kernel_graph "sp0"' in text
+
+
+def test_dot_picture_marks_subprograms_and_pytorch_ops(tmp_path):
+    def function(x):
+        return torch.cumsum(torch.softmax(x, -1), -1)
+
+    gm, part = _partition(function, (torch.randn(2, 8),))
+    dot = partition_dot(gm.graph, part)
+    assert "subgraph cluster_sp0" in dot and "(online softmax)" in dot
+    assert '"cumsum"' in dot and "color=red" in dot
+    assert dot.count("->") >= 3
+    fast = mi.superoptimize(function, (torch.randn(2, 8),), search=False)
+    assert fast.draw_partition(str(tmp_path / "p.dot")).endswith("p.dot")
+    assert "subgraph cluster_sp0" in (tmp_path / "p.dot").read_text()
+    if shutil.which("dot"):
+        fast.draw_partition(str(tmp_path / "p.svg"))
+        assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
