@@ -63,7 +63,7 @@ class LayoutCosts:
     kernel_reduction_innermost: int = 4_000
     # per swizzled dim of a shared tile (address arithmetic)
     swizzle_dim: int = 1_000
-    # per byte of shared memory that padding adds
+    # per byte of shared memory that padding adds (16-byte rows, and the extra vector of swizzled rows)
     padding_byte: int = 1
 
 
@@ -136,8 +136,10 @@ def strides(t: TensorType, innermost: int, pad: bool,
 
 
 class _Model:
-    def __init__(self, costs: LayoutCosts, target: Target, free_innermost: bool) -> None:
+    def __init__(self, costs: LayoutCosts, target: Target, free_innermost: bool,
+                 swizzle_by_padding: bool = True) -> None:
         self.costs, self.target, self.free = costs, target, free_innermost
+        self.swizzle_by_padding = swizzle_by_padding
         self.rules: list[Rule] = []
         self.inner: dict[str, Choice] = {}
         self.types: dict[str, TensorType] = {}
@@ -166,6 +168,12 @@ class _Model:
             padding = (strides(t, d, True)[1] - t.numel) * t.dtype.itemsize
             if padding:
                 self.add("padding_byte", key, Is(inner, d), padding * self.costs.padding_byte)
+            if self.swizzle_by_padding:  # a swizzled tile pays one more 16-byte vector per row
+                extra = (strides(t, d, True, True)[1] - strides(t, d, True)[1]) * t.dtype.itemsize
+                swizzled = Any_(tuple(self.swizzle(key, e) for e in range(t.rank)))
+                if extra:
+                    self.add("padding_byte", key, All((Is(inner, d), swizzled)),
+                             extra * self.costs.padding_byte)
 
     def walk(self, subject: str, dims: int, tensors: list[tuple[str, TensorType]], avoid: int | None) -> None:
         """An op whose threads walk along one dim; a non-contiguous walked dim must be swizzled."""
@@ -187,13 +195,14 @@ def _shared_key(kernel: int, node: int) -> str:
 
 
 def layout_rules(graph: KernelGraph, costs: LayoutCosts = LayoutCosts(), target: Target = DEFAULT_TARGET,
-                 free_innermost: bool = True) -> list[Rule]:
+                 free_innermost: bool = True, swizzle_by_padding: bool = True) -> list[Rule]:
     """The model of ``graph`` as rule rows (see the module docstring)."""
-    return _build(graph, costs, target, free_innermost).rules
+    return _build(graph, costs, target, free_innermost, swizzle_by_padding).rules
 
 
-def _build(graph: KernelGraph, costs: LayoutCosts, target: Target, free_innermost: bool) -> _Model:
-    model = _Model(costs, target, free_innermost)
+def _build(graph: KernelGraph, costs: LayoutCosts, target: Target, free_innermost: bool,
+           swizzle_by_padding: bool = True) -> _Model:
+    model = _Model(costs, target, free_innermost, swizzle_by_padding)
     for ref in graph.refs():
         t = graph.type_of(ref)
         inner = model.tensor(_device_key(ref), t, shared=False)
@@ -287,7 +296,7 @@ def select_layouts(graph: KernelGraph, target: Target = DEFAULT_TARGET, costs: L
     With ``swizzle_by_padding`` a shared tile with a swizzled dim gets one extra 16-byte vector per
     row in its strides (and size); without, the code generator must swizzle addresses itself.
     """
-    model = _build(graph, costs, target, free_innermost)
+    model = _build(graph, costs, target, free_innermost, swizzle_by_padding)
     values, cost = solve(model.rules, timeout_ms)
     return graph, _plan(graph, model, values, cost, swizzle_by_padding)
 
