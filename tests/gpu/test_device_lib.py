@@ -212,6 +212,9 @@ MATMUL_CASES = [
     ("mm_tc_f32_32x32x16", "f32", "f32", 32, 32, 16, 128, (2, 1), 2, 3e-3),  # TF32 inputs
     ("mm_tc_f16_16x8x16", "f16", "f32", 16, 8, 16, 128, (3, 2), 5, 1e-4),
     ("mm_tc_f16_48x24x32", "f16", "f16", 48, 24, 32, 128, (1, 1), 2, 4e-3),
+    ("mm_tc_f16_8x64x32", "f16", "f32", 8, 64, 32, 128, (2, 3), 2, 1e-4),
+    ("mm_tc_f32_4x32x16", "f32", "f32", 4, 32, 16, 128, (1, 2), 3, 3e-3),
+    ("mm_tc_bf16_20x16x16", "bf16", "bf16", 20, 16, 16, 128, (2, 2), 2, 1.6e-2),
     ("mm_simt_f16_10x12x6", "f16", "f32", 10, 12, 6, 64, (2, 3), 3, 1e-5),
     ("mm_simt_bf16_32x32x32", "bf16", "bf16", 32, 32, 32, 128, (1, 1), 2, 1.6e-2),
 ]
@@ -243,6 +246,21 @@ def test_attention_with_online_softmax(kernels, scale: float) -> None:
     weights = np.exp(logits - logits.max(axis=1, keepdims=True))
     expected = (weights / weights.sum(axis=1, keepdims=True)) @ as_float64(v)
     assert_close(o, expected, rtol=1e-2, atol=1e-2)
+
+
+def test_documented_kernel(kernels) -> None:
+    """The generated-kernel example of docs/codegen.md §3: C = silu(A · B), 4096 x 512 x 4096."""
+    doc = (Path(__file__).parents[2] / "docs" / "codegen.md").read_text()
+    section = doc[doc.index("## 3. A generated kernel") :]
+    start = section.index("```cpp") + len("```cpp")
+    (result,) = compile_sources([section[start : section.index("```\n", start)]], CompileOptions())
+    module = cupy.RawModule(path=str(result.cubin_path))
+    a = random_tensor((4096, 512), torch.float16, seed=15)
+    b = random_tensor((512, 4096), torch.float16, seed=16)
+    c = poisoned((4096, 4096), torch.float16)
+    launch([module], "custom_kernel_0", (64, 64, 1), 128, c, a, b)
+    expected = torch.nn.functional.silu(a.float() @ b.float()).double().cpu().numpy()
+    assert_close(c, expected, rtol=1e-2, atol=1e-2)
 
 
 # ---- element-wise ---------------------------------------------------------------------------

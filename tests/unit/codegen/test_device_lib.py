@@ -88,6 +88,9 @@ KERNEL_EXPECTATIONS = [
     ("mm_tc_f32_32x32x16", {"HMMA.1688.F32.TF32"}, {"LDSM"}),
     ("mm_tc_f16_16x8x16", {"HMMA.16816.F32", "LDSM.16.MT88.2"}, set()),
     ("mm_tc_f16_48x24x32", {"HMMA.16816.F32", "LDSM.16.MT88.4", "LDSM.16.MT88.2"}, set()),
+    ("mm_tc_f16_8x64x32", {"HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4"}, {"FFMA"}),
+    ("mm_tc_f32_4x32x16", {"HMMA.1688.F32.TF32"}, set()),
+    ("mm_tc_bf16_20x16x16", {"HMMA.16816.F32.BF16", "LDSM.16.MT88.2"}, set()),
     ("mm_simt_f16_10x12x6", {"FFMA"}, {"HMMA", "LDSM", "LDGSTS"}),
     ("mm_simt_bf16_32x32x32", {"FFMA", CP_ASYNC_128}, {"HMMA"}),
     (
@@ -141,9 +144,9 @@ STATIC_CHECKS = [
         "reduction_to_dimx needs the extent to be a multiple of dimx",
     ),
     (
-        "TensorCoreMatmul<__half, RowMajor<10, 16>, RowMajor<16, 8>, 128>::Accumulator acc;"
-        " TensorCoreMatmul<__half, RowMajor<10, 16>, RowMajor<16, 8>, 128>::run(acc,"
-        " make_shared_tile<RowMajor<10, 16>>(h), make_shared_tile<RowMajor<16, 8>>(h));",
+        "TensorCoreMatmul<__half, RowMajor<16, 16>, RowMajor<16, 12>, 128>::Accumulator acc;"
+        " TensorCoreMatmul<__half, RowMajor<16, 16>, RowMajor<16, 12>, 128>::run(acc,"
+        " make_shared_tile<RowMajor<16, 16>>(h), make_shared_tile<RowMajor<16, 12>>(h));",
         "shape not supported by tensor cores",
     ),
     ("RegisterTile<RowMajor<4, 6>, 128, 4> r;", "a chunk must lie within one row"),

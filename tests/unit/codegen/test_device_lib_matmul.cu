@@ -48,6 +48,10 @@ MATMUL(mm_tc_f32_32x32x16, float, float, 32, 32, 16, 128, 2, TensorCoreMatmul)
 MATMUL(mm_tc_f16_16x8x16, __half, float, 16, 8, 16, 128, 2, TensorCoreMatmul)
 // A 3 x 1 warp grid with three n8 tiles per warp (.x4 then .x2).
 MATMUL(mm_tc_f16_48x24x32, __half, __half, 48, 24, 32, 128, 2, TensorCoreMatmul)
+// M not a multiple of 16: padded to whole atoms (GEMV-like tiles on tensor cores).
+MATMUL(mm_tc_f16_8x64x32, __half, float, 8, 64, 32, 128, 2, TensorCoreMatmul)
+MATMUL(mm_tc_f32_4x32x16, float, float, 4, 32, 16, 128, 2, TensorCoreMatmul)
+MATMUL(mm_tc_bf16_20x16x16, __nv_bfloat16, __nv_bfloat16, 20, 16, 16, 128, 2, TensorCoreMatmul)
 MATMUL(mm_simt_f16_10x12x6, __half, float, 10, 12, 6, 64, 2, SimtMatmul)
 MATMUL(mm_simt_bf16_32x32x32, __nv_bfloat16, __nv_bfloat16, 32, 32, 32, 128, 2, SimtMatmul)
 
@@ -56,6 +60,8 @@ static_assert(std::is_same_v<Matmul<__half, RowMajor<10, 6>, RowMajor<6, 12>, 64
                              SimtMatmul<__half, RowMajor<10, 6>, RowMajor<6, 12>, 64>>);
 static_assert(std::is_same_v<Matmul<__half, WithPitch<RowMajor<64, 32>, 40>, WithPitch<RowMajor<32, 64>, 72>, 128>,
                              TensorCoreMatmul<__half, WithPitch<RowMajor<64, 32>, 40>, WithPitch<RowMajor<32, 64>, 72>, 128>>);
+static_assert(std::is_same_v<Matmul<__half, RowMajor<1, 64>, WithPitch<RowMajor<64, 64>, 72>, 128>,
+                             TensorCoreMatmul<__half, RowMajor<1, 64>, WithPitch<RowMajor<64, 64>, 72>, 128>>);
 // Rows of 36 halves are not 16-byte aligned for ldmatrix.
 static_assert(!TensorCoreMatmul<__half, RowMajor<16, 36>, RowMajor<36, 8>, 128>::kSupported);
 

@@ -15,8 +15,10 @@
 //
 // TensorCoreMatmul: warp-level mma.sync through CuTe's SM80 atoms (HMMA in SASS):
 // m16n8k16 for fp16/bf16 with ldmatrix (LDSM) fragment loads, m16n8k8 TF32 for fp32. Warps tile
-// the output as WarpsM x WarpsN (chosen at compile time); needs M % 16 == 0, N % 8 == 0,
-// K % 16 (fp16, bf16) or % 8 (fp32), and 16-byte aligned rows for ldmatrix.
+// the output as WarpsM x WarpsN (chosen at compile time); needs N % 8 == 0, K % 16 (fp16, bf16)
+// or % 8 (fp32), and 16-byte aligned rows for ldmatrix. M is padded to a multiple of 16: the
+// missing rows of A are read as copies of its last row and their results are never written, so
+// a GEMV-like tile (M = 1 ... 15) still runs on tensor cores.
 // SimtMatmul: one thread per output element, fp32 FMA; for tiny or odd shapes.
 #pragma once
 
@@ -92,14 +94,16 @@ struct TensorCoreMatmul {
   static constexpr int K = ALayout::cols;
   static constexpr int N = BLayout::cols;
   static constexpr int kWarps = NumThreads / kWarpSize;
-  static constexpr detail::WarpGrid kGrid = detail::choose_warp_grid(M, N, kWarps, 16, 8);
+  // M rounded up to whole 16-row atoms.
+  static constexpr int kRows = round_up(M, 16);
+  static constexpr detail::WarpGrid kGrid = detail::choose_warp_grid(kRows, N, kWarps, 16, 8);
   static constexpr bool kAlignedRows = !Atom::kLdmatrix || ((ALayout::pitch * sizeof(T)) % kVectorBytes == 0 &&
                                                             (BLayout::pitch * sizeof(T)) % kVectorBytes == 0);
   static constexpr bool kSupported =
       BLayout::rows == K && kGrid.m > 0 && K % Atom::kK == 0 && kAlignedRows && NumThreads % kWarpSize == 0;
   static constexpr int kWarpsM = kGrid.m > 0 ? kGrid.m : 1;
   static constexpr int kWarpsN = kGrid.n > 0 ? kGrid.n : 1;
-  static constexpr int kTilesM = M / (16 * kWarpsM) > 0 ? M / (16 * kWarpsM) : 1;
+  static constexpr int kTilesM = kRows / (16 * kWarpsM) > 0 ? kRows / (16 * kWarpsM) : 1;
   static constexpr int kTilesN = N / (8 * kWarpsN) > 0 ? N / (8 * kWarpsN) : 1;
 
   struct Accumulator {
@@ -117,7 +121,9 @@ struct TensorCoreMatmul {
   static MIRAGE_DEVICE int warp() { return thread_index() / kWarpSize; }
   static MIRAGE_DEVICE int lane() { return thread_index() % kWarpSize; }
   static MIRAGE_DEVICE bool active() { return warp() < kWarpsM * kWarpsN; }
-  static MIRAGE_DEVICE int warp_row() { return (warp() % kWarpsM) * (M / kWarpsM); }
+  static MIRAGE_DEVICE int warp_row() { return (warp() % kWarpsM) * (kRows / kWarpsM); }
+  // A row of A to read: padding rows read the last real row.
+  static MIRAGE_DEVICE int a_row(int row) { return M % 16 == 0 ? row : min(row, M - 1); }
   static MIRAGE_DEVICE int warp_col() { return (warp() / kWarpsM) * (N / kWarpsN); }
 
   static MIRAGE_DEVICE void run(Accumulator& acc, SharedTile<T, ALayout> a, SharedTile<T, BLayout> b) {
@@ -152,8 +158,10 @@ struct TensorCoreMatmul {
 #pragma unroll
       for (int j = 0; j < kTilesN; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          function(warp_row() + i * 16 + group + (e / 2) * 8, warp_col() + j * 8 + pair + e % 2, acc.value[i][j][e]);
+        for (int e = 0; e < 4; ++e) {
+          const int row = warp_row() + i * 16 + group + (e / 2) * 8;
+          if (M % 16 == 0 || row < M) function(row, warp_col() + j * 8 + pair + e % 2, acc.value[i][j][e]);
+        }
   }
 
   template <class Out, class OutLayout, class Epilogue = Identity>
@@ -187,7 +195,7 @@ struct TensorCoreMatmul {
       const int col = k0 + (lane() / 16) * 8;
 #pragma unroll
       for (int i = 0; i < kTilesM; ++i) {
-        const T* address = a.data + (row + i * 16) * ALayout::pitch + col;
+        const T* address = a.data + a_row(row + i * 16) * ALayout::pitch + col;
         cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), fragment[i][0],
                                       fragment[i][1], fragment[i][2], fragment[i][3]);
       }
@@ -196,11 +204,12 @@ struct TensorCoreMatmul {
       const int col = k0 + lane() % 4;
 #pragma unroll
       for (int i = 0; i < kTilesM; ++i) {
-        const float* base = a.data + (row + i * 16) * ALayout::pitch + col;
-        fragment[i][0] = detail::to_tf32(base[0]);
-        fragment[i][1] = detail::to_tf32(base[8 * ALayout::pitch]);
-        fragment[i][2] = detail::to_tf32(base[4]);
-        fragment[i][3] = detail::to_tf32(base[8 * ALayout::pitch + 4]);
+        const float* upper = a.data + a_row(row + i * 16) * ALayout::pitch + col;
+        const float* lower = a.data + a_row(row + i * 16 + 8) * ALayout::pitch + col;
+        fragment[i][0] = detail::to_tf32(upper[0]);
+        fragment[i][1] = detail::to_tf32(lower[0]);
+        fragment[i][2] = detail::to_tf32(upper[4]);
+        fragment[i][3] = detail::to_tf32(lower[4]);
       }
     }
   }

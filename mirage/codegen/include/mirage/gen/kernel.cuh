@@ -1,0 +1,371 @@
+// What generated kernels need beyond the device library (mirage/*.cuh), kept apart from it.
+//
+// A generated kernel computes every block op as a *producer* that hands each element of its
+// result, once, to an *emit* function `emit(linear, value)` (linear: the row-major index in the
+// result's logical shape); the emit function applies the op's epilogue chain (fused thread
+// graphs that read the value in registers) and ends in a *sink*: a store into a shared tile, or
+// an accumulator update. Producers:
+//
+//   map_apply<NumThreads, OutLayout>(function, emit, tiles...)   n-ary element-wise (broadcasting)
+//   dev::reduce_apply / dev::reduce_to_dimx_apply                 reductions (device library)
+//   rms_norm_apply<NumThreads>(tile, eps, emit)                   x / sqrt(mean(x², last dim) + eps)
+//   BlockMatmul<NumThreads, Product...>::apply(emit, a, b, ...)   Σ_i A_i · B_i, batched
+//
+// Sinks: StoreSink, AddSink, MaxSink, RunningMaxSink, RescaleSink. BlockMatmul::Registers keeps a
+// matmul accumulator in registers across the forloop. All functions below are collective (every
+// thread of the block calls them) unless their comment says otherwise.
+#pragma once
+
+#include <tuple>
+#include <type_traits>
+
+#include "../mirage.cuh"
+
+namespace mirage::gen {
+
+// ---- functors of IR ops that the device library does not define -------------------------------
+
+struct AddScalar {
+  float scalar;
+  MIRAGE_DEVICE float operator()(float x) const { return x + scalar; }
+};
+
+// gelu with the tanh approximation, the IR's definition (torch's gelu(approximate="tanh")).
+struct GeluTanh {
+  MIRAGE_DEVICE float operator()(float x) const {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  }
+};
+
+// ---- loads ------------------------------------------------------------------------------------
+
+// The element of `tile` at logical `index` of a (possibly larger) shape, broadcasting dims of size 1.
+template <class T, class L>
+MIRAGE_DEVICE float load_broadcast(dev::SharedTile<T, L> tile, const int (&index)[4]) {
+  return dev::to_float(tile.data[dev::broadcast_offset<L>(index)]);
+}
+
+// ---- producers --------------------------------------------------------------------------------
+
+// emit(i, function(tiles[i]...)) for every element i of OutLayout; each tile broadcasts to it.
+template <int NumThreads, class OutLayout, class Function, class Emit, class... Tiles>
+MIRAGE_DEVICE void map_apply(Function function, Emit emit, Tiles... tiles) {
+  static_assert((dev::kBroadcastsTo<typename Tiles::TileLayout, OutLayout> && ...),
+                "an operand does not broadcast to the result");
+  for (int linear = dev::thread_index(); linear < OutLayout::size; linear += NumThreads) {
+    int index[4];
+    OutLayout::coordinates(linear, index);
+    emit(linear, function(load_broadcast(tiles, index)...));
+  }
+}
+
+// emit(i, x[i] / sqrt(mean of x² over the last dim + eps)): a group of lanes per row, as
+// dev::reduce_apply; no scratch memory.
+template <int NumThreads, class T, class L, class Emit>
+MIRAGE_DEVICE void rms_norm_apply(dev::SharedTile<T, L> in, float eps, Emit emit) {
+  constexpr int kRows = L::rows;
+  constexpr int kExtent = L::cols;
+  constexpr int kGroup = dev::detail::reduction_group(kRows, kExtent, NumThreads);
+  static_assert(kGroup == 1 || NumThreads % dev::kWarpSize == 0, "shuffle reductions need whole warps");
+  for (int base = 0; base < kRows * kGroup; base += NumThreads) {
+    const int slot = base + dev::thread_index();
+    const int row = slot / kGroup;
+    const int lane = slot % kGroup;
+    float sum = 0.0f;
+    if (row < kRows) {
+      for (int element = lane; element < kExtent; element += kGroup) {
+        const float x = in.load(row * kExtent + element);
+        sum += x * x;
+      }
+    }
+#pragma unroll
+    for (int width = kGroup / 2; width > 0; width /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, width);
+    const float norm = sqrtf(sum / static_cast<float>(kExtent) + eps);
+    if (row < kRows) {
+      for (int element = lane; element < kExtent; element += kGroup) {
+        const int linear = row * kExtent + element;
+        emit(linear, in.load(linear) / norm);
+      }
+    }
+  }
+}
+
+// ---- sinks (called by one thread per element) ---------------------------------------------------
+
+template <class T, class L>
+struct StoreSink {
+  dev::SharedTile<T, L> tile;
+  MIRAGE_DEVICE void operator()(int linear, float value) const { tile.store(linear, value); }
+};
+
+template <class L>
+struct AddSink {
+  dev::SharedTile<float, L> acc;
+  MIRAGE_DEVICE void operator()(int linear, float value) const { acc.at_linear(linear) += value; }
+};
+
+template <class L>
+struct MaxSink {
+  dev::SharedTile<float, L> acc;
+  MIRAGE_DEVICE void operator()(int linear, float value) const {
+    float& target = acc.at_linear(linear);
+    target = fmaxf(target, value);
+  }
+};
+
+// The running maximum keeps its value before this iteration's update, for rescaling accumulators.
+template <class L>
+struct RunningMaxSink {
+  dev::SharedTile<float, L> current;
+  dev::SharedTile<float, L> previous;
+  MIRAGE_DEVICE void operator()(int linear, float value) const {
+    const float old = current.at_linear(linear);
+    previous.at_linear(linear) = old;
+    current.at_linear(linear) = fmaxf(old, value);
+  }
+};
+
+// exp(m_previous − m_current) at an element of AccLayout, the maxima broadcast to it.
+template <class AccLayout, class MaxLayout>
+struct RescaleFactor {
+  dev::SharedTile<float, MaxLayout> current;
+  dev::SharedTile<float, MaxLayout> previous;
+  MIRAGE_DEVICE float operator()(int linear) const {
+    static_assert(dev::kBroadcastsTo<MaxLayout, AccLayout>, "the maxima must broadcast to the accumulator");
+    int index[4];
+    AccLayout::coordinates(linear, index);
+    const int m = dev::broadcast_offset<MaxLayout>(index);
+    return dev::rescale_factor(previous.data[m], current.data[m]);
+  }
+};
+
+// acc = acc · exp(m_previous − m_current) + value (online softmax).
+template <class L, class MaxLayout>
+struct RescaleSink {
+  dev::SharedTile<float, L> acc;
+  RescaleFactor<L, MaxLayout> factor;
+  MIRAGE_DEVICE void operator()(int linear, float value) const {
+    float& target = acc.at_linear(linear);
+    target = target * factor(linear) + value;
+  }
+};
+
+template <class T, class L>
+MIRAGE_DEVICE StoreSink<T, L> store_into(dev::SharedTile<T, L> tile) { return {tile}; }
+template <class L>
+MIRAGE_DEVICE AddSink<L> add_into(dev::SharedTile<float, L> acc) { return {acc}; }
+template <class L>
+MIRAGE_DEVICE MaxSink<L> max_into(dev::SharedTile<float, L> acc) { return {acc}; }
+template <class L>
+MIRAGE_DEVICE RunningMaxSink<L> running_max_into(dev::SharedTile<float, L> current, dev::SharedTile<float, L> previous) {
+  return {current, previous};
+}
+template <class L, class MaxLayout>
+MIRAGE_DEVICE RescaleSink<L, MaxLayout> rescale_into(dev::SharedTile<float, L> acc, dev::SharedTile<float, MaxLayout> current,
+                                                     dev::SharedTile<float, MaxLayout> previous) {
+  return {acc, {current, previous}};
+}
+
+// ---- accumulator state ----------------------------------------------------------------------------
+
+template <int NumThreads, class L>
+MIRAGE_DEVICE void fill(dev::SharedTile<float, L> tile, float value) {
+  for (int i = dev::thread_index(); i < L::size; i += NumThreads) tile.at_linear(i) = value;
+}
+
+// acc = acc / count (a mean accumulator after the loop).
+template <int NumThreads, class L>
+MIRAGE_DEVICE void finalize_mean(dev::SharedTile<float, L> acc, float count) {
+  for (int i = dev::thread_index(); i < L::size; i += NumThreads) acc.at_linear(i) = acc.at_linear(i) / count;
+}
+
+// acc = sqrt(acc / count + eps) (an rms accumulator, which summed squares, after the loop).
+template <int NumThreads, class L>
+MIRAGE_DEVICE void finalize_rms(dev::SharedTile<float, L> acc, float count, float eps) {
+  for (int i = dev::thread_index(); i < L::size; i += NumThreads) acc.at_linear(i) = sqrtf(acc.at_linear(i) / count + eps);
+}
+
+MIRAGE_DEVICE float negative_infinity() { return dev::MaxReduce::identity(); }
+
+// ---- matmul -------------------------------------------------------------------------------------
+
+// dev::SimtMatmul with different element types for A and B (an accumulator times a tile).
+template <class TA, class TB, class ALayout, class BLayout, int NumThreads>
+struct MixedSimtMatmul {
+  static constexpr int M = ALayout::rows;
+  static constexpr int K = ALayout::cols;
+  static constexpr int N = BLayout::cols;
+  static_assert(BLayout::rows == K, "A is M x K and B is K x N");
+  static constexpr int kRounds = dev::ceil_div(M * N, NumThreads);
+
+  struct Accumulator {
+    float value[kRounds];
+    MIRAGE_DEVICE void clear() {
+#pragma unroll
+      for (int round = 0; round < kRounds; ++round) value[round] = 0.0f;
+    }
+  };
+
+  static MIRAGE_DEVICE int output(int round) { return dev::thread_index() + round * NumThreads; }
+  static MIRAGE_DEVICE bool owns(int round) { return (M * N) % NumThreads == 0 || output(round) < M * N; }
+
+  static MIRAGE_DEVICE void run(Accumulator& acc, dev::SharedTile<TA, ALayout> a, dev::SharedTile<TB, BLayout> b) {
+#pragma unroll
+    for (int round = 0; round < kRounds; ++round) {
+      if (!owns(round)) continue;
+      const int row = output(round) / N;
+      const int col = output(round) % N;
+      float sum = acc.value[round];
+      for (int k = 0; k < K; ++k)
+        sum = fmaf(dev::to_float(a.data[row * ALayout::pitch + k]), dev::to_float(b.data[k * BLayout::pitch + col]), sum);
+      acc.value[round] = sum;
+    }
+  }
+
+  template <class Function>
+  static MIRAGE_DEVICE void for_each(Accumulator& acc, Function function) {
+#pragma unroll
+    for (int round = 0; round < kRounds; ++round)
+      if (owns(round)) function(output(round) / N, output(round) % N, acc.value[round]);
+  }
+};
+
+// One product A · B of a (batched) block matmul: A [batch..., M, K], B [batch..., K, N].
+template <class TA, class TB, class ALayout, class BLayout>
+struct Product {
+  using A = TA;
+  using B = TB;
+  static constexpr int kBatch = ALayout::dim0 * ALayout::dim1;
+  static constexpr int M = ALayout::dim2;
+  static constexpr int K = ALayout::dim3;
+  static constexpr int N = BLayout::dim3;
+  static_assert(BLayout::dim0 == ALayout::dim0 && BLayout::dim1 == ALayout::dim1, "batch dims differ");
+  static_assert(BLayout::dim2 == K, "inner dims differ");
+  using ASlice = dev::Layout<1, 1, M, K, ALayout::pitch>;
+  using BSlice = dev::Layout<1, 1, K, N, BLayout::pitch>;
+
+  static MIRAGE_DEVICE dev::SharedTile<TA, ASlice> a_slice(dev::SharedTile<TA, ALayout> a, int batch) {
+    return {a.data + batch * M * ALayout::pitch};
+  }
+  static MIRAGE_DEVICE dev::SharedTile<TB, BSlice> b_slice(dev::SharedTile<TB, BLayout> b, int batch) {
+    return {b.data + batch * K * BLayout::pitch};
+  }
+
+  template <int NumThreads>
+  static constexpr bool tensor_cores() {
+    if constexpr (std::is_same_v<TA, TB>) {
+      return dev::TensorCoreMatmul<TA, ASlice, BSlice, NumThreads>::kSupported;
+    } else {
+      return false;
+    }
+  }
+};
+
+// Σ_i A_i · B_i over the products (one for matmul, two for concat_matmul), batch by batch, on
+// tensor cores when every product can use them, else on SIMT cores. All products share one
+// accumulator type (the same M, N and engine give the same fragment layout).
+template <int NumThreads, class... Products>
+struct BlockMatmul {
+  using First = std::tuple_element_t<0, std::tuple<Products...>>;
+  static constexpr bool kTensorCores = (Products::template tensor_cores<NumThreads>() && ...);
+  static constexpr int kBatch = First::kBatch;
+  static constexpr int M = First::M;
+  static constexpr int N = First::N;
+  static_assert(((Products::M == M && Products::N == N && Products::kBatch == kBatch) && ...),
+                "the products of one matmul must have one result shape");
+
+  template <class P>
+  using Engine = std::conditional_t<
+      kTensorCores, dev::TensorCoreMatmul<typename P::A, typename P::ASlice, typename P::BSlice, NumThreads>,
+      std::conditional_t<std::is_same_v<typename P::A, typename P::B>,
+                         dev::SimtMatmul<typename P::A, typename P::ASlice, typename P::BSlice, NumThreads>,
+                         MixedSimtMatmul<typename P::A, typename P::B, typename P::ASlice, typename P::BSlice, NumThreads>>>;
+  using Accumulator = typename Engine<First>::Accumulator;
+  static constexpr int kValues = sizeof(Accumulator) / sizeof(float);
+
+  // A matmul accumulator kept in registers: one fragment per batch.
+  struct Registers {
+    Accumulator part[kBatch];
+  };
+
+  // acc += Σ_i A_i · B_i for one batch; tiles are a_0, b_0, a_1, b_1, ...
+  template <int I = 0, class TA, class AL, class TB, class BL, class... Rest>
+  static MIRAGE_DEVICE void multiply(Accumulator& acc, int batch, dev::SharedTile<TA, AL> a, dev::SharedTile<TB, BL> b,
+                                     Rest... rest) {
+    using P = std::tuple_element_t<I, std::tuple<Products...>>;
+    using E = Engine<P>;
+    static_assert(sizeof(typename E::Accumulator) == sizeof(Accumulator), "products need one fragment layout");
+    E::run(reinterpret_cast<typename E::Accumulator&>(acc), P::a_slice(a, batch), P::b_slice(b, batch));
+    if constexpr (sizeof...(Rest) > 0) multiply<I + 1>(acc, batch, rest...);
+  }
+
+  // function(linear, value&) for every element of one batch's fragment this thread holds.
+  template <class Function>
+  static MIRAGE_DEVICE void for_each(Accumulator& acc, int batch, Function function) {
+    Engine<First>::for_each(acc, [&](int row, int col, float& value) { function((batch * M + row) * N + col, value); });
+  }
+
+  // emit(linear, (Σ_i A_i · B_i)[linear]) for every element of the result.
+  template <class Emit, class... Tiles>
+  static MIRAGE_DEVICE void apply(Emit emit, Tiles... tiles) {
+    for (int batch = 0; batch < kBatch; ++batch) {
+      Accumulator acc;
+      acc.clear();
+      multiply(acc, batch, tiles...);
+      for_each(acc, batch, [&](int linear, float& value) { emit(linear, value); });
+    }
+  }
+
+  // ---- register accumulators (per thread, no barrier needed) ----
+
+  static MIRAGE_DEVICE void fill(Registers& registers, float value) {
+#pragma unroll
+    for (int batch = 0; batch < kBatch; ++batch) {
+      float* values = reinterpret_cast<float*>(&registers.part[batch]);
+#pragma unroll
+      for (int k = 0; k < kValues; ++k) values[k] = value;
+    }
+  }
+
+  // registers += Σ_i A_i · B_i (the products run into the registers directly).
+  template <class... Tiles>
+  static MIRAGE_DEVICE void accumulate(Registers& registers, Tiles... tiles) {
+#pragma unroll
+    for (int batch = 0; batch < kBatch; ++batch) multiply(registers.part[batch], batch, tiles...);
+  }
+
+  // registers = combine(registers, transform(linear, Σ_i A_i · B_i)).
+  template <class Transform, class Combine, class... Tiles>
+  static MIRAGE_DEVICE void accumulate_with(Registers& registers, Transform transform, Combine combine, Tiles... tiles) {
+#pragma unroll
+    for (int batch = 0; batch < kBatch; ++batch) {
+      Accumulator term;
+      term.clear();
+      multiply(term, batch, tiles...);
+      for_each(term, batch, [&](int linear, float& value) { value = transform(linear, value); });
+      float* total = reinterpret_cast<float*>(&registers.part[batch]);
+      const float* values = reinterpret_cast<const float*>(&term);
+#pragma unroll
+      for (int k = 0; k < kValues; ++k) total[k] = combine(total[k], values[k]);
+    }
+  }
+
+  // registers[linear] *= factor(linear) (online-softmax rescale).
+  template <class Factor>
+  static MIRAGE_DEVICE void scale(Registers& registers, Factor factor) {
+#pragma unroll
+    for (int batch = 0; batch < kBatch; ++batch)
+      for_each(registers.part[batch], batch, [&](int linear, float& value) { value *= factor(linear); });
+  }
+
+  // tile[linear] = registers[linear] (collective only in that every thread writes its elements).
+  template <class T, class L>
+  static MIRAGE_DEVICE void write_back(Registers& registers, dev::SharedTile<T, L> tile) {
+    static_assert(L::size == kBatch * M * N, "the write-back tile must hold the whole result");
+#pragma unroll
+    for (int batch = 0; batch < kBatch; ++batch)
+      for_each(registers.part[batch], batch, [&](int linear, float& value) { tile.store(linear, value); });
+  }
+};
+
+}  // namespace mirage::gen
