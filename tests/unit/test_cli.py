@@ -1,0 +1,137 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mirage as mi
+from mirage import config
+from mirage.cli import main
+from mirage.frontend import optimize
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MIRAGE_NO_PROGRESS", "1")
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def graph_file(tmp_path):
+    g = mi.new_kernel_graph("small")
+    x = g.new_input(dims=(2, 8), dtype=mi.float32, name="X")
+    w = g.new_input(dims=(8, 4), dtype=mi.float32, name="W")
+    g.mark_output(g.exp(g.matmul(x, w)))
+    path = tmp_path / "small.json"
+    g.to_json(path)
+    return path
+
+
+@pytest.fixture
+def quick_search(monkeypatch):
+    calls = []
+
+    def run_search(reference, settings, progress=True):
+        calls.append(settings)
+        return reference, "1 verified µGraph(s); search stopped: test"
+
+    monkeypatch.setattr(optimize, "run_search", run_search)
+    return calls
+
+
+def test_python_dash_m_help():
+    result = subprocess.run([sys.executable, "-m", "mirage", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0
+    for command in ("demo", "search", "show", "draw", "partition", "cache"):
+        assert command in result.stdout
+
+
+def test_show(graph_file, capsys):
+    assert main(["show", str(graph_file)]) == 0
+    out = capsys.readouterr().out
+    assert 'kernel_graph "small"' in out and "exp(" in out
+    assert f"content hash {mi.load(graph_file).content_hash()}" in out
+
+
+def test_draw(graph_file, tmp_path):
+    assert main(["draw", str(graph_file), "-o", str(tmp_path / "g.dot")]) == 0
+    assert (tmp_path / "g.dot").read_text().startswith("digraph")
+
+
+def test_search_a_saved_graph(graph_file, tmp_path, quick_search, capsys):
+    out_file = tmp_path / "best.json"
+    assert main(["search", str(graph_file), "--time-limit", "5", "--config", "mlp", "-o", str(out_file)]) == 0
+    assert "µGraph from search" in capsys.readouterr().out
+    assert mi.load(out_file) == mi.load(graph_file)
+    (settings,) = quick_search
+    assert (settings.config, settings.time_limit_s) == ("mlp", 5.0)
+
+
+def test_search_a_program_factory(tmp_path, quick_search, capsys):
+    (tmp_path / "models.py").write_text(
+        "import torch\n"
+        "def make():\n"
+        "    return (lambda x, w: torch.relu(x @ w)), (torch.randn(3, 4), torch.randn(4, 5))\n")
+    assert main(["search", f"{tmp_path / 'models.py'}:make"]) == 0
+    out = capsys.readouterr().out
+    assert "1 subprogram(s) covering 2 torch op(s)" in out and "µGraph from search" in out
+    assert len(quick_search) == 1
+
+
+def test_partition_of_an_example(tmp_path, capsys):
+    assert main(["partition", "mirage.frontend.examples:gqa_decode", "-o", str(tmp_path / "p.dot")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("partition: 3 subprogram(s)")
+    assert "online softmax" in out
+    assert "cluster_sp1" in (tmp_path / "p.dot").read_text()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["show", "missing.json"], "no such graph file: missing.json"),
+    (["partition", "no_colon"], "is not PATH.py:FACTORY or MODULE:FACTORY"),
+    (["partition", "mirage.frontend.examples:nothing"], "has no 'nothing'"),
+    (["partition", "surely_not_a_module:make"], "cannot import module 'surely_not_a_module'"),
+])
+def test_errors_exit_with_status_2(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cache_list_and_clear(graph_file, quick_search, isolated_cache, capsys):
+    assert main(["search", str(graph_file)]) == 0
+    capsys.readouterr()
+    assert main(["cache", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert listing.startswith(f"1 entries in {isolated_cache / 'search'}") and "small" in listing
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert not list((isolated_cache / "search").glob("*.json"))
+
+
+def test_demo_without_search(tmp_path, capsys):
+    assert main(["demo", "--no-search", "--output-dir", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out
+    assert "partition  1 subprogram(s) covering 2 torch op(s)" in out
+    assert "float check against eager PyTorch" in out and "(pass)" in out
+
+
+def test_config_reads_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("MIRAGE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert config.settings().cache_dir == tmp_path / "xdg" / "mirage"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert config.settings().cache_dir == Path.home() / ".cache" / "mirage"
+    monkeypatch.setenv("MIRAGE_EXECUTOR", "tpu")
+    with pytest.raises(config.ConfigError, match="MIRAGE_EXECUTOR='tpu'"):
+        config.settings()
+    monkeypatch.setenv("MIRAGE_EXECUTOR", "interpret")
+    monkeypatch.setenv("MIRAGE_NO_CACHE", "maybe")
+    with pytest.raises(config.ConfigError, match="not a yes/no value"):
+        config.settings()
+    monkeypatch.setenv("MIRAGE_NO_CACHE", "1")
+    settings = config.settings()
+    assert (settings.executor, settings.use_cache, settings.progress) == ("interpret", False, False)
