@@ -56,9 +56,11 @@ class SaturationLimits:
     iterations: int = 100
     nodes: int = 100_000
     time_s: float = 10.0
-    #: egg's backoff scheduler: a rule that finds more matches than this in one iteration is
-    #: skipped for a few iterations (the threshold and the pause double at every ban).
-    match_limit: int = 5_000
+    #: egg's backoff scheduler (Python back end only): a rule that finds more matches than this in
+    #: one iteration is skipped for a few iterations (the threshold and the pause double at every
+    #: ban).  None, the default, applies every match, as egglog does, so both back ends build the
+    #: same e-graph iteration by iteration.
+    match_limit: int | None = None
     ban_length: int = 2
 
 
@@ -255,6 +257,10 @@ class EGraph:
         for extended in self._match(index, args[position], node[2 + position], subst):
             yield from self._match_args(index, args, node, position + 1, extended)
 
+    def _canonical_substitution(self, subst: Substitution) -> Iterator[tuple]:
+        for variable, value in subst.items():
+            yield (variable, value if isinstance(variable, SizeVariable) else self.find(value))
+
     def _instantiate(self, pattern: Pattern, subst: Substitution) -> int:
         if isinstance(pattern, PatternVariable):
             return subst[pattern]
@@ -271,28 +277,36 @@ class EGraph:
         start = time.perf_counter()
         deadline = start + limits.time_s
         banned_until = {name: 0 for name, _, _ in directions}
+        applied: set[tuple] = set()
         times_banned = dict.fromkeys(banned_until, 0)
         reason, iteration = StopReason.ITERATION_LIMIT, 0
         try:
             while iteration < limits.iterations:
                 iteration += 1
                 index = self._index()
-                matches: list[tuple[Pattern, int, Substitution]] = []
+                matches: list[tuple[str, Pattern, int, Substitution]] = []
                 any_banned = False
                 for name, lhs, rhs in directions:
                     if banned_until[name] > iteration:
                         any_banned = True
                         continue
-                    threshold = limits.match_limit << times_banned[name]
+                    threshold = (
+                        1 << 62 if limits.match_limit is None else limits.match_limit << times_banned[name]
+                    )
                     found = self._search(index, lhs, threshold, deadline)
                     if len(found) > threshold:
                         times_banned[name] += 1
                         banned_until[name] = iteration + (limits.ban_length << times_banned[name])
                         any_banned = True
                         continue
-                    matches.extend((rhs, eclass, subst) for eclass, subst in found)
+                    matches.extend((name, rhs, eclass, subst) for eclass, subst in found)
                 changed = False
-                for count, (rhs, eclass, subst) in enumerate(matches):
+                for count, (name, rhs, eclass, subst) in enumerate(matches):
+                    # A match applied before, on the same (canonical) classes, adds nothing new.
+                    key = (name, self.find(eclass), *self._canonical_substitution(subst))
+                    if key in applied:
+                        continue
+                    applied.add(key)
                     changed |= self.union(eclass, self._instantiate(rhs, subst))
                     if count % 512 == 0:
                         self._check(limits, deadline)
