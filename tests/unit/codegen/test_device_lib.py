@@ -3,7 +3,7 @@
 The test kernels in ``test_device_lib_*.cu`` (beside this file) are built for sm_90a and their
 SASS is checked for the instructions each piece is meant to produce: LDGSTS.128 for cp.async
 input iterators, STG.128 for output savers, HMMA + LDSM for tensor-core matmuls, SHFL for warp
-reductions, and no local memory anywhere. tests/gpu/test_device_lib.py runs the same kernels.
+reductions, and no local memory anywhere. tests/gpu/test_device_lib_gpu.py runs the same kernels.
 The tiling formula (tile_map.cuh) is also built into a host program and compared with the
 formula of the reference notes, and the library's compile-time checks are shown to fire.
 """
