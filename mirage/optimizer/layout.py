@@ -65,6 +65,8 @@ class LayoutCosts:
     swizzle_dim: int = 1_000
     # per byte of shared memory that padding adds (16-byte rows, and the extra vector of swizzled rows)
     padding_byte: int = 1
+    # per tensor whose innermost dim is not its last: breaks ties towards row-major
+    not_row_major: int = 1
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,8 @@ class _Model:
         if key not in self.inner:
             self.inner[key] = Choice(f"inner_{key}", tuple(range(t.rank)))
             self.types[key] = t
+            self.add("innermost_choice", key, Any_(tuple(Is(self.inner[key], d) for d in range(t.rank))))
+            self.add("not_row_major", key, Not(Is(self.inner[key], t.rank - 1)), self.costs.not_row_major)
             if shared:
                 self._shared_rules(key, t)
         return self.inner[key]

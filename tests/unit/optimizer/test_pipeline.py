@@ -92,6 +92,17 @@ def test_prepare_accepts_a_builder():
     assert program.source == g.freeze() and len(program.kernels) == 1
 
 
+@pytest.mark.parametrize("name", ["gqa_b1", "lora_m16"])
+def test_graphs_without_graph_defined_ops_get_device_layouts_only(name):
+    program = prepare(CASES[name].reference())
+    assert program.kernels == () and program.graph == program.source
+    for ref in program.graph.refs():
+        layout = program.layouts.of_device(ref)
+        assert layout.strides[layout.innermost_dim] == 1
+    if name == "lora_m16":  # nothing to gain: every tensor stays row-major (the tie-breaking cost)
+        assert program.layouts.cost == 0
+
+
 @pytest.mark.parametrize("module", ["mirage.optimizer.fusion", "mirage.optimizer.pipeline"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
