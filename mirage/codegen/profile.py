@@ -21,8 +21,13 @@ class Timing:
     calls_per_replay: int
 
     def as_dict(self) -> dict:
-        return {"median_us": self.median_us, "p10_us": self.p10_us, "p90_us": self.p90_us,
-                "replays": self.replays, "calls_per_replay": self.calls_per_replay}
+        return {
+            "median_us": self.median_us,
+            "p10_us": self.p10_us,
+            "p90_us": self.p90_us,
+            "replays": self.replays,
+            "calls_per_replay": self.calls_per_replay,
+        }
 
 
 def time_graph(fn: Callable[[], object], calls: int = 10, replays: int = 200, warmup: int = 3) -> Timing:
@@ -80,11 +85,20 @@ def device_facts() -> dict:
 
     props = torch.cuda.get_device_properties(0)
     try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, check=False).stdout.strip()
+        driver = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
     except OSError:
         driver = "unknown"
-    return {"device": props.name, "sm_count": props.multi_processor_count,
-            "compute_capability": f"{props.major}.{props.minor}", "driver": driver,
-            "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": datetime.date.today().isoformat()}
+    return {
+        "device": props.name,
+        "sm_count": props.multi_processor_count,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "driver": driver,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.date.today().isoformat(),
+    }

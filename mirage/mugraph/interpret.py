@@ -112,6 +112,9 @@ class Interpreter:
         row = REGISTRY[node.op]
         if node.op is Op.FUSED:
             return self.run_thread(node.attrs, args)
+        if node.op is Op.REDUCTION_TO_DIMX:  # its size comes from the block graph: read the output
+            dim = node.attrs.dim
+            return reduce_to_dimx(self.algebra, args[0], dim - in_types[0].rank, node.outputs[0].shape[dim])
         if row.formula is None:
             raise InterpretError(f"op {node.op.value} has no formula at this level")
         return row.formula(self.algebra, node.attrs, in_types, *args)
