@@ -15,12 +15,13 @@ from mirage.verifier.errors import (
     VerifierError,
 )
 from mirage.verifier.field import DEFAULT_FIELDS, FieldAlgebra, FieldArray, FieldPair
-from mirage.verifier.floating_point import float_check
+from mirage.verifier.floating_point import FloatChecker, float_check
 from mirage.verifier.result import VerificationResult
 from mirage.verifier.verify import Verifier, verify
 
 __all__ = [
     "DEFAULT_FIELDS", "ExpNestingError", "FieldAlgebra", "FieldArray", "FieldConstantError", "FieldPair",
+    "FloatChecker",
     "GraphMismatchError", "Guarantee", "LaxInfo", "NotVerifiableError", "OrderedOpError",
     "VerificationResult", "Verifier", "VerifierError", "classify", "float_check", "verify",
 ]

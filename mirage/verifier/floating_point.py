@@ -57,47 +57,64 @@ def scaled_error(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) ->
     return float(np.max(np.abs(got[finite] - want[finite]) / allowed))
 
 
+class FloatChecker:
+    """Compares candidates with one reference in floating point; reference outputs are computed once.
+
+    ``run_reference`` / ``run_candidate`` default to ``mi.interpret`` in float64; a GPU runner for
+    generated kernels plugs in here.
+    """
+
+    def __init__(self, reference, trials: int = 2, seed: int | None = None, rtol: float | None = None,
+                 atol: float | None = None, run_reference: Runner | None = None) -> None:
+        self.reference = as_graph(reference)
+        self.trials = trials
+        self.tolerances = [(rtol if rtol is not None else r, atol if atol is not None else a)
+                           for r, a in (TOLERANCES[t.dtype] for t in self.reference.output_types)]
+        rng = np.random.default_rng(seed)
+        run = run_reference or interpret
+        self._inputs = [[rng.standard_normal(t.shape) for t in self.reference.input_types]
+                        for _ in range(trials)]
+        self._outputs = [[np.asarray(o, dtype=np.float64) for o in run(self.reference, inputs)]
+                         for inputs in self._inputs]
+
+    def check(self, candidate, run_candidate: Runner | None = None) -> VerificationResult:
+        """``max_error`` of the result: the worst ratio of difference to allowed difference (≤ 1: equal)."""
+        start = time.perf_counter()
+        candidate = as_graph(candidate)
+        check_same_inputs(self.reference, candidate)
+        run_candidate = run_candidate or interpret
+        compatible = compatible_pairs(self.reference, candidate)
+        alive = [row[:] for row in compatible]
+        if len(candidate.outputs) != len(self.reference.outputs) or first_matching(alive) is None:
+            return VerificationResult(False, None, 0, None, Guarantee.FLOAT, time.perf_counter() - start,
+                                      reason="output shapes differ")
+        errors = [[0.0] * len(row) for row in alive]
+        for trial, (inputs, want) in enumerate(zip(self._inputs, self._outputs, strict=True)):
+            got = [np.asarray(o, dtype=np.float64) for o in run_candidate(candidate, inputs)]
+            for i, row in enumerate(alive):
+                for j, ok in enumerate(row):
+                    if ok:
+                        errors[i][j] = max(errors[i][j], scaled_error(got[j], want[i], *self.tolerances[i]))
+                        row[j] = errors[i][j] <= 1.0
+            if first_matching(alive) is None:
+                best = [min((e for e, ok in zip(errors[i], compatible[i], strict=True) if ok), default=np.inf)
+                        for i in range(len(errors))]
+                return VerificationResult(False, None, trial + 1, None, Guarantee.FLOAT,
+                                          time.perf_counter() - start, max_error=float(max(best)),
+                                          reason=f"outputs differ on trial {trial + 1}")
+        matching = first_matching(alive)
+        max_error = max((errors[i][j] for i, j in enumerate(matching)), default=0.0) if matching else 0.0
+        return VerificationResult(True, matching, self.trials, None, Guarantee.FLOAT,
+                                  time.perf_counter() - start, max_error=max_error)
+
+
 def float_check(reference, candidate, trials: int = 2, seed: int | None = None,
                 rtol: float | None = None, atol: float | None = None,
                 run_reference: Runner | None = None,
                 run_candidate: Runner | None = None) -> VerificationResult:
     """Compare two graphs in floating point on ``trials`` sets of standard-normal inputs.
 
-    ``run_reference`` / ``run_candidate`` default to ``mi.interpret`` in float64; a GPU runner for
-    generated kernels plugs in here.  The result's ``max_error`` is the worst ratio of difference to
-    allowed difference over the matched outputs (≤ 1 when equivalent).
+    Tolerances default to the reference output's data type (:data:`TOLERANCES`).
     """
-    start = time.perf_counter()
-    reference, candidate = as_graph(reference), as_graph(candidate)
-    check_same_inputs(reference, candidate)
-    run_reference = run_reference or interpret
-    run_candidate = run_candidate or interpret
-    tolerances = [TOLERANCES[t.dtype] for t in reference.output_types]
-    tolerances = [(rtol if rtol is not None else r, atol if atol is not None else a) for r, a in tolerances]
-    alive = compatible_pairs(reference, candidate)
-    if len(candidate.outputs) != len(reference.outputs) or first_matching(alive) is None:
-        return VerificationResult(False, None, 0, None, Guarantee.FLOAT, time.perf_counter() - start,
-                                  reason="output shapes differ")
-    rng = np.random.default_rng(seed)
-    errors = [[0.0] * len(row) for row in alive]
-    for trial in range(trials):
-        inputs = [rng.standard_normal(t.shape) for t in reference.input_types]
-        want = [np.asarray(o, dtype=np.float64) for o in run_reference(reference, inputs)]
-        got = [np.asarray(o, dtype=np.float64) for o in run_candidate(candidate, inputs)]
-        for i, row in enumerate(alive):
-            for j, ok in enumerate(row):
-                if ok:
-                    errors[i][j] = max(errors[i][j], scaled_error(got[j], want[i], *tolerances[i]))
-                    row[j] = errors[i][j] <= 1.0
-        matching = first_matching(alive)
-        if matching is None:
-            compatible = compatible_pairs(reference, candidate)
-            best = [min((e for e, ok in zip(errors[i], compatible[i], strict=True) if ok), default=np.inf)
-                    for i in range(len(errors))]
-            worst = float(max(best))
-            return VerificationResult(False, None, trial + 1, None, Guarantee.FLOAT,
-                                      time.perf_counter() - start, max_error=worst,
-                                      reason=f"outputs differ on trial {trial + 1}")
-    max_error = max(errors[i][j] for i, j in enumerate(matching)) if matching else 0.0
-    return VerificationResult(True, matching, trials, None, Guarantee.FLOAT, time.perf_counter() - start,
-                              max_error=max_error)
+    checker = FloatChecker(reference, trials, seed, rtol, atol, run_reference)
+    return checker.check(candidate, run_candidate)

@@ -85,12 +85,14 @@ class Verifier:
     """
 
     def __init__(self, reference, delta: float = 1e-9, seed: int | None = None,
-                 fields: FieldPair = DEFAULT_FIELDS, max_tests: int = 64, heuristic_tests: int = 4) -> None:
+                 fields: FieldPair = DEFAULT_FIELDS, max_tests: int = 64, heuristic_tests: int = 4,
+                 input_cache_bytes: int = INPUT_CACHE_BYTES) -> None:
         if not 0.0 < delta < 1.0:
             raise ValueError(f"delta must lie in (0, 1), got {delta}")
         self.reference = as_graph(reference)
         self.delta, self.fields = delta, fields
         self.max_tests, self.heuristic_tests = max_tests, heuristic_tests
+        self.input_cache_bytes = input_cache_bytes
         self.info = _require_fingerprintable(self.reference, "reference")
         self._seeds = np.random.SeedSequence(seed)
         self._tests: list[_Test] = []
@@ -103,35 +105,46 @@ class Verifier:
         candidate = as_graph(candidate)
         check_same_inputs(self.reference, candidate)
         candidate_info = _require_fingerprintable(candidate, "candidate")
+        guarantee = _weaker(self.info.guarantee, candidate_info.guarantee)
         compatible = compatible_pairs(self.reference, candidate)
         if len(candidate.outputs) != len(self.reference.outputs) or first_matching(compatible) is None:
-            return VerificationResult(False, None, 0, 0.0, Guarantee.THEOREM, time.perf_counter() - start,
+            return VerificationResult(False, None, 0, 0.0, guarantee, time.perf_counter() - start,
                                       reason=_shape_reason(self.reference, candidate))
+        alive = [row[:] for row in compatible]
+        # the first test runs before the bound is computed: most wrong candidates stop here
+        if not self._run_test(candidate, 0, alive):
+            return self._rejected(0, guarantee, None, start)
         bound = self._bound(candidate, compatible)
         count = count_matchings(compatible)
         tests = tests_needed(bound.epsilon, self.delta, count)
-        guarantee = _weaker(self.info.guarantee, candidate_info.guarantee)
         if tests is None or tests > self.max_tests:
             guarantee, tests = Guarantee.HEURISTIC, self.heuristic_tests
-        alive = [row[:] for row in compatible]
-        for index in range(tests):
-            outputs = self._run_candidate(candidate, index)
-            reference_outputs = self._test(index).reference_outputs
-            for i, row in enumerate(alive):
-                for j, ok in enumerate(row):
-                    if ok:
-                        row[j] = reference_outputs[i].equals(outputs[j])
-            matching = first_matching(alive)
-            if matching is None:
-                return VerificationResult(False, None, index + 1, 0.0, guarantee, time.perf_counter() - start,
-                                          reason=f"outputs differ on random test {index + 1}",
-                                          epsilon_per_test=bound.epsilon)
+        for index in range(1, tests):
+            if not self._run_test(candidate, index, alive):
+                return self._rejected(index, guarantee, bound.epsilon, start)
         error_bound = 1.0 if guarantee is Guarantee.HEURISTIC else min(1.0, count * bound.epsilon**tests)
         elapsed = time.perf_counter() - start
         logger.debug("verified %s in %d tests (%.3f s, bound %.2g)", candidate.name, tests, elapsed,
                      error_bound)
-        return VerificationResult(True, matching, tests, error_bound, guarantee, elapsed,
+        return VerificationResult(True, first_matching(alive), tests, error_bound, guarantee, elapsed,
                                   epsilon_per_test=bound.epsilon)
+
+    def _run_test(self, candidate: KernelGraph, index: int, alive: list[list[bool]]) -> bool:
+        """Run test ``index``; keep in ``alive`` the output pairs that still agree; any matching left?"""
+        outputs = self._run_candidate(candidate, index)
+        reference_outputs = self._test(index).reference_outputs
+        for i, row in enumerate(alive):
+            for j, ok in enumerate(row):
+                if ok:
+                    row[j] = reference_outputs[i].equals(outputs[j])
+        return first_matching(alive) is not None
+
+    @staticmethod
+    def _rejected(index: int, guarantee: Guarantee, epsilon: float | None,
+                  start: float) -> VerificationResult:
+        return VerificationResult(False, None, index + 1, 0.0, guarantee, time.perf_counter() - start,
+                                  reason=f"outputs differ on random test {index + 1}",
+                                  epsilon_per_test=epsilon)
 
     # ---- the tests -------------------------------------------------------------------------------
 
@@ -144,7 +157,7 @@ class Verifier:
             algebra = FieldAlgebra(self.fields, omega_exponent, key)
             outputs = _run(algebra, self.reference, inputs)
             size = sum(x.p.nbytes * 4 for x in inputs)
-            kept = inputs if size <= INPUT_CACHE_BYTES else None
+            kept = inputs if size <= self.input_cache_bytes else None
             self._tests.append(_Test(input_seed, omega_exponent, key, kept, outputs))
         return self._tests[index]
 
