@@ -35,10 +35,12 @@ class SearchSettings:
 
     config: str | None = None
     time_limit_s: float = 30.0
-    overrides: tuple[tuple[str, str], ...] = ()  # (name, repr(value)), sorted
+    overrides: tuple[tuple[str, str], ...] = ()  # (name, JSON of the value), sorted
+    max_results: int | None = None  # stop after this many verified µGraphs
 
     def to_dict(self) -> dict:
-        return {"config": self.config, "time_limit_s": self.time_limit_s, "overrides": list(self.overrides)}
+        return {"config": self.config, "time_limit_s": self.time_limit_s, "overrides": list(self.overrides),
+                "max_results": self.max_results}
 
 
 @dataclass(frozen=True)
@@ -140,9 +142,11 @@ def run_search(reference: KernelGraph, settings: SearchSettings,
         from mirage.generator import search
     except ImportError as error:
         raise SearchUnavailable(f"mirage.generator offers no search ({error})") from None
-    kwargs: dict = {"progress": progress}
+    from mirage.generator import Budget
+
+    kwargs: dict = {"progress": progress,
+                    "budget": Budget(time_s=settings.time_limit_s, results=settings.max_results)}
     kwargs.update((name, json.loads(value)) for name, value in settings.overrides)
-    kwargs.setdefault("time_limit_s", settings.time_limit_s)
     result = search(reference, settings.config, **kwargs)
     stop = getattr(result.stop_reason, "value", result.stop_reason)
     return result.best, f"{len(result.graphs)} verified µGraph(s); search stopped: {stop}"
@@ -171,6 +175,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     seconds = time.perf_counter() - start
     if found is not None and not _fits(found, reference, "the searched µGraph"):
         return Choice(reference, "reference", key, "fallback: the search returned another signature")
+    if found is not None and not _float_checked(reference, found):
+        return Choice(reference, "reference", key, "fallback: the searched µGraph failed the float check")
     if found is None:
         choice = Choice(reference, "reference", key, f"search found nothing better ({note})", seconds)
     else:
@@ -192,6 +198,19 @@ def _fits(graph: KernelGraph, reference: KernelGraph, what: str) -> bool:
         return True
     logger.warning("mirage: %s does not take the reference's inputs or give its outputs; ignoring it", what)
     return False
+
+
+def _float_checked(reference: KernelGraph, candidate: KernelGraph) -> bool:
+    """The last gate before a searched µGraph runs: the verifier's float check, where it exists."""
+    try:
+        from mirage.verifier import float_check
+    except ImportError:
+        return True
+    result = float_check(reference, candidate, trials=1, seed=0)
+    if not result.equivalent:
+        logger.warning("mirage: the searched µGraph for %s differs from it in floating point (%s); "
+                       "running the reference graph", reference.name or "a subprogram", result.reason)
+    return bool(result.equivalent)
 
 
 def _rename(graph: KernelGraph, reference: KernelGraph) -> KernelGraph:

@@ -25,6 +25,7 @@ class Options:
     search: bool = True  # False: run the reference graphs, no search
     config: str | None = None  # named search space ("mlp", "attention", "lora")
     time_limit_s: float = 30.0  # search budget per subprogram
+    max_results: int | None = None  # stop a search after this many verified µGraphs
     search_overrides: tuple[tuple[str, str], ...] = ()  # passed to mirage.generator.search
     max_subprogram_ops: int = 16  # kernel-graph ops per subprogram
     executor: str = "auto"  # "auto", "interpret" or "cuda"
@@ -66,6 +67,8 @@ class Options:
                 f"max_subprogram_ops must be a positive integer, got {self.max_subprogram_ops!r}")
         if not isinstance(self.time_limit_s, (int, float)) or self.time_limit_s <= 0:
             raise OptionError(f"time_limit_s must be a positive number of seconds, got {self.time_limit_s!r}")
+        if self.max_results is not None and (not isinstance(self.max_results, int) or self.max_results < 1):
+            raise OptionError(f"max_results must be None or a positive integer, got {self.max_results!r}")
         if self.executor not in config.EXECUTORS:
             raise OptionError(f"executor must be one of {', '.join(config.EXECUTORS)}, got {self.executor!r}")
         if self.config is not None and not isinstance(self.config, str):
@@ -80,7 +83,7 @@ class Options:
 
     @property
     def search_settings(self) -> SearchSettings:
-        return SearchSettings(self.config, float(self.time_limit_s), self.search_overrides)
+        return SearchSettings(self.config, float(self.time_limit_s), self.search_overrides, self.max_results)
 
     @property
     def search_cache_dir(self) -> Path | None:

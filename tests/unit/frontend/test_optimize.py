@@ -8,6 +8,7 @@ import torch.nn.functional as F
 import mirage as mi
 from mirage.frontend import optimize
 from mirage.frontend.optimize import SearchSettings, SearchUnavailable, cache_key, choose
+from mirage.mugraph.ops import Op
 
 
 def program(x, w):
@@ -21,12 +22,13 @@ def renamed_program(a, b):  # the same computation, other names
 INPUTS = (torch.randn(4, 8), torch.randn(8, 6))
 
 
-def _doubled(reference):
-    """A graph like the reference whose last op has another scalar: proves the chosen graph runs."""
+def _rewritten(reference):
+    """An equivalent graph of another structure (s + s for 2·s): shows which graph was chosen."""
     g = mi.new_kernel_graph()
     x = g.new_input(dims=(4, 8), dtype=mi.float32)
     w = g.new_input(dims=(8, 6), dtype=mi.float32)
-    g.mark_output(g.mul_scalar(g.silu(g.matmul(x, w)), 4.0))
+    s = g.silu(g.matmul(x, w))
+    g.mark_output(g.add(s, s))
     return g.freeze()
 
 
@@ -36,7 +38,8 @@ def fake_search(monkeypatch):
 
     def run_search(reference, settings, progress=True):
         calls.append(reference)
-        found = _doubled(reference) if reference.input_types == _doubled(reference).input_types else reference
+        rewritten = _rewritten(reference)
+        found = rewritten if reference.input_types == rewritten.input_types else reference
         return found, "1 verified µGraph(s); search stopped: test"
 
     monkeypatch.setattr(optimize, "run_search", run_search)
@@ -51,8 +54,10 @@ def test_second_call_does_no_search(fake_search, isolated_cache):
     assert len(fake_search) == 1
     choice = second.specializations[0].choices["sp0"]
     assert choice.source == "cache" and "cached search result" in choice.detail
-    # the chosen µGraph is what runs: it multiplies by 4, the program by 2
-    torch.testing.assert_close(second(*INPUTS), 2.0 * program(*INPUTS), rtol=1e-5, atol=1e-6)
+    assert choice.graph.nodes[-1].op is Op.ADD  # the rewritten graph, not the reference
+    runner = second.specializations[0].module.sp0
+    assert runner.executor(torch.device("cpu")).graph is choice.graph
+    torch.testing.assert_close(second(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
     assert len(list((isolated_cache / "search").glob("*.json"))) == 1
 
 
@@ -101,6 +106,43 @@ def test_a_found_graph_with_another_signature_is_rejected(monkeypatch, caplog):
     assert fast.specializations[0].choices["sp0"].source == "reference"
     assert any("does not take the reference's inputs" in r.getMessage() for r in caplog.records)
     torch.testing.assert_close(fast(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
+
+
+def test_a_found_graph_that_computes_something_else_is_rejected(monkeypatch, caplog):
+    pytest.importorskip("mirage.verifier")
+
+    def wrong(reference, settings, progress=True):
+        g = mi.new_kernel_graph()
+        x = g.new_input(dims=(4, 8), dtype=mi.float32)
+        w = g.new_input(dims=(8, 6), dtype=mi.float32)
+        g.mark_output(g.mul_scalar(g.relu(g.matmul(x, w)), 2.0))  # relu, not silu
+        return g.freeze(), "1 verified µGraph(s)"
+
+    monkeypatch.setattr(optimize, "run_search", wrong)
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        fast = mi.superoptimize(program, INPUTS)
+    detail = fast.specializations[0].choices["sp0"].detail
+    assert detail == "fallback: the searched µGraph failed the float check"
+    torch.testing.assert_close(fast(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
+
+
+def test_real_search_finds_a_fused_graph_and_caches_it():
+    pytest.importorskip("mirage.generator")
+
+    def function(x, w):
+        return torch.exp(x @ w)
+
+    inputs = (torch.randn(8, 256) * 0.1, torch.randn(256, 64) * 0.1)
+    options = {"time_limit_s": 8, "max_results": 1, "search_overrides": {
+        "griddims": [[8, 1, 1]], "franges": [4], "workers": 1, "checkpoint": False, "cache": False}}
+    fast = mi.superoptimize(function, inputs, **options)
+    choice = fast.specializations[0].choices["sp0"]
+    assert choice.source == "search", choice.detail
+    assert choice.detail.startswith("1 verified µGraph(s)")
+    torch.testing.assert_close(fast(*inputs), function(*inputs), rtol=1e-4, atol=1e-5)
+    again = mi.superoptimize(function, inputs, **options)
+    assert again.specializations[0].choices["sp0"].source == "cache"
+    assert again.specializations[0].choices["sp0"].graph == choice.graph
 
 
 def test_missing_search_falls_back_to_the_reference_and_caches_nothing(monkeypatch, isolated_cache):
