@@ -73,7 +73,10 @@ def codegen_launcher(graph: KernelGraph) -> Callable | None:
     return build(graph)
 
 
-def make_executor(graph: KernelGraph, device: torch.device, mode: str = "auto"):
+def make_executor(graph: KernelGraph, device: torch.device, mode: str = "auto",
+                  reference: KernelGraph | None = None):
+    """How to run ``graph`` on ``device``.  On CUDA, when ``graph`` does not compile, ``reference``
+    (the subprogram's unfused graph, whose kernel-level ops run as torch calls) is tried next."""
     if mode == "interpret":
         return Interpreted(graph)
     if device.type != "cuda":
@@ -81,12 +84,23 @@ def make_executor(graph: KernelGraph, device: torch.device, mode: str = "auto"):
             raise ExecutorError(f"executor='cuda' needs CUDA tensors, got tensors on {device}; move the "
                                 "model and inputs to a GPU or use executor='interpret'")
         return Interpreted(graph)
-    launcher = codegen_launcher(graph)
-    if launcher is None:
-        if mode == "cuda":
-            raise ExecutorError("executor='cuda' needs mirage.codegen.compile_graph, which this "
-                                "installation lacks; use executor='auto' or 'interpret'")
-        logger.warning("mirage: no CUDA code generator available; %s runs in the reference "
-                       "interpreter (correct, not fast)", graph.name or "the subprogram")
-        return Interpreted(graph)
-    return Compiled(graph, launcher)
+    name = graph.name or "the subprogram"
+    for candidate in dict.fromkeys(g for g in (graph, reference) if g is not None):
+        try:
+            launcher = codegen_launcher(candidate)
+        except Exception as error:  # compilation failures: nvcc errors, ops without a lowering, ...
+            if mode == "cuda":
+                raise
+            logger.warning("mirage: %s did not compile for the GPU (%s: %s)", name, type(error).__name__,
+                           str(error).splitlines()[0] if str(error) else "")
+            continue
+        if launcher is None:
+            break
+        if candidate is not graph:
+            logger.warning("mirage: %s runs its unfused reference graph instead", name)
+        return Compiled(candidate, launcher)
+    if mode == "cuda":
+        raise ExecutorError("executor='cuda' needs mirage.codegen.compile_graph, which this "
+                            "installation lacks; use executor='auto' or 'interpret'")
+    logger.warning("mirage: %s runs in the reference interpreter on the CPU (correct, not fast)", name)
+    return Interpreted(graph)

@@ -50,3 +50,34 @@ def test_compiled_copies_views_once_while_they_are_unchanged():
     weight.mul_(2.0)  # an in-place change bumps the version: the copy is refreshed
     (third,) = executor([x, weight.t()])
     torch.testing.assert_close(third, x @ weight.t())
+
+
+def _fake_codegen(monkeypatch, failing):
+    from mirage.frontend import executor as module
+
+    def launcher(graph):
+        if graph in failing:
+            raise RuntimeError("nvcc failed")
+        return lambda inputs: [inputs[0] @ inputs[1]]
+
+    monkeypatch.setattr(module, "codegen_launcher", launcher)
+
+
+def test_cuda_falls_back_to_the_reference_graph_when_the_chosen_one_does_not_compile(monkeypatch, caplog):
+    chosen, reference = _graph(), mi.parse(str(_graph()).replace('"g"', '"ref"'))
+    _fake_codegen(monkeypatch, failing={chosen})
+    executor = make_executor(chosen, torch.device("cuda"), "auto", reference)
+    assert isinstance(executor, Compiled) and executor.graph is reference
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "did not compile for the GPU (RuntimeError: nvcc failed)" in messages
+    assert "runs its unfused reference graph instead" in messages
+    with pytest.raises(RuntimeError, match="nvcc failed"):
+        make_executor(chosen, torch.device("cuda"), "cuda", reference)
+
+
+def test_cuda_without_any_compiled_form_interprets(monkeypatch, caplog):
+    chosen = _graph()
+    _fake_codegen(monkeypatch, failing={chosen})
+    executor = make_executor(chosen, torch.device("cuda"), "auto")
+    assert isinstance(executor, Interpreted)
+    assert any("reference interpreter on the CPU" in r.getMessage() for r in caplog.records)
