@@ -1,0 +1,192 @@
+"""``GenNextBlockOp``: the block-level search under one block header (memoized per key).
+
+The block-level search depends on the header only through the input tiles, the for-loop range and
+the inputs' abstract expressions.  :func:`search_bodies` visits every block state reachable in
+canonical order and collects, in pre-order, the *bodies* that can be closed: every sink is an
+accumulated (``after_accum``) tensor other than an input, and there are at most
+``max_block_outputs`` of them.  At each state closing is tried before adding ops, as in Mirage.
+
+**Incremental candidates.**  In canonical order, the ops a child state may add without touching
+its newest tensor are exactly the ops its parent could add after the one that made the child, and
+their verdicts on shape and on the op-local rules are the same.  So every state passes its sorted
+list of accepted candidates down: a child keeps the part after its own op and evaluates only the
+candidates that use its newest tensor.  Rules that depend on the state (memory, lookahead, rules
+registered by users) are applied per state.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from mirage.generator.candidates import input_tuples
+from mirage.generator.state import INPUT_ORDER, BlockState, Body, BodyList
+from mirage.mugraph.graph import AccumKind, Node, Ref, TensorType
+from mirage.mugraph.ops import REGISTRY, UNARY, Op
+
+if TYPE_CHECKING:
+    from mirage.generator.explore import Explorer
+
+# an accepted candidate: (order, op rank, inputs, output type, its id, term, bytes it adds)
+Proposal = tuple
+
+
+class Truncated(Exception):
+    """The state cap was reached inside a block-level search."""
+
+
+def search_bodies(
+    explorer: Explorer, tiles: tuple[TensorType, ...], forloop_range: int, terms: tuple, cap: int | None
+) -> tuple[list[Body], int, bool]:
+    """The closable bodies, the number of block states visited, and whether ``cap`` cut the search."""
+    search = _BlockSearch(explorer, forloop_range, cap)
+    evaluator = explorer.context.evaluator
+    root = BlockState(
+        (),
+        tiles,
+        terms,
+        (0,) * len(tiles),
+        INPUT_ORDER,
+        sum(t.nbytes for t in tiles),
+        len(tiles),
+        tuple(evaluator.intern(t) for t in tiles),
+    )
+    try:
+        search.visit(root, sorted(search.proposals(root, None)), 0)
+    except Truncated:
+        return search.bodies, search.count, True
+    return search.bodies, search.count, False
+
+
+def body_list(bodies: list[Body], states: int) -> BodyList:
+    return BodyList(tuple(bodies), states)
+
+
+def _in_place(choice) -> bool:
+    """Mirage's shared-memory estimate counts unary ops and plain accumulators as in place."""
+    return choice.op in UNARY or (choice.op is Op.ACCUM and choice.attrs.kind is AccumKind.NONE)
+
+
+@functools.cache
+def _containing(num_tensors: int, arity: int) -> tuple[tuple[int, ...], ...]:
+    newest = num_tensors - 1
+    return tuple(t for t in input_tuples(num_tensors, arity) if newest in t)
+
+
+class _BlockSearch:
+    def __init__(self, explorer: Explorer, forloop_range: int, cap: int | None) -> None:
+        self.explorer = explorer
+        self.space = explorer.space
+        self.forloop_range = forloop_range
+        self.cap = cap
+        self.count = 0
+        self.bodies: list[Body] = []
+        rules = explorer.rules
+        self.order = rules.enabled("canonical_order")
+        self.memory = rules.enabled("memory")
+        self.lookahead = rules.enabled("block_lookahead")
+        self.extra = bool(rules.extra)
+        self.choices = [
+            (rank, choice, REGISTRY[choice.op].arity or 1, _in_place(choice))
+            for rank, choice in enumerate(self.space.block_ops)
+        ]
+        self.arity = max((a for _, _, a, _ in self.choices), default=1)
+
+    def visit(self, state: BlockState, proposals: list[Proposal], depth: int) -> None:
+        if self.cap is not None and self.count >= self.cap:
+            raise Truncated
+        position = self.count
+        self.count += 1
+        explorer = self.explorer
+        explorer.stats.states_per_depth[f"block:{depth}"] += 1
+        explorer.tick()
+        sinks = self._closable(state)
+        if sinks is not None:
+            self.bodies.append(Body(state.nodes, sinks, tuple(state.terms[i] for i in sinks), position))
+        if len(state.types) >= self.space.max_block_ops:
+            return
+        pruned = explorer.stats.pruned
+        if self.memory:
+            limit, before = self.space.shared_memory_bytes, len(proposals)
+            proposals = [p for p in proposals if state.memory_bytes + p[6] <= limit]
+            pruned["memory"] += before - len(proposals)
+        for k, proposal in enumerate(proposals):
+            order, rank, inputs, out, out_id, term, nbytes = proposal
+            if self.extra:
+                failed = explorer.extra_verdict(
+                    self.space.block_ops[rank],
+                    rank,
+                    inputs,
+                    state.types,
+                    term,
+                    state.last,
+                    state.memory_bytes,
+                    self.forloop_range,
+                )
+                if failed is not None:
+                    pruned[failed] += 1
+                    continue
+            uses = list(state.uses)
+            for i in inputs:
+                uses[i] += 1
+            uses.append(0)
+            types = state.types + (out,)
+            if self.lookahead and not self._can_close(types, uses, state.num_inputs):
+                pruned["block_lookahead"] += 1
+                continue
+            choice = self.space.block_ops[rank]
+            node = Node(choice.op, tuple(Ref(i, 0) for i in inputs), choice.attrs, (out,))
+            child = BlockState(
+                state.nodes + (node,),
+                types,
+                state.terms + (term,),
+                tuple(uses),
+                order,
+                state.memory_bytes + nbytes,
+                state.num_inputs,
+                state.type_ids + (out_id,),
+            )
+            inherited = proposals[k + 1 :] if self.order else proposals
+            self.visit(child, sorted(inherited + self.proposals(child, order)), depth + 1)
+
+    def proposals(self, state: BlockState, made_by) -> list[Proposal]:
+        """Accepted candidates of ``state`` that use its newest tensor (all of them at the root)."""
+        explorer = self.explorer
+        pruned = explorer.stats.pruned
+        evaluator = explorer.context.evaluator
+        type_ids, terms, last = state.type_ids, state.terms, state.last
+        count = len(type_ids)
+        found = []
+        for rank, choice, arity, in_place in self.choices:
+            tuples = input_tuples(count, arity) if made_by is None else _containing(count, arity)
+            for inputs in tuples:
+                order = (inputs, rank)
+                if self.order and order <= last:
+                    pruned["canonical_order"] += 1
+                    continue
+                operand_types, operand_terms = [type_ids[i] for i in inputs], [terms[i] for i in inputs]
+                failed, out, out_id, term, nbytes, _ = evaluator.evaluate(
+                    self.forloop_range, rank, choice, operand_types, operand_terms
+                )
+                if failed is not None:
+                    pruned[failed] += 1
+                    continue
+                found.append((order, rank, inputs, out, out_id, term, 0 if in_place else nbytes))
+        return found
+
+    def _closable(self, state: BlockState) -> tuple[int, ...] | None:
+        sinks = state.sinks()
+        if not sinks or len(sinks) > self.space.max_block_outputs:
+            return None
+        if any(i < state.num_inputs or not state.types[i].after_accum for i in sinks):
+            return None
+        return tuple(sinks)
+
+    def _can_close(self, types: tuple[TensorType, ...], uses: list[int], num_inputs: int) -> bool:
+        """Can every sink still become an accumulated output within the op budget?"""
+        left = self.space.max_block_ops - len(types)
+        sinks = [i for i, n in enumerate(uses) if n == 0]
+        bad = sum(1 for i in sinks if i < num_inputs or not types[i].after_accum)
+        if bad > left * self.arity:
+            return False
+        return len(sinks) - left * (self.arity - 1) <= self.space.max_block_outputs

@@ -1,0 +1,50 @@
+"""Search budgets and the typed reasons a search stops.
+
+>>> Budget(time_s=60).exhausted_by(elapsed_s=61, states=0, results=0)
+<StopReason.TIME: 'time budget spent'>
+>>> Budget(states=10).exhausted_by(elapsed_s=0, states=3, results=0) is None
+True
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class StopReason(enum.Enum):
+    COMPLETE = "search space exhausted"
+    TIME = "time budget spent"
+    STATES = "state budget spent"
+    RESULTS = "enough verified µGraphs found"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits of one search; ``None`` means no limit.
+
+    ``states`` counts logical search states (kernel and block states, in the order a depth-first
+    search visits them), so a search with a state budget returns the same result for any number of
+    workers.  ``results`` stops after that many verified µGraphs (the first in search order).
+    """
+
+    time_s: float | None = None
+    states: int | None = None
+    results: int | None = None
+
+    def exhausted_by(self, elapsed_s: float, states: int, results: int) -> StopReason | None:
+        if self.time_s is not None and elapsed_s >= self.time_s:
+            return StopReason.TIME
+        if self.states is not None and states >= self.states:
+            return StopReason.STATES
+        if self.results is not None and results >= self.results:
+            return StopReason.RESULTS
+        return None
+
+    def to_dict(self) -> dict:
+        return {"time_s": self.time_s, "states": self.states, "results": self.results}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Budget:
+        return cls(data.get("time_s"), data.get("states"), data.get("results"))

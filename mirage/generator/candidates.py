@@ -1,0 +1,93 @@
+"""Small pure generator functions that propose what the search may add next.
+
+Nothing here checks abstract expressions or memory, or builds graphs: these functions only list
+the candidates (input tuples in canonical order, input sets of graph-defined ops, block headers,
+closing options), in a fixed order, so that the search is deterministic.  The explorer composes
+them and applies the checks.
+
+>>> input_tuples(3, 2)[:4]
+((0, 0), (0, 1), (0, 2), (1, 0))
+>>> after_order(input_tuples(3, 1), ((1,), 4), rank=2)
+((2,),)
+>>> input_sets(3)
+((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,))
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+from collections.abc import Iterator, Sequence
+
+from mirage.errors import GraphError
+from mirage.generator import dims
+from mirage.generator.space import SearchSpace
+from mirage.generator.state import BlockHeader, Order
+from mirage.mugraph import build
+from mirage.mugraph.graph import Dim3, TensorType
+
+
+@functools.cache
+def input_tuples(num_tensors: int, arity: int) -> tuple[tuple[int, ...], ...]:
+    """Mirage's input candidates, sorted: unary ``(i,)``; binary all ordered pairs (``i == j`` too);
+    n-ary permutations without repetition."""
+    indices = range(num_tensors)
+    if arity == 1:
+        return tuple((i,) for i in indices)
+    if arity == 2:
+        return tuple(itertools.product(indices, repeat=2))
+    return tuple(itertools.permutations(indices, arity))
+
+
+def after_order(tuples: tuple[tuple[int, ...], ...], last: Order, rank: int) -> tuple[tuple[int, ...], ...]:
+    """The input tuples ``t`` with ``(t, rank) > last`` (the canonical-order test, by bisection)."""
+    last_inputs, last_rank = last
+    if rank > last_rank:
+        return tuples[bisect.bisect_left(tuples, last_inputs) :]
+    return tuples[bisect.bisect_right(tuples, last_inputs) :]
+
+
+@functools.cache
+def input_sets(num_tensors: int) -> tuple[tuple[int, ...], ...]:
+    """Input sets of a graph-defined op: every non-empty set of tensors, as a sorted tuple (the
+    block graph's input order is canonical), larger sets first."""
+    sets = [c for k in range(num_tensors, 0, -1) for c in itertools.combinations(range(num_tensors), k)]
+    return tuple(sets)
+
+
+def block_headers(
+    inputs: tuple[int, ...], types: Sequence[TensorType], space: SearchSpace, rejected: list[int]
+) -> Iterator[BlockHeader]:
+    """Every (grid, block, input maps, for-loop dims, for-loop range) for these inputs, in Mirage's
+    loop order.  Headers whose input iterators do not fit are counted in ``rejected[0]``."""
+    types = tuple(types)
+    for grid in dims.grid_candidates(types, space):
+        if grid[0] * grid[1] * grid[2] > space.max_grid_blocks:
+            continue
+        for block in dims.block_candidates(space):
+            for imaps in dims.imap_combinations(types, grid, space):
+                for fmaps in dims.fmap_combinations(types, space):
+                    for forloop_range in dims.frange_candidates(types, imaps, fmaps, grid, space):
+                        tiles = _tiles(types, imaps, fmaps, grid, forloop_range)
+                        if tiles is None:
+                            rejected[0] += 1
+                            continue
+                        yield BlockHeader(inputs, grid, block, forloop_range, imaps, fmaps, tiles)
+
+
+def _tiles(
+    types: Sequence[TensorType], imaps: Sequence[Dim3], fmaps: Sequence[int], grid: Dim3, forloop_range: int
+) -> tuple[TensorType, ...] | None:
+    tiles = []
+    for t, imap, fmap in zip(types, imaps, fmaps, strict=True):
+        try:
+            shape = build.tile_shape(t, imap, fmap, grid, forloop_range)
+        except GraphError:
+            return None
+        tiles.append(TensorType(shape, t.dtype))
+    return tuple(tiles)
+
+
+def output_maps(grid: Dim3, space: SearchSpace) -> list[Dim3]:
+    return dims.omap_candidates(grid, space)

@@ -1,0 +1,126 @@
+"""How the search applies the pruning rule table (``mirage.generator.pruning``) at speed.
+
+The table (:class:`~mirage.generator.pruning.PruningTable`) judges one
+:class:`~mirage.generator.pruning.Candidate` at a time.  The search proposes millions of
+candidates, so it applies the built-in rules where they are cheapest and gives the same verdicts:
+
+* ``canonical_order`` is enforced by the enumeration itself (only ordered operand tuples are
+  listed, by bisection); the count of tuples skipped is reported under the rule's name;
+* ``shape``, ``single_exp`` and ``abstract_expression`` depend only on the op, its operand types
+  and its term, so their verdict is memoized per op (``evaluate.py``);
+* ``memory`` is a comparison of the state's memory with the budget;
+* every other enabled rule of the table (rules users register with ``pruning_rule``) runs on a
+  full :class:`Candidate` for each proposal, with ``prefix=None`` (the search does not build the
+  prefix graph of a proposal).
+
+The search adds its own checks, counted and switchable by name like the rules (:data:`SEARCH_CHECKS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mirage.generator import pruning
+from mirage.generator.abstract_expr import Term
+from mirage.generator.pruning import Candidate, PruningContext, PruningTable, UnknownRuleError
+from mirage.generator.space import SearchSpace, SearchSpaceError
+
+#: Rules whose verdict depends only on the op, its operand types and its term (memoized per op).
+MEMOIZED = ("shape", "single_exp", "abstract_expression")
+#: Rules the search applies itself, in the table's terms.
+STRUCTURAL = ("canonical_order", "memory")
+
+#: The search's own checks (not in the pruning table), each counted under its name.
+SEARCH_CHECKS = {
+    "block_matmul_batch": "block-level matmuls need leading dims of 1 (as Mirage's)",
+    "block_lookahead": "the block graph can still be closed within the block-op budget",
+    "kernel_lookahead": "the kernel graph can still end with as many sinks as the reference has outputs",
+    "input_maps": "every input iterator fits its tensor (tile divisibility)",
+    "output_maps": "every output saver fits the grid",
+    "output_expression": "a complete candidate is verified only if each of its output terms is in the "
+    "e-class of a target (a heuristic filter in front of the verifier)",
+}
+_ALWAYS_ON = ("shape", "input_maps", "output_maps")
+
+
+class SearchRules:
+    """The rules in force for one search, split by how the search applies them."""
+
+    def __init__(self, table: PruningTable, disabled_checks: Sequence[str] = ()) -> None:
+        self.table = table
+        self.context: PruningContext = table.context
+        self.disabled_checks = frozenset(disabled_checks)
+        enabled = set(table.enabled)
+        self.memoized = tuple(table.rules[n] for n in MEMOIZED if n in enabled and n != "shape")
+        self.extra = tuple(
+            r for n, r in table.rules.items() if n in enabled and n not in MEMOIZED and n not in STRUCTURAL
+        )
+        self._roots: list | None = None  # e-classes of the targets (per process)
+
+    def enabled(self, name: str) -> bool:
+        if name in SEARCH_CHECKS:
+            return name not in self.disabled_checks
+        return self.table.is_enabled(name)
+
+    def op_verdict(self, candidate: Candidate) -> str | None:
+        """The memoizable rules: the name of the first that cuts ``candidate``, or ``None``."""
+        for rule in self.memoized:
+            if not rule.predicate(candidate, self.context):
+                return rule.name
+        return None
+
+    def extra_verdict(self, candidate: Candidate) -> str | None:
+        for rule in self.extra:
+            if not rule.predicate(candidate, self.context):
+                return rule.name
+        return None
+
+    @property
+    def oracle_report(self) -> str:
+        oracle = self.context.oracle
+        return "abstract-expression pruning off" if oracle is None else getattr(oracle, "report", "")
+
+    def outputs_match_target(self, terms: Sequence[Term]) -> bool:
+        """Whether each term is in the e-class of some target (``True`` when that cannot be told)."""
+        oracle = self.context.oracle
+        if oracle is None or not self.enabled("output_expression") or not hasattr(oracle, "pairs"):
+            return True
+        if self._roots is None:
+            graph = oracle.egraph
+            self._roots = [graph.find(graph.lookup(t)) for t in oracle.targets]
+        return all(any((root, 1) in oracle.pairs(term) for root in self._roots) for term in terms)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_roots": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+def make_rules(
+    targets: Sequence[Term],
+    space: SearchSpace,
+    disabled: Sequence[str] = (),
+    oracle_config: pruning.SubexpressionConfig | None = None,
+) -> SearchRules:
+    """The table of ``mirage.generator.pruning`` with ``disabled`` rules off, plus the search's checks."""
+    disabled = tuple(disabled)
+    forced = sorted(set(disabled) & set(_ALWAYS_ON))
+    if forced:
+        raise SearchSpaceError(f"{forced} cannot be switched off: they keep the µGraphs valid")
+    checks = [n for n in disabled if n in SEARCH_CHECKS]
+    rules = [n for n in disabled if n not in SEARCH_CHECKS]
+    oracle = None
+    if "abstract_expression" not in rules:
+        oracle = pruning.subexpression_oracle(tuple(targets), oracle_config)
+    context = PruningContext(
+        oracle=oracle,
+        shared_memory_bytes=space.shared_memory_bytes,
+        device_memory_bytes=space.device_memory_bytes,
+    )
+    try:
+        table = PruningTable(context, disabled=rules)
+    except UnknownRuleError as error:
+        raise SearchSpaceError(f"{error.args[0]}; the search's own checks: {sorted(SEARCH_CHECKS)}") from None
+    return SearchRules(table, checks)

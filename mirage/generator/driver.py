@@ -1,0 +1,250 @@
+"""The search driver: setup, work units, budgets, checkpoints, the result cache and statistics.
+
+``run_search`` is what ``mirage.generator.search`` calls.  Phases (timed in the statistics):
+
+1. *setup*: resolve the search space against the reference, saturate the target's abstract
+   expression, fingerprint the reference, answer from the result cache if it holds this search;
+2. *search*: visit the root, split its subtrees into work units, run them (serially, on worker
+   processes or on Ray), commit their results in unit order (so budgets on states and results cut
+   the same place for any number of workers), and write a checkpoint every few seconds;
+3. *rank*: order the verified µGraphs by the cost model, save the result and statistics.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mirage.generator.budget import Budget, StopReason
+from mirage.generator.checkpoint import Checkpoint, ResultCache, checkpoint_path, search_key
+from mirage.generator.checks import make_rules
+from mirage.generator.executors import make_executor
+from mirage.generator.explore import Explorer, SearchContext, StopSearch, root_state
+from mirage.generator.expressions import output_terms
+from mirage.generator.progress import Progress
+from mirage.generator.result import FoundGraph, SearchResult
+from mirage.generator.space import SearchSpace
+from mirage.generator.stats import SearchStatistics
+from mirage.generator.units import split
+from mirage.generator.verification import make_checker
+from mirage.mugraph.graph import KernelGraph
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    budget: Budget = Budget()
+    workers: int | None = None  # None: every core
+    backend: str = "auto"  # auto (processes when workers > 1), serial, processes, ray
+    ray_address: str | None = None
+    seed: int = 0
+    checker: str = "auto"  # auto (the verifier, or float64 where it cannot), verifier, float
+    verify_delta: float = 1e-9  # the verifier's error target per candidate
+    disabled_rules: tuple[str, ...] = ()
+    oracle_config: Any = None  # a pruning.SubexpressionConfig (e-graph back end and limits)
+    checkpoint: str | Path | bool | None = None  # None: under the cache dir; False: no checkpoints
+    checkpoint_every_s: float = 30.0
+    resume: bool = True
+    cache: bool = True
+    progress: bool = True
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    def key_options(self, checker_name: str) -> dict[str, Any]:
+        return {"seed": self.seed, "checker": checker_name, "disabled_rules": sorted(self.disabled_rules)}
+
+
+def machine_description() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+class _Committer:
+    """Commits unit records in index order and applies the state and result budgets there."""
+
+    def __init__(self, budget: Budget, offset: int) -> None:
+        self.budget = budget
+        self.offset = offset  # logical states of everything committed
+        self.next = 0
+        self.found: list[dict[str, Any]] = []
+        self.stop: StopReason | None = None
+        self.records: dict[int, dict[str, Any]] = {}
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.records[record["index"]] = record
+        while self.stop is None and self.next in self.records:
+            self._commit(self.records[self.next])
+
+    def _commit(self, record: dict[str, Any]) -> None:
+        budget = self.budget
+        for found in record["found"]:
+            if budget.states is not None and self.offset + found["position"] > budget.states:
+                self.stop = StopReason.STATES
+                return
+            self.found.append(found)
+            if budget.results is not None and len(self.found) >= budget.results:
+                self.stop = StopReason.RESULTS
+                return
+        if record["stop"] is not None:
+            self.stop = StopReason(record["stop"])
+            return
+        self.offset += record["states"]
+        self.next += 1
+        if budget.states is not None and self.offset >= budget.states:
+            self.stop = StopReason.STATES
+
+    def remaining_states(self) -> int | None:
+        return None if self.budget.states is None else max(0, self.budget.states - self.offset)
+
+
+def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOptions) -> SearchResult:
+    wall = time.perf_counter()
+    started_at = time.time()
+    stats = SearchStatistics(machine=options.machine or machine_description())
+    space = space.resolve(reference)
+    checker = make_checker(reference, options.seed, options.checker, options.verify_delta)
+    key = search_key(reference.content_hash(), space.content_hash(), options.key_options(checker.name))
+    stats.space_hash, stats.graph_hash, stats.checker = (
+        space.content_hash(),
+        reference.content_hash(),
+        checker.name,
+    )
+    cache = ResultCache() if options.cache else None
+    cached = cache.load(key) if cache is not None else None
+    if cached is not None and _covers(cached, options.budget):
+        logger.info("search %s answered from the result cache", key)
+        return SearchResult.from_document(reference, space, cached, key)
+
+    rules = make_rules(output_terms(reference), space, options.disabled_rules, options.oracle_config)
+    stats.oracle = rules.oracle_report
+    context = SearchContext(reference, space, rules, checker, started_at)
+    stats.phase_seconds["setup"] = time.perf_counter() - wall
+    logger.info("search space: %s", space.describe())
+
+    search_start = time.perf_counter()
+    deadline = None if options.budget.time_s is None else started_at + options.budget.time_s
+    explorer = Explorer(context)
+    root = root_state(reference)
+    explorer.visit("kernel", 0)
+    explorer.stats.kernel_states += 1
+    root_found = explorer.verify(root)
+    units = [] if root_found else split(explorer, root)
+    stats.add_unit(_unit_stats(explorer))
+    stats.units_total = len(units)
+    committer = _Committer(options.budget, explorer.position)
+    committer.found = [
+        {"graph": f.graph, "position": f.position, "elapsed_s": f.elapsed_s} for f in explorer.found
+    ]
+
+    path = _checkpoint_file(options, key)
+    checkpoint = Checkpoint(key, len(units))
+    if path is not None and options.resume:
+        loaded = Checkpoint.load(path, key, len(units))
+        if loaded is not None:
+            checkpoint = loaded
+            stats.units_resumed = len(loaded.done)
+            logger.info(
+                "resuming search from checkpoint %s (%d of %d units done)", path, len(loaded.done), len(units)
+            )
+    for index in sorted(checkpoint.done):
+        committer.add(checkpoint.done[index])
+    pending = [u for u in units if u.index not in checkpoint.done]
+
+    progress = Progress(len(units), len(checkpoint.done), enabled=options.progress)
+    workers = options.workers or os.cpu_count() or 1
+    executor = make_executor(
+        context, _backend(options, workers), workers, progress.refresh_soon, options.ray_address
+    )
+    stats.workers, stats.backend = workers, executor.name
+    progress.bind(executor, committer, stats)
+    last_checkpoint = time.time()
+    stop: StopReason | None = committer.stop
+    try:
+        if stop is None:
+            for record in executor.results(pending, deadline, committer.remaining_states):
+                if record is not None:
+                    if record["stop"] is None:
+                        checkpoint.done[record["index"]] = record
+                    committer.add(record)
+                    progress.unit_done(record)
+                progress.refresh()
+                if path is not None and time.time() - last_checkpoint > options.checkpoint_every_s:
+                    checkpoint.save(path)
+                    last_checkpoint = time.time()
+                stop = committer.stop
+                if stop is None and deadline is not None and time.time() > deadline:
+                    stop = StopReason.TIME
+                if stop is not None:
+                    break
+    except KeyboardInterrupt:
+        stop = StopReason.INTERRUPTED
+        logger.warning("search interrupted; the checkpoint keeps the finished units")
+    finally:
+        executor.close()
+        progress.close()
+    if path is not None:
+        checkpoint.save(path)
+    stop = stop or committer.stop or StopReason.COMPLETE
+    stats.phase_seconds["search"] = time.perf_counter() - search_start
+
+    found = committer.found
+    if stop in (StopReason.TIME, StopReason.INTERRUPTED):  # keep what uncommitted units found too
+        extra = [f for i, r in sorted(committer.records.items()) if i >= committer.next for f in r["found"]]
+        found = found + extra
+    for record in committer.records.values():
+        stats.add_unit(record["stats"])
+    stats.units_done = sum(1 for r in committer.records.values() if r["stop"] is None)
+    stats.stop_reason = stop.value
+    rank_start = time.perf_counter()
+    result = SearchResult.build(
+        reference, space, [FoundGraph.from_record(f) for f in found], stats, stop, key
+    )
+    stats.phase_seconds["rank"] = time.perf_counter() - rank_start
+    stats.wall_seconds = time.perf_counter() - wall
+    stats.verified = len(result.found)
+    stats.first_found_s = min((f.elapsed_s for f in result.found), default=None)
+    logger.info("search finished: %s", stats.summary())
+    if cache is not None and stop is not StopReason.INTERRUPTED:
+        cache.store(key, result.to_document(options.budget), stats.to_dict())
+        if path is not None and stop is StopReason.COMPLETE:
+            path.unlink(missing_ok=True)
+    return result
+
+
+def _unit_stats(explorer: Explorer) -> dict[str, Any]:
+    from mirage.generator.units import _stats_dict
+
+    return _stats_dict(explorer)
+
+
+def _backend(options: SearchOptions, workers: int) -> str:
+    if options.backend == "auto":
+        return "processes" if workers > 1 else "serial"
+    return options.backend
+
+
+def _checkpoint_file(options: SearchOptions, key: str) -> Path | None:
+    if options.checkpoint is False:
+        return None
+    if options.checkpoint is None or options.checkpoint is True:
+        return checkpoint_path(key)
+    return Path(options.checkpoint)
+
+
+def _covers(document: dict[str, Any], budget: Budget) -> bool:
+    """A finished search answers any budget; one stopped by its budget answers the same budget."""
+    if document.get("stop_reason") == StopReason.COMPLETE.value:
+        return True
+    return Budget.from_dict(document.get("budget", {})) == budget
+
+
+__all__ = ["SearchOptions", "StopSearch", "run_search"]

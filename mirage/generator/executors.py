@@ -1,0 +1,141 @@
+"""Where work units run: in this process, on a pool of worker processes, or on a Ray cluster.
+
+Every executor has the same interface: :meth:`results` runs the given units and yields each unit's
+record as it finishes, and yields ``None`` about twice a second so that the driver can refresh its
+progress bar and write checkpoints; :attr:`live_states` is a live count of states visited;
+:meth:`close` stops outstanding work.
+
+Worker processes are forked when the platform allows it, so they share the saturated e-graph of
+the target and the reference's fingerprints with the parent instead of rebuilding them.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any
+
+from mirage.generator.budget import StopReason
+from mirage.generator.explore import SearchContext, StopSearch
+from mirage.generator.units import WorkUnit, run_unit
+
+logger = logging.getLogger(__name__)
+
+CapFunction = Callable[[], "int | None"]
+TICK_S = 0.5
+
+
+class SerialExecutor:
+    """Runs units one after the other in this process (``workers=1``)."""
+
+    name = "serial"
+
+    def __init__(self, context: SearchContext, on_progress: Callable[[], None] | None = None) -> None:
+        self.context = context
+        self.live_states = 0
+        self.on_progress = on_progress
+        self._stopped = False
+
+    def _progress(self, states: int) -> None:
+        self.live_states += states
+        if self.on_progress is not None:
+            self.on_progress()
+        if self._stopped:
+            raise StopSearch(StopReason.INTERRUPTED)
+
+    def results(
+        self, units: Sequence[WorkUnit], deadline: float | None, cap: CapFunction
+    ) -> Iterator[dict[str, Any] | None]:
+        for unit in units:
+            if self._stopped:
+                return
+            yield run_unit(self.context, unit, deadline, cap(), self._progress)
+
+    def close(self) -> None:
+        self._stopped = True
+
+
+# ---- worker processes ------------------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(context: SearchContext, counter, stop_flag) -> None:
+    _WORKER.update(context=context, counter=counter, stop=stop_flag)
+
+
+def _worker_progress(states: int) -> None:
+    counter = _WORKER["counter"]
+    with counter.get_lock():
+        counter.value += states
+    if _WORKER["stop"].value:
+        raise StopSearch(StopReason.INTERRUPTED)
+
+
+def _run_in_worker(unit: WorkUnit, deadline: float | None, cap: int | None) -> dict[str, Any]:
+    return run_unit(_WORKER["context"], unit, deadline, cap, _worker_progress)
+
+
+class ProcessExecutor:
+    """Runs units on ``workers`` processes, keeping twice as many units in flight."""
+
+    name = "processes"
+
+    def __init__(self, context: SearchContext, workers: int) -> None:
+        methods = multiprocessing.get_all_start_methods()
+        mp = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        self.workers = workers
+        self._counter = mp.Value("q", 0)
+        self._stop = mp.Value("b", 0)
+        self._pool = ProcessPoolExecutor(
+            workers, mp_context=mp, initializer=_init_worker, initargs=(context, self._counter, self._stop)
+        )
+
+    @property
+    def live_states(self) -> int:
+        return int(self._counter.value)
+
+    def results(
+        self, units: Sequence[WorkUnit], deadline: float | None, cap: CapFunction
+    ) -> Iterator[dict[str, Any] | None]:
+        pending = iter(units)
+        in_flight: dict[Future, WorkUnit] = {}
+
+        def fill() -> None:
+            while len(in_flight) < 2 * self.workers and not self._stop.value:
+                unit = next(pending, None)
+                if unit is None:
+                    return
+                in_flight[self._pool.submit(_run_in_worker, unit, deadline, cap())] = unit
+
+        fill()
+        while in_flight:
+            done, _ = wait(in_flight, timeout=TICK_S, return_when=FIRST_COMPLETED)
+            for future in done:
+                in_flight.pop(future)
+                yield future.result()
+            if not done:
+                yield None
+            fill()
+
+    def close(self) -> None:
+        self._stop.value = 1
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def make_executor(
+    context: SearchContext,
+    backend: str,
+    workers: int,
+    on_progress: Callable[[], None] | None = None,
+    ray_address: str | None = None,
+):
+    if backend == "ray":
+        from mirage.generator.ray_backend import RayExecutor
+
+        return RayExecutor(context, workers, ray_address)
+    if backend == "serial" or workers <= 1:
+        return SerialExecutor(context, on_progress)
+    return ProcessExecutor(context, workers)

@@ -1,0 +1,392 @@
+"""Depth-first enumeration of µGraphs (the paper's Algorithm 1) over one subtree of the search.
+
+:class:`Explorer` runs ``GenNextKernelOp``: at every kernel-level state it first checks whether the
+state is a complete, verified µGraph (then records it and does not extend it), then tries the
+pre-defined kernel ops, then graph-defined ops: an input set, a block header (grid, block dims,
+input maps, for-loop dims and range), and the block-level search (``blocks.py``), whose closable
+bodies are closed with each output map into a graph-defined op.
+
+Every op is added in canonical order and passes the pruning rules first (``checks.py``).
+
+The block-level search under a header is memoized on (tiles, for-loop range, input terms), so the
+thousands of headers that share tiles search their block ops once.  State counts stay *logical*:
+a memoized search counts the states it visited, so the numbers (and state budgets) do not depend
+on what a worker process had cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from mirage.errors import GraphError
+from mirage.generator import abstract_expr as ae
+from mirage.generator.blocks import body_list, search_bodies
+from mirage.generator.budget import StopReason
+from mirage.generator.candidates import after_order, block_headers, input_sets, input_tuples, output_maps
+from mirage.generator.checks import SearchRules
+from mirage.generator.evaluate import KERNEL, OpEvaluator
+from mirage.generator.pruning import Candidate
+from mirage.generator.space import OpChoice, SearchSpace
+from mirage.generator.state import INPUT_ORDER, BlockHeader, Body, BodyList, KernelState, Order
+from mirage.generator.verification import CandidateChecker
+from mirage.mugraph import build
+from mirage.mugraph.graph import BlockGraph, InputIterator, KernelGraph, Level, Node, Ref, TensorType
+from mirage.mugraph.ops import REGISTRY, Op
+
+logger = logging.getLogger(__name__)
+
+_CHECK_EVERY = 256  # states between clock checks
+
+
+class StopSearch(Exception):
+    def __init__(self, reason: StopReason) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
+
+
+@dataclass
+class SearchContext:
+    """What every worker needs, built once per search (picklable; caches stay in their process)."""
+
+    reference: KernelGraph
+    space: SearchSpace
+    rules: SearchRules
+    checker: CandidateChecker
+    started_at: float  # time.time() at the start of the search
+    memo: dict = field(default_factory=dict, repr=False)
+    memo_limit: int = 20_000
+    _evaluator: OpEvaluator | None = field(default=None, repr=False)
+
+    def __getstate__(self):
+        return {**self.__dict__, "memo": {}, "_evaluator": None}
+
+    @property
+    def evaluator(self) -> OpEvaluator:
+        if self._evaluator is None:
+            self._evaluator = OpEvaluator(self.rules, self.space.reduction_dimx)
+        return self._evaluator
+
+
+@dataclass(frozen=True)
+class Found:
+    graph: KernelGraph
+    position: int  # logical state index within its work unit
+    elapsed_s: float  # seconds since the search started
+
+
+@dataclass
+class UnitStats:
+    kernel_states: int = 0
+    block_states: int = 0  # logical (memoized searches counted as if repeated)
+    block_states_searched: int = 0  # actually visited by this process
+    states_per_depth: Counter = field(default_factory=Counter)  # "kernel:1", "block:3", ...
+    pruned: Counter = field(default_factory=Counter)
+    verify_calls: int = 0
+    verify_s: float = 0.0
+    seconds: float = 0.0
+
+
+def root_state(reference: KernelGraph) -> KernelState:
+    """The kernel graph of the reference's inputs only."""
+    nodes = tuple(reference.nodes[i] for i in reference.input_nodes)
+    count = len(nodes)
+    return KernelState(
+        KernelGraph(nodes, (), reference.name),
+        tuple(Ref(i, 0) for i in range(count)),
+        tuple(ae.variable(i) for i in range(count)),
+        (0,) * count,
+        INPUT_ORDER,
+        0,
+        sum(n.outputs[0].nbytes for n in nodes),
+    )
+
+
+class Explorer:
+    """Runs the depth-first search below one state; collects verified µGraphs and statistics."""
+
+    def __init__(
+        self,
+        context: SearchContext,
+        deadline: float | None = None,
+        state_cap: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.context = context
+        self.space: SearchSpace = context.space
+        self.rules = context.rules
+        self.deadline = deadline
+        self.state_cap = state_cap
+        self.progress = progress
+        self.position = 0
+        self.stats = UnitStats()
+        self.found: list[Found] = []
+        self._ticks = 0
+        self._outputs = len(context.reference.outputs)
+        self._output_types = sorted((t.shape, t.dtype.value) for t in context.reference.output_types)
+        self._kernel_arity = max((REGISTRY[c.op].arity or 1 for c in self.space.kernel_ops), default=1)
+        self._customized_rank = len(self.space.kernel_ops)
+        self._order = self.rules.enabled("canonical_order")
+        self._memory = self.rules.enabled("memory")
+        self._kernel_lookahead = self.rules.enabled("kernel_lookahead")
+
+    # ---- bookkeeping ------------------------------------------------------------------------------
+
+    def visit(self, level: str, depth: int) -> None:
+        if self.state_cap is not None and self.position >= self.state_cap:
+            raise StopSearch(StopReason.STATES)
+        self.position += 1
+        self.stats.states_per_depth[f"{level}:{depth}"] += 1
+        self.tick()
+
+    def tick(self) -> None:
+        self._ticks += 1
+        if self._ticks % _CHECK_EVERY == 0:
+            if self.progress is not None:
+                self.progress(_CHECK_EVERY)
+            if self.deadline is not None and time.time() > self.deadline:
+                raise StopSearch(StopReason.TIME)
+
+    def extra_verdict(
+        self,
+        choice: OpChoice,
+        rank: int,
+        inputs: tuple[int, ...],
+        types: tuple[TensorType, ...],
+        term,
+        last: Order,
+        memory: int,
+        forloop_range: int,
+    ) -> str | None:
+        """The table's other rules (registered by users), on a full candidate."""
+        level = Level.KERNEL if forloop_range == KERNEL else Level.BLOCK
+        candidate = Candidate(
+            level,
+            choice.op,
+            choice.attrs,
+            inputs,
+            tuple(types[i] for i in inputs),
+            term,
+            rank,
+            last,
+            memory,
+            max(forloop_range, 1),
+            self.space.reduction_dimx,
+        )
+        return self.rules.extra_verdict(candidate)
+
+    # ---- kernel level -----------------------------------------------------------------------------
+
+    def run_kernel(self, state: KernelState, depth: int = 0) -> None:
+        """Visit ``state`` and its whole subtree."""
+        self.visit("kernel", depth)
+        self.stats.kernel_states += 1
+        if self.verify(state):
+            return
+        for kind, child in self.children(state):
+            if kind == "kernel":
+                self.run_kernel(child, depth + 1)  # type: ignore[arg-type]
+            else:
+                self.run_header(state, child, depth + 1)  # type: ignore[arg-type]
+
+    def children(self, state: KernelState) -> Iterator[tuple[str, KernelState | BlockHeader]]:
+        """Pre-defined-op children, then graph-defined-op headers, in search order."""
+        if len(state.graph.nodes) >= self.space.max_kernel_ops:
+            return
+        if not state.type_ids:
+            evaluator = self.context.evaluator
+            state = dataclasses.replace(state, type_ids=tuple(evaluator.intern(t) for t in state.types))
+        headers = state.graph_defined < self.space.max_graph_defined
+        if headers and self.space.graph_defined_first:
+            yield from (("header", h) for h in self._headers(state))
+        for child in self._kernel_op_children(state):
+            yield "kernel", child
+        if headers and not self.space.graph_defined_first:
+            yield from (("header", h) for h in self._headers(state))
+
+    def verify(self, state: KernelState) -> bool:
+        sinks = state.sinks()
+        if len(sinks) != self._outputs:
+            return False
+        types = [state.graph.type_of(state.tensors[i]) for i in sinks]
+        if sorted((t.shape, t.dtype.value) for t in types) != self._output_types:
+            return False
+        if not self.rules.outputs_match_target([state.terms[i] for i in sinks]):
+            self.stats.pruned["output_expression"] += 1
+            return False
+        start = time.perf_counter()
+        matched = self.context.checker.match(state.graph, [state.tensors[i] for i in sinks])
+        self.stats.verify_s += time.perf_counter() - start
+        self.stats.verify_calls += 1
+        if matched is None:
+            return False
+        graph = dataclasses.replace(state.graph, outputs=matched)
+        self.found.append(Found(graph, self.position, time.time() - self.context.started_at))
+        logger.debug("verified µGraph at state %d:\n%s", self.position, graph)
+        return True
+
+    def _lookahead_ok(self, sinks: int, ops_left: int, graph_defined_left: int) -> bool:
+        """Can the graph still end with exactly as many sinks as the reference has outputs?"""
+        if not self._kernel_lookahead or graph_defined_left > 0:
+            return True
+        return sinks - ops_left * (self._kernel_arity - 1) <= self._outputs <= sinks + ops_left
+
+    def _kernel_op_children(self, state: KernelState) -> Iterator[KernelState]:
+        pruned = self.stats.pruned
+        evaluator = self.context.evaluator
+        type_ids, terms = state.type_ids, state.terms
+        ops_left = self.space.max_kernel_ops - len(state.graph.nodes) - 1
+        graph_defined_left = self.space.max_graph_defined - state.graph_defined
+        for rank, choice in enumerate(self.space.kernel_ops):
+            every = input_tuples(len(type_ids), REGISTRY[choice.op].arity or 1)
+            tuples = after_order(every, state.last, rank) if self._order else every
+            pruned["canonical_order"] += len(every) - len(tuples)
+            for inputs in tuples:
+                failed, out, out_id, term, nbytes, _ = evaluator.evaluate(
+                    KERNEL, rank, choice, [type_ids[i] for i in inputs], [terms[i] for i in inputs]
+                )
+                if failed is not None:
+                    pruned[failed] += 1
+                    continue
+                memory = state.memory_bytes + nbytes
+                if self._memory and memory > self.space.device_memory_bytes:
+                    pruned["memory"] += 1
+                    continue
+                if self.rules.extra:
+                    failed = self.extra_verdict(
+                        choice, rank, inputs, state.types, term, state.last, state.memory_bytes, KERNEL
+                    )
+                    if failed is not None:
+                        pruned[failed] += 1
+                        continue
+                uses = list(state.uses)
+                for i in inputs:
+                    uses[i] += 1
+                uses.append(0)
+                if not self._lookahead_ok(uses.count(0), ops_left, graph_defined_left):
+                    pruned["kernel_lookahead"] += 1
+                    continue
+                graph, index = build.append(
+                    state.graph, choice.op, tuple(state.tensors[i] for i in inputs), choice.attrs, (out,)
+                )
+                yield KernelState(
+                    graph,
+                    state.tensors + (Ref(index, 0),),
+                    terms + (term,),
+                    tuple(uses),
+                    (inputs, rank),
+                    state.graph_defined,
+                    memory,
+                    type_ids + (out_id,),
+                )
+
+    def _headers(self, state: KernelState) -> Iterator[BlockHeader]:
+        pruned = self.stats.pruned
+        types = state.types
+        ops_left = self.space.max_kernel_ops - len(state.graph.nodes) - 1
+        graph_defined_left = self.space.max_graph_defined - state.graph_defined - 1
+        sinks = set(state.sinks())
+        for inputs in input_sets(len(types)):
+            if self._order and (inputs, self._customized_rank) <= state.last:
+                pruned["canonical_order"] += 1
+                continue
+            # after the op, the consumed sinks are gone and it adds 1 to max_block_outputs sinks
+            remaining = len(sinks - set(inputs))
+            if not any(
+                self._lookahead_ok(remaining + k, ops_left, graph_defined_left)
+                for k in range(1, self.space.max_block_outputs + 1)
+            ):
+                pruned["kernel_lookahead"] += 1
+                continue
+            rejected = [0]
+            yield from block_headers(inputs, [types[i] for i in inputs], self.space, rejected)
+            pruned["input_maps"] += rejected[0]
+
+    # ---- graph-defined ops ------------------------------------------------------------------------
+
+    def run_header(self, state: KernelState, header: BlockHeader, depth: int) -> None:
+        """The block-level search under one header, and the kernel subtrees of its closed graphs."""
+        key = (header.tiles, header.forloop_range, tuple(state.terms[i] for i in header.inputs))
+        base = self.position
+        cap = None if self.state_cap is None else self.state_cap - base
+        bodies, truncated = self._bodies(key, cap)
+        extra = 0
+        for body in bodies.bodies:
+            self.position = base + body.position + 1 + extra
+            before = self.position
+            for child in self._close(state, header, body):
+                self.run_kernel(child, depth + 1)
+            extra += self.position - before
+        self.position = base + bodies.states + extra
+        self.stats.block_states += bodies.states
+        if truncated:
+            raise StopSearch(StopReason.STATES)
+
+    def _bodies(self, key, cap: int | None) -> tuple[BodyList, bool]:
+        memo = self.context.memo
+        cached = memo.get(key)
+        if cached is not None:
+            if cap is not None and cached.states > cap:
+                return BodyList(tuple(b for b in cached.bodies if b.position < cap), cap), True
+            return cached, False
+        tiles, forloop_range, terms = key
+        bodies, states, truncated = search_bodies(self, tiles, forloop_range, terms, cap)
+        self.stats.block_states_searched += states
+        result = body_list(bodies, states)
+        if not truncated:
+            if len(memo) >= self.context.memo_limit:
+                memo.clear()
+            memo[key] = result
+        return result, truncated
+
+    def _close(self, state: KernelState, header: BlockHeader, body: Body) -> Iterator[KernelState]:
+        """The kernel states made by closing ``body`` under ``header`` with each output map."""
+        types = state.types
+        inputs = tuple(
+            Node(Op.INPUT, (), InputIterator(types[k], imap, fmap), (tile,))
+            for k, imap, fmap, tile in zip(
+                header.inputs, header.input_maps, header.forloop_dims, header.tiles, strict=True
+            )
+        )
+        block = BlockGraph(
+            inputs + body.nodes,
+            header.grid_dim,
+            header.block_dim,
+            header.forloop_range,
+            self.space.reduction_dimx,
+        )
+        evaluator = self.context.evaluator
+        for omap in output_maps(header.grid_dim, self.space):
+            graph = block
+            try:
+                for sink in body.sinks:
+                    graph, _ = build.add_output_saver(graph, Ref(sink, 0), omap)
+                operands = tuple(state.tensors[k] for k in header.inputs)
+                kernel, index = build.add_customized(state.graph, operands, graph)
+            except GraphError:
+                self.stats.pruned["output_maps"] += 1
+                continue
+            outputs = kernel.nodes[index].outputs
+            memory = state.memory_bytes + sum(t.nbytes for t in outputs)
+            if self._memory and memory > self.space.device_memory_bytes:
+                self.stats.pruned["memory"] += 1
+                continue
+            uses = list(state.uses)
+            for k in header.inputs:
+                uses[k] += 1
+            uses += [0] * len(outputs)
+            type_ids = tuple(evaluator.intern(t) for t in types + outputs)
+            yield KernelState(
+                kernel,
+                state.tensors + tuple(Ref(index, j) for j in range(len(outputs))),
+                state.terms + body.terms,
+                tuple(uses),
+                (header.inputs, self._customized_rank),
+                state.graph_defined + 1,
+                memory,
+                type_ids,
+            )
