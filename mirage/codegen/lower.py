@@ -1,0 +1,411 @@
+"""Lowering: from one prepared graph-defined op to a :class:`~mirage.codegen.lower_context.KernelContext`.
+
+The optimizer (:func:`mirage.optimizer.prepare`) has decided everything about the kernel: which
+thread graphs are fused, which ops run as another op's epilogue, which matmul accumulators stay in
+registers, the schedule with its barriers and the shared-memory offsets.  This module only turns
+those decisions into records the templates render; it decides nothing about speed itself, so that
+speed (deeper pipelines, TMA, other matmul engines) comes in through the optimizer's records and
+new producer or step kinds, not by rewriting the walk below.
+
+The walk (:meth:`KernelLowering.steps`) follows ``schedule.items``:
+
+* a LOAD step of a non-pipelined input iterator issues its cp.async copies (``LoadStep``); pipelined
+  inputs load at the top of each iteration, ``stages − 1`` iterations ahead;
+* a COMPUTE or ACCUMULATE step whose node is no one's epilogue starts a chain: the node's producer,
+  the epilogue consumers that follow it (``registers.epilogues``) as links, and a sink for the last
+  one (:meth:`KernelLowering.chain`);
+* FINALIZE writes a register accumulator back, or scales a mean / rms accumulator; STORE saves;
+* barriers wait for outstanding copies when some were issued since the last barrier.  The last
+  pre-loop barrier also clears the loop state and runs the pipeline prologue before it (the memory
+  plan starts their lifetimes at that level).
+"""
+
+from __future__ import annotations
+
+import math
+
+from mirage.codegen import lower_context as ctx
+from mirage.codegen.lower_ops import (
+    LoweringError,
+    element_type,
+    functor,
+    rank4,
+    rank4_dim,
+    rank4_map,
+    tile_layout,
+)
+from mirage.mugraph.graph import AccumKind, BlockGraph, Node, Ref, ThreadGraph
+from mirage.mugraph.ops import ELEMENTWISE, Op
+from mirage.optimizer.memory import BufferKind
+from mirage.optimizer.pipeline import PreparedKernel
+from mirage.optimizer.schedule import Action, Barrier, Phase, Step
+
+MATMULS = frozenset({Op.MATMUL, Op.CONCAT_MATMUL})
+NEGATIVE_INFINITY = "mirage::gen::negative_infinity()"
+
+
+class KernelLowering:
+    """Lowers one prepared graph-defined op (see the module docstring)."""
+
+    def __init__(self, kernel: PreparedKernel, name: str, accumulator_element: str = "float") -> None:
+        self.kernel = kernel
+        self.name = name
+        self.graph: BlockGraph = kernel.block_graph
+        self.accumulator_element = accumulator_element
+        self.threads = math.prod(self.graph.block_dim)
+        self.epilogue_consumer = {producer: consumer for consumer, producer in kernel.registers.epilogues}
+        self.in_registers = frozenset(kernel.registers.accumulators)
+        self.functions: dict[int, ctx.ThreadFunction] = {}
+        self.matmuls: dict[int, ctx.MatmulType] = {}
+        self._tiles: dict[tuple[int, int], ctx.Tile] = {}
+        self._check_nodes()
+        self.iterators = tuple(self._iterator(k, i) for k, i in enumerate(self.graph.input_nodes))
+        pipelined = {it.stages for it in self.iterators if it.pipelined}
+        if len(pipelined) > 1:
+            raise LoweringError(f"pipelined inputs of {name} have different stage counts {sorted(pipelined)}")
+        self.stages = pipelined.pop() if pipelined else 1
+        self.registers = tuple(self._register_accumulator(i) for i in sorted(self.in_registers))
+
+    # ---- checks ------------------------------------------------------------------------------
+
+    def _check_nodes(self) -> None:
+        for i, node in enumerate(self.graph.nodes):
+            if node.op in (Op.INPUT, Op.OUTPUT):
+                element_type(node.outputs[0].dtype, f"node %{i} ({node.op.value})")
+            elif node.op not in LOWERED_OPS:
+                raise LoweringError(f"block op {node.op.value} (node %{i} of {self.name}) has no CUDA "
+                                    f"lowering; lowered ops: {sorted(o.value for o in LOWERED_OPS)}")
+            if node.op is Op.ACCUM_RESCALE:
+                maximum = self.graph.nodes[node.inputs[1].node]
+                if maximum.op is not Op.RUNNING_MAX:
+                    raise LoweringError(f"accum_rescale %{i} of {self.name} rescales by %{node.inputs[1].node} "
+                                        f"({maximum.op.value}); only a running_max has a lowering (the "
+                                        "rescale reads its value before and after this iteration)")
+            if node.op is Op.FUSED:
+                for inner in node.attrs.nodes:
+                    if inner.op is not Op.INPUT:
+                        functor(inner.op)
+            if node.op in ELEMENTWISE:
+                functor(node.op)
+
+    # ---- tiles -------------------------------------------------------------------------------
+
+    def element(self, i: int) -> str:
+        node = self.graph.nodes[i]
+        if node.op in (Op.ACCUM, Op.ACCUM_RESCALE, Op.RUNNING_MAX):
+            return self.accumulator_element
+        return element_type(node.outputs[0].dtype, f"node %{i} ({node.op.value})")
+
+    def tile(self, i: int, slot: int = 0) -> ctx.Tile:
+        """The shared tile holding node ``i``'s result (slot 1 of a running max: its previous value)."""
+        key = (i, slot)
+        if key not in self._tiles:
+            try:
+                buffer = self.kernel.memory.buffer_of(i)
+            except KeyError:
+                raise LoweringError(f"node %{i} of {self.name} has no shared-memory buffer but is read "
+                                    "from shared memory") from None
+            plan = self.kernel.layouts[i]
+            shape = self.graph.nodes[i].outputs[0].shape
+            row_major = plan is None or plan.innermost_dim == len(shape) - 1
+            element = self.element(i)
+            layout = tile_layout(shape, element, buffer.slot_bytes, row_major)
+            pipelined = buffer.kind is BufferKind.INPUT_STAGES
+            name = f"t{i}" if slot == 0 else f"t{i}_previous"
+            offset = -1 if pipelined else buffer.offset + slot * buffer.slot_bytes
+            self._tiles[key] = ctx.Tile(name, element, layout, offset)
+        return self._tiles[key]
+
+    def operand(self, ref: Ref) -> ctx.Tile:
+        return self.tile(ref.node)
+
+    # ---- inputs and outputs ------------------------------------------------------------------
+
+    def _iterator(self, k: int, i: int) -> ctx.InputIteratorContext:
+        node = self.graph.nodes[i]
+        it = node.attrs
+        buffer = self.kernel.memory.buffer_of(i)
+        rank = it.source.rank
+        pipelined = buffer.kind is BufferKind.INPUT_STAGES
+        tile = self.tile(i)
+        return ctx.InputIteratorContext(
+            name=f"in{i}", node=i, parameter=f"input{k}",
+            tile=ctx.Tile(tile.name, tile.element, tile.layout, buffer.offset),
+            source_dims=rank4(it.source.shape), input_map=rank4_map(rank, it.input_map, self.graph.grid_dim),
+            forloop_dim=rank4_dim(rank, it.forloop_dim), stages=buffer.slots if pipelined else 1,
+            pipelined=pipelined)
+
+    def _saver(self, j: int, i: int) -> ctx.OutputSaverContext:
+        node = self.graph.nodes[i]
+        (src,) = node.inputs
+        target = node.outputs[0]
+        return ctx.OutputSaverContext(
+            name=f"out{i}", node=i, parameter=f"output{j}",
+            element=element_type(target.dtype, f"output %{i}"), tile=self.operand(src),
+            target_dims=rank4(target.shape),
+            output_map=rank4_map(target.rank, node.attrs.output_map, self.graph.grid_dim))
+
+    def parameters(self) -> tuple[ctx.Parameter, ...]:
+        outputs = [ctx.Parameter(f"output{j}", element_type(self.graph.nodes[i].outputs[0].dtype, "an output"),
+                                 True) for j, i in enumerate(self.graph.output_nodes)]
+        inputs = [ctx.Parameter(f"input{k}", element_type(self.graph.nodes[i].outputs[0].dtype, "an input"),
+                                False) for k, i in enumerate(self.graph.input_nodes)]
+        return tuple(outputs + inputs)
+
+    # ---- thread functions and matmuls ----------------------------------------------------------
+
+    def function(self, i: int) -> str:
+        """The device functor computing element-wise node ``i`` (a FUSED thread graph or a single op)."""
+        if i not in self.functions:
+            node = self.graph.nodes[i]
+            graph = node.attrs if node.op is Op.FUSED else _single_op_graph(node, self.graph)
+            self.functions[i] = thread_function(f"{self.name}_f{i}", graph)
+        return self.functions[i].name
+
+    def matmul(self, i: int) -> tuple[ctx.MatmulType, tuple[ctx.Tile, ...]]:
+        node = self.graph.nodes[i]
+        tiles = tuple(self.operand(r) for r in node.inputs)
+        if node.op is Op.CONCAT_MATMUL:  # (W ‖ X) @ (Y ‖ Z) = W @ Y + X @ Z
+            w, x, y, z = tiles
+            pairs = ((w, y), (x, z))
+        else:
+            pairs = ((tiles[0], tiles[1]),)
+        if i not in self.matmuls:
+            self.matmuls[i] = ctx.MatmulType(f"mm{i}", pairs)
+        return self.matmuls[i], tuple(t for pair in pairs for t in pair)
+
+    def _register_accumulator(self, i: int) -> ctx.RegisterAccumulator:
+        root = self.chain_root(i)
+        if self.graph.nodes[root].op not in MATMULS:
+            raise LoweringError(f"accumulator %{i} of {self.name} is kept in registers but its epilogue chain "
+                                f"starts at {self.graph.nodes[root].op.value}, not a matmul")
+        node = self.graph.nodes[i]
+        initial = NEGATIVE_INFINITY if node.op is Op.ACCUM and node.attrs.kind is AccumKind.MAX else "0.0f"
+        return ctx.RegisterAccumulator(f"registers{i}", i, self.matmul(root)[0], initial)
+
+    def register_accumulator(self, i: int) -> ctx.RegisterAccumulator:
+        return next(r for r in self.registers if r.node == i)
+
+    # ---- chains --------------------------------------------------------------------------------
+
+    def chain_root(self, i: int) -> int:
+        producer_of = {consumer: producer for producer, consumer in self.epilogue_consumer.items()}
+        while i in producer_of:
+            i = producer_of[i]
+        return i
+
+    def chain_nodes(self, root: int) -> list[int]:
+        nodes = [root]
+        while nodes[-1] in self.epilogue_consumer:
+            nodes.append(self.epilogue_consumer[nodes[-1]])
+        return nodes
+
+    def chain(self, root: int) -> ctx.Step:
+        nodes = self.chain_nodes(root)
+        last = nodes[-1]
+        links = tuple(self._link(previous, node) for previous, node in zip(nodes, nodes[1:], strict=False)
+                      if self.graph.nodes[node].op is Op.FUSED)
+        index_layout = self._result_layout(root)
+        if last in self.in_registers:
+            return self._register_chain(root, last, links, index_layout)
+        producer, input_node = self.producer(root)
+        return ctx.ChainStep(root, producer, links, self.sink(last, input_node), index_layout)
+
+    def _result_layout(self, i: int) -> ctx.TileLayout:
+        """The logical (dense) layout of node ``i``'s result: what linear indices in its chain mean."""
+        dims = rank4(self.graph.nodes[i].outputs[0].shape)
+        return ctx.TileLayout(dims, dims[3])
+
+    def _link(self, previous: int, i: int) -> ctx.Link:
+        node = self.graph.nodes[i]
+        arguments = tuple(None if r.node == previous else self.operand(r) for r in node.inputs)
+        return ctx.Link(i, self.function(i), arguments)
+
+    def producer(self, i: int) -> tuple[ctx.Producer, int | None]:
+        """Node ``i``'s producer, and (for accumulators) the node whose state the sink updates."""
+        node = self.graph.nodes[i]
+        layout = self._result_layout(i)
+        match node.op:
+            case Op.FUSED:
+                return ctx.MapProducer(self.function(i), layout, tuple(self.operand(r) for r in node.inputs)), None
+            case op if op in ELEMENTWISE:
+                return ctx.MapProducer(self.function(i), layout, tuple(self.operand(r) for r in node.inputs)), None
+            case Op.MATMUL | Op.CONCAT_MATMUL:
+                matmul, operands = self.matmul(i)
+                return ctx.MatmulProducer(matmul, operands), None
+            case Op.REDUCTION | Op.REDUCTION_MAX:
+                reducer = ctx.Reducer.SUM if node.op is Op.REDUCTION else ctx.Reducer.MAX
+                dim = rank4_dim(node.outputs[0].rank, node.attrs.dim)
+                return ctx.ReduceProducer(reducer, dim, "mirage::dev::Identity", self.operand(node.inputs[0])), None
+            case Op.REDUCTION_TO_DIMX:
+                dim = rank4_dim(node.outputs[0].rank, node.attrs.dim)
+                return ctx.ReduceToDimxProducer(dim, self.graph.reduction_dimx, self.operand(node.inputs[0])), None
+            case Op.RMS_NORM:
+                return ctx.RmsNormProducer(node.attrs.eps, self.operand(node.inputs[0])), None
+            case Op.RUNNING_MAX:
+                return ctx.MapProducer("mirage::dev::Identity", layout, (self.operand(node.inputs[0]),)), i
+            case Op.ACCUM | Op.ACCUM_RESCALE:
+                return self._accumulator_producer(i), i
+        raise LoweringError(f"block op {node.op.value} has no producer")
+
+    def _accumulator_producer(self, i: int) -> ctx.Producer:
+        node = self.graph.nodes[i]
+        source = self.operand(node.inputs[0])
+        match node.attrs.kind:
+            case AccumKind.NONE | AccumKind.MAX:
+                return ctx.MapProducer("mirage::dev::Identity", self._result_layout(i), (source,))
+            case AccumKind.SUM | AccumKind.MEAN:
+                return ctx.ReduceProducer(ctx.Reducer.SUM, 3, "mirage::dev::Identity", source)
+            case AccumKind.RMS:
+                return ctx.ReduceProducer(ctx.Reducer.SUM, 3, "mirage::dev::Square", source)
+            case AccumKind.SUM_TODIMX:
+                return ctx.ReduceToDimxProducer(3, self.graph.reduction_dimx, source)
+        raise LoweringError(f"accumulator kind {node.attrs.kind.value} has no lowering")
+
+    def sink(self, last: int, state: int | None) -> ctx.Sink:
+        node = self.graph.nodes[last]
+        match node.op:
+            case Op.RUNNING_MAX:
+                return ctx.Sink(last, ctx.SinkKind.RUNNING_MAX, (self.tile(last), self.tile(last, 1)))
+            case Op.ACCUM:
+                kind = ctx.SinkKind.MAX if node.attrs.kind is AccumKind.MAX else ctx.SinkKind.ADD
+                return ctx.Sink(last, kind, (self.tile(last),))
+            case Op.ACCUM_RESCALE:
+                maximum = node.inputs[1].node
+                return ctx.Sink(last, ctx.SinkKind.RESCALE,
+                                (self.tile(last), self.tile(maximum), self.tile(maximum, 1)))
+        return ctx.Sink(last, ctx.SinkKind.STORE, (self.tile(last),))
+
+    def _register_chain(self, root: int, last: int, links: tuple[ctx.Link, ...],
+                        index_layout: ctx.TileLayout) -> ctx.RegisterChainStep:
+        matmul, operands = self.matmul(root)
+        node = self.graph.nodes[last]
+        rescale = None
+        combine = "mirage::dev::Add"
+        if node.op is Op.ACCUM_RESCALE:
+            maximum = node.inputs[1].node
+            rescale = (self.tile(maximum), self.tile(maximum, 1))
+        elif node.attrs.kind is AccumKind.MAX:
+            combine = "mirage::dev::Maximum"
+        return ctx.RegisterChainStep(root, self.register_accumulator(last), ctx.MatmulProducer(matmul, operands),
+                                     links, combine, rescale, index_layout)
+
+    # ---- the walk ------------------------------------------------------------------------------
+
+    def loop_state(self) -> list[ctx.Step]:
+        """Clear accumulators (0, or −inf for max) and running maxima (−inf) before the loop."""
+        fills: list[ctx.Step] = []
+        for i, node in enumerate(self.graph.nodes):
+            if node.op in (Op.ACCUM, Op.ACCUM_RESCALE) and i not in self.in_registers:
+                value = NEGATIVE_INFINITY if node.attrs.kind is AccumKind.MAX else "0.0f"
+                fills.append(ctx.FillStep(self.tile(i), value))
+            elif node.op is Op.RUNNING_MAX:
+                fills += [ctx.FillStep(self.tile(i), NEGATIVE_INFINITY),
+                          ctx.FillStep(self.tile(i, 1), NEGATIVE_INFINITY)]
+        pipelined = tuple(it for it in self.iterators if it.pipelined)
+        if pipelined:
+            fills.append(ctx.PrologueStep(self.stages, pipelined))
+        return fills
+
+    def finalize(self, i: int) -> ctx.Step:
+        node = self.graph.nodes[i]
+        if i in self.in_registers:
+            return ctx.FinalizeStep(i, ctx.FinalizeKind.WRITE_BACK, self.tile(i),
+                                    accumulator=self.register_accumulator(i))
+        count = self.graph.forloop_range * self.graph.type_of(node.inputs[0]).shape[-1]
+        if node.attrs.kind is AccumKind.MEAN:
+            return ctx.FinalizeStep(i, ctx.FinalizeKind.MEAN, self.tile(i), count)
+        if node.attrs.kind is AccumKind.RMS:
+            return ctx.FinalizeStep(i, ctx.FinalizeKind.RMS, self.tile(i), count, node.attrs.eps)
+        raise LoweringError(f"accumulator %{i} ({node.attrs.kind.value}) has nothing to finalize")
+
+    def steps(self) -> dict[Phase, list[ctx.Step]]:
+        items = self.kernel.schedule.items
+        out: dict[Phase, list[ctx.Step]] = {phase: [] for phase in Phase}
+        last_barrier = {item.phase: k for k, item in enumerate(items) if isinstance(item, Barrier)}
+        has_pre_loop = any(isinstance(item, Step) and item.phase is Phase.PRE_LOOP for item in items)
+        savers = {i: self._saver(j, i) for j, i in enumerate(self.graph.output_nodes)}
+        iterators = {it.node: it for it in self.iterators}
+        if not has_pre_loop:
+            out[Phase.PRE_LOOP] += self.loop_state()
+            if self.stages == 1 and out[Phase.PRE_LOOP]:
+                out[Phase.PRE_LOOP].append(ctx.BarrierStep("loop state cleared", False, 0))
+        pending_copies = False
+        emitted = False
+        for k, item in enumerate(items):
+            steps = out[item.phase]
+            if isinstance(item, Barrier):
+                in_flight = 0
+                if item.phase is Phase.PRE_LOOP and k == last_barrier[Phase.PRE_LOOP]:
+                    steps += self.loop_state()
+                    in_flight = self.stages - 1
+                elif item.phase is Phase.LOOP and not emitted and k != last_barrier[Phase.LOOP]:
+                    continue  # only pipelined loads since the last barrier: the pipeline's wait synced
+                steps.append(ctx.BarrierStep(item.reason, pending_copies, in_flight if pending_copies else 0))
+                pending_copies = emitted = False
+                continue
+            if item.epilogue_of is not None:
+                continue  # runs inside its producer's chain
+            match item.action:
+                case Action.LOAD:
+                    if not iterators[item.node].pipelined:
+                        steps.append(ctx.LoadStep(iterators[item.node]))
+                        pending_copies = emitted = True
+                case Action.COMPUTE | Action.ACCUMULATE:
+                    steps.append(self.chain(item.node))
+                    emitted = True
+                case Action.FINALIZE:
+                    steps.append(self.finalize(item.node))
+                case Action.STORE:
+                    steps.append(ctx.StoreStep(savers[item.node]))
+        return out
+
+    def context(self) -> ctx.KernelContext:
+        steps = self.steps()
+        bound = {t.name: t for t in self._tiles.values() if t.offset >= 0}
+        return ctx.KernelContext(
+            name=self.name, node=self.kernel.node, threads=self.threads, grid=self.graph.grid_dim,
+            smem_bytes=self.kernel.smem_bytes, forloop_range=self.graph.forloop_range, stages=self.stages,
+            parameters=self.parameters(), functions=tuple(self.functions[i] for i in sorted(self.functions)),
+            matmuls=tuple(self.matmuls[i] for i in sorted(self.matmuls)),
+            tiles=tuple(bound[n] for n in sorted(bound, key=_tile_order)),
+            iterators=self.iterators, registers=self.registers,
+            pre_loop=tuple(steps[Phase.PRE_LOOP]), loop=tuple(steps[Phase.LOOP]),
+            post_loop=tuple(steps[Phase.POST_LOOP]))
+
+
+LOWERED_OPS = frozenset({Op.MATMUL, Op.CONCAT_MATMUL, Op.FUSED, Op.REDUCTION, Op.REDUCTION_MAX,
+                         Op.REDUCTION_TO_DIMX, Op.RMS_NORM, Op.ACCUM, Op.ACCUM_RESCALE,
+                         Op.RUNNING_MAX}) | ELEMENTWISE
+
+
+def _tile_order(name: str) -> tuple[int, str]:
+    digits = "".join(c for c in name[1:] if c.isdigit()) or "0"
+    return int(digits), name
+
+
+def _single_op_graph(node: Node, graph: BlockGraph) -> ThreadGraph:
+    """A one-op thread graph for an element-wise block op that fusion left alone."""
+    from mirage.mugraph.graph import ThreadInput
+
+    inputs = tuple(Node(Op.INPUT, (), ThreadInput(k), (graph.type_of(r),)) for k, r in enumerate(node.inputs))
+    op = Node(node.op, tuple(Ref(k) for k in range(len(inputs))), node.attrs, node.outputs)
+    return ThreadGraph(inputs + (op,), (Ref(len(inputs)),))
+
+
+def thread_function(name: str, graph: ThreadGraph) -> ctx.ThreadFunction:
+    """A fused thread graph as straight-line statements over fp32 values."""
+    value: dict[int, str] = {}
+    statements = []
+    arity = 0
+    for i, node in enumerate(graph.nodes):
+        if node.op is Op.INPUT:
+            value[i] = f"x{node.attrs.index}"
+            arity = max(arity, node.attrs.index + 1)
+            continue
+        row = functor(node.op)
+        value[i] = f"v{i}"
+        statements.append(ctx.ThreadStatement(value[i], row.name, row.constants(node.attrs),
+                                              tuple(value[r.node] for r in node.inputs)))
+    (out,) = graph.outputs
+    return ctx.ThreadFunction(name, arity, tuple(statements), value[out.node])

@@ -1,0 +1,311 @@
+"""The kernel program: typed records that the templates render into CUDA.
+
+The lowering (:mod:`mirage.codegen.lower`) turns each graph-defined op of a prepared program into a
+:class:`KernelContext`; ``templates/kernel.j2`` renders it by instantiating the device library
+(``mirage/*.cuh``) and its generated-kernel helpers (``mirage/gen/kernel.cuh``).  Nothing here holds
+C++ text assembled in Python: records carry names, numbers and device-library identifiers, and the
+templates put them together.
+
+Every block op is lowered as a :class:`ChainStep`: a *producer* computes the op and hands each
+element of its result to the *links* (fused thread graphs applied as its epilogue, in registers),
+and the last value goes to a *sink* (a store into the result's shared tile, or an accumulator
+update).  A matmul whose accumulator lives in registers across the for-loop is a
+:class:`RegisterChainStep`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar, Union
+
+
+@dataclass(frozen=True)
+class TileLayout:
+    """``mirage::dev::Layout<dims..., pitch>``: four logical dims (leading 1s pad lower ranks)."""
+
+    dims: tuple[int, int, int, int]
+    pitch: int
+
+    @property
+    def rows(self) -> int:
+        return self.dims[0] * self.dims[1] * self.dims[2]
+
+    @property
+    def size(self) -> int:
+        return self.rows * self.dims[3]
+
+    @property
+    def storage(self) -> int:
+        return self.rows * self.pitch
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A shared-memory tile: a C++ variable ``name`` of type ``SharedTile<element, layout>``."""
+
+    name: str
+    element: str  # C++ element type: __half, __nv_bfloat16, float
+    layout: TileLayout
+    offset: int  # byte offset in dynamic shared memory (-1: a pipelined stage, bound per iteration)
+
+
+@dataclass(frozen=True)
+class InputIteratorContext:
+    """An input iterator: the device tensor ``parameter``, tiled as mirage-notes §1.3 says."""
+
+    name: str  # C++ variable of the dev::InputIterator
+    node: int
+    parameter: str  # kernel parameter holding the device tensor
+    tile: Tile  # the tile it fills (offset: the first stage)
+    source_dims: tuple[int, int, int, int]  # device tensor shape, rank-4
+    input_map: tuple[int, int, int]  # rank-4 dims per grid axis, -1 where replicated or grid 1
+    forloop_dim: int  # rank-4 dim, or -1
+    stages: int  # 1 unless pipelined
+    pipelined: bool  # loaded stage by stage across the for-loop (cp.async pipeline)
+
+
+@dataclass(frozen=True)
+class OutputSaverContext:
+    name: str
+    node: int
+    parameter: str
+    element: str  # element type of the device tensor
+    tile: Tile  # the tile it saves
+    target_dims: tuple[int, int, int, int]  # device tensor shape, rank-4
+    output_map: tuple[int, int, int]  # rank-4 dims per grid axis, -1 where grid 1
+
+
+@dataclass(frozen=True)
+class ThreadStatement:
+    """``const float result = functor{constants...}(arguments...);``"""
+
+    result: str
+    functor: str  # qualified device functor, e.g. mirage::dev::Exp
+    constants: tuple[float, ...]
+    arguments: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ThreadFunction:
+    """A fused thread graph as a device functor ``name{}(x0, x1, ...)``."""
+
+    name: str
+    arity: int
+    statements: tuple[ThreadStatement, ...]
+    result: str
+
+
+@dataclass(frozen=True)
+class MatmulType:
+    """``using name = mirage::gen::BlockMatmul<threads, Product<...>...>`` (one product per pair)."""
+
+    name: str
+    products: tuple[tuple[Tile, Tile], ...]
+
+
+# ---- producers -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MapProducer:
+    """emit(i, function(operands[i]...)) over ``layout`` (a fused thread graph, or a plain copy)."""
+
+    kind: ClassVar[str] = "map"
+    function: str  # a ThreadFunction name, or a device functor (mirage::dev::Identity)
+    layout: TileLayout
+    operands: tuple[Tile, ...]
+
+
+@dataclass(frozen=True)
+class MatmulProducer:
+    kind: ClassVar[str] = "matmul"
+    matmul: MatmulType
+    operands: tuple[Tile, ...]  # a_0, b_0, a_1, b_1, ...
+
+
+class Reducer(enum.Enum):
+    SUM = "mirage::dev::SumReduce"
+    MAX = "mirage::dev::MaxReduce"
+
+
+@dataclass(frozen=True)
+class ReduceProducer:
+    kind: ClassVar[str] = "reduce"
+    reducer: Reducer
+    dim: int  # rank-4
+    prologue: str  # device functor applied to each input element (Identity, Square)
+    operand: Tile
+
+
+@dataclass(frozen=True)
+class ReduceToDimxProducer:
+    kind: ClassVar[str] = "reduce_to_dimx"
+    dim: int  # rank-4
+    dimx: int
+    operand: Tile
+
+
+@dataclass(frozen=True)
+class RmsNormProducer:
+    kind: ClassVar[str] = "rms_norm"
+    eps: float
+    operand: Tile
+
+
+Producer = Union[MapProducer, MatmulProducer, ReduceProducer, ReduceToDimxProducer, RmsNormProducer]
+
+
+@dataclass(frozen=True)
+class Link:
+    """value = function(arguments...), an argument None standing for the value in registers."""
+
+    node: int
+    function: str
+    arguments: tuple[Tile | None, ...]
+
+
+class SinkKind(enum.Enum):
+    STORE = "store_into"  # tile[i] = value
+    ADD = "add_into"  # acc[i] += value
+    MAX = "max_into"  # acc[i] = max(acc[i], value)
+    RUNNING_MAX = "running_max_into"  # previous[i] = current[i]; current[i] = max(current[i], value)
+    RESCALE = "rescale_into"  # acc[i] = acc[i] · exp(m_previous − m_current) + value
+
+
+@dataclass(frozen=True)
+class Sink:
+    node: int
+    kind: SinkKind
+    tiles: tuple[Tile, ...]  # target; for RUNNING_MAX (current, previous); for RESCALE (acc, current, previous)
+
+
+@dataclass(frozen=True)
+class RegisterAccumulator:
+    """A matmul accumulator in registers: ``typename matmul::Registers name``."""
+
+    name: str
+    node: int
+    matmul: MatmulType
+    initial: str  # "0.0f" or "mirage::gen::negative_infinity()"
+
+
+# ---- steps ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChainStep:
+    kind: ClassVar[str] = "chain"
+    node: int  # the producer's node
+    producer: Producer
+    links: tuple[Link, ...]
+    sink: Sink
+    index_layout: TileLayout  # the producer's result layout (links broadcast operands against it)
+
+
+@dataclass(frozen=True)
+class RegisterChainStep:
+    """registers = combine(registers (rescaled), links(Σ A·B)); ``direct`` when there are no links."""
+
+    kind: ClassVar[str] = "register_chain"
+    node: int
+    accumulator: RegisterAccumulator
+    producer: MatmulProducer
+    links: tuple[Link, ...]
+    combine: str  # mirage::dev::Add or mirage::dev::Maximum
+    rescale: tuple[Tile, Tile] | None  # (current, previous) maxima for an online-softmax rescale
+    index_layout: TileLayout
+
+
+@dataclass(frozen=True)
+class LoadStep:
+    """Issue the cp.async copies of a non-pipelined input iterator."""
+
+    kind: ClassVar[str] = "load"
+    iterator: InputIteratorContext
+
+
+@dataclass(frozen=True)
+class FillStep:
+    """Clear loop state before the loop (accumulators, running maxima)."""
+
+    kind: ClassVar[str] = "fill"
+    tile: Tile
+    value: str
+
+
+class FinalizeKind(enum.Enum):
+    WRITE_BACK = "write_back"  # register accumulator → its shared tile
+    MEAN = "mean"
+    RMS = "rms"
+
+
+@dataclass(frozen=True)
+class FinalizeStep:
+    kind: ClassVar[str] = "finalize"
+    node: int
+    finalize: FinalizeKind
+    tile: Tile
+    count: int = 1  # elements summed per result (mean, rms)
+    eps: float = 0.0
+    accumulator: RegisterAccumulator | None = None
+
+
+@dataclass(frozen=True)
+class StoreStep:
+    kind: ClassVar[str] = "store"
+    saver: OutputSaverContext
+
+
+@dataclass(frozen=True)
+class BarrierStep:
+    kind: ClassVar[str] = "barrier"
+    reason: str
+    wait_copies: bool  # non-pipelined copies were issued since the last barrier: wait for them first
+    groups_in_flight: int = 0  # copy groups issued after those that may stay in flight (the prologue)
+
+
+@dataclass(frozen=True)
+class PrologueStep:
+    """The pipeline prologue: fetch the first ``stages − 1`` iterations of every pipelined input."""
+
+    kind: ClassVar[str] = "prologue"
+    stages: int
+    iterators: tuple[InputIteratorContext, ...]
+
+
+Step = Union[ChainStep, RegisterChainStep, LoadStep, FillStep, FinalizeStep, StoreStep, BarrierStep,
+             PrologueStep]
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    element: str
+    is_output: bool
+
+
+@dataclass(frozen=True)
+class KernelContext:
+    """One ``extern "C" __global__`` kernel: everything ``kernel.j2`` renders."""
+
+    name: str
+    node: int  # the graph-defined op in the prepared graph
+    threads: int
+    grid: tuple[int, int, int]
+    smem_bytes: int
+    forloop_range: int
+    stages: int  # pipeline depth of the pipelined inputs (1: no pipeline)
+    parameters: tuple[Parameter, ...]  # outputs, then inputs (the launch's argument order)
+    functions: tuple[ThreadFunction, ...]
+    matmuls: tuple[MatmulType, ...]
+    tiles: tuple[Tile, ...]  # tiles bound once (offset >= 0)
+    iterators: tuple[InputIteratorContext, ...]
+    registers: tuple[RegisterAccumulator, ...]
+    pre_loop: tuple[Step, ...]
+    loop: tuple[Step, ...]
+    post_loop: tuple[Step, ...]
+
+    @property
+    def pipelined(self) -> tuple[InputIteratorContext, ...]:
+        return tuple(i for i in self.iterators if i.pipelined)

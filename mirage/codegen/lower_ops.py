@@ -1,0 +1,149 @@
+"""Tables the lowering reads: element types, element-wise functors, and tile layouts.
+
+``FUNCTORS`` maps every element-wise op to the device functor that computes it.  It is built from
+the registry's ``functor`` column; :data:`FUNCTOR_OVERRIDES` names the rows where the device
+library has no functor of that meaning (the IR's gelu is the tanh approximation, the library's
+``Gelu`` the erf form) or none at all (``AddScalar``), which ``mirage/gen/kernel.cuh`` supplies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mirage.codegen.lower_context import TileLayout
+from mirage.errors import MirageError
+from mirage.mugraph.dtypes import DType
+from mirage.mugraph.graph import Clamp, Scalar
+from mirage.mugraph.ops import ELEMENTWISE, REGISTRY, Op
+
+
+class LoweringError(MirageError):
+    """A µGraph has no CUDA lowering (an op, a dtype or a combination the generator cannot emit)."""
+
+
+ELEMENT_TYPES: dict[DType, str] = {
+    DType.FLOAT16: "__half",
+    DType.BFLOAT16: "__nv_bfloat16",
+    DType.FLOAT32: "float",
+}
+
+# functors defined in mirage/elementwise.cuh (namespace mirage::dev)
+DEVICE_FUNCTORS = frozenset({"Identity", "Exp", "Log", "Sqrt", "Square", "Sigmoid", "Silu", "Gelu", "Relu",
+                             "MulScalar", "Clamp", "Add", "Sub", "Mul", "Div", "Pow", "Maximum"})
+# functors defined in mirage/gen/kernel.cuh (namespace mirage::gen)
+GEN_FUNCTORS = frozenset({"AddScalar", "GeluTanh"})
+# ops whose registry functor does not exist in the device library, or means something else there
+FUNCTOR_OVERRIDES: dict[Op, str] = {
+    Op.GELU: "GeluTanh",  # the IR's gelu is tanh-approximated; dev::Gelu is the erf form
+}
+
+
+@dataclass(frozen=True)
+class Functor:
+    op: Op
+    name: str  # qualified C++ name
+    constants: Callable[[object], tuple[float, ...]]  # constructor arguments from the op's attributes
+
+
+def _no_constants(attrs: object) -> tuple[float, ...]:
+    return ()
+
+
+def _scalar(attrs: object) -> tuple[float, ...]:
+    assert isinstance(attrs, Scalar)
+    return (attrs.value,)
+
+
+def _clamp(attrs: object) -> tuple[float, ...]:
+    assert isinstance(attrs, Clamp)
+    return (attrs.min, attrs.max)
+
+
+_CONSTANTS: dict[Op, Callable[[object], tuple[float, ...]]] = {
+    Op.MUL_SCALAR: _scalar,
+    Op.ADD_SCALAR: _scalar,
+    Op.CLAMP: _clamp,
+}
+
+
+def _qualified(name: str) -> str | None:
+    if name in GEN_FUNCTORS:
+        return f"mirage::gen::{name}"
+    if name in DEVICE_FUNCTORS:
+        return f"mirage::dev::{name}"
+    return None
+
+
+def _functor_table() -> dict[Op, Functor]:
+    table = {}
+    for op in ELEMENTWISE:
+        name = FUNCTOR_OVERRIDES.get(op, REGISTRY[op].functor)
+        qualified = _qualified(name) if name else None
+        if qualified is not None:
+            table[op] = Functor(op, qualified, _CONSTANTS.get(op, _no_constants))
+    return table
+
+
+FUNCTORS: dict[Op, Functor] = _functor_table()
+
+
+def functor(op: Op) -> Functor:
+    try:
+        return FUNCTORS[op]
+    except KeyError:
+        raise LoweringError(f"element-wise op {op.value} has no device functor (registry functor "
+                            f"{REGISTRY[op].functor!r}); add one to mirage/gen/kernel.cuh and to "
+                            "mirage.codegen.lower_ops.FUNCTORS") from None
+
+
+def element_type(dtype: DType, what: str) -> str:
+    try:
+        return ELEMENT_TYPES[dtype]
+    except KeyError:
+        raise LoweringError(f"{what} is {dtype.value}, which generated kernels do not support; use "
+                            f"one of {[d.value for d in ELEMENT_TYPES]}") from None
+
+
+def element_size(element: str) -> int:
+    return 4 if element == "float" else 2
+
+
+def rank4(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """A shape of rank 1 to 4 padded with leading 1s (the device library's four dims)."""
+    if not 1 <= len(shape) <= 4:
+        raise LoweringError(f"tensors of rank {len(shape)} ({list(shape)}) have no lowering; the device "
+                            "library handles ranks 1 to 4")
+    padded = (1,) * (4 - len(shape)) + tuple(shape)
+    return padded[0], padded[1], padded[2], padded[3]
+
+
+def rank4_dim(rank: int, dim: int) -> int:
+    return -1 if dim < 0 else dim + 4 - rank
+
+
+def rank4_map(rank: int, dim_map: tuple[int, int, int], grid: tuple[int, int, int]) -> tuple[int, int, int]:
+    """A grid map in rank-4 dims, -1 on grid axes of extent 1 (they select nothing)."""
+    x, y, z = (rank4_dim(rank, d) if g > 1 else -1 for d, g in zip(dim_map, grid, strict=True))
+    return x, y, z
+
+
+def tile_layout(shape: tuple[int, ...], element: str, capacity_bytes: int, row_major_plan: bool) -> TileLayout:
+    """The layout of a shared tile of ``shape``: rows padded to 16 bytes where the buffer allows.
+
+    ``row_major_plan``: the optimizer's layout keeps the last dim innermost (so it sized the buffer
+    for padded rows); other plans get dense rows (layouts never change results, only speed).
+    """
+    dims = rank4(shape)
+    itemsize = element_size(element)
+    rows = dims[0] * dims[1] * dims[2]
+    pitch = dims[3]
+    if row_major_plan and dims[3] > 1:
+        align = 16 // itemsize
+        padded = -(-dims[3] // align) * align
+        if rows * padded * itemsize <= capacity_bytes:
+            pitch = padded
+    if rows * pitch * itemsize > capacity_bytes:
+        raise LoweringError(f"a {element} tile of shape {list(shape)} needs {rows * pitch * itemsize} bytes "
+                            f"but its shared-memory buffer has {capacity_bytes}")
+    return TileLayout(dims, pitch)

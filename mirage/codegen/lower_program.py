@@ -1,0 +1,183 @@
+"""``generate_cuda_program``: a µGraph's CUDA source and its launch description.
+
+>>> import mirage as mi
+>>> from mirage.codegen import generate_cuda_program
+>>> g = mi.new_kernel_graph("scale")
+>>> X = g.new_input(dims=(64, 256), dtype=mi.float16)
+>>> tb = mi.new_threadblock_graph(grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=2)
+>>> x = tb.new_input(X, input_map=(0, -1, -1), forloop_dim=1)
+>>> tb.new_output(tb.forloop_accum(tb.exp(x), acc="sum"), output_map=(0, -1, -1))
+>>> (O,) = g.customized([X], tb)
+>>> g.mark_output(O)
+>>> program = generate_cuda_program(g, target_cc=90)
+>>> [(k.name, k.grid, k.block) for k in program.kernels]
+[('scale_k1', (4, 1, 1), (128, 1, 1))]
+>>> 'extern "C" __global__ void __launch_bounds__(128) scale_k1(' in program.code
+True
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mirage.codegen.lower import KernelLowering
+from mirage.codegen.lower_context import KernelContext
+from mirage.codegen.lower_ops import LoweringError, element_type
+from mirage.mugraph.graph import KernelGraph, Ref
+from mirage.mugraph.target import TARGETS, Target, detect_target
+from mirage.optimizer.pipeline import OptimizerOptions, PreparedProgram, prepare
+
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """How to launch one generated kernel: ``name<<<grid, block, smem_bytes>>>(outputs..., inputs...)``."""
+
+    name: str
+    node: int  # the graph-defined op it implements, in CudaProgram.graph
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_bytes: int  # dynamic shared memory
+    outputs: tuple[Ref, ...]  # kernel-graph tensors written, in argument order
+    inputs: tuple[Ref, ...]  # kernel-graph tensors read, in argument order after the outputs
+
+    @property
+    def arguments(self) -> tuple[Ref, ...]:
+        return self.outputs + self.inputs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "node": self.node, "grid": list(self.grid), "block": list(self.block),
+                "smem_bytes": self.smem_bytes, "outputs": [[r.node, r.index] for r in self.outputs],
+                "inputs": [[r.node, r.index] for r in self.inputs]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KernelLaunch:
+        return cls(d["name"], d["node"], tuple(d["grid"]), tuple(d["block"]), d["smem_bytes"],
+                   tuple(Ref(*r) for r in d["outputs"]), tuple(Ref(*r) for r in d["inputs"]))
+
+
+@dataclass(frozen=True)
+class CudaProgram:
+    """The generated CUDA of a µGraph: one module, one kernel per graph-defined op of ``graph``.
+
+    ``graph`` is the prepared graph (after the online-softmax rewrite and fusion); its other
+    kernel-level ops run through torch.  ``code`` compiles with :mod:`mirage.codegen.compile`.
+    """
+
+    graph: KernelGraph
+    code: str
+    kernels: tuple[KernelLaunch, ...]
+    target: Target
+    contexts: tuple[KernelContext, ...] = field(default=(), compare=False, repr=False)
+    prepared: PreparedProgram | None = field(default=None, compare=False, repr=False)
+
+    def kernel(self, node: int) -> KernelLaunch:
+        for k in self.kernels:
+            if k.node == node:
+                return k
+        raise KeyError(f"%{node} has no generated kernel")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able form (graph, code, launches, target) that :meth:`from_dict` reads back."""
+        from dataclasses import asdict
+
+        from mirage.mugraph.serialize import graph_to_dict
+
+        return {"graph": graph_to_dict(self.graph), "code": self.code,
+                "kernels": [k.to_dict() for k in self.kernels], "target": asdict(self.target)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CudaProgram:
+        from mirage.mugraph.serialize import graph_from_dict
+
+        return cls(graph_from_dict(d["graph"]), d["code"], tuple(KernelLaunch.from_dict(k) for k in d["kernels"]),
+                   Target(**d["target"]))
+
+
+def target_for(target_cc: int | None = None, target: Target | None = None) -> Target:
+    """The target to build for: ``target``, else the known GPU of compute capability ``target_cc``,
+    else the current GPU."""
+    if target is not None:
+        return target
+    if target_cc is None:
+        return detect_target()
+    detected = detect_target()
+    if detected.compute_capability == target_cc:
+        return detected
+    for row in TARGETS.values():
+        if row.compute_capability == target_cc:
+            return row
+    known = sorted({t.compute_capability for t in TARGETS.values()})
+    raise LoweringError(f"no known GPU has compute capability {target_cc}; use one of {known} or pass a "
+                        "mirage.mugraph.target.Target")
+
+
+def cfloat(value: float) -> str:
+    """A C++ float literal for ``value`` (shortest round-trip form)."""
+    v = float(value)
+    if math.isnan(v):
+        return "__int_as_float(0x7fc00000)"
+    if math.isinf(v):
+        return "mirage::gen::negative_infinity()" if v < 0 else "(-mirage::gen::negative_infinity())"
+    text = repr(v)
+    if "e" not in text and "." not in text and "n" not in text:
+        text += ".0"
+    return text + "f"
+
+
+@functools.lru_cache(maxsize=1)
+def environment():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
+                             autoescape=False)
+    env.filters["cfloat"] = cfloat
+    return env
+
+
+def kernel_prefix(graph: KernelGraph) -> str:
+    name = re.sub(r"[^0-9A-Za-z_]", "_", graph.name or "mirage")
+    return name if not name[0].isdigit() else f"g_{name}"
+
+
+def render(contexts: tuple[KernelContext, ...], graph_name: str, graph_hash: str, target: Target) -> str:
+    template = environment().get_template("kernel.j2")
+    return template.render(kernels=contexts, graph_name=graph_name, graph_hash=graph_hash[:16], target=target.arch)
+
+
+def lower_program(prepared: PreparedProgram) -> CudaProgram:
+    """The CUDA program of an optimized µGraph (see :func:`generate_cuda_program`)."""
+    graph = prepared.graph
+    prefix = kernel_prefix(graph)
+    accumulator = element_type(prepared.options.accumulator_dtype, "the accumulator dtype")
+    contexts = []
+    launches = []
+    for kernel in prepared.kernels:
+        name = f"{prefix}_k{kernel.node}"
+        context = KernelLowering(kernel, name, accumulator).context()
+        contexts.append(context)
+        node = graph.nodes[kernel.node]
+        launches.append(KernelLaunch(name, kernel.node, kernel.grid_dim, (context.threads, 1, 1), kernel.smem_bytes,
+                                     tuple(Ref(kernel.node, j) for j in range(len(node.outputs))), node.inputs))
+    code = render(tuple(contexts), graph.name or "graph", graph.content_hash(), prepared.target)
+    return CudaProgram(graph, code, tuple(launches), prepared.target, tuple(contexts), prepared)
+
+
+def generate_cuda_program(graph, target_cc: int | None = 90, *, target: Target | None = None,
+                          options: OptimizerOptions | None = None) -> CudaProgram:
+    """Optimize ``graph`` (a kernel graph or builder) for the GPU of compute capability ``target_cc``
+    and generate its CUDA: the source and how to launch each kernel (Mirage's function of that name).
+
+    Raises :class:`~mirage.errors.SharedMemoryError` when a block graph does not fit the target's
+    shared memory, and :class:`LoweringError` when some op has no lowering.
+    """
+    resolved = target_for(target_cc, target)
+    prepared = prepare(graph, resolved, options or OptimizerOptions())
+    return lower_program(prepared)

@@ -1,0 +1,250 @@
+"""Running a compiled µGraph: generated kernels through CuPy, pre-defined ops through torch.
+
+A :class:`Program` runs the kernel graph of a :class:`~mirage.codegen.lower_program.CudaProgram`
+node by node: a graph-defined op launches its generated kernel (a CuPy ``RawModule`` loaded from
+the cubin), any other kernel-level op runs through torch (:class:`TorchAlgebra` evaluates the op's
+registry formula, so a kernel-level matmul is a cuBLAS call).  Launches go to the current torch
+stream and take torch tensors without copies (inputs that are not contiguous are made so), so a
+program can be captured in a CUDA graph once it has run (or :meth:`Program.load` was called)
+outside the capture.
+
+``poison=True`` fills every tensor a generated kernel writes with NaN before the launch, so that an
+element the kernel fails to write shows up in the comparison (:mod:`mirage.codegen.gpu_check`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mirage.errors import MirageError
+from mirage.mugraph.graph import KernelGraph, Ref
+from mirage.mugraph.ops import REGISTRY, Op
+
+if TYPE_CHECKING:
+    from mirage.codegen.compile import CompileOptions
+    from mirage.codegen.lower_program import CudaProgram, KernelLaunch
+    from mirage.mugraph.target import Target
+    from mirage.optimizer.pipeline import OptimizerOptions
+
+
+class LaunchError(MirageError):
+    """A compiled kernel could not be loaded or launched, or got tensors it cannot take."""
+
+
+class TorchAlgebra:
+    """The registry formulas over torch tensors (kernel-level pre-defined ops, on any device)."""
+
+    def const(self, value, like):
+        return float(value) if isinstance(value, Fraction) else value
+
+    def zeros(self, shape):
+        import torch
+
+        return torch.zeros(shape)
+
+    def add(self, x, y):
+        return x + y
+
+    def sub(self, x, y):
+        return x - y
+
+    def mul(self, x, y):
+        return x * y
+
+    def div(self, x, y):
+        return x / y
+
+    def exp(self, x):
+        return x.exp()
+
+    def sqrt(self, x):
+        return x.sqrt() if hasattr(x, "sqrt") else x**0.5
+
+    def matmul(self, x, y):
+        return x @ y
+
+    def sum(self, x, axis, keepdims=True):
+        return x.sum(dim=axis, keepdim=keepdims)
+
+    def opaque(self, name, x, reference):
+        import torch.nn.functional as F
+
+        table = {"silu": F.silu, "gelu": lambda v: F.gelu(v, approximate="tanh"), "relu": F.relu,
+                 "sigmoid": lambda v: v.sigmoid()}
+        if name in table:
+            return table[name](x)
+        if name.startswith("clamp["):
+            lo, hi = (float(v) for v in name[6:-1].split(","))
+            return x.clamp(lo, hi)
+        raise LaunchError(f"no torch implementation of {name}")
+
+    def max(self, x, axis, keepdims=True):
+        return x.amax(dim=axis, keepdim=keepdims)
+
+    def maximum(self, x, y):
+        import torch
+
+        return torch.maximum(x, y)
+
+    def neg_inf(self, shape):
+        import torch
+
+        return torch.full(shape, float("-inf"))
+
+    def structural(self, fn, *xs):
+        raise LaunchError("structural ops run inside generated kernels, not through torch")
+
+    def shape(self, x):
+        return tuple(x.shape)
+
+
+@dataclass
+class Program:
+    """A compiled µGraph, callable on CUDA torch tensors: ``outputs = program(*inputs)``."""
+
+    cuda: CudaProgram
+    cubin: Path | None  # None when the graph has no graph-defined op
+    poison: bool = False
+    _functions: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def graph(self) -> KernelGraph:
+        return self.cuda.graph
+
+    @property
+    def source(self) -> str:
+        return self.cuda.code
+
+    def with_poison(self, poison: bool = True) -> Program:
+        """The same program (sharing loaded kernels) that NaN-fills kernel outputs before launches."""
+        return dataclasses.replace(self, poison=poison, _functions=self._functions)
+
+    def load(self) -> None:
+        """Load the cubin and set each kernel's shared-memory limit (do it outside graph capture)."""
+        for launch in self.cuda.kernels:
+            self._function(launch)
+
+    def _function(self, launch: KernelLaunch):
+        fn = self._functions.get(launch.name)
+        if fn is None:
+            try:
+                import cupy
+            except ImportError as error:
+                raise LaunchError("running generated kernels needs CuPy: pip install 'mirage[gpu]'") from error
+            if self.cubin is None:
+                raise LaunchError("this program was not compiled (no cubin)")
+            module = cupy.RawModule(path=str(self.cubin))
+            fn = module.get_function(launch.name)
+            if launch.smem_bytes > 48 * 1024:
+                fn.max_dynamic_shared_size_bytes = launch.smem_bytes
+            self._functions[launch.name] = fn
+        return fn
+
+    def __call__(self, *inputs):
+        return self.launch(inputs)
+
+    def launch(self, inputs: Sequence) -> list:
+        """Run the program on ``inputs`` (torch CUDA tensors of the graph's shapes and dtypes)."""
+        import torch
+
+        graph = self.graph
+        types = graph.input_types
+        if len(inputs) != len(types):
+            raise LaunchError(f"the program takes {len(types)} inputs, got {len(inputs)}")
+        for i, (x, t) in enumerate(zip(inputs, types, strict=True)):
+            if not isinstance(x, torch.Tensor):
+                raise LaunchError(f"input {i} is a {type(x).__name__}; pass torch tensors")
+            if tuple(x.shape) != t.shape:
+                raise LaunchError(f"input {i} has shape {tuple(x.shape)}, expected {t.shape}")
+            if x.dtype != t.dtype.torch():
+                raise LaunchError(f"input {i} is {x.dtype}, expected {t.dtype.torch()}: cast it first")
+            if self.cuda.kernels and not x.is_cuda:
+                raise LaunchError(f"input {i} is on {x.device}; generated kernels need CUDA tensors")
+        values: dict[Ref, Any] = {}
+        feed = iter(inputs)
+        algebra = TorchAlgebra()
+        launches = {k.node: k for k in self.cuda.kernels}
+        for i, node in enumerate(graph.nodes):
+            if node.op is Op.INPUT:
+                values[Ref(i, 0)] = next(feed).contiguous()
+                continue
+            args = [values[r] for r in node.inputs]
+            if node.op is Op.CUSTOMIZED:
+                launch = launches[i]
+                device = args[0].device
+                outs = [self._allocate(t.shape, t.dtype.torch(), device) for t in node.outputs]
+                self._launch(launch, outs, args)
+                for j, o in enumerate(outs):
+                    values[Ref(i, j)] = o
+            else:
+                row = REGISTRY[node.op]
+                values[Ref(i, 0)] = row.formula(algebra, node.attrs, graph.operand_types(node), *args)
+        return [values[r] for r in graph.outputs]
+
+    def _allocate(self, shape, dtype, device):
+        import torch
+
+        if self.poison:
+            return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    def _launch(self, launch: KernelLaunch, outputs: Sequence, inputs: Sequence) -> None:
+        import cupy
+        import numpy as np
+        import torch
+
+        fn = self._function(launch)
+        tensors = list(outputs) + list(inputs)
+        device = tensors[0].device
+        pointers = tuple(np.uint64(t.data_ptr()) for t in tensors)
+        stream = torch.cuda.current_stream(device)
+        with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
+            fn(launch.grid, launch.block, pointers, shared_mem=launch.smem_bytes)
+
+
+def build(cuda: CudaProgram, compile_options: CompileOptions | None = None) -> Program:
+    """Compile a generated program (through the cubin cache) into a :class:`Program`."""
+    from mirage.codegen.compile import CompileOptions, compile_source
+
+    if not cuda.kernels:
+        return Program(cuda, None)
+    options = dataclasses.replace(compile_options or CompileOptions(), target=cuda.target)
+    return Program(cuda, compile_source(cuda.code, options).cubin_path)
+
+
+def build_many(programs: Sequence[CudaProgram], compile_options: CompileOptions | None = None,
+               max_workers: int | None = None) -> list[Program | MirageError]:
+    """Compile several programs in parallel; a failed build yields its error in place of a Program."""
+    from mirage.codegen.compile import CompileError, CompileOptions, compile_sources
+
+    out: list[Program | MirageError] = [Program(p, None) for p in programs]
+    todo = [k for k, p in enumerate(programs) if p.kernels]
+    by_target: dict[Any, list[int]] = {}
+    for k in todo:
+        by_target.setdefault(programs[k].target, []).append(k)
+    for target, indices in by_target.items():
+        options = dataclasses.replace(compile_options or CompileOptions(), target=target)
+        results = compile_sources([programs[k].code for k in indices], options, max_workers=max_workers,
+                                  return_exceptions=True)
+        for k, result in zip(indices, results, strict=True):
+            out[k] = result if isinstance(result, CompileError) else Program(programs[k], result.cubin_path)
+    return out
+
+
+def compile_program(graph, target: Target | None = None, *, options: OptimizerOptions | None = None,
+                    compile_options: CompileOptions | None = None) -> Program:
+    """Optimize, generate and compile ``graph`` for ``target`` (default: the current GPU)."""
+    from mirage.codegen.lower_program import generate_cuda_program, target_for
+
+    cuda = generate_cuda_program(graph, target=target_for(None, target), options=options)
+    return build(cuda, compile_options)
+
+
+def compile_graph(graph):
+    """The frontend's entry point: a launcher ``outputs = launch(inputs)`` for the current GPU."""
+    return compile_program(graph).launch
