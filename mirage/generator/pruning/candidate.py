@@ -115,7 +115,7 @@ class Candidate:
             terms = tensor_terms(prefix, input_terms)
             try:
                 term = _op_term(prefix, op, attrs, input_types, [terms[r] for r in inputs])
-            except NotInterpretable:
+            except (NotInterpretable, GraphError):  # no abstract expression, or the op does not fit
                 term = None
         context = build.shape_context(prefix)
         return cls(
