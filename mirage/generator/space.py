@@ -159,6 +159,15 @@ class SearchSpace:
     add_reference_ops: bool = True  # also explore the reference's own ops (see ``resolve``)
     graph_defined_first: bool = True  # try graph-defined ops before pre-defined ones (same result set)
 
+    def __post_init__(self) -> None:
+        # accept the same spellings as overrides (lists, op names) when built directly
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list) or (
+                f.name in ("kernel_ops", "block_ops") and any(not isinstance(c, OpChoice) for c in value)
+            ):
+                object.__setattr__(self, f.name, _normalize(f.name, value))
+
     # ---- construction -------------------------------------------------------------------------
 
     @classmethod
@@ -343,7 +352,10 @@ _EXAMPLES = {
 
 
 def _dim3(value: Any) -> Dim3:
-    dims = tuple(int(v) for v in value)
+    try:
+        dims = tuple(int(v) for v in (value if hasattr(value, "__iter__") else (value,)))
+    except (TypeError, ValueError):
+        raise SearchSpaceError(f"{value!r} is not a 3-tuple of ints") from None
     if len(dims) == 1:
         dims = (dims[0], 1, 1)
     if len(dims) != 3:

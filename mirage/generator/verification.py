@@ -123,5 +123,5 @@ def make_checker(reference: KernelGraph, seed: int = 0, prefer: str = "auto",
         except NotVerifiableError as error:
             if prefer == "verifier":
                 raise
-            logger.warning("the reference cannot be fingerprinted (%s); checking candidates in float64", error)
+            logger.warning("the reference cannot be fingerprinted (%s); checking in float64", error)
     return FloatChecker(reference, seed)

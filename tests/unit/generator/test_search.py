@@ -1,0 +1,233 @@
+"""The search: what it finds, that it finds each µGraph once, and that budgets cut deterministically."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import mirage as mi
+from mirage.errors import GraphError
+from mirage.generator import Budget, SearchSpaceError, StopReason, search
+from mirage.generator.candidates import input_tuples
+from mirage.generator.checks import make_rules
+from mirage.generator.cost import is_fused, structure
+from mirage.generator.explore import Explorer, SearchContext, root_state
+from mirage.generator.expressions import op_term, output_terms
+from mirage.generator.space import SearchSpace
+from mirage.generator.state import INPUT_ORDER
+from mirage.generator.units import split
+from mirage.generator.verification import make_checker
+from mirage.mugraph import TensorType, float16
+from mirage.mugraph.graph import AccumKind, Node, Ref
+from mirage.mugraph.ops import REGISTRY, UNARY, Level, Op, ShapeContext
+
+
+def tiny_reference():
+    """exp(X @ W), small enough that its whole search space takes about two seconds."""
+    g = mi.new_kernel_graph("tiny")
+    x = g.new_input(dims=(8, 64), dtype=mi.float16)
+    w = g.new_input(dims=(64, 32), dtype=mi.float16)
+    g.mark_output(g.exp(g.matmul(x, w)))
+    return g.freeze()
+
+
+TINY = {
+    "griddims": [(4, 1, 1)],
+    "franges": [4],
+    "kernel_ops": ["matmul", "exp"],
+    "block_ops": ["matmul", "exp", "accum", "accum_sum"],
+    "max_block_ops": 5,
+    "max_kernel_ops": 4,
+}
+QUIET = {"progress": False, "cache": False, "checkpoint": False}
+FUSED = (("customized",), (("accum:none", "exp", "matmul"),))
+
+
+@pytest.fixture(scope="module")
+def complete():
+    return search(tiny_reference(), workers=1, **TINY, **QUIET)
+
+
+def test_the_whole_space_is_searched_and_the_fused_graph_found(complete):
+    assert complete.stop_reason is StopReason.COMPLETE
+    assert FUSED in {f.structure for f in complete.found}
+    assert any(is_fused(g) for g in complete.graphs)
+    assert (("matmul", "exp"), ()) in {f.structure for f in complete.found}  # the reference itself
+    assert complete.stats.states_per_level["block"] > complete.stats.states_per_level["kernel"] > 0
+    assert complete.stats.pruned["abstract_expression"] > 0 and complete.stats.pruned["shape"] > 0
+    assert complete.best.content_hash() == complete.found[0].graph.content_hash()
+    costs = [f.estimated_us for f in complete.found]
+    assert costs == sorted(costs) and is_fused(complete.best)
+
+
+def test_every_result_is_equivalent_to_the_reference(complete):
+    reference = tiny_reference()
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal(t.shape) * 0.3 for t in reference.input_types]
+    (expected,) = mi.interpret(reference, inputs)
+    for graph in complete.graphs:
+        mi.check(graph)
+        assert mi.verify(reference, graph).equivalent
+        (got,) = mi.interpret(graph, inputs)
+        np.testing.assert_allclose(got, expected, rtol=1e-9)
+
+
+def test_each_graph_is_generated_once(complete):
+    assert len(complete.hashes) == len(complete.found)
+    assert len({f.graph.content_hash() for f in complete.found}) == complete.stats.verified
+
+
+def test_state_budget_cuts_at_the_same_place_for_any_number_of_workers(complete):
+    budget = Budget(states=complete.stats.states // 2)
+    serial = search(tiny_reference(), budget=budget, workers=1, **TINY, **QUIET)
+    parallel = search(tiny_reference(), budget=budget, workers=2, **TINY, **QUIET)
+    assert serial.stop_reason is parallel.stop_reason is StopReason.STATES
+    assert serial.hashes == parallel.hashes and 0 < len(serial) < len(complete)
+    assert serial.hashes < complete.hashes
+
+
+def test_results_budget_keeps_the_first_in_search_order(complete):
+    first = search(tiny_reference(), budget=Budget(results=3), workers=2, **TINY, **QUIET)
+    again = search(tiny_reference(), budget=Budget(results=3), workers=1, **TINY, **QUIET)
+    assert first.stop_reason is StopReason.RESULTS and len(first) == 3
+    assert first.hashes == again.hashes <= complete.hashes
+
+
+def test_time_budget():
+    start = time.perf_counter()
+    result = search(tiny_reference(), time_limit_s=0.5, workers=1, griddims=[(4, 1, 1)], **QUIET)
+    assert result.stop_reason is StopReason.TIME
+    assert time.perf_counter() - start < 20
+
+
+def test_switching_off_abstract_expression_pruning_finds_more_in_more_states():
+    small = {**TINY, "max_block_ops": 4}
+    pruned = search(tiny_reference(), workers=1, **small, **QUIET)
+    unpruned = search(tiny_reference(), workers=1, disabled_rules=["abstract_expression"], **small, **QUIET)
+    assert unpruned.stats.states > 2 * pruned.stats.states
+    assert "abstract_expression" not in unpruned.stats.pruned
+    assert pruned.hashes <= unpruned.hashes
+
+
+@pytest.mark.parametrize(
+    "rule, message",
+    [
+        ("no_such_rule", "unknown pruning rule"),
+        ("shape", "cannot be switched off"),
+    ],
+)
+def test_rules_that_cannot_be_switched_off(rule, message):
+    with pytest.raises(SearchSpaceError, match=message):
+        search(tiny_reference(), disabled_rules=[rule], **TINY, **QUIET)
+
+
+# ---- the incremental block search against a naive one -------------------------------------------
+
+
+def _context(reference, space, disabled=()):
+    space = space.resolve(reference)
+    rules = make_rules(output_terms(reference), space, disabled)
+    return SearchContext(reference, space, rules, make_checker(reference), time.time())
+
+
+def _naive_states(context, tiles, forloop_range, terms):
+    """Every block state and closable body, by trying every op on every operand tuple at every state."""
+    space, rules = context.space, context.rules
+    shape_context = ShapeContext(Level.BLOCK, forloop_range, space.reduction_dimx)
+    states, bodies = set(), set()
+
+    def visit(nodes, types, state_terms, uses, last, memory):
+        states.add(nodes)
+        sinks = [i for i, n in enumerate(uses) if n == 0]
+        if (
+            sinks
+            and len(sinks) <= space.max_block_outputs
+            and all(i >= len(tiles) and types[i].after_accum for i in sinks)
+        ):
+            bodies.add(nodes)
+        if len(types) >= space.max_block_ops:
+            return
+        for rank, choice in enumerate(space.block_ops):
+            for inputs in input_tuples(len(types), REGISTRY[choice.op].arity):
+                if (inputs, rank) <= last:
+                    continue
+                in_types = tuple(types[i] for i in inputs)
+                try:
+                    (out,) = REGISTRY[choice.op].shape(shape_context, in_types, choice.attrs)
+                except GraphError:
+                    continue
+                if choice.op is Op.MATMUL and any(d != 1 for t in in_types for d in t.shape[:-2]):
+                    continue
+                term = op_term(
+                    choice.op,
+                    choice.attrs,
+                    in_types,
+                    [state_terms[i] for i in inputs],
+                    forloop_range,
+                    space.reduction_dimx,
+                )
+                if term.exp_depth > 1 or not rules.context.oracle.contains(term):
+                    continue
+                in_place = choice.op in UNARY or (
+                    choice.op is Op.ACCUM and choice.attrs.kind is AccumKind.NONE
+                )
+                grown = memory + (0 if in_place else out.nbytes)
+                if grown > space.shared_memory_bytes:
+                    continue
+                new_uses = list(uses)
+                for i in inputs:
+                    new_uses[i] += 1
+                node = Node(choice.op, tuple(Ref(i, 0) for i in inputs), choice.attrs, (out,))
+                visit(
+                    nodes + (node,),
+                    types + (out,),
+                    state_terms + (term,),
+                    tuple(new_uses) + (0,),
+                    (inputs, rank),
+                    grown,
+                )
+
+    visit((), tiles, terms, (0,) * len(tiles), INPUT_ORDER, sum(t.nbytes for t in tiles))
+    return states, bodies
+
+
+@pytest.mark.parametrize(
+    "max_block_ops, block_ops",
+    [
+        (6, ["matmul", "exp", "accum", "accum_sum"]),
+        (5, ["matmul", "exp", "add", "mul", "div", "accum", "accum_sum", "accum_rms"]),
+    ],
+)
+def test_incremental_block_search_visits_what_a_naive_one_visits(max_block_ops, block_ops):
+    from mirage.generator import abstract_expr as ae
+    from mirage.generator.blocks import search_bodies
+
+    space = SearchSpace(block_ops=block_ops, max_block_ops=max_block_ops)
+    context = _context(tiny_reference(), space, disabled=("block_lookahead",))
+    tiles = (TensorType((8, 16), float16), TensorType((16, 8), float16))
+    terms = (ae.variable(0), ae.variable(1))
+    bodies, count, truncated = search_bodies(Explorer(context), tiles, 4, terms, None)
+    naive_states, naive_bodies = _naive_states(context, tiles, 4, terms)
+    assert not truncated
+    assert count == len(naive_states) > 50
+    assert {b.nodes for b in bodies} == naive_bodies
+    assert len(bodies) == len({b.nodes for b in bodies})
+
+
+def test_memoized_block_search_counts_states_as_if_repeated():
+    reference = tiny_reference()
+    context = _context(reference, SearchSpace.named("mlp", **TINY))
+    root = root_state(reference)
+    explorer = Explorer(context)
+    headers = [u for u in split(explorer, root) if u.kind == "header"]
+    cold = Explorer(context)
+    context.memo.clear()
+    cold.run_header(headers[0].state, headers[0].header, 1)
+    warm = Explorer(context)
+    warm.run_header(headers[0].state, headers[0].header, 1)
+    assert warm.position == cold.position > 1
+    assert [f.position for f in warm.found] == [f.position for f in cold.found]
+    assert warm.stats.block_states == cold.stats.block_states and warm.stats.block_states_searched == 0
+    assert structure(reference) == (("matmul", "exp"), ())
