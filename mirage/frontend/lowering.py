@@ -302,7 +302,12 @@ def _cast(b: RegionBuilder, node, p):
     device = p.get("device")
     if device is not None and torch.device(device) != out.device:
         raise Unlowerable("a device copy")
-    return b.relabel(x, _result_shape(node))  # float casts inside a subprogram keep the graph dtype
+    if isinstance(x, Value):
+        held = x.tensor.dtype.torch()
+        if out.dtype != held and (out.dtype.itemsize >= held.itemsize or held == torch.bfloat16):
+            raise Unlowerable(f"a cast from {held} to {out.dtype} (µGraph tensors keep one dtype; a "
+                              "subprogram would compute in the lower precision)")
+    return b.relabel(x, _result_shape(node))  # a narrowing cast: computed wider, rounded at the output
 
 
 def _expand(b: RegionBuilder, node, p):
@@ -364,8 +369,8 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("alias", L, _identity, "identity"),
         Lowering("detach", L, _identity, "identity"),
         Lowering("lift_fresh_copy", L, _identity, "identity"),
-        Lowering("_to_copy", L, _cast, "float casts are dropped inside a subprogram"),
-        Lowering("to", L, _cast, "float casts are dropped inside a subprogram"),
+        Lowering("_to_copy", L, _cast, "narrowing float casts: the value stays wider until the output"),
+        Lowering("to", L, _cast, "narrowing float casts: the value stays wider until the output"),
     ]
 }
 

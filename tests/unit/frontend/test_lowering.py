@@ -144,3 +144,21 @@ def test_table_rows_are_consistent():
                      "scaled_dot_product_attention"):
         assert required in compute
     assert {"view", "reshape", "transpose", "permute", "t"} <= set(LOWERINGS)
+
+
+def test_casts_narrow_inside_a_subprogram_but_never_widen():
+    def narrowing(x):  # computed in float32, rounded to float16 at the output
+        return (x * 2.0).half() * 3.0
+
+    def widening(x):  # float16 upcast for an accurate sum: that sum must not run in float16
+        return (x * 2.0).float().sum(-1) * 3.0
+
+    x = torch.randn(4, 8)
+    fast = mi.superoptimize(narrowing, (x,), search=False)
+    assert len(fast.partition.subprograms) == 1
+    assert fast(x).dtype == torch.float16
+    torch.testing.assert_close(fast(x), (x.double() * 6.0).half())
+    h = x.half()
+    fast = mi.superoptimize(widening, (h,), search=False)
+    assert len(fast.partition.subprograms) == 2  # cut at the cast, which runs in PyTorch
+    torch.testing.assert_close(fast(h), widening(h), rtol=1e-3, atol=1e-3)
