@@ -274,6 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MirageError as error:
         sys.stderr.write(f"mirage {args.command}: error: {error}\n")
         return 2
+    except OSError as error:  # a file named on the command line cannot be read or written
+        where = f": {error.filename}" if error.filename else ""
+        sys.stderr.write(f"mirage {args.command}: error: {error.strerror or error}{where}\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130

@@ -95,10 +95,16 @@ def test_partition_of_an_example(tmp_path, capsys):
     (["partition", "no_colon"], "is not PATH.py:FACTORY or MODULE:FACTORY"),
     (["partition", "mirage.frontend.examples:nothing"], "has no 'nothing'"),
     (["partition", "surely_not_a_module:make"], "cannot import module 'surely_not_a_module'"),
+    (["draw", "missing.json", "-o", "out.png"], "no such graph file: missing.json"),
 ])
 def test_errors_exit_with_status_2(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_unwritable_output_is_a_clean_error(graph_file, tmp_path, capsys):
+    assert main(["draw", str(graph_file), "-o", str(tmp_path / "missing-dir" / "g.dot")]) == 2
+    assert "No such file or directory" in capsys.readouterr().err
 
 
 def test_cache_list_and_clear(graph_file, quick_search, isolated_cache, capsys):
