@@ -38,7 +38,11 @@ def _verify(reference, chosen) -> str:
     except ImportError:
         return "finite-field verifier not available in this installation"
     result = verify(reference, chosen)
-    return f"finite-field test: {result}"
+    verdict = "equivalent" if result.equivalent else f"NOT equivalent ({result.reason})"
+    bound = "" if result.error_bound is None else f", error bound {result.error_bound:.1e}"
+    guarantee = getattr(result.guarantee, "value", result.guarantee)
+    return (f"finite-field test: {verdict}{bound} after {result.tests_run} test(s), guarantee {guarantee}, "
+            f"{result.seconds:.2f} s")
 
 
 def _generate(graph, directory: Path) -> str:
@@ -89,6 +93,7 @@ def run_demo(scale: int = 1, search: bool = True, time_limit_s: float = 30.0, us
         choice = spec.choices[s.name]
         result.add("search", f"{s.name}: µGraph from {choice.source} ({choice.detail}) "
                              f"in {time.perf_counter() - start:.1f} s")
+        result.lines += ["           " + line for line in str(choice.graph).splitlines()]
     stages.update(2)
     stages.set_postfix_str("verify")
     for s in spec.partition.subprograms:
