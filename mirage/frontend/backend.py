@@ -28,7 +28,7 @@ def mirage_backend(gm: fx.GraphModule, example_inputs: Sequence, options: dict |
                    mode: str | None = None) -> Callable:
     """Dynamo backend entry point (see the module docstring)."""
     module = MirageModule(gm, Options.parse(**(options or {})))
-    noticed = []
+    noticed: list[bool] = []
 
     def run(*args):
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):

@@ -23,9 +23,9 @@ def _label(node: fx.Node) -> str:
     if not isinstance(target, str):
         target = getattr(target, "__name__", str(target))
     shape = ""
-    val = node.meta.get("val")
-    if hasattr(val, "shape"):
-        shape = "\\n" + str(list(val.shape))
+    dims = getattr(node.meta.get("val"), "shape", None)
+    if dims is not None:
+        shape = "\\n" + str(list(dims))
     return f"{node.name}\\n{target}{shape}".replace('"', "'")
 
 

@@ -66,11 +66,11 @@ def _add(sign: float) -> Rule:
     def rule(b: RegionBuilder, node, p):
         x, y = b.operand(p["self"]), b.operand(p["other"])
         alpha = float(p.get("alpha", 1))
-        if isinstance(x, float) and isinstance(y, float):
-            raise Unlowerable("arithmetic on two numbers")
         if isinstance(y, float):
+            if isinstance(x, float):
+                raise Unlowerable("arithmetic on two numbers")
             return b.shift(x, sign * alpha * y)
-        if isinstance(x, float):  # only reached through rsub's swapped operands
+        if isinstance(x, float):
             return b.shift(b.scale(y, sign * alpha), x)
         return b.add(x, y, sign * alpha)
 

@@ -85,9 +85,9 @@ class Partition:
                 permute = f".permute{binding.permute}" if binding.permute else ""
                 t = s.graph.input_types[i]
                 lines.append(f"  input {i}: {binding.source}{permute} as {type_text(t)}")
-            for binding in s.outputs:
-                expand = f" expanded to {list(binding.expand)}" if binding.expand else ""
-                lines.append(f"  output {binding.index} -> {binding.node} {list(binding.shape)}{expand}")
+            for out in s.outputs:
+                expand = f" expanded to {list(out.expand)}" if out.expand else ""
+                lines.append(f"  output {out.index} -> {out.node} {list(out.shape)}{expand}")
             lines += ["    " + line for line in to_text(s.graph).splitlines()]
         for op in self.pytorch_ops:
             lines.append(f"pytorch: {op.node} = {op.target}: {op.reason}")

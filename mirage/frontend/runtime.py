@@ -18,7 +18,7 @@ import heapq
 import logging
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +71,7 @@ class SubprogramModule(nn.Module):
         return f"{self.subprogram.name}: {self.subprogram.num_ops} ops, µGraph from {self.choice.source}"
 
 
-def stitch(gm: fx.GraphModule, part: Partition, modules: dict[str, nn.Module]) -> fx.GraphModule:
+def stitch(gm: fx.GraphModule, part: Partition, modules: Mapping[str, SubprogramModule]) -> fx.GraphModule:
     """Replace each subprogram's nodes in ``gm`` by one call of its module (in place)."""
     nodes = list(gm.graph.nodes)
     by_name = {n.name: n for n in nodes}
