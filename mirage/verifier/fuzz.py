@@ -15,6 +15,7 @@ import argparse
 import collections
 import json
 import logging
+import os
 import platform
 import random
 import time
@@ -164,6 +165,41 @@ def fuzz_case(name: str, mutants: int, equivalents: int, seed: int, time_limit: 
     return report
 
 
+@dataclass
+class Throughput:
+    case: str
+    guarantee: str
+    tests_run: int
+    error_bound: float
+    candidate_seconds_per_test: float  # one test of the fused graph, the reference's side cached
+    reference_seconds_per_test: float  # random inputs plus the reference's fingerprint, once per test
+    tests_per_second: float  # candidate tests per second with the reference cached (the search's case)
+    verify_seconds: float  # one fresh verify() call, end to end
+
+
+def measure_throughput(name: str, repeats: int = 3, seed: int = 0) -> Throughput:
+    """Time verification of a benchmark's fused graph against its reference."""
+    from benchmarks.mugraphs import CASES
+
+    case = CASES[name]
+    reference, fused = case.reference(), case.fused()
+    began = time.perf_counter()
+    result = Verifier(reference, seed=seed).verify(fused)
+    verify_seconds = time.perf_counter() - began
+    verifier = Verifier(reference, seed=seed + 1, input_cache_bytes=4 * 2**30)
+    began = time.perf_counter()
+    verifier.reference_fingerprints(0)
+    reference_seconds = time.perf_counter() - began
+    candidate = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        verifier.fingerprints(fused, 0)
+        candidate.append(time.perf_counter() - began)
+    best = min(candidate)
+    return Throughput(name, result.guarantee.value, result.tests_run, float(result.error_bound or 0.0), best,
+                      reference_seconds, 1.0 / best, verify_seconds)
+
+
 def quotas(total: int, names: list[str]) -> dict[str, int]:
     weights = {name: CASE_WEIGHTS.get(name, 1.0) for name in names}
     scale = total / sum(weights.values())
@@ -182,11 +218,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--case-time-limit", type=float, default=1800.0, help="seconds per case")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/verifier_fuzz.json"))
+    parser.add_argument("--throughput", action="store_true",
+                        help="instead of fuzzing, time verification of each fused benchmark graph")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from benchmarks.mugraphs import CASES
 
     names = args.cases or list(CASES)
+    if args.throughput:
+        rows = []
+        for name in tqdm(names, desc="throughput"):
+            rows.append(measure_throughput(name, seed=args.seed))
+            logger.info("%s", rows[-1])
+        load = os.getloadavg() if hasattr(os, "getloadavg") else None
+        document = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "load_average": load,
+                    "rows": [asdict(r) for r in rows]}
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(document, indent=2) + "\n")
+        return 0
     mutant_quota = quotas(args.mutants, names)
     reports = []
     for index, name in enumerate(names):

@@ -131,7 +131,7 @@ class Verifier:
 
     def _run_test(self, candidate: KernelGraph, index: int, alive: list[list[bool]]) -> bool:
         """Run test ``index``; keep in ``alive`` the output pairs that still agree; any matching left?"""
-        outputs = self._run_candidate(candidate, index)
+        outputs = self.fingerprints(candidate, index)
         reference_outputs = self._test(index).reference_outputs
         for i, row in enumerate(alive):
             for j, ok in enumerate(row):
@@ -165,7 +165,12 @@ class Verifier:
         rng = np.random.default_rng(seed)  # the same stream every time: a Generator copies the state
         return [self.fields.random(t.shape, rng) for t in self.reference.input_types]
 
-    def _run_candidate(self, candidate: KernelGraph, index: int) -> list[FieldArray]:
+    def reference_fingerprints(self, index: int) -> list[FieldArray]:
+        """The reference's outputs in random test ``index`` (drawn and computed on first use)."""
+        return self._test(index).reference_outputs
+
+    def fingerprints(self, candidate: KernelGraph, index: int) -> list[FieldArray]:
+        """A graph's outputs in random test ``index`` (same inputs, ω and hash key as the reference)."""
         test = self._test(index)
         inputs = test.inputs if test.inputs is not None else self._inputs(test.input_seed)
         return _run(FieldAlgebra(self.fields, test.omega_exponent, test.hash_key), candidate, inputs)
