@@ -74,7 +74,8 @@ def format_kernel(kernel: Kernel, with_legality: bool = False) -> str:
             notes.append(f"pinned: {instruction.pinned}")
         if with_legality and position + 1 < len(kernel):
             legality = check_swap(kernel, position, position + 1)
-            notes.append("swap-next: ok" if legality else f"swap-next: {legality.rule.value}")  # type: ignore[union-attr]
+            rule = legality.rule.value if legality.rule else "ok"
+            notes.append(f"swap-next: {rule}")
         lines.append(f"  /*{instruction.address:04x}*/ {instruction.control.text():28s} "
                      f"{instruction.text:52s} ; {' | '.join(notes)}")
     return "\n".join(lines)

@@ -193,7 +193,7 @@ def memory_access(opcode: str, modifiers: tuple[str, ...]) -> tuple[MemoryAccess
 
 
 def memory_data_width(opcode: str, modifiers: tuple[str, ...]) -> int:
-    """Registers per data operand of a memory instruction (``.64`` → 2, ``.128`` → 4, LDSM ``.4`` → 4)."""
+    """Registers per data operand of a memory instruction (``.64``: 2, ``.128``: 4, LDSM ``.4``: 4)."""
     if opcode in ("LDSM", "STSM"):
         for marker in ("4", "2"):
             if marker in modifiers[1:]:
