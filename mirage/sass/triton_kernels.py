@@ -26,11 +26,7 @@ def _metadata(compiled, name: str, default=None):
     return getattr(metadata, name, default)
 
 
-def launch_spec_from_triton(compiled, arguments: Sequence, grid: Sequence[int], outputs: Sequence[int],
-                            *, exact: bool = True) -> LaunchSpec:
-    cubin = Cubin.from_bytes(compiled.asm["cubin"])
-    name = _metadata(compiled, "name") or cubin.kernel_names()[0]
-    parameters = kernel_parameters(cubin, name)
+def _describe(arguments: Sequence, outputs: Sequence[int]) -> list:
     converted: list = []
     for index, value in enumerate(arguments):
         if hasattr(value, "data_ptr"):
@@ -47,27 +43,53 @@ def launch_spec_from_triton(compiled, arguments: Sequence, grid: Sequence[int], 
         else:
             raise LaunchSpecError(f"argument {index} ({type(value).__name__}) cannot be described; pass "
                                   "tensors, ints and floats in the kernel's order")
-    if parameters and len(converted) > len(parameters):
-        # integers equal to 1 were specialized away by Triton: drop them, last first, until it fits
-        for position in range(len(converted) - 1, -1, -1):
-            item = converted[position]
-            if len(converted) > len(parameters) and isinstance(item, ScalarArgument) and item.value == 1:
-                del converted[position]
-    for parameter in parameters[len(converted):]:
-        if parameter.size != 8:
-            raise LaunchSpecError(f"kernel {name}: parameter {parameter.ordinal} ({parameter.size} bytes) is "
-                                  "not named by the call and is no pointer")
-        for scratch in ("global_scratch_size", "profile_scratch_size"):
-            if _metadata(compiled, scratch, 0):
-                raise LaunchSpecError(f"kernel {name} needs {scratch}={_metadata(compiled, scratch)}; "
-                                      "launching it outside Triton is not supported")
-        converted.append(ScalarArgument(f"scratch{parameter.ordinal}", "pointer", 0))
+    return converted
+
+
+def _passed_arguments(compiled, arguments: Sequence) -> list[list]:
+    """Candidate lists of the arguments Triton really passes, best guess first."""
+    guesses = []
+    signature = getattr(getattr(compiled, "src", None), "signature", None)
+    if isinstance(signature, dict):
+        types = list(signature.values())
+        guesses.append([value for index, value in enumerate(arguments)
+                        if index >= len(types) or types[index] != "constexpr"])
+    guesses.append(list(arguments))
+    guesses.append([value for value in arguments if not (isinstance(value, int) and value == 1)])
+    return guesses
+
+
+def launch_spec_from_triton(compiled, arguments: Sequence, grid: Sequence[int], outputs: Sequence[int],
+                            *, exact: bool = True) -> LaunchSpec:
+    cubin = Cubin.from_bytes(compiled.asm["cubin"])
+    name = _metadata(compiled, "name") or cubin.kernel_names()[0]
+    parameters = kernel_parameters(cubin, name)
     grid3 = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-    spec = LaunchSpec(kernel=name, grid=grid3, block=(32 * int(_metadata(compiled, "num_warps", 4)), 1, 1),
-                      arguments=tuple(converted), shared_memory_bytes=int(_metadata(compiled, "shared", 0)),
-                      exact=exact)
-    check_against_cubin(spec, cubin)
-    return spec
+    errors = []
+    for guess in _passed_arguments(compiled, arguments):
+        output_positions = [position for position, value in enumerate(guess)
+                            if any(value is arguments[i] for i in outputs)]
+        converted = _describe(guess, output_positions)
+        try:
+            for parameter in parameters[len(converted):]:
+                if parameter.size != 8:
+                    raise LaunchSpecError(f"kernel {name}: parameter {parameter.ordinal} ({parameter.size} "
+                                          "bytes) is not named by the call and is no pointer")
+                for scratch in ("global_scratch_size", "profile_scratch_size"):
+                    if _metadata(compiled, scratch, 0):
+                        size = _metadata(compiled, scratch)
+                        raise LaunchSpecError(f"kernel {name} needs {scratch}={size}; launching it outside "
+                                              "Triton is not supported")
+                converted.append(ScalarArgument(f"scratch{parameter.ordinal}", "pointer", 0))
+            threads = 32 * int(_metadata(compiled, "num_warps", 4))
+            shared = int(_metadata(compiled, "shared", 0))
+            spec = LaunchSpec(kernel=name, grid=grid3, block=(threads, 1, 1), arguments=tuple(converted),
+                              shared_memory_bytes=shared, exact=exact)
+            check_against_cubin(spec, cubin)
+            return spec
+        except LaunchSpecError as error:
+            errors.append(str(error))
+    raise LaunchSpecError("the call's arguments do not fit the kernel's parameters: " + "; ".join(errors))
 
 
 def tune_triton(compiled, arguments: Sequence, grid: Sequence[int], outputs: Sequence[int],
