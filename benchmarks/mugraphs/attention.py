@@ -33,9 +33,11 @@ def reference(b: int, qknorm: bool = False) -> mi.KernelGraph:
     return g.freeze()
 
 
-def fused(b: int, qknorm: bool = False) -> mi.KernelGraph:
-    """Two graph-defined kernels, as Mirage's FlashDecoding-like µGraph (mirage-notes §1.7)."""
-    heads, kv_splits, q_splits, iters = 2 * b, 8, 16, 4
+def fused(b: int, qknorm: bool = False, kv_splits: int = 8, q_splits: int = 16,
+          iters: int = 4) -> mi.KernelGraph:
+    """Two graph-defined kernels, as Mirage's FlashDecoding-like µGraph (mirage-notes §1.7): the keys
+    are split ``kv_splits`` ways across blocks and ``iters`` ways across the for-loop."""
+    heads = 2 * b
     g = mi.new_kernel_graph("qknorm" if qknorm else "gqa")
     q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(shapes(b), "QKV", strict=True))
     tb = mi.new_threadblock_graph(grid_dim=(heads, kv_splits, q_splits), block_dim=(128, 1, 1),
@@ -53,7 +55,7 @@ def fused(b: int, qknorm: bool = False) -> mi.KernelGraph:
     tb.new_output(numerators, output_map=(0, 2, 1))  # [2b, 256, 512]
     partial_sums, partial_numerators = g.customized([q, k, v], tb)
 
-    tb2 = mi.new_threadblock_graph(grid_dim=(heads, 16, 1), block_dim=(128, 1, 1), forloop_range=1,
+    tb2 = mi.new_threadblock_graph(grid_dim=(heads, q_splits, 1), block_dim=(128, 1, 1), forloop_range=1,
                                    reduction_dimx=64)
     s = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")  # [1,16,1]
     n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)),

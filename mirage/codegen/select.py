@@ -1,0 +1,126 @@
+"""Profile-guided selection: compile every candidate, time each on the GPU, keep the fastest that is
+right.
+
+``select_fastest(reference, candidates)`` generates CUDA for each candidate µGraph under each
+optimizer variant (pipeline depth), compiles them all in parallel, times every program with
+CUDA-graph replays on the same inputs, then float-checks candidates in order of speed against the
+reference (float64 on the CPU, outputs poisoned beforehand) and returns the first that passes.
+Failures are recorded, never hidden.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mirage.errors import MirageError
+from mirage.mugraph.graph import KernelGraph
+
+log = logging.getLogger(__name__)
+
+
+class SelectionError(MirageError):
+    """No candidate compiled, ran and matched the reference."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to build a candidate: the µGraph and the optimizer's pipeline depth."""
+
+    graph: KernelGraph
+    stages: int = 2
+
+    @property
+    def label(self) -> str:
+        return f"{self.graph.content_hash()[:10]}/s{self.stages}"
+
+
+@dataclass
+class Trial:
+    variant: Variant
+    median_us: float | None = None
+    error: float | None = None
+    failure: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"variant": self.variant.label, "stages": self.variant.stages,
+                "grids": [b.grid_dim for b in self.variant.graph.block_graphs()],
+                "forloop_ranges": [b.forloop_range for b in self.variant.graph.block_graphs()],
+                "median_us": self.median_us, "relative_error": self.error, "failure": self.failure}
+
+
+@dataclass
+class Selection:
+    best: Trial | None
+    trials: list[Trial] = field(default_factory=list)
+    program: object = None  # the compiled Program of the winner
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"best": self.best.as_dict() if self.best else None, "seconds": self.seconds,
+                "trials": [t.as_dict() for t in self.trials]}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.as_dict(), indent=1))
+
+
+def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4)) -> list[Variant]:
+    return [Variant(g, s) for g in candidates for s in stages]
+
+
+def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], inputs: Sequence | None = None,
+                   stages: Sequence[int] = (2, 3, 4), max_workers: int | None = None,
+                   replays: int = 100) -> Selection:
+    from mirage.codegen.gpu_check import check_on_gpu, random_inputs
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.codegen.profile import time_graph
+    from mirage.codegen.runtime import build_many
+    from mirage.optimizer import OptimizerOptions
+
+    start = time.perf_counter()
+    trials = [Trial(v) for v in variants(candidates, stages)]
+    programs, built = [], []
+    for trial in trials:
+        try:
+            options = dataclasses.replace(OptimizerOptions(), stages=trial.variant.stages)
+            programs.append(generate_cuda_program(trial.variant.graph, None, options=options))
+            built.append(trial)
+        except MirageError as error:
+            trial.failure = f"generate: {type(error).__name__}: {str(error).splitlines()[0]}"
+    compiled = dict(zip(map(id, built), build_many(programs, max_workers=max_workers), strict=True))
+    if inputs is None:
+        inputs = random_inputs(reference, seed=0)
+    inputs = list(inputs)
+    for trial in built:
+        program = compiled[id(trial)]
+        if isinstance(program, Exception):
+            trial.failure = f"compile: {str(program).splitlines()[0]}"
+            continue
+        try:
+            program.load()
+            trial.median_us = time_graph(lambda p=program: p.launch(inputs), replays=replays).median_us
+            trial.program = program  # type: ignore[attr-defined]
+        except Exception as error:  # noqa: BLE001 - a failing candidate is recorded and skipped
+            trial.failure = f"run: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    timed = sorted((t for t in trials if t.median_us is not None), key=lambda t: t.median_us)
+    best = None
+    for trial in timed:
+        result = check_on_gpu(reference, trial.program, inputs=inputs)  # type: ignore[attr-defined]
+        trial.error = result.worst_error
+        if result.passed:
+            best = trial
+            break
+        trial.failure = f"float check: relative error {result.worst_error:.3g}"
+    selection = Selection(best, trials, getattr(best, "program", None), time.perf_counter() - start)
+    if best is None:
+        reasons = "; ".join(f"{t.variant.label}: {t.failure}" for t in trials[:5])
+        raise SelectionError(f"none of {len(trials)} candidate builds compiled, ran and matched the "
+                             f"reference ({reasons})")
+    log.info("selected %s: %.2f µs of %d builds in %.1f s", best.variant.label, best.median_us,
+             len(trials), selection.seconds)
+    return selection
