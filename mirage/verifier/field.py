@@ -116,7 +116,9 @@ def construct_fields(q_bits: int) -> FieldPair:
     while q > 3:
         if q % 4 == 3 and galois.is_prime(q) and galois.is_prime(2 * q + 1):
             p = 2 * q + 1
-            return FieldPair(p, q, int(galois.GF(p).primitive_element), int(galois.GF(q).primitive_element))
+            # "jit-calculate": fields below 2^20 would otherwise build lookup tables (tens of seconds)
+            fields = [galois.GF(m, compile="jit-calculate") for m in (p, q)]
+            return FieldPair(p, q, int(fields[0].primitive_element), int(fields[1].primitive_element))
         q -= 2
     raise ValueError(f"no field pair below 2^{q_bits}")
 
@@ -250,6 +252,13 @@ def matmul_mod(a: np.ndarray, b: np.ndarray, m: int, a_centred: np.ndarray | Non
     return total
 
 
+@functools.lru_cache(maxsize=8)
+def omega_powers(fields: FieldPair, omega_exponent: int) -> np.ndarray:
+    """[ω^0, ..., ω^(q-1)] mod p for ω = g^(step · omega_exponent): exp is one table lookup."""
+    exponents = np.arange(fields.q, dtype=np.int64) * (fields.omega_step * omega_exponent) % (fields.p - 1)
+    return fields.tables().power_p[exponents]
+
+
 # ---- the algebra ---------------------------------------------------------------------------------
 
 
@@ -314,8 +323,7 @@ class FieldAlgebra:
             raise ExpNestingError("exp applied to a value that already went through exp: the LAX "
                                   "fragment allows one exp on each input→output path; compare such "
                                   "graphs with float_check")
-        exponent = x.q * self.omega_exponent % self.fields.q
-        return FieldArray(self.tables.power_p[exponent * self.fields.omega_step], None)
+        return FieldArray(omega_powers(self.fields, self.omega_exponent)[x.q], None)
 
     def sqrt(self, x: FieldArray) -> FieldArray:
         t = self.tables

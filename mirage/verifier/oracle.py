@@ -33,8 +33,8 @@ class GaloisAlgebra:
         import galois
 
         self.fields = fields
-        self.GFp = galois.GF(fields.p)
-        self.GFq = galois.GF(fields.q)
+        self.GFp = galois.GF(fields.p, compile="jit-calculate")
+        self.GFq = galois.GF(fields.q, compile="jit-calculate")
         self.omega = self.GFp(fields.generator_p) ** (fields.omega_step * omega_exponent)
         self.hash_key = hash_key
 
