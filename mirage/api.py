@@ -51,7 +51,7 @@ def superoptimize(program: Any, example_inputs: Any = None, **options: Any) -> n
     shapes captures again (cached per shape); dtypes and devices must stay the same.
 
     Options (all keywords; see :class:`mirage.frontend.Options`): ``search`` (default True),
-    ``config`` (search space name), ``time_limit_s`` (search budget per subprogram, default 30),
+    ``config`` (search space name; default: chosen per subprogram), ``time_limit_s`` (search budget per subprogram, default 30),
     ``search_overrides`` (dict for the generator), ``max_subprogram_ops`` (default 16), ``executor``
     ("auto", "interpret", "cuda"), ``use_cache``, ``cache_dir``, ``progress``.
     """

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from mirage.errors import MirageError
 from mirage.mugraph.graph import KernelGraph, KernelInput, Node
+from mirage.mugraph.ops import Op
 from mirage.mugraph.serialize import content_hash, dumps, loads
 
 logger = logging.getLogger("mirage.frontend")
@@ -52,6 +53,18 @@ class Choice:
     key: str
     detail: str
     seconds: float = 0.0
+
+
+def auto_config(graph: KernelGraph) -> str:
+    """The named search space that suits a subprogram: ``attention`` when it exponentiates
+    (softmax), ``lora`` when it adds two matrix products, ``mlp`` otherwise."""
+    ops = [n.op for n in graph.nodes]
+    if Op.EXP in ops:
+        return "attention"
+    for node in graph.nodes:
+        if node.op is Op.ADD and all(graph.nodes[r.node].op is Op.MATMUL for r in node.inputs):
+            return "lora"
+    return "mlp"
 
 
 def strip_names(graph: KernelGraph) -> KernelGraph:
@@ -154,7 +167,10 @@ def run_search(reference: KernelGraph, settings: SearchSettings,
 
 def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = True,
            cache_dir: Path | None = None, progress: bool = True) -> Choice:
-    """The µGraph to run for ``reference``: from the cache, from a new search, or the reference."""
+    """The µGraph to run for ``reference``: from the cache, from a new search, or the reference.
+    Without a named search space, the one that suits ``reference`` (:func:`auto_config`)."""
+    if settings.config is None:
+        settings = dataclasses.replace(settings, config=auto_config(reference))
     key = cache_key(reference, settings)
     if cache_dir is not None:
         entry = read_entry(cache_dir, key)

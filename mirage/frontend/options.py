@@ -23,7 +23,7 @@ from mirage.frontend.partition import Budget
 @dataclass(frozen=True)
 class Options:
     search: bool = True  # False: run the reference graphs, no search
-    config: str | None = None  # named search space ("mlp", "attention", "lora")
+    config: str | None = None  # named search space ("mlp", "attention", "lora"); None: chosen per subprogram
     time_limit_s: float = 30.0  # search budget per subprogram
     max_results: int | None = None  # stop a search after this many verified µGraphs
     search_overrides: tuple[tuple[str, str], ...] = ()  # passed to mirage.generator.search

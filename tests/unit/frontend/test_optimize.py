@@ -74,6 +74,29 @@ def test_environment_switches_the_cache_off(fake_search, monkeypatch):
     assert len(fake_search) == 2
 
 
+@pytest.mark.parametrize(("function", "shapes", "config"), [
+    (lambda q, k: torch.softmax(q @ k, -1), ((2, 4), (4, 8)), "attention"),
+    (lambda x, w, a, b: x @ w + (x @ a) @ b, ((2, 8), (8, 8), (8, 2), (2, 8)), "lora"),
+    (program, ((4, 8), (8, 6)), "mlp"),
+])
+def test_search_space_is_chosen_per_subprogram(function, shapes, config, fake_search):
+    seen = []
+    original = optimize.run_search
+
+    def recording(reference, settings, progress=True):
+        seen.append(settings.config)
+        return original(reference, settings, progress)
+
+    optimize.run_search = recording
+    try:
+        mi.superoptimize(function, tuple(torch.randn(*s) for s in shapes))
+        mi.superoptimize(function, tuple(torch.randn(*s) for s in shapes), config="mlp")
+    finally:
+        optimize.run_search = original
+    assert seen[0] == config
+    assert seen[1:] == ([] if config == "mlp" else ["mlp"])  # an explicit config is a new search
+
+
 def test_search_settings_are_part_of_the_key():
     graph = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
     keys = {cache_key(graph, SearchSettings()), cache_key(graph, SearchSettings(config="mlp")),
