@@ -105,7 +105,8 @@ def compare(gpu_outputs: Sequence, reference_outputs: Sequence[np.ndarray], grap
 
 
 def check_on_gpu(graph, program=None, *, inputs: Sequence | None = None, seed: int = 0, scale: float = 1.0,
-                 target=None, tolerances: dict[DType, float] | None = None, name: str = "") -> CheckResult:
+                 target=None, tolerances: dict[DType, float] | None = None, name: str = "",
+                 device: str = "cuda") -> CheckResult:
     """Run ``graph``'s kernels on the GPU and compare with the float64 reference (module docstring).
 
     ``program``: an already compiled :class:`~mirage.codegen.runtime.Program` of ``graph`` (else it is
@@ -121,10 +122,11 @@ def check_on_gpu(graph, program=None, *, inputs: Sequence | None = None, seed: i
     if program is None:
         program = compile_program(graph, target)
     if inputs is None:
-        inputs = random_inputs(graph, seed, scale)
+        inputs = random_inputs(graph, seed, scale, device)
     start = time.perf_counter()
     outputs = program.with_poison().launch(list(inputs))
-    torch.cuda.synchronize()
+    if any(x.is_cuda for x in inputs):
+        torch.cuda.synchronize()
     run_seconds = time.perf_counter() - start
     start = time.perf_counter()
     reference = interpret(graph, [x.detach().cpu() for x in inputs], dtype=np.float64)
@@ -134,3 +136,314 @@ def check_on_gpu(graph, program=None, *, inputs: Sequence | None = None, seed: i
     log.info("%s: %s (worst relative error %.2e)", result.name, "pass" if result.passed else "FAIL",
              result.worst_error)
     return result
+
+
+# ---- the suite: every benchmark µGraph, random µGraphs and search results ------------------------
+#
+#   python -m mirage.codegen.gpu_check compile --random 60 --search FILE --out benchmarks/results   (CPU)
+#   python -m mirage.codegen.gpu_check gpu --random 120 --search FILE --out benchmarks/results      (GPU)
+#
+# ``compile`` generates and compiles every case (nothing runs); ``gpu`` also runs and checks each
+# case, in worker processes that are restarted after a CUDA error (which ends a CUDA context).
+
+
+@dataclass(frozen=True)
+class SuiteCase:
+    name: str
+    group: str  # benchmark, random, search
+    graph: KernelGraph
+    seed: int = 0
+    scale: float = 1.0  # inputs are N(0, scale²)
+    baseline: KernelGraph | None = None  # an equivalent graph also interpreted (benchmarks: the unfused one)
+
+
+BENCHMARK_SCALE = 0.5  # keeps x @ W over 4096-long rows well inside fp16 in the gated MLP
+
+
+def suite_cases(random_count: int = 0, search_file: str | None = None, benchmarks: bool = True) -> list[SuiteCase]:
+    cases = []
+    if benchmarks:
+        from benchmarks.mugraphs import CASES
+
+        cases += [SuiteCase(name, "benchmark", c.fused(), 0, BENCHMARK_SCALE, c.reference())
+                  for name, c in sorted(CASES.items())]
+    if random_count:
+        from mirage.codegen.random_graphs import random_graph
+
+        cases += [SuiteCase(f"random_{s}", "random", random_graph(s).graph, s) for s in range(random_count)]
+    if search_file:
+        import json
+
+        from mirage.mugraph.serialize import graph_from_dict
+
+        document = json.loads(open(search_file).read())
+        for record in document["graphs"] if isinstance(document, dict) else document:
+            cases.append(SuiteCase(record["name"], "search", graph_from_dict(record["graph"]), 0,
+                                   float(record.get("scale", 1.0))))
+    return cases
+
+
+def _generate_and_build(cases: Sequence[SuiteCase], workers: int | None) -> tuple[dict, dict]:
+    """Programs (or the error of each failed stage) of every case."""
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.codegen.runtime import build_many
+    from mirage.errors import MirageError
+
+    programs, failures = {}, {}
+    for case in cases:
+        try:
+            programs[case.name] = generate_cuda_program(case.graph, None)
+        except MirageError as error:
+            failures[case.name] = ("generate", f"{type(error).__name__}: {error}")
+    names = list(programs)
+    start = time.perf_counter()
+    built = build_many([programs[n] for n in names], max_workers=workers)
+    log.info("compiled %d programs in %.0f s", len(names), time.perf_counter() - start)
+    compiled = {}
+    for name, result in zip(names, built, strict=True):
+        if isinstance(result, MirageError):
+            failures[name] = ("compile", f"{type(result).__name__}: {str(result)[:4000]}")
+        else:
+            compiled[name] = result
+    return compiled, failures
+
+
+def _worker(bundle_path: str, results_path: str, start: int) -> None:
+    """Run the cases of a bundle from ``start`` on; one JSON line per case; exit 3 after a CUDA error."""
+    import json
+    import traceback
+    from pathlib import Path
+
+    import torch
+
+    from mirage.codegen.lower_program import CudaProgram
+    from mirage.codegen.runtime import Program
+    from mirage.mugraph.serialize import graph_from_dict
+
+    records = json.loads(Path(bundle_path).read_text())
+    with open(results_path, "a") as results:
+        for index in range(start, len(records)):
+            record = records[index]
+            graph = graph_from_dict(record["graph"])
+            row = {"index": index, "name": record["name"]}
+            try:
+                program = Program(CudaProgram.from_dict(record["program"]),
+                                  Path(record["cubin"]) if record["cubin"] else None)
+                inputs = random_inputs(graph, record["seed"], record["scale"], record.get("device", "cuda"))
+                check = check_on_gpu(graph, program, inputs=inputs, name=record["name"])
+                row.update(check.as_dict())
+                if record.get("baseline"):
+                    baseline = graph_from_dict(record["baseline"])
+                    from mirage.mugraph.interpret import interpret
+
+                    outputs = program.launch(inputs)
+                    reference = interpret(baseline, [x.cpu() for x in inputs])
+                    row["baseline_error"] = max(c.relative_error for c in compare(outputs, reference, baseline))
+                if record.get("extras"):
+                    row.update(_extras(program, inputs))
+            except Exception as error:  # noqa: BLE001 - every failure is recorded with its traceback
+                row.update({"passed": False, "stage": "run", "error": f"{type(error).__name__}: {error}",
+                            "traceback": traceback.format_exc()[-3000:]})
+                results.write(json.dumps(row) + "\n")
+                results.flush()
+                if "cuda" in f"{type(error).__module__} {error}".lower():
+                    raise SystemExit(3) from None  # the CUDA context may be gone: restart
+                continue
+            results.write(json.dumps(row) + "\n")
+            results.flush()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+
+def _extras(program, inputs) -> dict:
+    """CUDA-graph capture (replayed output equals the eager one) and the time of one call."""
+    import torch
+
+    from mirage.codegen.profile import time_graph
+
+    eager = [o.clone() for o in program.launch(inputs)]
+    static: list = []
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        program.launch(inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = program.launch(inputs)
+    graph.replay()
+    torch.cuda.synchronize()
+    same = all(torch.equal(a, b) for a, b in zip(eager, static, strict=True))
+    timing = time_graph(lambda: program.launch(inputs))
+    return {"cuda_graph_replay_equal": same, "median_us": timing.median_us}
+
+
+def run_gpu_suite(cases: Sequence[SuiteCase], directory, workers: int | None = None,
+                  processes: int = 4, device: str = "cuda") -> list[dict]:
+    """Generate, compile, run and check every case; returns one row per case (see the module docs)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mirage.mugraph.serialize import graph_to_dict
+
+    compiled, failures = _generate_and_build(cases, workers)
+    records = [{"name": c.name, "group": c.group, "seed": c.seed, "scale": c.scale,
+                "graph": graph_to_dict(c.graph), "program": compiled[c.name].cuda.to_dict(),
+                "cubin": str(compiled[c.name].cubin or ""), "extras": c.group == "benchmark", "device": device,
+                "baseline": graph_to_dict(c.baseline) if c.baseline is not None else None}
+               for c in cases if c.name in compiled]
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    chunks = [chunk for chunk in (records[k::processes] for k in range(processes)) if chunk]
+    procs = []
+    for k, chunk in enumerate(chunks):
+        bundle, results = directory / f"bundle_{k}.json", directory / f"results_{k}.jsonl"
+        bundle.write_text(json.dumps(chunk))
+        results.write_text("")
+        procs.append([bundle, results, 0, None])
+    command = [sys.executable, "-m", "mirage.codegen.gpu_check", "worker"]
+    while any(p[2] < len(chunks[k]) for k, p in enumerate(procs)):
+        for k, p in enumerate(procs):
+            if p[3] is None and p[2] < len(chunks[k]):
+                p[3] = subprocess.Popen(command + [str(p[0]), str(p[1]), str(p[2])])
+        for k, p in enumerate(procs):
+            if p[3] is not None and p[3].poll() is not None:
+                done = len(p[1].read_text().splitlines())
+                if p[3].returncode not in (0, 3) and done == p[2]:
+                    with open(p[1], "a") as f:  # the worker died inside this case
+                        f.write(json.dumps({"name": chunks[k][done]["name"], "passed": False, "stage": "run",
+                                            "error": f"worker exited with {p[3].returncode}"}) + "\n")
+                    done += 1
+                p[2], p[3] = done, None
+        time.sleep(0.2)
+    rows = {}
+    for _, results, _, _ in procs:
+        for line in results.read_text().splitlines():
+            row = json.loads(line)
+            rows[row["name"]] = row
+    out = []
+    for case in cases:
+        row = rows.get(case.name) or {"name": case.name, "passed": False, "stage": failures[case.name][0],
+                                      "error": failures[case.name][1]}
+        row["group"] = case.group
+        out.append(row)
+    return out
+
+
+def run_compile_suite(cases: Sequence[SuiteCase], workers: int | None = None) -> list[dict]:
+    """Generate and compile every case (CPU only); one row per case."""
+    compiled, failures = _generate_and_build(cases, workers)
+    rows = []
+    for case in cases:
+        if case.name in compiled:
+            program = compiled[case.name]
+            rows.append({"name": case.name, "group": case.group, "passed": True, "kernels": len(program.cuda.kernels),
+                         "smem_bytes": [k.smem_bytes for k in program.cuda.kernels]})
+        else:
+            stage, error = failures[case.name]
+            rows.append({"name": case.name, "group": case.group, "passed": False, "stage": stage, "error": error})
+    return rows
+
+
+def _summary(rows: Sequence[dict]) -> dict:
+    groups: dict[str, dict] = {}
+    for row in rows:
+        g = groups.setdefault(row["group"], {"cases": 0, "passed": 0})
+        g["cases"] += 1
+        g["passed"] += bool(row.get("passed"))
+    return groups
+
+
+def write_report(rows: Sequence[dict], directory, stem: str, facts: dict, title: str) -> tuple:
+    """``<stem>.json`` and ``<stem>.md`` in ``directory``: a summary per group and a row per case."""
+    import json
+    from pathlib import Path
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    summary = _summary(rows)
+    json_path, md_path = directory / f"{stem}.json", directory / f"{stem}.md"
+    json_path.write_text(json.dumps({"facts": facts, "summary": summary, "cases": list(rows)}, indent=1) + "\n")
+    lines = [f"# {title}", "", *(f"- {k}: {v}" for k, v in facts.items()), "",
+             "| group | cases | passed |", "|---|---|---|"]
+    lines += [f"| {g} | {s['cases']} | {s['passed']} |" for g, s in summary.items()]
+    lines += ["", "| case | group | kernels | passed | worst rel. error | unwritten | CUDA graph | µs | note |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        unwritten = sum(o.get("unwritten", 0) for o in row.get("outputs", []))
+        error = f"{row['worst_error']:.2e}" if "worst_error" in row else ""
+        graph = {True: "equal", False: "DIFFERS"}.get(row.get("cuda_graph_replay_equal"), "")
+        micro = f"{row['median_us']:.1f}" if "median_us" in row else ""
+        note = row.get("error", "").splitlines()[0][:90] if row.get("error") else ""
+        if "baseline_error" in row:
+            note = f"vs unfused reference {row['baseline_error']:.2e}"
+        lines.append(f"| {row['name']} | {row['group']} | {row.get('kernels', '')} | "
+                     f"{'yes' if row.get('passed') else 'NO'} | {error} | {unwritten if 'outputs' in row else ''} | "
+                     f"{graph} | {micro} | {note} |")
+    md_path.write_text("\n".join(lines) + "\n")
+    return json_path, md_path
+
+
+def _host_facts() -> dict:
+    import datetime
+    import platform
+
+    from mirage.codegen.toolchain import find_nvcc, tool_version
+
+    nvcc = tool_version(find_nvcc()).splitlines()[-1]
+    return {"host": f"CPU build machine ({platform.machine()}, no GPU)", "nvcc": nvcc,
+            "date": datetime.date.today().isoformat()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import datetime
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m mirage.codegen.gpu_check", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("compile", "gpu"):
+        p = sub.add_parser(name)
+        p.add_argument("--random", type=int, default=0, help="random µGraphs (seeds 0..N-1)")
+        p.add_argument("--search", default=None, help="JSON file of search results")
+        p.add_argument("--no-benchmarks", action="store_true")
+        p.add_argument("--out", default="benchmarks/results")
+        p.add_argument("--workers", type=int, default=None, help="parallel nvcc processes")
+        p.add_argument("--scratch", default=None, help="folder for bundles and worker results (gpu)")
+    w = sub.add_parser("worker")
+    w.add_argument("bundle")
+    w.add_argument("results")
+    w.add_argument("start", type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.command == "worker":
+        _worker(args.bundle, args.results, args.start)
+        return 0
+    cases = suite_cases(args.random, args.search, not args.no_benchmarks)
+    today = datetime.date.today().isoformat()
+    if args.command == "compile":
+        rows = run_compile_suite(cases, args.workers)
+        paths = write_report(rows, args.out, f"codegen_compile_{today}", _host_facts(),
+                             "Generated CUDA compiled for sm_90a (no GPU)")
+    else:
+        import tempfile
+
+        from mirage.codegen.profile import device_facts
+
+        scratch = args.scratch or tempfile.mkdtemp(prefix="mirage-gpu-check-")
+        rows = run_gpu_suite(cases, scratch, args.workers)
+        paths = write_report(rows, args.out, f"codegen_gpu_{today}", device_facts(),
+                             "Generated kernels against the float64 reference")
+    failed = [r["name"] for r in rows if not r.get("passed")]
+    for row in rows:
+        if not row.get("passed"):
+            detail = row.get("error", "").splitlines()[:1] or [f"worst error {row.get('worst_error', 0):.2e}"]
+            log.info("FAILED %s (%s): %s", row["name"], row.get("stage", "check"), detail[0][:300])
+    log.info("%d of %d cases passed; wrote %s", len(rows) - len(failed), len(rows), ", ".join(map(str, paths)))
+    return 1 if failed and not sys.flags.interactive else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

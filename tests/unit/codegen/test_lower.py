@@ -1,0 +1,262 @@
+"""Lowering of prepared µGraphs to kernel contexts and CUDA source (mirage.codegen.lower*), on the CPU.
+
+Snapshots of the generated source live in ``snapshots/``; after an intended change of the optimizer
+or the templates, refresh them with ``MIRAGE_UPDATE_SNAPSHOTS=1 pytest tests/unit/codegen/test_lower.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+import mirage as mi
+from benchmarks.mugraphs import CASES
+from mirage.codegen import lower_context as ctx
+from mirage.codegen import lower_ops
+from mirage.codegen.lower_ops import LoweringError, tile_layout
+from mirage.codegen.lower_program import CudaProgram, cfloat, generate_cuda_program, target_for
+from mirage.errors import SharedMemoryError
+from mirage.mugraph.graph import Ref
+from mirage.mugraph.ops import Op
+from mirage.mugraph.target import TARGETS
+from mirage.optimizer import OptimizerOptions, RegisterOptions
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+
+
+def rms_rows(name: str = "rms_rows") -> mi.KernelGraph:
+    """exp(x) summed per row and the rms of x: element-wise, reduction and rms accumulators."""
+    g = mi.new_kernel_graph(name)
+    x = g.new_input(dims=(64, 256), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=2)
+    bx = tb.new_input(x, input_map=(0, -1, -1), forloop_dim=1)
+    s = tb.forloop_accum(tb.exp(tb.mul_scalar(bx, 0.5)), acc="sum")
+    r = tb.forloop_accum(bx, acc="rms", eps=1e-6)
+    tb.new_output(tb.div(s, r), output_map=(0, -1, -1))
+    (o,) = g.customized([x], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+def small_linear(name: str = "small_linear") -> mi.KernelGraph:
+    """silu(X @ W) with the matmul accumulator in registers and a split of N over the grid."""
+    g = mi.new_kernel_graph(name)
+    x = g.new_input(dims=(16, 128), dtype=mi.float16)
+    w = g.new_input(dims=(128, 256), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=4)
+    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
+    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
+    tb.new_output(tb.silu(tb.forloop_accum(tb.matmul(bx, bw))), output_map=(1, -1, -1))
+    (o,) = g.customized([x, w], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+# ---- snapshots -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build", [rms_rows, small_linear], ids=lambda f: f.__name__)
+def test_generated_source_matches_snapshot(build):
+    code = generate_cuda_program(build(), 90).code
+    path = SNAPSHOTS / f"{build.__name__}.cu"
+    if os.environ.get("MIRAGE_UPDATE_SNAPSHOTS") == "1":
+        path.write_text(code)
+    assert path.is_file(), f"missing snapshot {path.name}: run with MIRAGE_UPDATE_SNAPSHOTS=1"
+    assert code == path.read_text()
+
+
+def test_generation_is_deterministic():
+    assert generate_cuda_program(small_linear(), 90).code == generate_cuda_program(small_linear(), 90).code
+
+
+# ---- launch description ----------------------------------------------------------------------------
+
+
+def test_gqa_launch_description():
+    program = generate_cuda_program(CASES["gqa_b1"].fused(), target_cc=90)
+    assert [k.name for k in program.kernels] == ["gqa_k3", "gqa_k4"]
+    first, combine = program.kernels
+    assert first.grid == (2, 8, 16) and first.block == (128, 1, 1)
+    assert first.inputs == (Ref(0), Ref(1), Ref(2))
+    # the online-softmax rewrite adds the row maxima as a third output; the combine reads them
+    assert first.outputs == (Ref(3, 0), Ref(3, 1), Ref(3, 2))
+    assert set(combine.inputs) == {Ref(3, 0), Ref(3, 1), Ref(3, 2)}
+    assert first.arguments == first.outputs + first.inputs
+    for launch, kernel in zip(program.kernels, program.prepared.kernels, strict=True):
+        assert launch.smem_bytes == kernel.smem_bytes <= TARGETS["H100"].smem_per_block
+        signature = program.code.split(f" {launch.name}(")[1].split(") {")[0]
+        parameters = [p.split()[-1] for p in signature.split(",")]
+        expected = [f"output{j}" for j in range(len(launch.outputs))] + [f"input{k}" for k in range(len(launch.inputs))]
+        assert parameters == expected
+        assert f"__launch_bounds__({launch.block[0]}) {launch.name}(" in program.code
+
+
+def test_program_dict_round_trip():
+    program = generate_cuda_program(rms_rows(), 90)
+    again = CudaProgram.from_dict(program.to_dict())
+    assert again == program
+    assert again.graph.content_hash() == program.graph.content_hash()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_benchmark_contexts_follow_the_plan(name):
+    """Every kernel's tiles sit inside their planned buffers, and the steps mirror the schedule."""
+    program = generate_cuda_program(CASES[name].fused(), 90)
+    for context, kernel in zip(program.contexts, program.prepared.kernels, strict=True):
+        buffers = {b.node: b for b in kernel.memory.buffers}
+        for tile in context.tiles:
+            node = int(tile.name[1:].split("_")[0])
+            buffer = buffers[node]
+            size = tile.layout.storage * lower_ops.element_size(tile.element)
+            assert buffer.offset <= tile.offset and tile.offset + size <= buffer.offset + buffer.size
+        for it in context.iterators:
+            assert it.pipelined == (it.stages > 1)
+            assert it.tile.offset == buffers[it.node].offset
+        registers = {r.node for r in context.registers}
+        assert registers == set(kernel.registers.accumulators)
+        steps = context.pre_loop + context.loop + context.post_loop
+        chained = {s.node for s in steps if s.kind in ("chain", "register_chain")}
+        roots = {s.node for s in kernel.schedule.steps if s.action.value in ("compute", "accumulate")
+                 and s.epilogue_of is None}
+        assert chained == roots
+        stores = [s.saver.node for s in steps if s.kind == "store"]
+        assert sorted(stores) == kernel.block_graph.output_nodes
+
+
+def test_epilogues_become_links_and_register_sinks():
+    program = generate_cuda_program(CASES["gqa_b1"].fused(), 90)
+    context = program.contexts[0]
+    register_steps = [s for s in context.loop if s.kind == "register_chain"]
+    assert len(register_steps) == 1
+    (step,) = register_steps
+    assert step.rescale is not None and step.links == () and step.combine == "mirage::dev::Add"
+    linked = [s for s in context.loop if s.kind == "chain" and s.links]
+    assert linked and all(s.producer.kind == "matmul" for s in linked)
+
+
+def test_without_epilogues_every_result_is_stored():
+    options = OptimizerOptions(registers=RegisterOptions(epilogues=False, register_accumulators=False))
+    program = generate_cuda_program(CASES["rmsnorm_b1"].fused(), 90, options=options)
+    (context,) = program.contexts
+    assert context.registers == ()
+    steps = context.pre_loop + context.loop + context.post_loop
+    assert all(not s.links for s in steps if s.kind == "chain")
+    assert "Registers" not in program.code
+
+
+def test_unfused_elementwise_ops_lower_as_single_op_functions():
+    program = generate_cuda_program(rms_rows(), 90, options=OptimizerOptions(fusion=False))
+    (context,) = program.contexts
+    functors = [s.functor for f in context.functions for s in f.statements]
+    assert functors.count("mirage::dev::Exp") == 1 and "mirage::dev::MulScalar" in functors
+
+
+# ---- tables ----------------------------------------------------------------------------------------
+
+LAYOUTS = [
+    # shape, element, capacity, row-major plan, expected dims, expected pitch
+    ((16, 64), "__half", 2048, True, (1, 1, 16, 64), 64),
+    ((16, 60), "__half", 2048, True, (1, 1, 16, 60), 64),
+    ((16, 60), "__half", 1920, True, (1, 1, 16, 60), 60),
+    ((16, 60), "__half", 2048, False, (1, 1, 16, 60), 60),
+    ((16, 1), "float", 128, True, (1, 1, 16, 1), 1),
+    ((2, 3, 4, 5), "float", 1024, True, (2, 3, 4, 5), 8),
+    ((7,), "__nv_bfloat16", 128, True, (1, 1, 1, 7), 8),
+]
+
+
+@pytest.mark.parametrize("shape, element, capacity, row_major, dims, pitch", LAYOUTS)
+def test_tile_layout(shape, element, capacity, row_major, dims, pitch):
+    layout = tile_layout(shape, element, capacity, row_major)
+    assert layout == ctx.TileLayout(dims, pitch)
+    assert layout.storage * lower_ops.element_size(element) <= capacity
+
+
+def test_tile_layout_refuses_a_small_buffer():
+    with pytest.raises(LoweringError, match="needs 2048 bytes"):
+        tile_layout((16, 64), "__half", 1024, True)
+
+
+@pytest.mark.parametrize("value, literal", [(0.5, "0.5f"), (4096, "4096.0f"), (1e-06, "1e-06f"), (-2.0, "-2.0f"),
+                                            (1e20, "1e+20f"), (float("-inf"), "mirage::gen::negative_infinity()")])
+def test_cfloat(value, literal):
+    assert cfloat(value) == literal
+
+
+def test_every_elementwise_op_has_a_functor():
+    from mirage.mugraph.ops import ELEMENTWISE
+
+    assert set(lower_ops.FUNCTORS) == set(ELEMENTWISE)
+    assert lower_ops.FUNCTORS[Op.GELU].name == "mirage::gen::GeluTanh"
+    assert lower_ops.FUNCTORS[Op.CLAMP].constants(mi.mugraph.graph.Clamp(-1.0, 2.0)) == (-1.0, 2.0)
+
+
+# ---- bad input -------------------------------------------------------------------------------------
+
+
+def _big_accumulator() -> mi.KernelGraph:
+    """A [256, 384] fp16 tile (192 KiB) and its fp32 accumulator (384 KiB)."""
+    g = mi.new_kernel_graph("big_accumulator")
+    x = g.new_input(dims=(256, 384), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
+    tb.new_output(tb.forloop_accum(tb.new_input(x)))
+    (o,) = g.customized([x], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+@pytest.mark.parametrize("target", ["H100", "A100"])
+def test_over_the_shared_memory_limit(target):
+    # on the H100 the plan (fp32 accumulator) overflows; on the A100 already the input tile does
+    with pytest.raises(SharedMemoryError, match=f"more than the {TARGETS[target].smem_per_block}"):
+        generate_cuda_program(_big_accumulator(), target=TARGETS[target])
+
+
+def _rescale_by_input() -> mi.KernelGraph:
+    g = mi.new_kernel_graph("rescale_by_input")
+    x = g.new_input(dims=(16, 64), dtype=mi.float16)
+    m = g.new_input(dims=(16, 1), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=2)
+    bx = tb.new_input(x, forloop_dim=1)
+    bm = tb.new_input(m)
+    tb.new_output(tb.forloop_accum_rescale(bx, bm))
+    (o,) = g.customized([x, m], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+def test_an_op_without_a_lowering():
+    with pytest.raises(LoweringError, match="only a running_max has a lowering"):
+        generate_cuda_program(_rescale_by_input(), 90)
+
+
+def test_an_elementwise_op_without_a_functor(monkeypatch):
+    monkeypatch.delitem(lower_ops.FUNCTORS, Op.SILU)
+    with pytest.raises(LoweringError, match="silu has no device functor"):
+        generate_cuda_program(small_linear(), 90)
+
+
+def test_float64_tiles_have_no_lowering():
+    g = mi.new_kernel_graph("double")
+    x = g.new_input(dims=(16, 64), dtype=mi.float64)
+    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
+    tb.new_output(tb.forloop_accum(tb.new_input(x)))
+    (o,) = g.customized([x], tb)
+    g.mark_output(o)
+    with pytest.raises(LoweringError, match="float64"):
+        generate_cuda_program(g.graph, 90)
+
+
+def test_unknown_compute_capability():
+    with pytest.raises(LoweringError, match="compute capability 42"):
+        target_for(42)
+    assert target_for(90).compute_capability == 90
+    assert target_for(target=TARGETS["A100"]) is TARGETS["A100"]
+
+
+def test_lowering_error_is_a_mirage_error():
+    assert issubclass(LoweringError, mi.MirageError)
+    assert dataclasses.is_dataclass(ctx.KernelContext)

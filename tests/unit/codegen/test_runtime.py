@@ -1,0 +1,122 @@
+"""The runtime (mirage.codegen.runtime) without a GPU: kernel-level ops through torch, input checks,
+and building programs through the compile cache (nvcc runs; nothing is launched)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mirage as mi
+from mirage.codegen.compile import CompileError, CompileOptions
+from mirage.codegen.lower_program import generate_cuda_program
+from mirage.codegen.runtime import LaunchError, Program, build, compile_program
+from mirage.codegen.toolchain import ToolchainError, find_nvcc
+from mirage.mugraph.target import TARGETS
+
+
+def kernel_level_graph(op: str) -> mi.KernelGraph:
+    g = mi.new_kernel_graph(f"kernel_{op}")
+    x = g.new_input(dims=(4, 16), dtype=mi.float32)
+    w = g.new_input(dims=(16, 8), dtype=mi.float32)
+    y = g.matmul(x, w)
+    table = {
+        "exp": lambda: g.exp(y), "silu": lambda: g.silu(y), "gelu": lambda: g.gelu(y),
+        "relu": lambda: g.relu(y), "sigmoid": lambda: g.sigmoid(y), "clamp": lambda: g.clamp(y, -0.5, 0.5),
+        "reduction": lambda: g.reduction(y, 1), "reduction_max": lambda: g.reduction_max(y, 0),
+        "rms_norm": lambda: g.rms_norm(y, eps=1e-6), "square_sqrt": lambda: g.sqrt(g.square(y)),
+        "scalars": lambda: g.add_scalar(g.mul_scalar(y, 0.25), 1.0), "div": lambda: g.div(y, g.exp(y)),
+    }
+    g.mark_output(table[op]())
+    return g.freeze()
+
+
+KERNEL_OPS = ["exp", "silu", "gelu", "relu", "sigmoid", "clamp", "reduction", "reduction_max", "rms_norm",
+              "square_sqrt", "scalars", "div"]
+
+
+@pytest.mark.parametrize("op", KERNEL_OPS)
+def test_kernel_level_ops_run_through_torch(op):
+    """A graph without graph-defined ops needs no kernels: torch computes the registry formulas."""
+    graph = kernel_level_graph(op)
+    program = build(generate_cuda_program(graph, 90))
+    assert program.cubin is None and program.cuda.kernels == ()
+    generator = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(t.shape, generator=generator) for t in graph.input_types]
+    (out,) = program(*inputs)
+    (expected,) = mi.interpret(graph, inputs)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=2e-5, atol=2e-5)
+
+
+def test_program_checks_its_inputs():
+    graph = kernel_level_graph("exp")
+    program = build(generate_cuda_program(graph, 90))
+    x, w = torch.zeros(4, 16), torch.zeros(16, 8)
+    with pytest.raises(LaunchError, match="takes 2 inputs, got 1"):
+        program(x)
+    with pytest.raises(LaunchError, match=r"input 1 has shape \(8, 16\)"):
+        program(x, torch.zeros(8, 16))
+    with pytest.raises(LaunchError, match="cast it first"):
+        program(x, w.half())
+    with pytest.raises(LaunchError, match="pass torch tensors"):
+        program(x, np.zeros((16, 8), np.float32))
+
+
+def _have_nvcc() -> bool:
+    try:
+        find_nvcc()
+    except ToolchainError:
+        return False
+    return True
+
+
+needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not installed")
+
+
+def tiny() -> mi.KernelGraph:
+    g = mi.new_kernel_graph("tiny")
+    x = g.new_input(dims=(8, 64), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(64, 1, 1), forloop_range=2)
+    tb.new_output(tb.forloop_accum(tb.sigmoid(tb.new_input(x, input_map=(0, -1, -1), forloop_dim=1))),
+                  output_map=(0, -1, -1))
+    (o,) = g.customized([x], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+@needs_nvcc
+def test_generated_kernels_need_cuda_tensors(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))
+    program = compile_program(tiny(), TARGETS["H100"])
+    assert program.cubin is not None and program.cubin.is_file()
+    assert program.cubin.read_bytes()[:4] == b"\x7fELF"
+    with pytest.raises(LaunchError, match="need CUDA tensors"):
+        program(torch.zeros(8, 64, dtype=torch.float16))
+
+
+@needs_nvcc
+def test_nvcc_failure_is_reported_and_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))
+    cuda = generate_cuda_program(tiny(), 90)
+    broken = cuda.__class__(cuda.graph, cuda.code.replace("mirage::gen::fill", "mirage::gen::no_such_function"),
+                            cuda.kernels, cuda.target)
+    if "no_such_function" not in broken.code:
+        broken = cuda.__class__(cuda.graph, cuda.code + "\nstatic_assert(false, \"broken\");\n", cuda.kernels,
+                                cuda.target)
+    with pytest.raises(CompileError) as caught:
+        build(broken, CompileOptions())
+    message = str(caught.value)
+    assert "nvcc" in message and "-gencode=arch=compute_90a,code=sm_90a" in message and "error" in message
+    cubins = list((tmp_path / "cubins").rglob("kernel.cubin"))
+    assert cubins == []  # nothing cached from the failed build
+    assert isinstance(build(cuda), Program)  # the intact source still builds
+
+
+def test_program_without_kernels_on_cpu_is_a_callable_launcher():
+    from mirage.codegen.runtime import compile_graph
+
+    graph = kernel_level_graph("reduction")
+    launch = compile_graph(graph)
+    x, w = torch.ones(4, 16), torch.ones(16, 8)
+    (out,) = launch([x, w])
+    assert out.shape == (4, 1) and torch.all(out == 128.0)
