@@ -16,11 +16,11 @@ Grammar (``Term.op``)::
 Abstraction choices (they apply equally to the target and to every candidate, which is what the
 soundness argument, Theorem 1, needs):
 
-* **Constants** (scales, epsilons, the ``1/n`` of a mean, the sign of a subtraction, the running
-  maximum of a stable softmax) all become the single leaf ``c``, and ``c`` is absorbed by ``+``,
-  ``*`` and as a divisor: ``x + c = x``, ``x * c = x``, ``x / c = x``, ``x - y = x + y``.  Where
-  the scale of a softmax is applied, or whether an RMS norm adds an epsilon, thus never prunes a
-  candidate.  ``c / x`` (a reciprocal) stays, and functions of constants fold to ``c``.
+* **Constants** (scales, epsilons, the ``1/n`` of a mean, the sign of a subtraction) all become
+  the single leaf ``c``, and ``c`` is absorbed by ``+``, ``*`` and as a divisor: ``x + c = x``,
+  ``x * c = x``, ``x / c = x``, ``x - y = x + y``.  Where the scale of a softmax is applied, or
+  whether an RMS norm adds an epsilon, thus never prunes a candidate.  ``c / x`` (a reciprocal)
+  stays, and functions of constants fold to ``c``.
 * ``sum(1, x)`` is ``x`` and ``sum(i, sum(j, x))`` is ``sum(i*j, x)``, structurally (axioms 9 and
   10 of the paper's Table 2).
 * ``rms(n, x)`` is written out as ``sqrt(sum(n, x * x))``: an accumulator that computes an RMS, a

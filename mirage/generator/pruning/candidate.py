@@ -178,7 +178,7 @@ def tensor_terms(
         if node.op is Op.INPUT:
             outs = [ae.variable(inputs) if input_terms is None else input_terms[inputs]]
             inputs += 1
-        elif node.op is Op.CUSTOMIZED:
+        elif isinstance(node.attrs, BlockGraph):  # a graph-defined op
             outs = block_terms(node.attrs, args)
         else:
             outs = [_op_term(graph, node.op, node.attrs, graph.operand_types(node), args)]
@@ -196,9 +196,8 @@ def prefix_terms(graph: KernelGraph) -> list[tuple[str, ae.Term]]:
     kernel_terms = tensor_terms(graph)
     named = []
     for i, node in enumerate(graph.nodes):
-        if node.op is Op.CUSTOMIZED:
-            block: BlockGraph = node.attrs
-            block_terms_ = tensor_terms(block, [kernel_terms[r] for r in node.inputs])
+        if isinstance(node.attrs, BlockGraph):  # a graph-defined op
+            block_terms_ = tensor_terms(node.attrs, [kernel_terms[r] for r in node.inputs])
             named += [(f"%{i}/%{ref.node}", term) for ref, term in block_terms_.items()]
         for j in range(len(node.outputs)):
             named.append((f"%{i}" + (f".{j}" if j else ""), kernel_terms[Ref(i, j)]))

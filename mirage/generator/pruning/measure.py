@@ -56,7 +56,9 @@ class Walks:
         self.query_seconds += other.query_seconds
 
 
-def _timed_query(check: SubexpressionCheck, term: ae.Term, walks: Walks) -> bool:
+def _timed_query(check: SubexpressionCheck, candidate: Candidate, walks: Walks) -> bool:
+    term = candidate.term
+    assert term is not None, "random extensions always have a term"
     fresh = term not in check._answers
     start = time.perf_counter()
     answer = check.contains(term)
@@ -93,7 +95,7 @@ def random_walks(
             candidate = _random_extension(graph, choices, rng, input_terms)
             if candidate is None:
                 break
-            pruned |= not _timed_query(check, candidate.term, result)
+            pruned |= not _timed_query(check, candidate, result)
             result.prefixes += 1
             result.prefixes_pruned += pruned
             graph, _ = build.append(graph, candidate.op, _refs(graph, candidate), candidate.attrs)
@@ -104,7 +106,7 @@ def random_walks(
                 if candidate is None:
                     break
                 result.extensions += 1
-                if _timed_query(check, candidate.term, result):
+                if _timed_query(check, candidate, result):
                     graph, _ = build.append(graph, candidate.op, _refs(graph, candidate), candidate.attrs)
                     break
                 result.extensions_pruned += 1
@@ -123,10 +125,9 @@ def _inputs_only(graph: KernelGraph) -> KernelGraph:
 def _block_base(fused: KernelGraph) -> tuple[BlockGraph, list[ae.Term]] | None:
     terms = tensor_terms(fused)
     for node in fused.nodes:
-        if node.op is Op.CUSTOMIZED:
-            block: BlockGraph = node.attrs
-            inputs = tuple(n for n in block.nodes if n.op is Op.INPUT)
-            return dataclasses.replace(block, nodes=inputs), [terms[r] for r in node.inputs]
+        if isinstance(node.attrs, BlockGraph):  # the first graph-defined op
+            inputs = tuple(n for n in node.attrs.nodes if n.op is Op.INPUT)
+            return dataclasses.replace(node.attrs, nodes=inputs), [terms[r] for r in node.inputs]
     return None
 
 

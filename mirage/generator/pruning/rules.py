@@ -10,12 +10,13 @@ Registering a rule is a decorator on its predicate (``docs/pruning.md`` has a wo
 
 >>> from mirage.generator.abstract_expr import TermOp
 >>> from mirage.mugraph.ops import Op
->>> @pruning_rule("no_exp_of_exp", "exp is never applied to an exp", registry={})
+>>> mine = {}
+>>> @pruning_rule("no_exp_of_exp", "exp is never applied to an exp", registry=mine)
 ... def no_exp_of_exp(candidate, context):
 ...     return not (candidate.op is Op.EXP and candidate.term is not None
 ...                 and candidate.term.args[0].op is TermOp.EXP)
->>> no_exp_of_exp.name, no_exp_of_exp.enabled_by_default
-('no_exp_of_exp', True)
+>>> mine["no_exp_of_exp"].predicate is no_exp_of_exp, mine["no_exp_of_exp"].enabled_by_default
+(True, True)
 """
 
 from __future__ import annotations
@@ -76,16 +77,20 @@ def pruning_rule(
     levels: Iterable[Level] = BOTH_LEVELS,
     enabled: bool = True,
     registry: dict[str, PruningRule] | None = None,
-) -> Callable[[Predicate], PruningRule]:
-    """Decorator: register ``predicate`` as a rule called ``name`` (appended to the table)."""
+) -> Callable[[Predicate], Predicate]:
+    """Decorator: register ``predicate`` as a rule called ``name`` (appended to the table).
+
+    The function itself is returned unchanged, so it stays importable by name and tables that
+    hold it pickle (parallel searches send their table to worker processes).
+    """
     target = RULES if registry is None else registry
 
-    def register(predicate: Predicate) -> PruningRule:
+    def register(predicate: Predicate) -> Predicate:
         if name in target:
             raise ValueError(f"a pruning rule named {name!r} is already registered; pick another name")
         rule = PruningRule(name, statement, predicate, frozenset(levels), enabled)
         target[name] = rule
-        return rule
+        return predicate
 
     return register
 

@@ -73,16 +73,30 @@ def test_there_is_no_cancellation_axiom(backend):
     assert graph.lookup(x) is not None and graph.lookup(x) != graph.find(root)
 
 
-@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.backend)
-def test_both_back_ends_agree_on_the_saturated_size(backend):
+@pytest.mark.parametrize("iterations", [1, 2, 3, 5, 8, 20])
+def test_both_back_ends_build_the_same_egraph_iteration_by_iteration(iterations):
+    target = ae.sum_of(64, ae.mul(ae.mul(ae.div(x, ae.rms(64, x)), y), z))
+    reports = []
+    for backend in BACKENDS:
+        graph = backend()
+        graph.add_term(target)
+        reports.append(graph.saturate(AXIOMS, SaturationLimits(iterations=iterations)))
+    python, egglog = reports
+    assert python.nodes == egglog.nodes
+    assert python.stop_reason is egglog.stop_reason
+    assert (python.stop_reason is StopReason.SATURATED) == (iterations == 20)
+
+
+def test_the_backoff_scheduler_delays_busy_rules_but_reaches_the_same_saturation():
     target = ae.sum_of(64, ae.mul(ae.div(x, ae.rms(64, x)), y))
-    graph = backend()
-    graph.add_term(target)
-    report = graph.saturate(AXIOMS)
-    assert report.stop_reason is StopReason.SATURATED
-    reference = EGraph()
-    reference.add_term(target)
-    assert report.nodes == reference.saturate(AXIOMS).nodes
+    plain, backoff = EGraph(), EGraph()
+    plain.add_term(target)
+    backoff.add_term(target)
+    free = plain.saturate(AXIOMS)
+    banned = backoff.saturate(AXIOMS, SaturationLimits(match_limit=200, ban_length=1))
+    assert free.stop_reason is banned.stop_reason is StopReason.SATURATED
+    assert banned.iterations > free.iterations
+    assert banned.nodes == free.nodes
 
 
 def test_union_restores_congruence_on_rebuild():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import doctest
+import pickle
 
 import pytest
 
@@ -164,7 +165,7 @@ def test_registering_a_rule_takes_a_few_lines_and_its_counters_show():
     assert "no_trivial_reduction" in str(table.stats)
     assert PruningTable(rules=registry, enabled=["off_by_default"]).check(sums) == "off_by_default"
     with pytest.raises(ValueError, match="already registered"):
-        pruning_rule("no_trivial_reduction", "again", registry=registry)(no_trivial_reduction.predicate)
+        pruning_rule("no_trivial_reduction", "again", registry=registry)(no_trivial_reduction)
     assert "no_trivial_reduction" not in RULES
 
 
@@ -185,6 +186,13 @@ def test_rule_time_is_measured(context):
         table.check(Candidate.extend(prefix, Op.SQRT, (Ref(3),)))
     assert table.stats.rules["abstract_expression"].cut == 20
     assert table.stats.rules["abstract_expression"].seconds > 0
+
+
+def test_the_default_table_pickles():
+    table = PruningTable(PruningContext())
+    clone = pickle.loads(pickle.dumps(table))
+    assert clone.enabled == table.enabled
+    assert clone.rules["shape"].predicate is rules.shape
 
 
 def test_candidates_are_values():
