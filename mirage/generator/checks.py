@@ -92,10 +92,12 @@ class SearchRules:
         return all(any((root, 1) in oracle.pairs(term) for root in self._roots) for term in terms)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_roots": None}
+        # rules pickle by name: the table is rebuilt from the registry in the receiving process
+        disabled = [name for name in self.table.rules if not self.table.is_enabled(name)]
+        return {"context": self.context, "disabled": disabled, "disabled_checks": self.disabled_checks}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__init__(PruningTable(state["context"], disabled=state["disabled"]), state["disabled_checks"])
 
 
 def make_rules(

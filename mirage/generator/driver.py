@@ -215,8 +215,8 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     logger.info("search finished: %s", stats.summary())
     if cache is not None and stop is not StopReason.INTERRUPTED:
         cache.store(key, result.to_document(options.budget), stats.to_dict())
-        if path is not None and stop is StopReason.COMPLETE:
-            path.unlink(missing_ok=True)
+    if path is not None and stop is StopReason.COMPLETE:
+        path.unlink(missing_ok=True)
     return result
 
 

@@ -1,16 +1,19 @@
 """The same work units on a Ray cluster (``pip install mirage[ray]``).
 
 ``search(..., backend="ray", ray_address="auto")`` connects to a running cluster (or, without an
-address, starts a local Ray instance), puts the search context in the object store once and runs
-one Ray task per work unit, keeping twice as many tasks in flight as the cluster has CPUs (or as
-``workers``).  Results are committed in unit order by the driver exactly as for worker processes,
-so a Ray search returns the same result set.
+address, starts a local Ray instance), puts the pickled search context in the object store once
+and runs one Ray task per work unit; each Ray worker unpickles the context once and keeps its
+caches.  Twice as many tasks as the cluster has CPUs stay in flight.  Results are committed in unit
+order by the driver exactly as for worker processes, so a Ray search returns the same result set.
 """
 
 from __future__ import annotations
 
 import logging
+import pickle
+import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from mirage.errors import MirageError
@@ -32,7 +35,14 @@ def _ray():
     return ray
 
 
-def _run_remote(context: SearchContext, unit: WorkUnit, deadline: float | None, cap: int | None) -> dict:
+_CONTEXTS: dict[str, SearchContext] = {}  # per Ray worker process: unpickled once, caches kept
+
+
+def _run_remote(key: str, blob: bytes, unit: WorkUnit, deadline: float | None, cap: int | None) -> dict:
+    context = _CONTEXTS.get(key)
+    if context is None:
+        _CONTEXTS.clear()
+        context = _CONTEXTS[key] = pickle.loads(blob)
     return run_unit(context, unit, deadline, cap)
 
 
@@ -44,10 +54,16 @@ class RayExecutor:
         self._ray = ray
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": workers}
+            # workers import mirage from where this process does (a source checkout need not be installed)
+            import mirage
+
+            package_root = str(Path(mirage.__file__).resolve().parents[1])
+            kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": package_root}}
             ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False, **kwargs)
             logger.info("started Ray (%s)", address or f"local, {workers} CPUs")
         self.workers = max(1, int(ray.cluster_resources().get("CPU", workers)))
-        self._context = ray.put(context)
+        self._key = uuid.uuid4().hex
+        self._context = ray.put(pickle.dumps(context))
         self._task = ray.remote(num_cpus=1)(_run_remote)
         self._in_flight: dict[Any, WorkUnit] = {}
         self.live_states = 0
@@ -61,7 +77,7 @@ class RayExecutor:
                 unit = next(pending, None)
                 if unit is None:
                     return
-                self._in_flight[self._task.remote(self._context, unit, deadline, cap())] = unit
+                self._in_flight[self._task.remote(self._key, self._context, unit, deadline, cap())] = unit
 
         fill()
         while self._in_flight:

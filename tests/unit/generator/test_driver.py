@@ -1,0 +1,122 @@
+"""The driver: the result cache, statistics saved beside the results, and the search entry point."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+import mirage as mi
+from mirage.errors import GraphError
+from mirage.generator import Budget, SearchResult, StopReason, search
+from mirage.generator.budget import Budget as BudgetRecord
+from mirage.generator.checkpoint import ResultCache, cache_dir, search_key
+from mirage.generator.stats import SearchStatistics
+
+SPACE = {
+    "griddims": [(4, 1, 1)],
+    "franges": [4],
+    "kernel_ops": ["matmul", "exp"],
+    "block_ops": ["matmul", "exp", "accum", "accum_sum"],
+    "max_block_ops": 5,
+    "max_kernel_ops": 4,
+}
+
+
+def reference():
+    g = mi.new_kernel_graph("tiny")
+    x = g.new_input(dims=(8, 64), dtype=mi.float16)
+    w = g.new_input(dims=(64, 32), dtype=mi.float16)
+    g.mark_output(g.exp(g.matmul(x, w)))
+    return g.freeze()
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_a_finished_search_is_answered_from_the_cache(isolated_cache, caplog):
+    first = search(reference(), workers=1, progress=False, **SPACE)
+    assert first.stop_reason is StopReason.COMPLETE and cache_dir() == isolated_cache
+    stored = isolated_cache / "search" / first.key
+    assert (stored / "result.json").exists() and (stored / "stats.json").exists()
+    with caplog.at_level(logging.INFO, logger="mirage.generator"):
+        second = search(reference(), workers=1, progress=False, budget=Budget(time_s=1), **SPACE)
+    assert any("answered from the result cache" in r.getMessage() for r in caplog.records)
+    assert second.hashes == first.hashes and second.key == first.key
+    assert [f.graph for f in second.found] == [f.graph for f in first.found]
+    other = search(reference(), workers=1, progress=False, **{**SPACE, "max_block_ops": 4})
+    assert other.key != first.key  # the space's hash is part of the key
+
+
+def test_statistics_are_saved_beside_the_results(isolated_cache, tmp_path):
+    result = search(reference(), workers=1, progress=False, **SPACE)
+    stats = json.loads((isolated_cache / "search" / result.key / "stats.json").read_text())
+    for field in (
+        "states_per_level",
+        "states_per_depth",
+        "pruned",
+        "verified",
+        "verify_calls",
+        "phase_seconds",
+        "stop_reason",
+        "space_hash",
+        "graph_hash",
+        "machine",
+        "states_per_second",
+    ):
+        assert field in stats, field
+    assert stats["verified"] == len(result) > 0
+    assert stats["states"] == sum(stats["states_per_level"].values()) == result.stats.states
+    assert set(stats["phase_seconds"]) >= {"setup", "search", "verify", "rank"}
+    assert stats["states_per_depth"]["kernel:0"] == 1
+    saved = result.save(tmp_path / "out")
+    document = json.loads((saved / "result.json").read_text())
+    assert len(document["found"]) == len(result) and (saved / "stats.json").exists()
+    assert SearchStatistics.from_dict(json.loads((saved / "stats.json").read_text())).verified == len(result)
+
+
+def test_cached_result_of_a_budgeted_search_answers_only_the_same_budget(isolated_cache):
+    budget = Budget(results=2)
+    first = search(reference(), workers=1, progress=False, budget=budget, **SPACE)
+    assert first.stop_reason is StopReason.RESULTS
+    cache = ResultCache()
+    assert cache.load(first.key)["budget"] == BudgetRecord(results=2).to_dict()
+    again = search(reference(), workers=1, progress=False, budget=budget, **SPACE)
+    assert again.hashes == first.hashes
+    whole = search(reference(), workers=1, progress=False, **SPACE)
+    assert whole.stop_reason is StopReason.COMPLETE and len(whole) > len(first)
+
+
+def test_search_takes_a_builder_graph_and_checks_it():
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(8, 64), dtype=mi.float16)
+    w = g.new_input(dims=(64, 32), dtype=mi.float16)
+    g.mark_output(g.exp(g.matmul(x, w)))
+    result = search(
+        g, workers=1, progress=False, cache=False, checkpoint=False, budget=Budget(results=1), **SPACE
+    )
+    assert isinstance(result, SearchResult) and len(result) == 1
+    broken = mi.new_kernel_graph()
+    broken.new_input(dims=(8, 64), dtype=mi.float16)
+    with pytest.raises(GraphError, match="no outputs"):
+        search(broken, **SPACE)
+
+
+def test_search_key_depends_on_graph_space_and_options():
+    base = search_key("g", "s", {"seed": 0})
+    assert base == search_key("g", "s", {"seed": 0})
+    assert (
+        len(
+            {
+                base,
+                search_key("h", "s", {"seed": 0}),
+                search_key("g", "t", {"seed": 0}),
+                search_key("g", "s", {"seed": 1}),
+            }
+        )
+        == 4
+    )
