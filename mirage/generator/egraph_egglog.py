@@ -95,6 +95,12 @@ class EgglogEGraph:
     def __init__(self) -> None:
         from egglog import bindings  # imported here: loading the native library is not free
 
+        # egglog logs every command it runs at INFO; keep that out of the search's logs unless the
+        # user has configured egglog's logger.
+        egglog_logger = logging.getLogger("egglog")
+        if egglog_logger.level == logging.NOTSET:
+            egglog_logger.setLevel(logging.WARNING)
+
         self._bindings = bindings
         self._egraph = bindings.EGraph()
         self._span = bindings.PanicSpan()
