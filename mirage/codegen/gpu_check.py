@@ -49,10 +49,17 @@ class OutputCheck:
         return self.unwritten == 0 and self.relative_error < self.tolerance
 
     def as_dict(self) -> dict:
-        return {"index": self.index, "shape": list(self.shape), "dtype": self.dtype,
-                "relative_error": self.relative_error, "max_abs_error": self.max_abs_error,
-                "reference_max": self.reference_max, "unwritten": self.unwritten,
-                "tolerance": self.tolerance, "passed": self.passed}
+        return {
+            "index": self.index,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "relative_error": self.relative_error,
+            "max_abs_error": self.max_abs_error,
+            "reference_max": self.reference_max,
+            "unwritten": self.unwritten,
+            "tolerance": self.tolerance,
+            "passed": self.passed,
+        }
 
 
 @dataclass(frozen=True)
@@ -72,9 +79,15 @@ class CheckResult:
         return max((o.relative_error for o in self.outputs), default=0.0)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "passed": self.passed, "worst_error": self.worst_error,
-                "kernels": self.kernels, "run_seconds": self.run_seconds,
-                "reference_seconds": self.reference_seconds, "outputs": [o.as_dict() for o in self.outputs]}
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "worst_error": self.worst_error,
+            "kernels": self.kernels,
+            "run_seconds": self.run_seconds,
+            "reference_seconds": self.reference_seconds,
+            "outputs": [o.as_dict() for o in self.outputs],
+        }
 
 
 def random_inputs(graph: KernelGraph, seed: int = 0, scale: float = 1.0, device: str = "cuda") -> list:
@@ -82,12 +95,20 @@ def random_inputs(graph: KernelGraph, seed: int = 0, scale: float = 1.0, device:
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    return [(torch.randn(t.shape, generator=generator, dtype=torch.float64) * scale).to(t.dtype.torch()).to(device)
-            for t in graph.input_types]
+    return [
+        (torch.randn(t.shape, generator=generator, dtype=torch.float64) * scale)
+        .to(t.dtype.torch())
+        .to(device)
+        for t in graph.input_types
+    ]
 
 
-def compare(gpu_outputs: Sequence, reference_outputs: Sequence[np.ndarray], graph: KernelGraph,
-            tolerances: dict[DType, float] | None = None) -> tuple[OutputCheck, ...]:
+def compare(
+    gpu_outputs: Sequence,
+    reference_outputs: Sequence[np.ndarray],
+    graph: KernelGraph,
+    tolerances: dict[DType, float] | None = None,
+) -> tuple[OutputCheck, ...]:
     tolerances = tolerances or TOLERANCES
     checks = []
     for k, (got, ref, t) in enumerate(zip(gpu_outputs, reference_outputs, graph.output_types, strict=True)):
@@ -99,14 +120,24 @@ def compare(gpu_outputs: Sequence, reference_outputs: Sequence[np.ndarray], grap
         reference_max = float(np.max(np.abs(ref[finite]), initial=0.0))
         max_abs = float(np.max(diff, initial=0.0))
         relative = max_abs / max(reference_max, 1e-30) if max_abs else 0.0
-        checks.append(OutputCheck(k, t.shape, t.dtype.value, relative, max_abs, reference_max, bad,
-                                  tolerances[t.dtype]))
+        checks.append(
+            OutputCheck(k, t.shape, t.dtype.value, relative, max_abs, reference_max, bad, tolerances[t.dtype])
+        )
     return tuple(checks)
 
 
-def check_on_gpu(graph, program=None, *, inputs: Sequence | None = None, seed: int = 0, scale: float = 1.0,
-                 target=None, tolerances: dict[DType, float] | None = None, name: str = "",
-                 device: str = "cuda") -> CheckResult:
+def check_on_gpu(
+    graph,
+    program=None,
+    *,
+    inputs: Sequence | None = None,
+    seed: int = 0,
+    scale: float = 1.0,
+    target=None,
+    tolerances: dict[DType, float] | None = None,
+    name: str = "",
+    device: str = "cuda",
+) -> CheckResult:
     """Run ``graph``'s kernels on the GPU and compare with the float64 reference (module docstring).
 
     ``program``: an already compiled :class:`~mirage.codegen.runtime.Program` of ``graph`` (else it is
@@ -131,10 +162,19 @@ def check_on_gpu(graph, program=None, *, inputs: Sequence | None = None, seed: i
     start = time.perf_counter()
     reference = interpret(graph, [x.detach().cpu() for x in inputs], dtype=np.float64)
     reference_seconds = time.perf_counter() - start
-    result = CheckResult(name or graph.name or "graph", compare(outputs, reference, graph, tolerances),
-                         len(program.cuda.kernels), run_seconds, reference_seconds)
-    log.info("%s: %s (worst relative error %.2e)", result.name, "pass" if result.passed else "FAIL",
-             result.worst_error)
+    result = CheckResult(
+        name or graph.name or "graph",
+        compare(outputs, reference, graph, tolerances),
+        len(program.cuda.kernels),
+        run_seconds,
+        reference_seconds,
+    )
+    log.info(
+        "%s: %s (worst relative error %.2e)",
+        result.name,
+        "pass" if result.passed else "FAIL",
+        result.worst_error,
+    )
     return result
 
 
@@ -160,13 +200,17 @@ class SuiteCase:
 BENCHMARK_SCALE = 0.5  # keeps x @ W over 4096-long rows well inside fp16 in the gated MLP
 
 
-def suite_cases(random_count: int = 0, search_file: str | None = None, benchmarks: bool = True) -> list[SuiteCase]:
+def suite_cases(
+    random_count: int = 0, search_file: str | None = None, benchmarks: bool = True
+) -> list[SuiteCase]:
     cases = []
     if benchmarks:
         from benchmarks.mugraphs import CASES
 
-        cases += [SuiteCase(name, "benchmark", c.fused(), 0, BENCHMARK_SCALE, c.reference())
-                  for name, c in sorted(CASES.items())]
+        cases += [
+            SuiteCase(name, "benchmark", c.fused(), 0, BENCHMARK_SCALE, c.reference())
+            for name, c in sorted(CASES.items())
+        ]
     if random_count:
         from mirage.codegen.random_graphs import random_graph
 
@@ -178,8 +222,15 @@ def suite_cases(random_count: int = 0, search_file: str | None = None, benchmark
 
         document = json.loads(open(search_file).read())
         for record in document["graphs"] if isinstance(document, dict) else document:
-            cases.append(SuiteCase(record["name"], "search", graph_from_dict(record["graph"]), 0,
-                                   float(record.get("scale", 1.0))))
+            cases.append(
+                SuiteCase(
+                    record["name"],
+                    "search",
+                    graph_from_dict(record["graph"]),
+                    0,
+                    float(record.get("scale", 1.0)),
+                )
+            )
     return cases
 
 
@@ -227,8 +278,10 @@ def _worker(bundle_path: str, results_path: str, start: int) -> None:
             graph = graph_from_dict(record["graph"])
             row = {"index": index, "name": record["name"]}
             try:
-                program = Program(CudaProgram.from_dict(record["program"]),
-                                  Path(record["cubin"]) if record["cubin"] else None)
+                program = Program(
+                    CudaProgram.from_dict(record["program"]),
+                    Path(record["cubin"]) if record["cubin"] else None,
+                )
                 inputs = random_inputs(graph, record["seed"], record["scale"], record.get("device", "cuda"))
                 check = check_on_gpu(graph, program, inputs=inputs, name=record["name"])
                 row.update(check.as_dict())
@@ -238,12 +291,20 @@ def _worker(bundle_path: str, results_path: str, start: int) -> None:
 
                     outputs = program.launch(inputs)
                     reference = interpret(baseline, [x.cpu() for x in inputs])
-                    row["baseline_error"] = max(c.relative_error for c in compare(outputs, reference, baseline))
+                    row["baseline_error"] = max(
+                        c.relative_error for c in compare(outputs, reference, baseline)
+                    )
                 if record.get("extras"):
                     row.update(_extras(program, inputs))
             except Exception as error:  # noqa: BLE001 - every failure is recorded with its traceback
-                row.update({"passed": False, "stage": "run", "error": f"{type(error).__name__}: {error}",
-                            "traceback": traceback.format_exc()[-3000:]})
+                row.update(
+                    {
+                        "passed": False,
+                        "stage": "run",
+                        "error": f"{type(error).__name__}: {error}",
+                        "traceback": traceback.format_exc()[-3000:],
+                    }
+                )
                 results.write(json.dumps(row) + "\n")
                 results.flush()
                 if "cuda" in f"{type(error).__module__} {error}".lower():
@@ -278,8 +339,13 @@ def _extras(program, inputs) -> dict:
     return {"cuda_graph_replay_equal": same, "median_us": timing.median_us}
 
 
-def run_gpu_suite(cases: Sequence[SuiteCase], directory, workers: int | None = None,
-                  processes: int = 4, device: str = "cuda") -> list[dict]:
+def run_gpu_suite(
+    cases: Sequence[SuiteCase],
+    directory,
+    workers: int | None = None,
+    processes: int = 4,
+    device: str = "cuda",
+) -> list[dict]:
     """Generate, compile, run and check every case; returns one row per case (see the module docs)."""
     import json
     import subprocess
@@ -289,11 +355,22 @@ def run_gpu_suite(cases: Sequence[SuiteCase], directory, workers: int | None = N
     from mirage.mugraph.serialize import graph_to_dict
 
     compiled, failures = _generate_and_build(cases, workers)
-    records = [{"name": c.name, "group": c.group, "seed": c.seed, "scale": c.scale,
-                "graph": graph_to_dict(c.graph), "program": compiled[c.name].cuda.to_dict(),
-                "cubin": str(compiled[c.name].cubin or ""), "extras": c.group == "benchmark", "device": device,
-                "baseline": graph_to_dict(c.baseline) if c.baseline is not None else None}
-               for c in cases if c.name in compiled]
+    records = [
+        {
+            "name": c.name,
+            "group": c.group,
+            "seed": c.seed,
+            "scale": c.scale,
+            "graph": graph_to_dict(c.graph),
+            "program": compiled[c.name].cuda.to_dict(),
+            "cubin": str(compiled[c.name].cubin or ""),
+            "extras": c.group == "benchmark",
+            "device": device,
+            "baseline": graph_to_dict(c.baseline) if c.baseline is not None else None,
+        }
+        for c in cases
+        if c.name in compiled
+    ]
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     chunks = [chunk for chunk in (records[k::processes] for k in range(processes)) if chunk]
@@ -313,8 +390,17 @@ def run_gpu_suite(cases: Sequence[SuiteCase], directory, workers: int | None = N
                 done = len(p[1].read_text().splitlines())
                 if p[3].returncode not in (0, 3) and done == p[2]:
                     with open(p[1], "a") as f:  # the worker died inside this case
-                        f.write(json.dumps({"name": chunks[k][done]["name"], "passed": False, "stage": "run",
-                                            "error": f"worker exited with {p[3].returncode}"}) + "\n")
+                        f.write(
+                            json.dumps(
+                                {
+                                    "name": chunks[k][done]["name"],
+                                    "passed": False,
+                                    "stage": "run",
+                                    "error": f"worker exited with {p[3].returncode}",
+                                }
+                            )
+                            + "\n"
+                        )
                     done += 1
                 p[2], p[3] = done, None
         time.sleep(0.2)
@@ -325,8 +411,12 @@ def run_gpu_suite(cases: Sequence[SuiteCase], directory, workers: int | None = N
             rows[row["name"]] = row
     out = []
     for case in cases:
-        row = rows.get(case.name) or {"name": case.name, "passed": False, "stage": failures[case.name][0],
-                                      "error": failures[case.name][1]}
+        row = rows.get(case.name) or {
+            "name": case.name,
+            "passed": False,
+            "stage": failures[case.name][0],
+            "error": failures[case.name][1],
+        }
         row["group"] = case.group
         out.append(row)
     return out
@@ -339,11 +429,20 @@ def run_compile_suite(cases: Sequence[SuiteCase], workers: int | None = None) ->
     for case in cases:
         if case.name in compiled:
             program = compiled[case.name]
-            rows.append({"name": case.name, "group": case.group, "passed": True, "kernels": len(program.cuda.kernels),
-                         "smem_bytes": [k.smem_bytes for k in program.cuda.kernels]})
+            rows.append(
+                {
+                    "name": case.name,
+                    "group": case.group,
+                    "passed": True,
+                    "kernels": len(program.cuda.kernels),
+                    "smem_bytes": [k.smem_bytes for k in program.cuda.kernels],
+                }
+            )
         else:
             stage, error = failures[case.name]
-            rows.append({"name": case.name, "group": case.group, "passed": False, "stage": stage, "error": error})
+            rows.append(
+                {"name": case.name, "group": case.group, "passed": False, "stage": stage, "error": error}
+            )
     return rows
 
 
@@ -365,12 +464,23 @@ def write_report(rows: Sequence[dict], directory, stem: str, facts: dict, title:
     directory.mkdir(parents=True, exist_ok=True)
     summary = _summary(rows)
     json_path, md_path = directory / f"{stem}.json", directory / f"{stem}.md"
-    json_path.write_text(json.dumps({"facts": facts, "summary": summary, "cases": list(rows)}, indent=1) + "\n")
-    lines = [f"# {title}", "", *(f"- {k}: {v}" for k, v in facts.items()), "",
-             "| group | cases | passed |", "|---|---|---|"]
+    json_path.write_text(
+        json.dumps({"facts": facts, "summary": summary, "cases": list(rows)}, indent=1) + "\n"
+    )
+    lines = [
+        f"# {title}",
+        "",
+        *(f"- {k}: {v}" for k, v in facts.items()),
+        "",
+        "| group | cases | passed |",
+        "|---|---|---|",
+    ]
     lines += [f"| {g} | {s['cases']} | {s['passed']} |" for g, s in summary.items()]
-    lines += ["", "| case | group | kernels | passed | worst rel. error | unwritten | CUDA graph | µs | note |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| case | group | kernels | passed | worst rel. error | unwritten | CUDA graph | µs | note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         unwritten = sum(o.get("unwritten", 0) for o in row.get("outputs", []))
         error = f"{row['worst_error']:.2e}" if "worst_error" in row else ""
@@ -379,9 +489,11 @@ def write_report(rows: Sequence[dict], directory, stem: str, facts: dict, title:
         note = row.get("error", "").splitlines()[0][:90] if row.get("error") else ""
         if "baseline_error" in row:
             note = f"vs unfused reference {row['baseline_error']:.2e}"
-        lines.append(f"| {row['name']} | {row['group']} | {row.get('kernels', '')} | "
-                     f"{'yes' if row.get('passed') else 'NO'} | {error} | {unwritten if 'outputs' in row else ''} | "
-                     f"{graph} | {micro} | {note} |")
+        lines.append(
+            f"| {row['name']} | {row['group']} | {row.get('kernels', '')} | "
+            f"{'yes' if row.get('passed') else 'NO'} | {error} | {unwritten if 'outputs' in row else ''} | "
+            f"{graph} | {micro} | {note} |"
+        )
     md_path.write_text("\n".join(lines) + "\n")
     return json_path, md_path
 
@@ -393,8 +505,11 @@ def _host_facts() -> dict:
     from mirage.codegen.toolchain import find_nvcc, tool_version
 
     nvcc = tool_version(find_nvcc()).splitlines()[-1]
-    return {"host": f"CPU build machine ({platform.machine()}, no GPU)", "nvcc": nvcc,
-            "date": datetime.date.today().isoformat()}
+    return {
+        "host": f"CPU build machine ({platform.machine()}, no GPU)",
+        "nvcc": nvcc,
+        "date": datetime.date.today().isoformat(),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -425,8 +540,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     today = datetime.date.today().isoformat()
     if args.command == "compile":
         rows = run_compile_suite(cases, args.workers)
-        paths = write_report(rows, args.out, f"codegen_compile_{today}", _host_facts(),
-                             "Generated CUDA compiled for sm_90a (no GPU)")
+        paths = write_report(
+            rows,
+            args.out,
+            f"codegen_compile_{today}",
+            _host_facts(),
+            "Generated CUDA compiled for sm_90a (no GPU)",
+        )
     else:
         import tempfile
 
@@ -434,14 +554,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         scratch = args.scratch or tempfile.mkdtemp(prefix="mirage-gpu-check-")
         rows = run_gpu_suite(cases, scratch, args.workers)
-        paths = write_report(rows, args.out, f"codegen_gpu_{today}", device_facts(),
-                             "Generated kernels against the float64 reference")
+        paths = write_report(
+            rows,
+            args.out,
+            f"codegen_gpu_{today}",
+            device_facts(),
+            "Generated kernels against the float64 reference",
+        )
     failed = [r["name"] for r in rows if not r.get("passed")]
     for row in rows:
         if not row.get("passed"):
             detail = row.get("error", "").splitlines()[:1] or [f"worst error {row.get('worst_error', 0):.2e}"]
             log.info("FAILED %s (%s): %s", row["name"], row.get("stage", "check"), detail[0][:300])
-    log.info("%d of %d cases passed; wrote %s", len(rows) - len(failed), len(rows), ", ".join(map(str, paths)))
+    log.info(
+        "%d of %d cases passed; wrote %s", len(rows) - len(failed), len(rows), ", ".join(map(str, paths))
+    )
     return 1 if failed and not sys.flags.interactive else 0
 
 

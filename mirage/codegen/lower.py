@@ -73,14 +73,18 @@ class KernelLowering:
             if node.op in (Op.INPUT, Op.OUTPUT):
                 element_type(node.outputs[0].dtype, f"node %{i} ({node.op.value})")
             elif node.op not in LOWERED_OPS:
-                raise LoweringError(f"block op {node.op.value} (node %{i} of {self.name}) has no CUDA "
-                                    f"lowering; lowered ops: {sorted(o.value for o in LOWERED_OPS)}")
+                raise LoweringError(
+                    f"block op {node.op.value} (node %{i} of {self.name}) has no CUDA "
+                    f"lowering; lowered ops: {sorted(o.value for o in LOWERED_OPS)}"
+                )
             if node.op is Op.ACCUM_RESCALE:
                 maximum = self.graph.nodes[node.inputs[1].node]
                 if maximum.op is not Op.RUNNING_MAX:
-                    raise LoweringError(f"accum_rescale %{i} of {self.name} rescales by %{node.inputs[1].node} "
-                                        f"({maximum.op.value}); only a running_max has a lowering (the "
-                                        "rescale reads its value before and after this iteration)")
+                    raise LoweringError(
+                        f"accum_rescale %{i} of {self.name} rescales by %{node.inputs[1].node} "
+                        f"({maximum.op.value}); only a running_max has a lowering (the "
+                        "rescale reads its value before and after this iteration)"
+                    )
             if node.op is Op.FUSED:
                 for inner in node.attrs.nodes:
                     if inner.op is not Op.INPUT:
@@ -103,8 +107,9 @@ class KernelLowering:
             try:
                 buffer = self.kernel.memory.buffer_of(i)
             except KeyError:
-                raise LoweringError(f"node %{i} of {self.name} has no shared-memory buffer but is read "
-                                    "from shared memory") from None
+                raise LoweringError(
+                    f"node %{i} of {self.name} has no shared-memory buffer but is read from shared memory"
+                ) from None
             plan = self.kernel.layouts[i]
             shape = self.graph.nodes[i].outputs[0].shape
             row_major = plan is None or plan.innermost_dim == len(shape) - 1
@@ -129,27 +134,40 @@ class KernelLowering:
         pipelined = buffer.kind is BufferKind.INPUT_STAGES
         tile = self.tile(i)
         return ctx.InputIteratorContext(
-            name=f"in{i}", node=i, parameter=f"input{k}",
+            name=f"in{i}",
+            node=i,
+            parameter=f"input{k}",
             tile=ctx.Tile(tile.name, tile.element, tile.layout, buffer.offset),
-            source_dims=rank4(it.source.shape), input_map=rank4_map(rank, it.input_map, self.graph.grid_dim),
-            forloop_dim=rank4_dim(rank, it.forloop_dim), stages=buffer.slots if pipelined else 1,
-            pipelined=pipelined)
+            source_dims=rank4(it.source.shape),
+            input_map=rank4_map(rank, it.input_map, self.graph.grid_dim),
+            forloop_dim=rank4_dim(rank, it.forloop_dim),
+            stages=buffer.slots if pipelined else 1,
+            pipelined=pipelined,
+        )
 
     def _saver(self, j: int, i: int) -> ctx.OutputSaverContext:
         node = self.graph.nodes[i]
         (src,) = node.inputs
         target = node.outputs[0]
         return ctx.OutputSaverContext(
-            name=f"out{i}", node=i, parameter=f"output{j}",
-            element=element_type(target.dtype, f"output %{i}"), tile=self.operand(src),
+            name=f"out{i}",
+            node=i,
+            parameter=f"output{j}",
+            element=element_type(target.dtype, f"output %{i}"),
+            tile=self.operand(src),
             target_dims=rank4(target.shape),
-            output_map=rank4_map(target.rank, node.attrs.output_map, self.graph.grid_dim))
+            output_map=rank4_map(target.rank, node.attrs.output_map, self.graph.grid_dim),
+        )
 
     def parameters(self) -> tuple[ctx.Parameter, ...]:
-        outputs = [ctx.Parameter(f"output{j}", element_type(self.graph.nodes[i].outputs[0].dtype, "an output"),
-                                 True) for j, i in enumerate(self.graph.output_nodes)]
-        inputs = [ctx.Parameter(f"input{k}", element_type(self.graph.nodes[i].outputs[0].dtype, "an input"),
-                                False) for k, i in enumerate(self.graph.input_nodes)]
+        outputs = [
+            ctx.Parameter(f"output{j}", element_type(self.graph.nodes[i].outputs[0].dtype, "an output"), True)
+            for j, i in enumerate(self.graph.output_nodes)
+        ]
+        inputs = [
+            ctx.Parameter(f"input{k}", element_type(self.graph.nodes[i].outputs[0].dtype, "an input"), False)
+            for k, i in enumerate(self.graph.input_nodes)
+        ]
         return tuple(outputs + inputs)
 
     # ---- thread functions and matmuls ----------------------------------------------------------
@@ -177,8 +195,10 @@ class KernelLowering:
     def _register_accumulator(self, i: int) -> ctx.RegisterAccumulator:
         root = self.chain_root(i)
         if self.graph.nodes[root].op not in MATMULS:
-            raise LoweringError(f"accumulator %{i} of {self.name} is kept in registers but its epilogue chain "
-                                f"starts at {self.graph.nodes[root].op.value}, not a matmul")
+            raise LoweringError(
+                f"accumulator %{i} of {self.name} is kept in registers but its epilogue chain "
+                f"starts at {self.graph.nodes[root].op.value}, not a matmul"
+            )
         node = self.graph.nodes[i]
         initial = NEGATIVE_INFINITY if node.op is Op.ACCUM and node.attrs.kind is AccumKind.MAX else "0.0f"
         return ctx.RegisterAccumulator(f"registers{i}", i, self.matmul(root)[0], initial)
@@ -203,8 +223,11 @@ class KernelLowering:
     def chain(self, root: int) -> ctx.Step:
         nodes = self.chain_nodes(root)
         last = nodes[-1]
-        links = tuple(self._link(previous, node) for previous, node in zip(nodes, nodes[1:], strict=False)
-                      if self.graph.nodes[node].op is Op.FUSED)
+        links = tuple(
+            self._link(previous, node)
+            for previous, node in zip(nodes, nodes[1:], strict=False)
+            if self.graph.nodes[node].op is Op.FUSED
+        )
         index_layout = self._result_layout(root)
         if last in self.in_registers:
             return self._register_chain(root, last, links, index_layout)
@@ -227,19 +250,27 @@ class KernelLowering:
         layout = self._result_layout(i)
         match node.op:
             case Op.FUSED:
-                return ctx.MapProducer(self.function(i), layout, tuple(self.operand(r) for r in node.inputs)), None
+                return ctx.MapProducer(
+                    self.function(i), layout, tuple(self.operand(r) for r in node.inputs)
+                ), None
             case op if op in ELEMENTWISE:
-                return ctx.MapProducer(self.function(i), layout, tuple(self.operand(r) for r in node.inputs)), None
+                return ctx.MapProducer(
+                    self.function(i), layout, tuple(self.operand(r) for r in node.inputs)
+                ), None
             case Op.MATMUL | Op.CONCAT_MATMUL:
                 matmul, operands = self.matmul(i)
                 return ctx.MatmulProducer(matmul, operands), None
             case Op.REDUCTION | Op.REDUCTION_MAX:
                 reducer = ctx.Reducer.SUM if node.op is Op.REDUCTION else ctx.Reducer.MAX
                 dim = rank4_dim(node.outputs[0].rank, node.attrs.dim)
-                return ctx.ReduceProducer(reducer, dim, "mirage::dev::Identity", self.operand(node.inputs[0])), None
+                return ctx.ReduceProducer(
+                    reducer, dim, "mirage::dev::Identity", self.operand(node.inputs[0])
+                ), None
             case Op.REDUCTION_TO_DIMX:
                 dim = rank4_dim(node.outputs[0].rank, node.attrs.dim)
-                return ctx.ReduceToDimxProducer(dim, self.graph.reduction_dimx, self.operand(node.inputs[0])), None
+                return ctx.ReduceToDimxProducer(
+                    dim, self.graph.reduction_dimx, self.operand(node.inputs[0])
+                ), None
             case Op.RMS_NORM:
                 return ctx.RmsNormProducer(node.attrs.eps, self.operand(node.inputs[0])), None
             case Op.RUNNING_MAX:
@@ -272,12 +303,14 @@ class KernelLowering:
                 return ctx.Sink(last, kind, (self.tile(last),))
             case Op.ACCUM_RESCALE:
                 maximum = node.inputs[1].node
-                return ctx.Sink(last, ctx.SinkKind.RESCALE,
-                                (self.tile(last), self.tile(maximum), self.tile(maximum, 1)))
+                return ctx.Sink(
+                    last, ctx.SinkKind.RESCALE, (self.tile(last), self.tile(maximum), self.tile(maximum, 1))
+                )
         return ctx.Sink(last, ctx.SinkKind.STORE, (self.tile(last),))
 
-    def _register_chain(self, root: int, last: int, links: tuple[ctx.Link, ...],
-                        index_layout: ctx.TileLayout) -> ctx.RegisterChainStep:
+    def _register_chain(
+        self, root: int, last: int, links: tuple[ctx.Link, ...], index_layout: ctx.TileLayout
+    ) -> ctx.RegisterChainStep:
         matmul, operands = self.matmul(root)
         node = self.graph.nodes[last]
         rescale = None
@@ -287,8 +320,15 @@ class KernelLowering:
             rescale = (self.tile(maximum), self.tile(maximum, 1))
         elif node.attrs.kind is AccumKind.MAX:
             combine = "mirage::dev::Maximum"
-        return ctx.RegisterChainStep(root, self.register_accumulator(last), ctx.MatmulProducer(matmul, operands),
-                                     links, combine, rescale, index_layout)
+        return ctx.RegisterChainStep(
+            root,
+            self.register_accumulator(last),
+            ctx.MatmulProducer(matmul, operands),
+            links,
+            combine,
+            rescale,
+            index_layout,
+        )
 
     # ---- the walk ------------------------------------------------------------------------------
 
@@ -300,8 +340,10 @@ class KernelLowering:
                 value = NEGATIVE_INFINITY if node.attrs.kind is AccumKind.MAX else "0.0f"
                 fills.append(ctx.FillStep(self.tile(i), value))
             elif node.op is Op.RUNNING_MAX:
-                fills += [ctx.FillStep(self.tile(i), NEGATIVE_INFINITY),
-                          ctx.FillStep(self.tile(i, 1), NEGATIVE_INFINITY)]
+                fills += [
+                    ctx.FillStep(self.tile(i), NEGATIVE_INFINITY),
+                    ctx.FillStep(self.tile(i, 1), NEGATIVE_INFINITY),
+                ]
         pipelined = tuple(it for it in self.iterators if it.pipelined)
         if pipelined:
             fills.append(ctx.PrologueStep(self.stages, pipelined))
@@ -310,8 +352,9 @@ class KernelLowering:
     def finalize(self, i: int) -> ctx.Step:
         node = self.graph.nodes[i]
         if i in self.in_registers:
-            return ctx.FinalizeStep(i, ctx.FinalizeKind.WRITE_BACK, self.tile(i),
-                                    accumulator=self.register_accumulator(i))
+            return ctx.FinalizeStep(
+                i, ctx.FinalizeKind.WRITE_BACK, self.tile(i), accumulator=self.register_accumulator(i)
+            )
         count = self.graph.forloop_range * self.graph.type_of(node.inputs[0]).shape[-1]
         if node.attrs.kind is AccumKind.MEAN:
             return ctx.FinalizeStep(i, ctx.FinalizeKind.MEAN, self.tile(i), count)
@@ -364,19 +407,42 @@ class KernelLowering:
         steps = self.steps()
         bound = {t.name: t for t in self._tiles.values() if t.offset >= 0}
         return ctx.KernelContext(
-            name=self.name, node=self.kernel.node, threads=self.threads, grid=self.graph.grid_dim,
-            smem_bytes=self.kernel.smem_bytes, forloop_range=self.graph.forloop_range, stages=self.stages,
-            parameters=self.parameters(), functions=tuple(self.functions[i] for i in sorted(self.functions)),
+            name=self.name,
+            node=self.kernel.node,
+            threads=self.threads,
+            grid=self.graph.grid_dim,
+            smem_bytes=self.kernel.smem_bytes,
+            forloop_range=self.graph.forloop_range,
+            stages=self.stages,
+            parameters=self.parameters(),
+            functions=tuple(self.functions[i] for i in sorted(self.functions)),
             matmuls=tuple(self.matmuls[i] for i in sorted(self.matmuls)),
             tiles=tuple(bound[n] for n in sorted(bound, key=_tile_order)),
-            iterators=self.iterators, registers=self.registers,
-            pre_loop=tuple(steps[Phase.PRE_LOOP]), loop=tuple(steps[Phase.LOOP]),
-            post_loop=tuple(steps[Phase.POST_LOOP]))
+            iterators=self.iterators,
+            registers=self.registers,
+            pre_loop=tuple(steps[Phase.PRE_LOOP]),
+            loop=tuple(steps[Phase.LOOP]),
+            post_loop=tuple(steps[Phase.POST_LOOP]),
+        )
 
 
-LOWERED_OPS = frozenset({Op.MATMUL, Op.CONCAT_MATMUL, Op.FUSED, Op.REDUCTION, Op.REDUCTION_MAX,
-                         Op.REDUCTION_TO_DIMX, Op.RMS_NORM, Op.ACCUM, Op.ACCUM_RESCALE,
-                         Op.RUNNING_MAX}) | ELEMENTWISE
+LOWERED_OPS = (
+    frozenset(
+        {
+            Op.MATMUL,
+            Op.CONCAT_MATMUL,
+            Op.FUSED,
+            Op.REDUCTION,
+            Op.REDUCTION_MAX,
+            Op.REDUCTION_TO_DIMX,
+            Op.RMS_NORM,
+            Op.ACCUM,
+            Op.ACCUM_RESCALE,
+            Op.RUNNING_MAX,
+        }
+    )
+    | ELEMENTWISE
+)
 
 
 def _tile_order(name: str) -> tuple[int, str]:
@@ -405,7 +471,10 @@ def thread_function(name: str, graph: ThreadGraph) -> ctx.ThreadFunction:
             continue
         row = functor(node.op)
         value[i] = f"v{i}"
-        statements.append(ctx.ThreadStatement(value[i], row.name, row.constants(node.attrs),
-                                              tuple(value[r.node] for r in node.inputs)))
+        statements.append(
+            ctx.ThreadStatement(
+                value[i], row.name, row.constants(node.attrs), tuple(value[r.node] for r in node.inputs)
+            )
+        )
     (out,) = graph.outputs
     return ctx.ThreadFunction(name, arity, tuple(statements), value[out.node])

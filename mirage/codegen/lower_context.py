@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import ClassVar, Union
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class RmsNormProducer:
     operand: Tile
 
 
-Producer = Union[MapProducer, MatmulProducer, ReduceProducer, ReduceToDimxProducer, RmsNormProducer]
+Producer = MapProducer | MatmulProducer | ReduceProducer | ReduceToDimxProducer | RmsNormProducer
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,9 @@ class SinkKind(enum.Enum):
 class Sink:
     node: int
     kind: SinkKind
-    tiles: tuple[Tile, ...]  # target; for RUNNING_MAX (current, previous); for RESCALE (acc, current, previous)
+    tiles: tuple[
+        Tile, ...
+    ]  # target; for RUNNING_MAX (current, previous); for RESCALE (acc, current, previous)
 
 
 @dataclass(frozen=True)
@@ -274,8 +276,16 @@ class PrologueStep:
     iterators: tuple[InputIteratorContext, ...]
 
 
-Step = Union[ChainStep, RegisterChainStep, LoadStep, FillStep, FinalizeStep, StoreStep, BarrierStep,
-             PrologueStep]
+Step = (
+    ChainStep
+    | RegisterChainStep
+    | LoadStep
+    | FillStep
+    | FinalizeStep
+    | StoreStep
+    | BarrierStep
+    | PrologueStep
+)
 
 
 @dataclass(frozen=True)

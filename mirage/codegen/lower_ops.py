@@ -29,8 +29,27 @@ ELEMENT_TYPES: dict[DType, str] = {
 }
 
 # functors defined in mirage/elementwise.cuh (namespace mirage::dev)
-DEVICE_FUNCTORS = frozenset({"Identity", "Exp", "Log", "Sqrt", "Square", "Sigmoid", "Silu", "Gelu", "Relu",
-                             "MulScalar", "Clamp", "Add", "Sub", "Mul", "Div", "Pow", "Maximum"})
+DEVICE_FUNCTORS = frozenset(
+    {
+        "Identity",
+        "Exp",
+        "Log",
+        "Sqrt",
+        "Square",
+        "Sigmoid",
+        "Silu",
+        "Gelu",
+        "Relu",
+        "MulScalar",
+        "Clamp",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Maximum",
+    }
+)
 # functors defined in mirage/gen/kernel.cuh (namespace mirage::gen)
 GEN_FUNCTORS = frozenset({"AddScalar", "GeluTanh"})
 # ops whose registry functor does not exist in the device library, or means something else there
@@ -92,17 +111,21 @@ def functor(op: Op) -> Functor:
     try:
         return FUNCTORS[op]
     except KeyError:
-        raise LoweringError(f"element-wise op {op.value} has no device functor (registry functor "
-                            f"{REGISTRY[op].functor!r}); add one to mirage/gen/kernel.cuh and to "
-                            "mirage.codegen.lower_ops.FUNCTORS") from None
+        raise LoweringError(
+            f"element-wise op {op.value} has no device functor (registry functor "
+            f"{REGISTRY[op].functor!r}); add one to mirage/gen/kernel.cuh and to "
+            "mirage.codegen.lower_ops.FUNCTORS"
+        ) from None
 
 
 def element_type(dtype: DType, what: str) -> str:
     try:
         return ELEMENT_TYPES[dtype]
     except KeyError:
-        raise LoweringError(f"{what} is {dtype.value}, which generated kernels do not support; use "
-                            f"one of {[d.value for d in ELEMENT_TYPES]}") from None
+        raise LoweringError(
+            f"{what} is {dtype.value}, which generated kernels do not support; use "
+            f"one of {[d.value for d in ELEMENT_TYPES]}"
+        ) from None
 
 
 def element_size(element: str) -> int:
@@ -112,8 +135,10 @@ def element_size(element: str) -> int:
 def rank4(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
     """A shape of rank 1 to 4 padded with leading 1s (the device library's four dims)."""
     if not 1 <= len(shape) <= 4:
-        raise LoweringError(f"tensors of rank {len(shape)} ({list(shape)}) have no lowering; the device "
-                            "library handles ranks 1 to 4")
+        raise LoweringError(
+            f"tensors of rank {len(shape)} ({list(shape)}) have no lowering; the device "
+            "library handles ranks 1 to 4"
+        )
     padded = (1,) * (4 - len(shape)) + tuple(shape)
     return padded[0], padded[1], padded[2], padded[3]
 
@@ -128,7 +153,9 @@ def rank4_map(rank: int, dim_map: tuple[int, int, int], grid: tuple[int, int, in
     return x, y, z
 
 
-def tile_layout(shape: tuple[int, ...], element: str, capacity_bytes: int, row_major_plan: bool) -> TileLayout:
+def tile_layout(
+    shape: tuple[int, ...], element: str, capacity_bytes: int, row_major_plan: bool
+) -> TileLayout:
     """The layout of a shared tile of ``shape``: rows padded to 16 bytes where the buffer allows.
 
     ``row_major_plan``: the optimizer's layout keeps the last dim innermost (so it sized the buffer
@@ -144,6 +171,8 @@ def tile_layout(shape: tuple[int, ...], element: str, capacity_bytes: int, row_m
         if rows * padded * itemsize <= capacity_bytes:
             pitch = padded
     if rows * pitch * itemsize > capacity_bytes:
-        raise LoweringError(f"a {element} tile of shape {list(shape)} needs {rows * pitch * itemsize} bytes "
-                            f"but its shared-memory buffer has {capacity_bytes}")
+        raise LoweringError(
+            f"a {element} tile of shape {list(shape)} needs {rows * pitch * itemsize} bytes "
+            f"but its shared-memory buffer has {capacity_bytes}"
+        )
     return TileLayout(dims, pitch)

@@ -52,14 +52,27 @@ class KernelLaunch:
         return self.outputs + self.inputs
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "node": self.node, "grid": list(self.grid), "block": list(self.block),
-                "smem_bytes": self.smem_bytes, "outputs": [[r.node, r.index] for r in self.outputs],
-                "inputs": [[r.node, r.index] for r in self.inputs]}
+        return {
+            "name": self.name,
+            "node": self.node,
+            "grid": list(self.grid),
+            "block": list(self.block),
+            "smem_bytes": self.smem_bytes,
+            "outputs": [[r.node, r.index] for r in self.outputs],
+            "inputs": [[r.node, r.index] for r in self.inputs],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> KernelLaunch:
-        return cls(d["name"], d["node"], tuple(d["grid"]), tuple(d["block"]), d["smem_bytes"],
-                   tuple(Ref(*r) for r in d["outputs"]), tuple(Ref(*r) for r in d["inputs"]))
+        return cls(
+            d["name"],
+            d["node"],
+            tuple(d["grid"]),
+            tuple(d["block"]),
+            d["smem_bytes"],
+            tuple(Ref(*r) for r in d["outputs"]),
+            tuple(Ref(*r) for r in d["inputs"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -89,15 +102,23 @@ class CudaProgram:
 
         from mirage.mugraph.serialize import graph_to_dict
 
-        return {"graph": graph_to_dict(self.graph), "code": self.code,
-                "kernels": [k.to_dict() for k in self.kernels], "target": asdict(self.target)}
+        return {
+            "graph": graph_to_dict(self.graph),
+            "code": self.code,
+            "kernels": [k.to_dict() for k in self.kernels],
+            "target": asdict(self.target),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CudaProgram:
         from mirage.mugraph.serialize import graph_from_dict
 
-        return cls(graph_from_dict(d["graph"]), d["code"], tuple(KernelLaunch.from_dict(k) for k in d["kernels"]),
-                   Target(**d["target"]))
+        return cls(
+            graph_from_dict(d["graph"]),
+            d["code"],
+            tuple(KernelLaunch.from_dict(k) for k in d["kernels"]),
+            Target(**d["target"]),
+        )
 
 
 def target_for(target_cc: int | None = None, target: Target | None = None) -> Target:
@@ -114,8 +135,10 @@ def target_for(target_cc: int | None = None, target: Target | None = None) -> Ta
         if row.compute_capability == target_cc:
             return row
     known = sorted({t.compute_capability for t in TARGETS.values()})
-    raise LoweringError(f"no known GPU has compute capability {target_cc}; use one of {known} or pass a "
-                        "mirage.mugraph.target.Target")
+    raise LoweringError(
+        f"no known GPU has compute capability {target_cc}; use one of {known} or pass a "
+        "mirage.mugraph.target.Target"
+    )
 
 
 def cfloat(value: float) -> str:
@@ -135,9 +158,14 @@ def cfloat(value: float) -> str:
 def environment():
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), trim_blocks=True,
-                             lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
-                             autoescape=False)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+    )
     env.filters["cfloat"] = cfloat
     return env
 
@@ -149,7 +177,9 @@ def kernel_prefix(graph: KernelGraph) -> str:
 
 def render(contexts: tuple[KernelContext, ...], graph_name: str, graph_hash: str, target: Target) -> str:
     template = environment().get_template("kernel.j2")
-    return template.render(kernels=contexts, graph_name=graph_name, graph_hash=graph_hash[:16], target=target.arch)
+    return template.render(
+        kernels=contexts, graph_name=graph_name, graph_hash=graph_hash[:16], target=target.arch
+    )
 
 
 def lower_program(prepared: PreparedProgram) -> CudaProgram:
@@ -164,14 +194,28 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
         context = KernelLowering(kernel, name, accumulator).context()
         contexts.append(context)
         node = graph.nodes[kernel.node]
-        launches.append(KernelLaunch(name, kernel.node, kernel.grid_dim, (context.threads, 1, 1), kernel.smem_bytes,
-                                     tuple(Ref(kernel.node, j) for j in range(len(node.outputs))), node.inputs))
+        launches.append(
+            KernelLaunch(
+                name,
+                kernel.node,
+                kernel.grid_dim,
+                (context.threads, 1, 1),
+                kernel.smem_bytes,
+                tuple(Ref(kernel.node, j) for j in range(len(node.outputs))),
+                node.inputs,
+            )
+        )
     code = render(tuple(contexts), graph.name or "graph", graph.content_hash(), prepared.target)
     return CudaProgram(graph, code, tuple(launches), prepared.target, tuple(contexts), prepared)
 
 
-def generate_cuda_program(graph, target_cc: int | None = 90, *, target: Target | None = None,
-                          options: OptimizerOptions | None = None) -> CudaProgram:
+def generate_cuda_program(
+    graph,
+    target_cc: int | None = 90,
+    *,
+    target: Target | None = None,
+    options: OptimizerOptions | None = None,
+) -> CudaProgram:
     """Optimize ``graph`` (a kernel graph or builder) for the GPU of compute capability ``target_cc``
     and generate its CUDA: the source and how to launch each kernel (Mirage's function of that name).
 

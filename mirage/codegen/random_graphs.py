@@ -67,11 +67,29 @@ class Stat:
 class _BlockDraw:
     """One block graph under construction: labels, inputs, and expression trees."""
 
-    def __init__(self, rng: random.Random, g, labels: dict[str, Label], grid, threads: int, forloop: int,
-                 dtype, dimx: int, kernel_inputs: dict) -> None:
-        self.rng, self.g, self.labels, self.grid, self.forloop, self.dtype = rng, g, labels, grid, forloop, dtype
-        self.tb = mi.new_threadblock_graph(grid_dim=grid, block_dim=(threads, 1, 1), forloop_range=forloop,
-                                           reduction_dimx=dimx)
+    def __init__(
+        self,
+        rng: random.Random,
+        g,
+        labels: dict[str, Label],
+        grid,
+        threads: int,
+        forloop: int,
+        dtype,
+        dimx: int,
+        kernel_inputs: dict,
+    ) -> None:
+        self.rng, self.g, self.labels, self.grid, self.forloop, self.dtype = (
+            rng,
+            g,
+            labels,
+            grid,
+            forloop,
+            dtype,
+        )
+        self.tb = mi.new_threadblock_graph(
+            grid_dim=grid, block_dim=(threads, 1, 1), forloop_range=forloop, reduction_dimx=dimx
+        )
         self.dimx = dimx
         self.kernel_inputs = kernel_inputs  # labels → (kernel tensor, Stat), shared across blocks
         self.bound: list = []  # kernel tensors in input-iterator order
@@ -149,22 +167,48 @@ class _BlockDraw:
                 return tb.sqrt(x), Stat(math.sqrt(stat.scale), math.sqrt(stat.lower), True)
         raise AssertionError(op)
 
-    def binary(self, a, sa: Stat, b, sb: Stat):
-        options = ["add", "mul", "sub"]
-        if sb.lower > 0.05:
-            options += ["div", "div"]
-        op = self.rng.choice(options)
+    def binary(self, op: str, a, sa: Stat, b, sb: Stat):
         match op:
             case "add":
-                return self.tb.add(a, b), Stat(math.hypot(sa.scale, sb.scale), sa.lower + sb.lower if sa.nonneg and
-                                               sb.nonneg else 0.0, sa.nonneg and sb.nonneg)
+                both = sa.nonneg and sb.nonneg
+                return self.tb.add(a, b), Stat(
+                    math.hypot(sa.scale, sb.scale), sa.lower + sb.lower if both else 0.0, both
+                )
             case "sub":
                 return self.tb.sub(a, b), Stat(math.hypot(sa.scale, sb.scale))
             case "mul":
-                return self.tb.mul(a, b), Stat(sa.scale * sb.scale, sa.lower * sb.lower, sa.nonneg and sb.nonneg)
+                return self.tb.mul(a, b), Stat(
+                    sa.scale * sb.scale, sa.lower * sb.lower, sa.nonneg and sb.nonneg
+                )
             case "div":
                 return self.tb.div(a, b), Stat(sa.scale / sb.lower, sa.lower / sb.scale, sa.nonneg)
         raise AssertionError(op)
+
+    def combine(self, make, shape: tuple[str, ...], depth: int):
+        """A binary op of two trees made by ``make`` (body or accumulated), the second maybe broadcast."""
+        other = list(shape)
+        if self.rng.random() < 0.4:
+            other[self.rng.randrange(len(other))] = "1"
+        op = self.rng.choice(["add", "mul", "sub", "div"])
+        a, sa = make(shape, depth - 1)
+        b, sb = make(tuple(other), depth - 1)
+        if op == "div":
+            b, sb = self.positive(b, sb)
+        out = self.binary(op, a, sa, b, sb)
+        if out[1].scale > LIMIT:
+            raise _Reject
+        return out
+
+    def positive(self, x, stat: Stat):
+        """``x`` if it is bounded away from zero, else a positive function of it (a divisor)."""
+        if stat.lower > 0.05:
+            return x, stat
+        kind = self.rng.choice(["exp", "square", "sigmoid"])
+        if kind == "exp" and stat.scale <= 1.2:
+            return self.tb.exp(x), Stat(math.exp(stat.scale**2), math.exp(-4 * stat.scale), True)
+        if kind == "sigmoid":
+            return self.tb.add_scalar(self.tb.sigmoid(x), 0.5), Stat(1.1, 0.5, True)
+        return self.tb.add_scalar(self.tb.square(x), 1.0), Stat(stat.scale**2 + 1.0, 1.0, True)
 
     def body(self, shape: tuple[str, ...], depth: int):
         """A tensor of ``shape`` (labels) before the accumulators."""
@@ -193,12 +237,7 @@ class _BlockDraw:
         if kind == "unary":
             return self.unary(*self.body(shape, depth - 1))
         if kind == "binary":
-            other = list(shape)
-            if rng.random() < 0.4:
-                other[rng.randrange(len(other))] = "1"
-            a, sa = self.body(shape, depth - 1)
-            b, sb = self.body(tuple(other), depth - 1)
-            return self.binary(a, sa, b, sb)
+            return self.combine(self.body, shape, depth)
         if kind == "matmul":
             inner = rng.choice([k for k in ("k", "j") if k in self.labels and k not in shape] or [None])
             if inner is None:
@@ -216,15 +255,24 @@ class _BlockDraw:
             n = self.extent(wide[d])
             if rng.random() < 0.3:
                 return self.tb.reduction_max(x, d), Stat(s.scale, s.lower, s.nonneg)
-            return self.tb.reduction(x, d), Stat(s.scale * (n if s.nonneg else math.sqrt(n)), s.lower * n, s.nonneg)
+            return self.tb.reduction(x, d), Stat(
+                s.scale * (n if s.nonneg else math.sqrt(n)), s.lower * n, s.nonneg
+            )
         if kind == "reduce_to_dimx":
-            wide = (*shape[:-1], rng.choice([s for s in self.labels if self.labels[s].extent % self.dimx == 0
-                                             and s not in shape] or ["-"]))
+            wide = (
+                *shape[:-1],
+                rng.choice(
+                    [s for s in self.labels if self.labels[s].extent % self.dimx == 0 and s not in shape]
+                    or ["-"]
+                ),
+            )
             if wide[-1] == "-":
                 raise _Reject
             x, s = self.body(wide, depth - 1)
             terms = self.extent(wide[-1]) // self.dimx
-            return self.tb.reduction_to_dimx(x, len(shape) - 1), Stat(s.scale * terms, s.lower * terms, s.nonneg)
+            return self.tb.reduction_to_dimx(x, len(shape) - 1), Stat(
+                s.scale * terms, s.lower * terms, s.nonneg
+            )
         if kind == "rms_norm":
             x, s = self.body(shape, depth - 1)
             return self.tb.rms_norm(x, eps=1e-5), Stat(1.0)
@@ -237,35 +285,41 @@ class _BlockDraw:
         if kind == "unary":
             return self.unary(*self.accumulated(shape, depth - 1))
         if kind == "binary":
-            other = list(shape)
-            if rng.random() < 0.5:
-                other[rng.randrange(len(other))] = "1"
-            a, sa = self.accumulated(shape, depth - 1)
-            b, sb = self.accumulated(tuple(other), depth - 1)
-            out = self.binary(a, sa, b, sb)
-            if out[1].scale > LIMIT:
-                raise _Reject
-            return out
+            return self.combine(self.accumulated, shape, depth)
         R = self.forloop
         if shape[-1] == "x":
-            x, s = self.body((*shape[:-1], rng.choice([k for k in self.labels if self.labels[k].extent %
-                                                       self.dimx == 0] or ["-"])), 2)
-            return self.tb.forloop_accum(x, acc="sum_todimx"), Stat(s.scale * R * 4)
+            if rng.random() < 0.5:  # reduction_to_dimx inside the loop, then a plain accumulator
+                x, s = self.body(shape, 3)
+                return self.tb.forloop_accum(x), Stat(s.scale * math.sqrt(R), s.lower * R, s.nonneg)
+            wide = [k for k in self.labels if self.labels[k].extent % self.dimx == 0 and k not in shape]
+            if not wide:
+                raise _Reject
+            last = rng.choice(wide)
+            x, s = self.body((*shape[:-1], last), 2)
+            terms = self.extent(last) // self.dimx * R
+            return self.tb.forloop_accum(x, acc="sum_todimx"), Stat(
+                s.scale * (terms if s.nonneg else math.sqrt(terms)), s.lower * terms, s.nonneg
+            )
         if shape[-1] == "1" and rng.random() < 0.6:
             last = rng.choice([k for k in self.labels if k not in shape])
             x, s = self.body((*shape[:-1], last), 2)
             n = self.extent(last) * R
             acc = rng.choice(["sum", "mean", "rms"])
             if acc == "sum":
-                return self.tb.forloop_accum(x, acc="sum"), Stat(s.scale * (n if s.nonneg else math.sqrt(n)),
-                                                                  s.lower * n, s.nonneg)
+                return self.tb.forloop_accum(x, acc="sum"), Stat(
+                    s.scale * (n if s.nonneg else math.sqrt(n)), s.lower * n, s.nonneg
+                )
             if acc == "mean":
                 return self.tb.forloop_accum(x, acc="mean"), Stat(s.scale, s.lower, s.nonneg)
-            return self.tb.forloop_accum(x, acc="rms", eps=1e-5), Stat(s.scale, max(0.3 * s.scale, s.lower), True)
+            return self.tb.forloop_accum(x, acc="rms", eps=1e-5), Stat(
+                s.scale, max(0.3 * s.scale, s.lower), True
+            )
         x, s = self.body(shape, 3)
         if rng.random() < 0.15:
             return self.tb.forloop_accum(x, acc="max"), Stat(s.scale, s.lower, s.nonneg)
-        return self.tb.forloop_accum(x), Stat(s.scale * (R if s.nonneg else math.sqrt(R)), s.lower * R, s.nonneg)
+        return self.tb.forloop_accum(x), Stat(
+            s.scale * (R if s.nonneg else math.sqrt(R)), s.lower * R, s.nonneg
+        )
 
     def output(self, shape: tuple[str, ...]) -> None:
         tile, stat = self.accumulated(shape, 2)
@@ -276,9 +330,15 @@ class _BlockDraw:
             if self.grid[a] == 1:
                 continue
             natural = [d for d, s in enumerate(shape) if s not in ("1", "x") and self.labels[s].axis == a]
-            free = [d for d in range(len(shape)) if d not in used and not any(
-                s not in ("1", "x") and self.labels[s].axis is not None and self.labels[s].axis != a
-                for s in shape[d:d + 1])]
+            free = [
+                d
+                for d in range(len(shape))
+                if d not in used
+                and not any(
+                    s not in ("1", "x") and self.labels[s].axis is not None and self.labels[s].axis != a
+                    for s in shape[d : d + 1]
+                )
+            ]
             d = natural[0] if natural else (self.rng.choice(free) if free else None)
             if d is None or d in used:
                 raise _Reject
@@ -288,8 +348,13 @@ class _BlockDraw:
 
 
 def _labels(rng: random.Random, family: str, grid: tuple[int, int, int], forloop: int) -> dict[str, Label]:
-    extents = {"b": rng.choice([1, 2, 4]), "m": rng.choice([1, 2, 4, 8, 16, 32]),
-               "n": rng.choice([8, 16, 32, 64, 128]), "k": rng.choice([16, 32, 64]), "j": rng.choice([8, 16])}
+    extents = {
+        "b": rng.choice([1, 2, 4]),
+        "m": rng.choice([1, 2, 4, 8, 16, 32]),
+        "n": rng.choice([8, 16, 32, 64, 128]),
+        "k": rng.choice([16, 32, 64]),
+        "j": rng.choice([8, 16]),
+    }
     names = ["m", "n", "k"] + (["b"] if family == "batched" else []) + (["j"] if rng.random() < 0.2 else [])
     axes = [a for a in range(3) if grid[a] > 1]
     owners = rng.sample([n for n in names if n != "j"], len(axes)) if axes else []
@@ -312,7 +377,9 @@ def _draw(rng: random.Random, seed: int) -> tuple[KernelGraph, str]:
     labels = _labels(rng, family, grid_dim, forloop)
     dimx = rng.choice([d for d in (8, 16, 32) if any(label.extent % d == 0 for label in labels.values())])
     kernel_inputs: dict = {}
-    draw = _BlockDraw(rng, g, labels, grid_dim, rng.choice([64, 128, 128, 256]), forloop, dtype, dimx, kernel_inputs)
+    draw = _BlockDraw(
+        rng, g, labels, grid_dim, rng.choice([64, 128, 128, 256]), forloop, dtype, dimx, kernel_inputs
+    )
     rows = ("b", "m") if family == "batched" else ("m",)
     shapes = [(*rows, rng.choice(["n", "n", "1", "x"])) for _ in range(rng.choice([1, 1, 2]))]
     for shape in shapes:
@@ -325,6 +392,52 @@ def _draw(rng: random.Random, seed: int) -> tuple[KernelGraph, str]:
     graph = g.freeze()
     mi.check(graph)
     return graph, family
+
+
+def _draw_attention(rng: random.Random, seed: int) -> tuple[KernelGraph, str]:
+    """softmax(Q K / √d) V in the LAX form, split over heads, query rows and (sometimes) keys; a key
+    split saves partial sums that a second graph-defined op combines (Mirage's GQA µGraph)."""
+    dtype = rng.choice([mi.float16, mi.float16, mi.bfloat16])
+    heads, rows, d, keys = (
+        rng.choice([1, 2]),
+        rng.choice([8, 16, 32]),
+        rng.choice([16, 32, 64]),
+        rng.choice([32, 64]),
+    )
+    forloop, q_splits, kv_splits = rng.choice([1, 2, 4]), rng.choice([1, 2, 4]), rng.choice([1, 2, 4])
+    n = keys * forloop * kv_splits
+    g = mi.new_kernel_graph(f"random_{seed}")
+    q = g.new_input(dims=(heads, rows * q_splits, d), dtype=dtype)
+    k = g.new_input(dims=(heads, d, n), dtype=dtype)
+    v = g.new_input(dims=(heads, n, d), dtype=dtype)
+    tb = mi.new_threadblock_graph(
+        grid_dim=(heads, kv_splits, q_splits), block_dim=(128, 1, 1), forloop_range=forloop
+    )
+    omap = (0 if heads > 1 else -1, 2 if kv_splits > 1 else -1, 1 if q_splits > 1 else -1)
+    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
+    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)
+    bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)
+    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), 1.0 / math.sqrt(d)))
+    numerators = tb.forloop_accum(tb.matmul(e, bv))
+    if kv_splits == 1:
+        tb.new_output(tb.div(numerators, tb.forloop_accum(e, acc="sum")), output_map=omap)
+        (out,) = g.customized([q, k, v], tb)
+    else:
+        tb.new_output(tb.forloop_accum(e), output_map=omap)
+        tb.new_output(numerators, output_map=omap)
+        sums, partial = g.customized([q, k, v], tb)
+        block_rows = rng.choice([r for r in (4, 8, 16) if (rows * q_splits) % r == 0])
+        grid = (heads, rows * q_splits // block_rows, 1)
+        combine = mi.new_threadblock_graph(
+            grid_dim=grid, block_dim=(128, 1, 1), forloop_range=1, reduction_dimx=d
+        )
+        imap = (0 if heads > 1 else -1, 1 if grid[1] > 1 else -1, -1)
+        total = combine.forloop_accum(combine.new_input(sums, input_map=imap), acc="sum")
+        weighted = combine.forloop_accum(combine.new_input(partial, input_map=imap), acc="sum_todimx")
+        combine.new_output(combine.div(weighted, total), output_map=imap)
+        (out,) = g.customized([sums, partial], combine)
+    g.mark_output(out)
+    return g.freeze(), "attention"
 
 
 def _kernel_level(rng: random.Random, g, tensor):
@@ -342,7 +455,7 @@ def random_graph(seed: int, attempts: int = 500) -> RandomCase:
     rng = random.Random(seed)
     for _ in range(attempts):
         try:
-            graph, family = _draw(rng, seed)
+            graph, family = _draw_attention(rng, seed) if rng.random() < 0.15 else _draw(rng, seed)
         except (_Reject, GraphError):
             continue
         return RandomCase(graph.name, seed, family, graph)

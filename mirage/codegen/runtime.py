@@ -74,8 +74,12 @@ class TorchAlgebra:
     def opaque(self, name, x, reference):
         import torch.nn.functional as F
 
-        table = {"silu": F.silu, "gelu": lambda v: F.gelu(v, approximate="tanh"), "relu": F.relu,
-                 "sigmoid": lambda v: v.sigmoid()}
+        table = {
+            "silu": F.silu,
+            "gelu": lambda v: F.gelu(v, approximate="tanh"),
+            "relu": F.relu,
+            "sigmoid": lambda v: v.sigmoid(),
+        }
         if name in table:
             return table[name](x)
         if name.startswith("clamp["):
@@ -135,7 +139,9 @@ class Program:
             try:
                 import cupy
             except ImportError as error:
-                raise LaunchError("running generated kernels needs CuPy: pip install 'mirage[gpu]'") from error
+                raise LaunchError(
+                    "running generated kernels needs CuPy: pip install 'mirage[gpu]'"
+                ) from error
             if self.cubin is None:
                 raise LaunchError("this program was not compiled (no cubin)")
             module = cupy.RawModule(path=str(self.cubin))
@@ -217,8 +223,11 @@ def build(cuda: CudaProgram, compile_options: CompileOptions | None = None) -> P
     return Program(cuda, compile_source(cuda.code, options).cubin_path)
 
 
-def build_many(programs: Sequence[CudaProgram], compile_options: CompileOptions | None = None,
-               max_workers: int | None = None) -> list[Program | MirageError]:
+def build_many(
+    programs: Sequence[CudaProgram],
+    compile_options: CompileOptions | None = None,
+    max_workers: int | None = None,
+) -> list[Program | MirageError]:
     """Compile several programs in parallel; a failed build yields its error in place of a Program."""
     from mirage.codegen.compile import CompileError, CompileOptions, compile_sources
 
@@ -229,15 +238,21 @@ def build_many(programs: Sequence[CudaProgram], compile_options: CompileOptions 
         by_target.setdefault(programs[k].target, []).append(k)
     for target, indices in by_target.items():
         options = dataclasses.replace(compile_options or CompileOptions(), target=target)
-        results = compile_sources([programs[k].code for k in indices], options, max_workers=max_workers,
-                                  return_exceptions=True)
+        results = compile_sources(
+            [programs[k].code for k in indices], options, max_workers=max_workers, return_exceptions=True
+        )
         for k, result in zip(indices, results, strict=True):
             out[k] = result if isinstance(result, CompileError) else Program(programs[k], result.cubin_path)
     return out
 
 
-def compile_program(graph, target: Target | None = None, *, options: OptimizerOptions | None = None,
-                    compile_options: CompileOptions | None = None) -> Program:
+def compile_program(
+    graph,
+    target: Target | None = None,
+    *,
+    options: OptimizerOptions | None = None,
+    compile_options: CompileOptions | None = None,
+) -> Program:
     """Optimize, generate and compile ``graph`` for ``target`` (default: the current GPU)."""
     from mirage.codegen.lower_program import generate_cuda_program, target_for
 

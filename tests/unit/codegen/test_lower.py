@@ -89,7 +89,9 @@ def test_gqa_launch_description():
         assert launch.smem_bytes == kernel.smem_bytes <= TARGETS["H100"].smem_per_block
         signature = program.code.split(f" {launch.name}(")[1].split(") {")[0]
         parameters = [p.split()[-1] for p in signature.split(",")]
-        expected = [f"output{j}" for j in range(len(launch.outputs))] + [f"input{k}" for k in range(len(launch.inputs))]
+        expected = [f"output{j}" for j in range(len(launch.outputs))] + [
+            f"input{k}" for k in range(len(launch.inputs))
+        ]
         assert parameters == expected
         assert f"__launch_bounds__({launch.block[0]}) {launch.name}(" in program.code
 
@@ -119,8 +121,11 @@ def test_benchmark_contexts_follow_the_plan(name):
         assert registers == set(kernel.registers.accumulators)
         steps = context.pre_loop + context.loop + context.post_loop
         chained = {s.node for s in steps if s.kind in ("chain", "register_chain")}
-        roots = {s.node for s in kernel.schedule.steps if s.action.value in ("compute", "accumulate")
-                 and s.epilogue_of is None}
+        roots = {
+            s.node
+            for s in kernel.schedule.steps
+            if s.action.value in ("compute", "accumulate") and s.epilogue_of is None
+        }
         assert chained == roots
         stores = [s.saver.node for s in steps if s.kind == "store"]
         assert sorted(stores) == kernel.block_graph.output_nodes
@@ -180,8 +185,17 @@ def test_tile_layout_refuses_a_small_buffer():
         tile_layout((16, 64), "__half", 1024, True)
 
 
-@pytest.mark.parametrize("value, literal", [(0.5, "0.5f"), (4096, "4096.0f"), (1e-06, "1e-06f"), (-2.0, "-2.0f"),
-                                            (1e20, "1e+20f"), (float("-inf"), "mirage::gen::negative_infinity()")])
+@pytest.mark.parametrize(
+    "value, literal",
+    [
+        (0.5, "0.5f"),
+        (4096, "4096.0f"),
+        (1e-06, "1e-06f"),
+        (-2.0, "-2.0f"),
+        (1e20, "1e+20f"),
+        (float("-inf"), "mirage::gen::negative_infinity()"),
+    ],
+)
 def test_cfloat(value, literal):
     assert cfloat(value) == literal
 

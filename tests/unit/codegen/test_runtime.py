@@ -21,18 +21,37 @@ def kernel_level_graph(op: str) -> mi.KernelGraph:
     w = g.new_input(dims=(16, 8), dtype=mi.float32)
     y = g.matmul(x, w)
     table = {
-        "exp": lambda: g.exp(y), "silu": lambda: g.silu(y), "gelu": lambda: g.gelu(y),
-        "relu": lambda: g.relu(y), "sigmoid": lambda: g.sigmoid(y), "clamp": lambda: g.clamp(y, -0.5, 0.5),
-        "reduction": lambda: g.reduction(y, 1), "reduction_max": lambda: g.reduction_max(y, 0),
-        "rms_norm": lambda: g.rms_norm(y, eps=1e-6), "square_sqrt": lambda: g.sqrt(g.square(y)),
-        "scalars": lambda: g.add_scalar(g.mul_scalar(y, 0.25), 1.0), "div": lambda: g.div(y, g.exp(y)),
+        "exp": lambda: g.exp(y),
+        "silu": lambda: g.silu(y),
+        "gelu": lambda: g.gelu(y),
+        "relu": lambda: g.relu(y),
+        "sigmoid": lambda: g.sigmoid(y),
+        "clamp": lambda: g.clamp(y, -0.5, 0.5),
+        "reduction": lambda: g.reduction(y, 1),
+        "reduction_max": lambda: g.reduction_max(y, 0),
+        "rms_norm": lambda: g.rms_norm(y, eps=1e-6),
+        "square_sqrt": lambda: g.sqrt(g.square(y)),
+        "scalars": lambda: g.add_scalar(g.mul_scalar(y, 0.25), 1.0),
+        "div": lambda: g.div(y, g.exp(y)),
     }
     g.mark_output(table[op]())
     return g.freeze()
 
 
-KERNEL_OPS = ["exp", "silu", "gelu", "relu", "sigmoid", "clamp", "reduction", "reduction_max", "rms_norm",
-              "square_sqrt", "scalars", "div"]
+KERNEL_OPS = [
+    "exp",
+    "silu",
+    "gelu",
+    "relu",
+    "sigmoid",
+    "clamp",
+    "reduction",
+    "reduction_max",
+    "rms_norm",
+    "square_sqrt",
+    "scalars",
+    "div",
+]
 
 
 @pytest.mark.parametrize("op", KERNEL_OPS)
@@ -77,8 +96,10 @@ def tiny() -> mi.KernelGraph:
     g = mi.new_kernel_graph("tiny")
     x = g.new_input(dims=(8, 64), dtype=mi.float16)
     tb = mi.new_threadblock_graph(grid_dim=(2, 1, 1), block_dim=(64, 1, 1), forloop_range=2)
-    tb.new_output(tb.forloop_accum(tb.sigmoid(tb.new_input(x, input_map=(0, -1, -1), forloop_dim=1))),
-                  output_map=(0, -1, -1))
+    tb.new_output(
+        tb.forloop_accum(tb.sigmoid(tb.new_input(x, input_map=(0, -1, -1), forloop_dim=1))),
+        output_map=(0, -1, -1),
+    )
     (o,) = g.customized([x], tb)
     g.mark_output(o)
     return g.freeze()
@@ -98,11 +119,16 @@ def test_generated_kernels_need_cuda_tensors(tmp_path, monkeypatch):
 def test_nvcc_failure_is_reported_and_not_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))
     cuda = generate_cuda_program(tiny(), 90)
-    broken = cuda.__class__(cuda.graph, cuda.code.replace("mirage::gen::fill", "mirage::gen::no_such_function"),
-                            cuda.kernels, cuda.target)
+    broken = cuda.__class__(
+        cuda.graph,
+        cuda.code.replace("mirage::gen::fill", "mirage::gen::no_such_function"),
+        cuda.kernels,
+        cuda.target,
+    )
     if "no_such_function" not in broken.code:
-        broken = cuda.__class__(cuda.graph, cuda.code + "\nstatic_assert(false, \"broken\");\n", cuda.kernels,
-                                cuda.target)
+        broken = cuda.__class__(
+            cuda.graph, cuda.code + '\nstatic_assert(false, "broken");\n', cuda.kernels, cuda.target
+        )
     with pytest.raises(CompileError) as caught:
         build(broken, CompileOptions())
     message = str(caught.value)

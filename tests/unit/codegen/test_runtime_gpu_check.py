@@ -39,12 +39,15 @@ def test_check_passes_a_correct_program_on_cpu():
     assert 0 < output.relative_error < TOLERANCES[mi.float16] and output.unwritten == 0
 
 
-@pytest.mark.parametrize("damage, unwritten, passed", [
-    (lambda t: t, 0, True),
-    (lambda t: t.index_fill(0, torch.tensor([1]), float("nan")), 32, False),  # a block that never wrote
-    (lambda t: t * 1.05, 0, False),  # 5% off
-    (lambda t: t + 0.001 * t.abs().max(), 0, True),  # within fp16 tolerance
-])
+@pytest.mark.parametrize(
+    "damage, unwritten, passed",
+    [
+        (lambda t: t, 0, True),
+        (lambda t: t.index_fill(0, torch.tensor([1]), float("nan")), 32, False),  # a block that never wrote
+        (lambda t: t * 1.05, 0, False),  # 5% off
+        (lambda t: t + 0.001 * t.abs().max(), 0, True),  # within fp16 tolerance
+    ],
+)
 def test_compare_flags_unwritten_and_wrong_elements(damage, unwritten, passed):
     graph = softmax_graph()
     inputs = random_inputs(graph, seed=3, device="cpu")
@@ -63,8 +66,10 @@ def test_random_inputs_are_seeded_and_rounded():
 
 
 def test_suite_runs_cases_in_workers_and_writes_a_report(tmp_path):
-    cases = [SuiteCase("softmax_a", "search", softmax_graph("a"), seed=1),
-             SuiteCase("softmax_b", "search", softmax_graph("b"), seed=2, baseline=softmax_graph("c"))]
+    cases = [
+        SuiteCase("softmax_a", "search", softmax_graph("a"), seed=1),
+        SuiteCase("softmax_b", "search", softmax_graph("b"), seed=2, baseline=softmax_graph("c")),
+    ]
     rows = run_gpu_suite(cases, tmp_path / "scratch", workers=1, processes=2, device="cpu")
     assert [r["name"] for r in rows] == ["softmax_a", "softmax_b"]
     assert all(r["passed"] for r in rows), rows

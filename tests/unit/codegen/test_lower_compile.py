@@ -1,0 +1,77 @@
+"""Generated CUDA compiles with this machine's nvcc for sm_90a (the CI subset).
+
+CI builds a small, fixed subset in parallel through the cubin cache: a few benchmark µGraphs, random
+µGraphs and search results.  The full set (every benchmark µGraph at both sizes, 60 random µGraphs,
+every search result) runs as ``python -m mirage.codegen.gpu_check compile --random 60 --search
+tests/unit/codegen/snapshots/search_sample.json``; its report is committed under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks.mugraphs import CASES
+from mirage.codegen.compile import CompileOptions, Stage, compile_sources
+from mirage.codegen.lower_program import generate_cuda_program
+from mirage.codegen.random_graphs import random_graph
+from mirage.codegen.toolchain import ToolchainError, find_nvcc
+from mirage.mugraph.serialize import graph_from_dict
+from mirage.mugraph.target import TARGETS
+
+SEARCH_SAMPLE = Path(__file__).parent / "snapshots" / "search_sample.json"
+BENCHMARKS = ["gqa_b1", "rmsnorm_b8", "lora_m16", "ntrans_b1"]
+RANDOM_SEEDS = [0, 1, 2, 5]
+SEARCH_NAMES = ["search_gated_0", "search_softmax_rows_0"]
+
+
+def _have_nvcc() -> bool:
+    try:
+        find_nvcc()
+    except ToolchainError:
+        return False
+    return True
+
+
+pytestmark = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not installed")
+
+
+def _search_graph(name: str):
+    records = json.loads(SEARCH_SAMPLE.read_text())["graphs"]
+    return graph_from_dict(next(r["graph"] for r in records if r["name"] == name))
+
+
+@pytest.fixture(scope="module")
+def built():
+    graphs = {name: CASES[name].fused() for name in BENCHMARKS}
+    graphs.update({f"random_{s}": random_graph(s).graph for s in RANDOM_SEEDS})
+    graphs.update({name: _search_graph(name) for name in SEARCH_NAMES})
+    programs = {name: generate_cuda_program(g, 90) for name, g in graphs.items()}
+    results = compile_sources(
+        [p.code for p in programs.values()],
+        CompileOptions(target=TARGETS["H100"]),
+        dumps={Stage.SASS},
+        return_exceptions=True,
+    )
+    return {name: (programs[name], result) for name, result in zip(programs, results, strict=True)}
+
+
+@pytest.mark.parametrize("name", BENCHMARKS + [f"random_{s}" for s in RANDOM_SEEDS] + SEARCH_NAMES)
+def test_generated_cuda_compiles_for_sm90a(built, name):
+    program, result = built[name]
+    assert not isinstance(result, Exception), str(result)
+    assert result.cubin()[:4] == b"\x7fELF"
+    sass = result.sass()
+    functions = re.findall(r"Function : (\S+)", sass)
+    assert sorted(functions) == sorted(k.name for k in program.kernels)
+    assert "arch = sm_90a" in sass or "sm_90a" in sass
+
+
+def test_tensor_core_and_async_copy_paths_are_taken(built):
+    """The GQA kernels load tiles with cp.async and multiply on tensor cores (HMMA)."""
+    _, result = built["gqa_b1"]
+    sass = result.sass()
+    assert "LDGSTS" in sass and "HMMA" in sass
