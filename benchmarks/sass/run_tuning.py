@@ -42,6 +42,7 @@ class Case:
     cubin: Cubin
     spec: LaunchSpec
     notes: dict
+    move_set: MoveSet = MoveSet.SIP
 
 
 def fixture_cases(quick: bool) -> list[Case]:
@@ -57,8 +58,9 @@ def fixture_cases(quick: bool) -> list[Case]:
             BufferArgument("a", (size, size), "float16"), BufferArgument("b", (size, size), "float16"),
             BufferArgument("c", (size, size), "float32", output=True), ScalarArgument("m", "int32", size),
             ScalarArgument("n", "int32", size), ScalarArgument("k", "int32", size)))
+    # SIP's move set has almost nothing to move in the element-wise kernel: search adjacent swaps there
     return [Case("elementwise_x4", Cubin.read(FIXTURES / "elementwise.cubin"), elementwise,
-                 {"elements": elements}),
+                 {"elements": elements}, MoveSet.SWAP),
             Case("cute_gemm", Cubin.read(FIXTURES / "cute_gemm.cubin"), gemm, {"m=n=k": size})]
 
 
@@ -112,13 +114,14 @@ def run_one(case: Case, policy: str, budget: int, args, deadline: float) -> dict
     remaining = max(30.0, deadline - time.time())
     options = TuneOptions(
         policy=policy, budget=Budget(candidates=budget, time_s=remaining * 0.8),
-        search=SearchOptions(move_set=MoveSet.SIP, repair_stalls=args.repair_stalls, seed=args.seed,
+        search=SearchOptions(move_set=case.move_set, repair_stalls=args.repair_stalls, seed=args.seed,
                              progress=not args.no_progress),
         evaluator=EvaluatorOptions(rounds=args.rounds, timeout_s=30.0),
         timing_repeats=args.repeats, verify_sets=args.verify_sets)
     started = time.time()
     result = tune_cubin(case.cubin, case.spec, options)
-    summary = {"case": case.name, "notes": case.notes, **result.summary(),
+    summary = {"case": case.name, "notes": case.notes, "move_set": case.move_set.value,
+               "repair_stalls": args.repair_stalls, **result.summary(),
                "seconds": round(time.time() - started, 1)}
     log.info("%-26s %-9s candidates %4d  failures %d  gain %+.2f%% ± %.2f%% (noise ± %.2f%%)%s",
              case.name, policy, summary["candidates"], summary["legality_failures"], summary["gain_percent"],
@@ -182,8 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     cases = fixture_cases(args.quick) + ([] if args.skip_triton else triton_cases(args.quick))
     if args.only:
         cases = [case for case in cases if case.name in args.only]
-    plan = [(case, "annealing", args.budget) for case in cases]
-    plan += [(case, "ppo", args.compare_budget) for case in cases if case.name.startswith("triton")]
+    # the policy comparison first (both policies per Triton kernel), then the fixture kernels
+    plan = [(case, policy, budget) for case in cases if case.name.startswith("triton")
+            for policy, budget in (("annealing", args.budget), ("ppo", args.compare_budget))]
+    plan += [(case, "annealing", args.budget) for case in cases if not case.name.startswith("triton")]
     runs, skipped = [], []
     for case, policy, budget in plan:
         if time.time() > deadline:

@@ -49,7 +49,8 @@ class EvaluatorOptions:
     input_sets: int = 4  # seeded input sets whose reference outputs are kept
     test_sets: int = 3  # of those, how many each candidate must reproduce before it is timed
     rounds: int = 9  # alternating timing rounds (candidate, original) per candidate
-    target_round_us: float = 300.0  # launches per round are chosen to fill about this long
+    warmup_rounds: int = 2  # rounds run first and not counted
+    target_round_us: float = 1000.0  # launches per round are chosen to fill about this long
     timeout_s: float = 30.0
     startup_timeout_s: float = 180.0
     isolation: Isolation = Isolation.PERSISTENT
@@ -160,6 +161,7 @@ class SandboxEvaluator:
         self.evaluated += 1
         sets = list(range(min(self.options.test_sets, self.options.input_sets)))
         reply = self._request("evaluate", {"cubin": data, "sets": sets, "rounds": self.options.rounds,
+                                           "warmup_rounds": self.options.warmup_rounds,
                                            "tag": f"candidate{self.evaluated}"}, self.options.timeout_s)
         result = self._result(reply, time.perf_counter() - started)
         if result.status is not CandidateStatus.OK or self.options.isolation is Isolation.PER_CANDIDATE:

@@ -55,12 +55,17 @@ class TuneResult:
     search: SearchResult
     chosen_speedups: tuple[float, ...]  # repeats of the chosen schedule against the original
     noise_speedups: tuple[float, ...]  # repeats of the original against itself
-    finalist_means: tuple[float, ...]
+    finalist_means: tuple[float, ...]  # median speedup of each re-timed finalist
     verification: CandidateResult
     changed_positions: int
 
     @property
     def gain_percent(self) -> float:
+        """Median gain of the chosen schedule over the timing repeats (robust to a stray repeat)."""
+        return (statistics.median(self.chosen_speedups) - 1.0) * 100.0 if self.chosen_speedups else 0.0
+
+    @property
+    def mean_gain_percent(self) -> float:
         return (statistics.fmean(self.chosen_speedups) - 1.0) * 100.0 if self.chosen_speedups else 0.0
 
     @property
@@ -74,12 +79,15 @@ class TuneResult:
 
     @property
     def significant(self) -> bool:
-        """The mean gain exceeds twice the combined standard error of it and of the noise floor."""
+        """Every timing repeat of the chosen schedule beats every repeat of the original against
+        itself, and the mean gain exceeds twice the combined standard error."""
         if len(self.chosen_speedups) < 2 or len(self.noise_speedups) < 2 or self.changed_positions == 0:
             return False
         error = (statistics.variance(self.chosen_speedups) / len(self.chosen_speedups)
                  + statistics.variance(self.noise_speedups) / len(self.noise_speedups)) ** 0.5
-        return statistics.fmean(self.chosen_speedups) - statistics.fmean(self.noise_speedups) > 2 * error
+        separated = min(self.chosen_speedups) > max(self.noise_speedups)
+        difference = statistics.fmean(self.chosen_speedups) - statistics.fmean(self.noise_speedups)
+        return separated and difference > 2 * error
 
     def summary(self) -> dict:
         search = self.search
@@ -89,7 +97,8 @@ class TuneResult:
             "status_counts": search.status_counts, "legality_failures": search.legality_failures,
             "search_best_speedup": search.best_speedup, "finalist_mean_speedups": list(self.finalist_means),
             "chosen_speedups": list(self.chosen_speedups), "noise_speedups": list(self.noise_speedups),
-            "gain_percent": self.gain_percent, "spread_percent": self.spread_percent,
+            "gain_percent": self.gain_percent, "mean_gain_percent": self.mean_gain_percent,
+            "spread_percent": self.spread_percent,
             "noise_percent": self.noise_percent, "significant": self.significant,
             "verification": {"status": self.verification.status.value, "detail": self.verification.detail},
             "changed_positions": self.changed_positions,
@@ -126,7 +135,7 @@ def tune_kernel(cubin: Cubin, kernel: Kernel, measure: Callable[[Cubin], Candida
         repeats = _repeats(measure, evaluate.cubin_for(state), options.timing_repeats)
         if repeats:
             timed.append((statistics.fmean(repeats), repeats, state))
-    timed.sort(key=lambda item: -item[0])
+    timed.sort(key=lambda item: -statistics.median(item[1]))
     chosen, chosen_repeats = kernel, noise
     verification = CandidateResult(CandidateStatus.OK, detail="the original schedule")
     for _, repeats, state in timed:
@@ -138,14 +147,15 @@ def tune_kernel(cubin: Cubin, kernel: Kernel, measure: Callable[[Cubin], Candida
                     result.detail)
         verification = result
     changed = sum(1 for a, b in zip(kernel.instructions, chosen.instructions, strict=True) if a.low != b.low)
-    if chosen is kernel or statistics.fmean(chosen_repeats) <= 1.0:
+    if chosen is kernel or statistics.median(chosen_repeats) <= 1.0:
         best_cubin = cubin  # nothing beat the original: keep it
     else:
         best_cubin = evaluate.cubin_for(chosen)
     return TuneResult(kernel=kernel.name, policy=options.policy, original=cubin, best=best_cubin,
                       search=search,
                       chosen_speedups=chosen_repeats, noise_speedups=noise,
-                      finalist_means=tuple(mean for mean, _, _ in timed), verification=verification,
+                      finalist_means=tuple(statistics.median(repeats) for _, repeats, _ in timed),
+                      verification=verification,
                       changed_positions=changed if best_cubin is not cubin else 0)
 
 

@@ -147,7 +147,7 @@ class Session:
         return {"status": "ok", "original_us": single, "launches_per_round": self.launches,
                 "unwritten_outputs": self.unwritten}
 
-    def evaluate(self, cubin: bytes, sets: list[int], rounds: int, tag: str) -> dict:
+    def evaluate(self, cubin: bytes, sets: list[int], rounds: int, tag: str, warmup_rounds: int = 2) -> dict:
         module, candidate = self._load(cubin, tag)
         for index in sets:
             self._fill(index)
@@ -161,6 +161,9 @@ class Session:
         if not same:
             return {"status": "poisoned", "detail": "the original kernel no longer reproduces its outputs "
                                                     "after this candidate ran: " + detail}
+        for _ in range(warmup_rounds):  # bring clocks and caches to a steady state; not counted
+            self._time(self.original, self.launches)
+            self._time(candidate, self.launches)
         original_times, candidate_times = [], []
         for round_index in range(rounds):
             order = ((self.original, original_times), (candidate, candidate_times))
@@ -207,7 +210,8 @@ def serve(connection) -> None:
                 reply = session.calibrate(payload["target_round_us"])
             elif kind == "evaluate":
                 assert session is not None
-                reply = session.evaluate(payload["cubin"], payload["sets"], payload["rounds"], payload["tag"])
+                reply = session.evaluate(payload["cubin"], payload["sets"], payload["rounds"], payload["tag"],
+                                         payload.get("warmup_rounds", 2))
             elif kind == "verify":
                 assert session is not None
                 reply = session.verify(payload["cubin"], payload["seeds"])
