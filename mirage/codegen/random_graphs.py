@@ -203,11 +203,14 @@ class _BlockDraw:
         """``x`` if it is bounded away from zero, else a positive function of it (a divisor)."""
         if stat.lower > 0.05:
             return x, stat
-        kind = self.rng.choice(["exp", "square", "sigmoid"])
+        kind = self.rng.choice(["exp", "square", "sigmoid", "sqrt"])
         if kind == "exp" and stat.scale <= 1.2:
             return self.tb.exp(x), Stat(math.exp(stat.scale**2), math.exp(-4 * stat.scale), True)
         if kind == "sigmoid":
             return self.tb.add_scalar(self.tb.sigmoid(x), 0.5), Stat(1.1, 0.5, True)
+        if kind == "sqrt":
+            hypot = self.tb.sqrt(self.tb.add_scalar(self.tb.square(x), 1.0))
+            return hypot, Stat(math.sqrt(stat.scale**2 + 1.0), 1.0, True)
         return self.tb.add_scalar(self.tb.square(x), 1.0), Stat(stat.scale**2 + 1.0, 1.0, True)
 
     def body(self, shape: tuple[str, ...], depth: int):
