@@ -51,9 +51,10 @@ def superoptimize(program: Any, example_inputs: Any = None, **options: Any) -> n
     shapes captures again (cached per shape); dtypes and devices must stay the same.
 
     Options (all keywords; see :class:`mirage.frontend.Options`): ``search`` (default True),
-    ``config`` (search space name; default: chosen per subprogram), ``time_limit_s`` (search budget per subprogram, default 30),
-    ``search_overrides`` (dict for the generator), ``max_subprogram_ops`` (default 16), ``executor``
-    ("auto", "interpret", "cuda"), ``use_cache``, ``cache_dir``, ``progress``.
+    ``config`` (search space name; default: chosen per subprogram), ``time_limit_s`` (search budget
+    per subprogram, default 30), ``max_results``, ``search_overrides`` (dict for the generator),
+    ``max_subprogram_ops`` (default 16), ``executor`` ("auto", "interpret", "cuda"), ``use_cache``,
+    ``cache_dir``, ``progress``.
     """
     opts = Options.parse(**options)
     if isinstance(program, (KNGraph, KernelGraph)):
