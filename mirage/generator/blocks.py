@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from mirage.generator.candidates import input_tuples
 from mirage.generator.state import INPUT_ORDER, BlockState, Body, BodyList
 from mirage.mugraph.graph import AccumKind, Node, Ref, TensorType
-from mirage.mugraph.ops import REGISTRY, UNARY, Op
+from mirage.mugraph.ops import COMMUTATIVE, REGISTRY, UNARY, Op
 
 if TYPE_CHECKING:
     from mirage.generator.explore import Explorer
@@ -86,11 +86,18 @@ class _BlockSearch:
         self.memory = rules.enabled("memory")
         self.lookahead = rules.enabled("block_lookahead")
         self.extra = bool(rules.extra)
+        commutative = rules.enabled("commutative_operands")
         self.choices = [
-            (rank, choice, REGISTRY[choice.op].arity or 1, _in_place(choice))
+            (
+                rank,
+                choice,
+                REGISTRY[choice.op].arity or 1,
+                _in_place(choice),
+                commutative and choice.op in COMMUTATIVE,
+            )
             for rank, choice in enumerate(self.space.block_ops)
         ]
-        self.arity = max((a for _, _, a, _ in self.choices), default=1)
+        self.arity = max((c[2] for c in self.choices), default=1)
 
     def visit(self, state: BlockState, proposals: list[Proposal], depth: int) -> None:
         if self.cap is not None and self.count >= self.cap:
@@ -154,24 +161,41 @@ class _BlockSearch:
         explorer = self.explorer
         pruned = explorer.stats.pruned
         evaluator = explorer.context.evaluator
-        type_ids, terms, last = state.type_ids, state.terms, state.last
+        cache_get, evaluate = evaluator.cache_get, evaluator.evaluate
+        type_ids, terms, last, loop = state.type_ids, state.terms, state.last, self.forloop_range
+        term_ids = [id(t) for t in terms]
         count = len(type_ids)
         found = []
-        for rank, choice, arity, in_place in self.choices:
+        skipped = {"canonical_order": 0, "commutative_operands": 0}
+        for rank, choice, arity, in_place, commutative in self.choices:
             tuples = input_tuples(count, arity) if made_by is None else _containing(count, arity)
             for inputs in tuples:
                 order = (inputs, rank)
                 if self.order and order <= last:
-                    pruned["canonical_order"] += 1
+                    skipped["canonical_order"] += 1
                     continue
-                operand_types, operand_terms = [type_ids[i] for i in inputs], [terms[i] for i in inputs]
-                failed, out, out_id, term, nbytes, _ = evaluator.evaluate(
-                    self.forloop_range, rank, choice, operand_types, operand_terms
-                )
+                if commutative and inputs[0] > inputs[1]:
+                    skipped["commutative_operands"] += 1
+                    continue
+                if arity == 1:
+                    (a,) = inputs
+                    hit = cache_get((loop, rank, type_ids[a], term_ids[a]))
+                elif arity == 2:
+                    a, b = inputs
+                    hit = cache_get((loop, rank, type_ids[a], type_ids[b], term_ids[a], term_ids[b]))
+                else:
+                    hit = None
+                if hit is None:
+                    hit = evaluate(
+                        loop, rank, choice, [type_ids[i] for i in inputs], [terms[i] for i in inputs]
+                    )
+                failed = hit[0]
                 if failed is not None:
                     pruned[failed] += 1
                     continue
-                found.append((order, rank, inputs, out, out_id, term, 0 if in_place else nbytes))
+                found.append((order, rank, inputs, hit[1], hit[2], hit[3], 0 if in_place else hit[4]))
+        for name, number in skipped.items():
+            pruned[name] += number
         return found
 
     def _closable(self, state: BlockState) -> tuple[int, ...] | None:

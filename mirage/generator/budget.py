@@ -18,6 +18,7 @@ class StopReason(enum.Enum):
     STATES = "state budget spent"
     RESULTS = "enough verified µGraphs found"
     INTERRUPTED = "interrupted"
+    TARGET = "a µGraph the caller waited for was found"
 
 
 @dataclass(frozen=True)

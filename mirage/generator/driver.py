@@ -16,6 +16,7 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ class SearchOptions:
     cache: bool = True
     progress: bool = True
     machine: dict[str, Any] = field(default_factory=dict)
+    stop_when: Callable[[KernelGraph], bool] | None = None  # stop once a found µGraph satisfies it
 
     def key_options(self, checker_name: str) -> dict[str, Any]:
         return {"seed": self.seed, "checker": checker_name, "disabled_rules": sorted(self.disabled_rules)}
@@ -176,6 +178,9 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
                         checkpoint.done[record["index"]] = record
                     committer.add(record)
                     progress.unit_done(record)
+                    if options.stop_when is not None and _wanted(record, options.stop_when):
+                        stop = StopReason.TARGET
+                        break
                 progress.refresh()
                 if path is not None and time.time() - last_checkpoint > options.checkpoint_every_s:
                     checkpoint.save(path)
@@ -197,7 +202,7 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     stats.phase_seconds["search"] = time.perf_counter() - search_start
 
     found = committer.found
-    if stop in (StopReason.TIME, StopReason.INTERRUPTED):  # keep what uncommitted units found too
+    if stop in (StopReason.TIME, StopReason.INTERRUPTED, StopReason.TARGET):  # uncommitted units' finds too
         extra = [f for i, r in sorted(committer.records.items()) if i >= committer.next for f in r["found"]]
         found = found + extra
     for record in committer.records.values():
@@ -213,11 +218,18 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     stats.verified = len(result.found)
     stats.first_found_s = min((f.elapsed_s for f in result.found), default=None)
     logger.info("search finished: %s", stats.summary())
-    if cache is not None and stop is not StopReason.INTERRUPTED:
+    if cache is not None and stop not in (StopReason.INTERRUPTED, StopReason.TARGET):
         cache.store(key, result.to_document(options.budget), stats.to_dict())
     if path is not None and stop is StopReason.COMPLETE:
         path.unlink(missing_ok=True)
     return result
+
+
+def _wanted(record: dict[str, Any], predicate: Callable[[KernelGraph], bool]) -> bool:
+    from mirage.mugraph.serialize import loads
+
+    return any(predicate(loads(f["graph"]) if isinstance(f["graph"], str) else f["graph"])
+               for f in record["found"])
 
 
 def _unit_stats(explorer: Explorer) -> dict[str, Any]:

@@ -42,6 +42,7 @@ class OpEvaluator:
         self.types: list[TensorType] = []
         self._ids: dict[TensorType, int] = {}
         self._cache: dict[tuple, tuple] = {}
+        self.cache_get = self._cache.get  # keys of unary/binary ops, built by callers in their hot loops
         self._contexts: dict[int, ShapeContext] = {KERNEL: ShapeContext(Level.KERNEL)}
 
     def intern(self, t: TensorType) -> int:
@@ -61,7 +62,7 @@ class OpEvaluator:
         if hit is None:
             hit = self._compute(forloop_range, rank, choice, type_ids, terms) + (tuple(terms),)
             if len(self._cache) >= self.limit:
-                self._cache.clear()
+                self._cache.clear()  # (keeps the object: ``cache_get`` stays bound to it)
             self._cache[key] = hit
         return hit
 

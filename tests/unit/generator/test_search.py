@@ -132,7 +132,7 @@ def _context(reference, space, disabled=()):
     return SearchContext(reference, space, rules, make_checker(reference), time.time())
 
 
-def _naive_states(context, tiles, forloop_range, terms):
+def _naive_states(context, tiles, forloop_range, terms, commutative):
     """Every block state and closable body, by trying every op on every operand tuple at every state."""
     space, rules = context.space, context.rules
     shape_context = ShapeContext(Level.BLOCK, forloop_range, space.reduction_dimx)
@@ -152,6 +152,8 @@ def _naive_states(context, tiles, forloop_range, terms):
         for rank, choice in enumerate(space.block_ops):
             for inputs in input_tuples(len(types), REGISTRY[choice.op].arity):
                 if (inputs, rank) <= last:
+                    continue
+                if commutative and choice.op in (Op.ADD, Op.MUL) and inputs[0] > inputs[1]:
                     continue
                 in_types = tuple(types[i] for i in inputs)
                 try:
@@ -194,22 +196,24 @@ def _naive_states(context, tiles, forloop_range, terms):
 
 
 @pytest.mark.parametrize(
-    "max_block_ops, block_ops",
+    "max_block_ops, block_ops, commutative",
     [
-        (6, ["matmul", "exp", "accum", "accum_sum"]),
-        (5, ["matmul", "exp", "add", "mul", "div", "accum", "accum_sum", "accum_rms"]),
+        (6, ["matmul", "exp", "accum", "accum_sum"], True),
+        (5, ["matmul", "exp", "add", "mul", "div", "accum", "accum_sum", "accum_rms"], True),
+        (5, ["matmul", "exp", "add", "mul", "div", "accum", "accum_sum", "accum_rms"], False),
     ],
 )
-def test_incremental_block_search_visits_what_a_naive_one_visits(max_block_ops, block_ops):
+def test_incremental_block_search_visits_what_a_naive_one_visits(max_block_ops, block_ops, commutative):
     from mirage.generator import abstract_expr as ae
     from mirage.generator.blocks import search_bodies
 
     space = SearchSpace(block_ops=block_ops, max_block_ops=max_block_ops)
-    context = _context(tiny_reference(), space, disabled=("block_lookahead",))
+    disabled = ("block_lookahead",) + (() if commutative else ("commutative_operands",))
+    context = _context(tiny_reference(), space, disabled=disabled)
     tiles = (TensorType((8, 16), float16), TensorType((16, 8), float16))
     terms = (ae.variable(0), ae.variable(1))
     bodies, count, truncated = search_bodies(Explorer(context), tiles, 4, terms, None)
-    naive_states, naive_bodies = _naive_states(context, tiles, 4, terms)
+    naive_states, naive_bodies = _naive_states(context, tiles, 4, terms, commutative)
     assert not truncated
     assert count == len(naive_states) > 50
     assert {b.nodes for b in bodies} == naive_bodies
