@@ -114,7 +114,7 @@ class Verifier:
         # the first test runs before the bound is computed: most wrong candidates stop here
         if not self._run_test(candidate, 0, alive):
             return self._rejected(0, guarantee, None, start)
-        bound = self._bound(candidate, compatible)
+        bound = self.bound(candidate)
         count = count_matchings(compatible)
         tests = tests_needed(bound.epsilon, self.delta, count)
         if tests is None or tests > self.max_tests:
@@ -182,7 +182,10 @@ class Verifier:
         outputs = _run(algebra, self.reference, [algebra.input(t.shape) for t in self.reference.input_types])
         return _ReferenceSummary(outputs, algebra.applications, algebra.divisions, next(algebra.counter))
 
-    def _bound(self, candidate: KernelGraph, compatible: list[list[bool]]) -> TestBound:
+    def bound(self, candidate) -> TestBound:
+        """The per-test bound ε for ``candidate`` (with its d and k), from the summary analysis."""
+        candidate = as_graph(candidate)
+        compatible = compatible_pairs(self.reference, candidate)
         reference = self._summary
         algebra = SummaryAlgebra(counter=itertools.count(reference.next_id))
         outputs = _run(algebra, candidate, [algebra.input(t.shape) for t in candidate.input_types])
