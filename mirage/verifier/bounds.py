@@ -162,7 +162,7 @@ class SummaryAlgebra:
         if y.constant:
             return self.make(shape, x.degree, x.terms, x.den_terms, x.exp_free, x.den, x.constant)
         self.divisions.append(Division(math.prod(y.shape), y.degree, y.terms, y.exp_free))
-        ids = self._fresh_ids(y.shape)
+        ids: np.ndarray | None = self._fresh_ids(y.shape)
         if y.den is not None:
             ids = self._combine(ids, y.den, y.shape)
         return self.make(shape, x.degree + y.degree, x.terms * y.den_terms, x.den_terms * y.terms,

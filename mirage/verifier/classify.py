@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import cast
 
-from mirage.mugraph.graph import AccumKind, BlockGraph, KernelGraph, ThreadGraph
+from mirage.mugraph.graph import AccumKind, BlockGraph, KernelGraph, ThreadGraph, ThreadInput
 from mirage.mugraph.ops import LAX, Op
 
 # element-wise ops outside the fragment whose formulas go through ``Algebra.opaque``
@@ -92,7 +93,7 @@ def _exp_depths(graph: KernelGraph, ops: set[Op], order_based: set[Op]) -> int:
         if node.op is Op.INPUT:
             outs = [0]
         elif node.op is Op.CUSTOMIZED:
-            outs = _block_depths(node.attrs, ins, ops, order_based)
+            outs = _block_depths(cast(BlockGraph, node.attrs), ins, ops, order_based)
         else:
             outs = [_node_depth(node, ins, ops, order_based)] * len(node.outputs)
         for j, d in enumerate(outs):
@@ -135,7 +136,7 @@ def _thread_depth(thread: ThreadGraph, ins: list[int], ops: set[Op], order_based
     for i, node in enumerate(thread.nodes):
         ops.add(node.op)
         if node.op is Op.INPUT:
-            depth[(i, 0)] = ins[node.attrs.index]
+            depth[(i, 0)] = ins[cast(ThreadInput, node.attrs).index]
         else:
             args = [depth[(r.node, r.index)] for r in node.inputs]
             depth[(i, 0)] = _node_depth(node, args, ops, order_based)

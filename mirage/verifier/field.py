@@ -249,6 +249,7 @@ def matmul_mod(a: np.ndarray, b: np.ndarray, m: int, a_centred: np.ndarray | Non
     for start in range(0, k, depth):
         part = np.matmul(fa[..., start:start + depth], fb[..., start:start + depth, :]).astype(np.int64) % m
         total = part if total is None else (total + part) % m
+    assert total is not None
     return total
 
 

@@ -21,6 +21,7 @@ import itertools
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from mirage.errors import GraphError
 from mirage.mugraph import build
@@ -94,7 +95,7 @@ def rebuild(graph: KernelGraph) -> KernelGraph:
         if node.op is Op.INPUT:
             out, _ = build.append(out, Op.INPUT, (), node.attrs, node.outputs)
         elif node.op is Op.CUSTOMIZED:
-            block = _rebuild_block(node.attrs, [out.type_of(r) for r in node.inputs])
+            block = _rebuild_block(cast(BlockGraph, node.attrs), [out.type_of(r) for r in node.inputs])
             out, _ = build.add_customized(out, node.inputs, block)
         else:
             out, _ = build.append(out, node.op, node.inputs, node.attrs)
@@ -108,10 +109,10 @@ def _rebuild_block(block: BlockGraph, sources) -> BlockGraph:
     feed = iter(sources)
     for node in block.nodes:
         if node.op is Op.INPUT:
-            it = node.attrs
+            it = cast(InputIterator, node.attrs)
             out, _ = build.add_input_iterator(out, next(feed), it.input_map, it.forloop_dim)
         elif node.op is Op.OUTPUT:
-            saver = node.attrs
+            saver = cast(OutputSaver, node.attrs)
             out, _ = build.add_output_saver(out, node.inputs[0], saver.output_map, saver.forloop_dim)
         elif node.op is Op.FUSED:
             raise GraphError("mutating graphs with thread graphs is not supported")
@@ -175,16 +176,16 @@ def _node_edits(node: Node, rank: int, grid=None, forloop_range: int = 1) -> Ite
         yield MutationKind.UNARY_OP, f"{op.value}→{other.value}", dataclasses.replace(node, op=other)
     for other in BINARY_SWAPS.get(op, ()):
         yield MutationKind.BINARY_OP, f"{op.value}→{other.value}", dataclasses.replace(node, op=other)
-    if op is Op.REDUCTION:
+    if isinstance(attrs, Reduce):
         for dim in range(rank):
             if dim != attrs.dim:
                 new = dataclasses.replace(node, attrs=Reduce(dim))
                 yield MutationKind.REDUCTION_DIM, f"dim {attrs.dim}→{dim}", new
-    if op in (Op.MUL_SCALAR, Op.ADD_SCALAR):
+    if isinstance(attrs, Scalar):
         for value in (attrs.value * 2, attrs.value + 1, -attrs.value):
             new = dataclasses.replace(node, attrs=Scalar(value))
             yield MutationKind.SCALAR, f"{attrs.value}→{value}", new
-    if op is Op.ACCUM:
+    if op is Op.ACCUM and isinstance(attrs, Accum):
         for kind in ACCUM_KINDS:
             if kind is not attrs.kind:
                 eps = attrs.eps or 1e-6 * (kind is AccumKind.RMS)
@@ -325,10 +326,10 @@ def split_edits(graph: KernelGraph) -> Iterator[tuple[Mutation, KernelGraph]]:
                 grid = list(block.grid_dim)
                 grid[axis] = int(grid[axis] * factor)
                 if grid[axis] >= 1 and grid[axis] != block.grid_dim[axis]:
-                    new = dataclasses.replace(block, grid_dim=tuple(grid))
+                    new = dataclasses.replace(block, grid_dim=(grid[0], grid[1], grid[2]))
                     yield Mutation(MutationKind.SPLIT, (k, None), f"grid {block.grid_dim}→{tuple(grid)}"), \
                         _replace_block(graph, k, new)
-        if all(block.nodes[i].attrs.forloop_dim < 0 for i in block.input_nodes):
+        if all(cast(InputIterator, block.nodes[i].attrs).forloop_dim < 0 for i in block.input_nodes):
             continue  # nothing is split along the loop: more iterations would add copies
         for factor in (2, 0.5):
             r = int(block.forloop_range * factor)
