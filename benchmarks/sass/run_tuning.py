@@ -120,7 +120,7 @@ def run_one(case: Case, policy: str, budget: int, args, deadline: float) -> dict
         timing_repeats=args.repeats, verify_sets=args.verify_sets)
     started = time.time()
     result = tune_cubin(case.cubin, case.spec, options)
-    summary = {"case": case.name, "notes": case.notes, "move_set": case.move_set.value,
+    summary = {"case": case.name, "notes": case.notes, "move_set": case.move_set.value, "seed": args.seed,
                "repair_stalls": args.repair_stalls, **result.summary(),
                "seconds": round(time.time() - started, 1)}
     log.info("%-26s %-9s candidates %4d  failures %d  gain %+.2f%% ± %.2f%% (noise ± %.2f%%)%s",
@@ -173,9 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="case names to run")
     parser.add_argument("--skip-triton", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one search per seed")
+    parser.add_argument("--policies", nargs="+", default=["annealing", "ppo"], choices=["annealing", "ppo"])
+    parser.add_argument("--move-set", choices=[m.value for m in MoveSet],
+                        help="override every case's move set")
     parser.add_argument("--probe-refused", type=int, default=0, metavar="N",
                         help="also force N refused swaps per kernel onto the GPU and tabulate the outcomes")
+    parser.add_argument("--probe-cases", nargs="*", help="limit the probes to these cases")
+    parser.add_argument("--no-runs", action="store_true", help="skip the tuning runs (probes only)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -185,29 +190,39 @@ def main(argv: list[str] | None = None) -> int:
     cases = fixture_cases(args.quick) + ([] if args.skip_triton else triton_cases(args.quick))
     if args.only:
         cases = [case for case in cases if case.name in args.only]
+    if args.move_set:
+        cases = [dataclasses.replace(case, move_set=MoveSet(args.move_set)) for case in cases]
     # the policy comparison first (both policies per Triton kernel), then the fixture kernels
     plan = [(case, policy, budget) for case in cases if case.name.startswith("triton")
-            for policy, budget in (("annealing", args.budget), ("ppo", args.compare_budget))]
-    plan += [(case, "annealing", args.budget) for case in cases if not case.name.startswith("triton")]
+            for policy, budget in (("annealing", args.budget), ("ppo", args.compare_budget))
+            if policy in args.policies]
+    plan += [(case, "annealing", args.budget) for case in cases if not case.name.startswith("triton")
+             and "annealing" in args.policies]
+    plan = [(case, policy, budget, seed) for case, policy, budget in plan for seed in args.seeds
+            if not args.no_runs]
     runs, skipped = [], []
-    for case, policy, budget in plan:
+    for case, policy, budget, seed in plan:
         if time.time() > deadline:
-            skipped.append(f"{case.name}/{policy}")
+            skipped.append(f"{case.name}/{policy}/seed{seed}")
             continue
         try:
-            summary = run_one(case, policy, budget, args, deadline)
+            summary = run_one(case, policy, budget, argparse.Namespace(**{**vars(args), "seed": seed}),
+                              deadline)
         except Exception as error:  # noqa: BLE001 - record and go on with the other kernels
             log.exception("%s/%s failed", case.name, policy)
-            summary = {"case": case.name, "policy": policy, "error": f"{type(error).__name__}: {error}"}
+            summary = {"case": case.name, "policy": policy, "seed": seed,
+                       "error": f"{type(error).__name__}: {error}"}
         runs.append(summary)
         (args.output_dir / "runs.json").write_text(json.dumps(runs, indent=1))
     probes = []
     for case in cases if args.probe_refused else []:
+        if args.probe_cases and case.name not in args.probe_cases:
+            continue
         if time.time() > deadline:
             skipped.append(f"{case.name}/probe")
             continue
         try:
-            probes.append(probe_refused(case, args.probe_refused, args.seed))
+            probes.append(probe_refused(case, args.probe_refused, args.seeds[0]))
         except Exception as error:  # noqa: BLE001
             log.exception("%s probe failed", case.name)
             probes.append({"case": case.name, "error": f"{type(error).__name__}: {error}"})
