@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from mirage.generator.candidates import input_tuples
 from mirage.generator.state import INPUT_ORDER, BlockState, Body, BodyList
 from mirage.mugraph.graph import AccumKind, Node, Ref, TensorType
-from mirage.mugraph.ops import COMMUTATIVE, REGISTRY, UNARY, Op
+from mirage.mugraph.ops import REGISTRY, UNARY, Op
 
 if TYPE_CHECKING:
     from mirage.generator.explore import Explorer
@@ -86,15 +86,8 @@ class _BlockSearch:
         self.memory = rules.enabled("memory")
         self.lookahead = rules.enabled("block_lookahead")
         self.extra = bool(rules.extra)
-        commutative = rules.enabled("commutative_operands")
         self.choices = [
-            (
-                rank,
-                choice,
-                REGISTRY[choice.op].arity or 1,
-                _in_place(choice),
-                commutative and choice.op in COMMUTATIVE,
-            )
+            (rank, choice, REGISTRY[choice.op].arity or 1, _in_place(choice))
             for rank, choice in enumerate(self.space.block_ops)
         ]
         self.arity = max((c[2] for c in self.choices), default=1)
@@ -166,16 +159,13 @@ class _BlockSearch:
         term_ids = [id(t) for t in terms]
         count = len(type_ids)
         found = []
-        skipped = {"canonical_order": 0, "commutative_operands": 0}
-        for rank, choice, arity, in_place, commutative in self.choices:
+        skipped = 0
+        for rank, choice, arity, in_place in self.choices:
             tuples = input_tuples(count, arity) if made_by is None else _containing(count, arity)
             for inputs in tuples:
                 order = (inputs, rank)
                 if self.order and order <= last:
-                    skipped["canonical_order"] += 1
-                    continue
-                if commutative and inputs[0] > inputs[1]:
-                    skipped["commutative_operands"] += 1
+                    skipped += 1
                     continue
                 if arity == 1:
                     (a,) = inputs
@@ -194,8 +184,7 @@ class _BlockSearch:
                     pruned[failed] += 1
                     continue
                 found.append((order, rank, inputs, hit[1], hit[2], hit[3], 0 if in_place else hit[4]))
-        for name, number in skipped.items():
-            pruned[name] += number
+        pruned["canonical_order"] += skipped
         return found
 
     def _closable(self, state: BlockState) -> tuple[int, ...] | None:

@@ -38,7 +38,6 @@ SEARCH_CHECKS = {
     "kernel_lookahead": "the kernel graph can still end with as many sinks as the reference has outputs",
     "input_maps": "every input iterator fits its tensor (tile divisibility)",
     "output_maps": "every output saver fits the grid",
-    "commutative_operands": "a commutative op (add, mul) takes its operands in increasing index order",
     "output_expression": "a complete candidate is verified only if each of its output terms is in the "
     "e-class of a target (a heuristic filter in front of the verifier)",
 }

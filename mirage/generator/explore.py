@@ -36,7 +36,7 @@ from mirage.generator.state import INPUT_ORDER, BlockHeader, Body, BodyList, Ker
 from mirage.generator.verification import CandidateChecker
 from mirage.mugraph import build
 from mirage.mugraph.graph import BlockGraph, InputIterator, KernelGraph, Level, Node, Ref, TensorType
-from mirage.mugraph.ops import COMMUTATIVE, REGISTRY, Op
+from mirage.mugraph.ops import REGISTRY, Op
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,6 @@ class Explorer:
         self._order = self.rules.enabled("canonical_order")
         self._memory = self.rules.enabled("memory")
         self._kernel_lookahead = self.rules.enabled("kernel_lookahead")
-        self._commutative = self.rules.enabled("commutative_operands")
 
     # ---- bookkeeping ------------------------------------------------------------------------------
 
@@ -246,11 +245,7 @@ class Explorer:
             every = input_tuples(len(type_ids), REGISTRY[choice.op].arity or 1)
             tuples = after_order(every, state.last, rank) if self._order else every
             pruned["canonical_order"] += len(every) - len(tuples)
-            commutative = self._commutative and choice.op in COMMUTATIVE
             for inputs in tuples:
-                if commutative and inputs[0] > inputs[1]:
-                    pruned["commutative_operands"] += 1
-                    continue
                 failed, out, out_id, term, nbytes, _ = evaluator.evaluate(
                     KERNEL, rank, choice, [type_ids[i] for i in inputs], [terms[i] for i in inputs]
                 )

@@ -132,7 +132,7 @@ def _context(reference, space, disabled=()):
     return SearchContext(reference, space, rules, make_checker(reference), time.time())
 
 
-def _naive_states(context, tiles, forloop_range, terms, commutative):
+def _naive_states(context, tiles, forloop_range, terms):
     """Every block state and closable body, by trying every op on every operand tuple at every state."""
     space, rules = context.space, context.rules
     shape_context = ShapeContext(Level.BLOCK, forloop_range, space.reduction_dimx)
@@ -152,8 +152,6 @@ def _naive_states(context, tiles, forloop_range, terms, commutative):
         for rank, choice in enumerate(space.block_ops):
             for inputs in input_tuples(len(types), REGISTRY[choice.op].arity):
                 if (inputs, rank) <= last:
-                    continue
-                if commutative and choice.op in (Op.ADD, Op.MUL) and inputs[0] > inputs[1]:
                     continue
                 in_types = tuple(types[i] for i in inputs)
                 try:
@@ -196,24 +194,22 @@ def _naive_states(context, tiles, forloop_range, terms, commutative):
 
 
 @pytest.mark.parametrize(
-    "max_block_ops, block_ops, commutative",
+    "max_block_ops, block_ops",
     [
-        (6, ["matmul", "exp", "accum", "accum_sum"], True),
-        (5, ["matmul", "exp", "add", "mul", "div", "accum", "accum_sum", "accum_rms"], True),
-        (5, ["matmul", "exp", "add", "mul", "div", "accum", "accum_sum", "accum_rms"], False),
+        (6, ["matmul", "exp", "accum", "accum_sum"]),
+        (5, ["matmul", "exp", "add", "mul", "div", "accum", "accum_sum", "accum_rms"]),
     ],
 )
-def test_incremental_block_search_visits_what_a_naive_one_visits(max_block_ops, block_ops, commutative):
+def test_incremental_block_search_visits_what_a_naive_one_visits(max_block_ops, block_ops):
     from mirage.generator import abstract_expr as ae
     from mirage.generator.blocks import search_bodies
 
     space = SearchSpace(block_ops=block_ops, max_block_ops=max_block_ops)
-    disabled = ("block_lookahead",) + (() if commutative else ("commutative_operands",))
-    context = _context(tiny_reference(), space, disabled=disabled)
+    context = _context(tiny_reference(), space, disabled=("block_lookahead",))
     tiles = (TensorType((8, 16), float16), TensorType((16, 8), float16))
     terms = (ae.variable(0), ae.variable(1))
     bodies, count, truncated = search_bodies(Explorer(context), tiles, 4, terms, None)
-    naive_states, naive_bodies = _naive_states(context, tiles, 4, terms, commutative)
+    naive_states, naive_bodies = _naive_states(context, tiles, 4, terms)
     assert not truncated
     assert count == len(naive_states) > 50
     assert {b.nodes for b in bodies} == naive_bodies
@@ -235,3 +231,25 @@ def test_memoized_block_search_counts_states_as_if_repeated():
     assert [f.position for f in warm.found] == [f.position for f in cold.found]
     assert warm.stats.block_states == cold.stats.block_states and warm.stats.block_states_searched == 0
     assert structure(reference) == (("matmul", "exp"), ())
+
+
+def test_canonical_order_reaches_a_chain_whose_commutative_op_takes_a_later_operand_first():
+    """x + a * (exp(h) - x): in canonical order the mul must read (sub, a), not (a, sub), so the
+    search must try both operand orders of a commutative op (as Mirage does)."""
+    g = mi.new_kernel_graph("chain")
+    h, x, a = (g.new_input(dims=(1, 64), dtype=mi.float16) for _ in range(3))
+    g.mark_output(g.add(x, g.mul(a, g.sub(g.exp(h), x))))
+    result = search(
+        g.freeze(),
+        griddims=[(1, 1, 1)],
+        fmaps=[-1],
+        max_kernel_ops=4,
+        max_block_ops=8,
+        block_ops=["exp", "sub", "mul", "add", "accum"],
+        workers=1,
+        **QUIET,
+    )
+    assert result.stop_reason is StopReason.COMPLETE
+    assert (("customized",), (("accum:none", "add", "exp", "mul", "sub"),)) in {
+        f.structure for f in result.found
+    }
