@@ -67,6 +67,17 @@ def _in_place(choice) -> bool:
     return choice.op in UNARY or (choice.op is Op.ACCUM and choice.attrs.kind is AccumKind.NONE)
 
 
+def _concat_matmul_tuples(types: tuple[TensorType, ...], newest_only: bool) -> list[tuple[int, ...]]:
+    """Operands (W, X, Y, Z) of ``(W‖X) @ (Y‖Z)`` whose two products W@Y and X@Z fit (the other
+    permutations fail the shape rule; listing only these saves trying thousands per state)."""
+    pairs = [(a, b) for a, ta in enumerate(types) for b, tb in enumerate(types)
+             if a != b and ta.rank == tb.rank >= 2 and ta.shape[-1] == tb.shape[-2]]
+    newest = len(types) - 1
+    found = [(w, x, y, z) for w, y in pairs for x, z in pairs if len({w, x, y, z}) == 4
+             and (not newest_only or newest in (w, x, y, z))]
+    return sorted(found)
+
+
 @functools.cache
 def _containing(num_tensors: int, arity: int) -> tuple[tuple[int, ...], ...]:
     newest = num_tensors - 1
@@ -161,7 +172,10 @@ class _BlockSearch:
         found = []
         skipped = 0
         for rank, choice, arity, in_place in self.choices:
-            tuples = input_tuples(count, arity) if made_by is None else _containing(count, arity)
+            if choice.op is Op.CONCAT_MATMUL:
+                tuples = _concat_matmul_tuples(state.types, made_by is not None)
+            else:
+                tuples = input_tuples(count, arity) if made_by is None else _containing(count, arity)
             for inputs in tuples:
                 order = (inputs, rank)
                 if self.order and order <= last:

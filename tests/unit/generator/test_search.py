@@ -253,3 +253,22 @@ def test_canonical_order_reaches_a_chain_whose_commutative_op_takes_a_later_oper
     assert (("customized",), (("accum:none", "add", "exp", "mul", "sub"),)) in {
         f.structure for f in result.found
     }
+
+
+def test_concat_matmul_operands_are_exactly_the_permutations_that_fit():
+    from mirage.generator.blocks import _concat_matmul_tuples
+
+    context = ShapeContext(Level.BLOCK, 1, 64)
+    shapes = [(16, 64), (64, 8), (16, 32), (32, 8), (64, 64), (16, 64), (8, 16)]
+    types = tuple(TensorType(s, float16) for s in shapes)
+    fitting = []
+    for inputs in input_tuples(len(types), 4):
+        try:
+            REGISTRY[Op.CONCAT_MATMUL].shape(context, tuple(types[i] for i in inputs), None)
+        except GraphError:
+            continue
+        fitting.append(inputs)
+    listed = _concat_matmul_tuples(types, newest_only=False)
+    assert set(fitting) <= set(listed) and len(fitting) >= 4
+    newest = _concat_matmul_tuples(types, newest_only=True)
+    assert all(len(types) - 1 in t for t in newest) and set(newest) <= set(listed)
