@@ -205,12 +205,23 @@ def suite_cases(
 ) -> list[SuiteCase]:
     cases = []
     if benchmarks:
-        from benchmarks.mugraphs import CASES
+        from benchmarks.mugraphs import CASES, mlp
 
         cases += [
             SuiteCase(name, "benchmark", c.fused(), 0, BENCHMARK_SCALE, c.reference())
             for name, c in sorted(CASES.items())
         ]
+        # the LoRA µGraph with both products in one concat_matmul
+        cases.append(
+            SuiteCase(
+                "lora_m16_concat",
+                "benchmark",
+                mlp.lora_fused(16, concat=True),
+                0,
+                BENCHMARK_SCALE,
+                mlp.lora_reference(16),
+            )
+        )
     if random_count:
         from mirage.codegen.random_graphs import random_graph
 

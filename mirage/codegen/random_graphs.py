@@ -34,6 +34,8 @@ from mirage.errors import GraphError
 from mirage.mugraph.graph import KernelGraph
 
 LIMIT = 4000.0  # largest typical magnitude a tensor may reach (fp16 max is 65504)
+# block shapes: the meaning of a block graph does not depend on it; kernels flatten it to x
+BLOCKS = [(64, 1, 1), (128, 1, 1), (128, 1, 1), (256, 1, 1), (32, 4, 1)]
 
 
 class _Reject(Exception):
@@ -73,7 +75,7 @@ class _BlockDraw:
         g,
         labels: dict[str, Label],
         grid,
-        threads: int,
+        block: tuple[int, int, int],
         forloop: int,
         dtype,
         dimx: int,
@@ -88,7 +90,7 @@ class _BlockDraw:
             dtype,
         )
         self.tb = mi.new_threadblock_graph(
-            grid_dim=grid, block_dim=(threads, 1, 1), forloop_range=forloop, reduction_dimx=dimx
+            grid_dim=grid, block_dim=block, forloop_range=forloop, reduction_dimx=dimx
         )
         self.dimx = dimx
         self.kernel_inputs = kernel_inputs  # labels → (kernel tensor, Stat), shared across blocks
@@ -247,6 +249,16 @@ class _BlockDraw:
                 raise _Reject
             a, sa = self.body((*shape[:-1], inner), depth - 1)
             b, sb = self.body((*shape[:-2], inner, shape[-1]), depth - 1)
+            other = "j" if inner == "k" else "k"
+            if other in self.labels and other not in shape and rng.random() < 0.3:
+                # (A ‖ C) @ (B ‖ D) = A @ B + C @ D
+                c, sc = self.body((*shape[:-1], other), depth - 1)
+                d, sd = self.body((*shape[:-2], other, shape[-1]), depth - 1)
+                scale = math.hypot(
+                    sa.scale * sb.scale * math.sqrt(self.extent(inner)),
+                    sc.scale * sd.scale * math.sqrt(self.extent(other)),
+                )
+                return self.tb.concat_matmul(a, c, b, d), Stat(scale)
             return self.tb.matmul(a, b), Stat(sa.scale * sb.scale * math.sqrt(self.extent(inner)))
         if kind == "reduce":
             d = rng.choice([d for d, s in enumerate(shape) if s == "1"])
@@ -380,9 +392,7 @@ def _draw(rng: random.Random, seed: int) -> tuple[KernelGraph, str]:
     labels = _labels(rng, family, grid_dim, forloop)
     dimx = rng.choice([d for d in (8, 16, 32) if any(label.extent % d == 0 for label in labels.values())])
     kernel_inputs: dict = {}
-    draw = _BlockDraw(
-        rng, g, labels, grid_dim, rng.choice([64, 128, 128, 256]), forloop, dtype, dimx, kernel_inputs
-    )
+    draw = _BlockDraw(rng, g, labels, grid_dim, rng.choice(BLOCKS), forloop, dtype, dimx, kernel_inputs)
     rows = ("b", "m") if family == "batched" else ("m",)
     shapes = [(*rows, rng.choice(["n", "n", "1", "x"])) for _ in range(rng.choice([1, 1, 2]))]
     for shape in shapes:
@@ -450,6 +460,9 @@ def _kernel_level(rng: random.Random, g, tensor):
         return g.mul_scalar(tensor, 0.5)
     if r < 0.25:
         return g.reduction(tensor, rng.randrange(len(tensor.dims)))
+    if r < 0.35 and len(tensor.dims) >= 2:  # a cuBLAS matmul of the normalized rows
+        weight = g.new_input(dims=(*tensor.dims[:-2], tensor.dims[-1], 8), dtype=tensor.dtype)
+        return g.matmul(g.rms_norm(tensor, eps=1e-5), weight)
     return tensor
 
 

@@ -15,6 +15,7 @@ element the kernel fails to write shows up in the comparison (:mod:`mirage.codeg
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -209,7 +210,11 @@ class Program:
         device = tensors[0].device
         pointers = tuple(np.uint64(t.data_ptr()) for t in tensors)
         stream = torch.cuda.current_stream(device)
-        with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
+        with warnings.catch_warnings():
+            # CuPy 14 deprecates ExternalStream for objects with __cuda_stream__; a raw handle still needs it
+            warnings.simplefilter("ignore", DeprecationWarning)
+            external = cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
+        with cupy.cuda.Device(device.index), external:
             fn(launch.grid, launch.block, pointers, shared_mem=launch.smem_bytes)
 
 

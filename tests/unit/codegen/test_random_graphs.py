@@ -44,6 +44,7 @@ def _features(cases) -> collections.Counter:
             seen[f"grid_axes:{sum(g > 1 for g in block.grid_dim)}"] += 1
             seen[f"forloop:{block.forloop_range > 1}"] += 1
             seen[f"threads:{block.block_dim[0]}"] += 1
+            seen[f"block:{block.block_dim}"] += 1
             for inner in block.nodes:
                 seen[inner.op.value] += 1
                 if inner.op is Op.ACCUM:
@@ -56,19 +57,57 @@ def _features(cases) -> collections.Counter:
 
 def test_graphs_cover_the_ir(cases):
     seen = _features(cases)
-    wanted = ["matmul", "rms_norm", "reduction_to_dimx", "exp", "div", "sqrt", "silu", "gelu", "clamp",
-              "accum:none", "accum:sum", "accum:mean", "accum:rms", "accum:sum_todimx", "accum:max",
-              "grid_axes:0", "grid_axes:1", "grid_axes:2", "forloop:True", "forloop:False", "fmap:True",
-              "fmap:False", "rank:2", "rank:3", "threads:64", "threads:256", "dtype:float16",
-              "dtype:bfloat16", "dtype:float32", "kernel:reduction", "kernel:mul_scalar"]
+    wanted = [
+        "matmul",
+        "rms_norm",
+        "reduction_to_dimx",
+        "exp",
+        "div",
+        "sqrt",
+        "silu",
+        "gelu",
+        "clamp",
+        "accum:none",
+        "accum:sum",
+        "accum:mean",
+        "accum:rms",
+        "accum:sum_todimx",
+        "accum:max",
+        "grid_axes:0",
+        "grid_axes:1",
+        "grid_axes:2",
+        "forloop:True",
+        "forloop:False",
+        "fmap:True",
+        "fmap:False",
+        "rank:2",
+        "rank:3",
+        "threads:64",
+        "threads:256",
+        "dtype:float16",
+        "dtype:bfloat16",
+        "dtype:float32",
+        "kernel:reduction",
+        "kernel:mul_scalar",
+        "kernel:matmul",
+        "kernel:rms_norm",
+        "concat_matmul",
+        "reduction_max",
+        "block:(32, 4, 1)",
+    ]
     missing = [w for w in wanted if not seen[w]]
     assert not missing, f"no random graph has {missing}: {sorted(seen.items())}"
 
 
 def test_every_graph_lowers_to_cuda(cases):
+    softmax, two_kernels = 0, 0
     for case in cases:
         program = generate_cuda_program(case.graph, 90)
         assert program.kernels and all(k.smem_bytes > 0 for k in program.kernels)
+        softmax += program.prepared.softmax.applied
+        two_kernels += len(program.kernels) > 1
+    # attention µGraphs go through the online-softmax rewrite, split-KV ones through a combine kernel
+    assert softmax >= 5 and two_kernels >= 5
 
 
 def test_accumulator_kinds_are_all_reachable():
