@@ -50,6 +50,8 @@ def search_bodies(
         sum(t.nbytes for t in tiles),
         len(tiles),
         tuple(evaluator.intern(t) for t in tiles),
+        len(tiles),
+        len(tiles),
     )
     try:
         search.visit(root, sorted(search.proposals(root, None)), 0)
@@ -70,11 +72,19 @@ def _in_place(choice) -> bool:
 def _concat_matmul_tuples(types: tuple[TensorType, ...], newest_only: bool) -> list[tuple[int, ...]]:
     """Operands (W, X, Y, Z) of ``(W‖X) @ (Y‖Z)`` whose two products W@Y and X@Z fit (the other
     permutations fail the shape rule; listing only these saves trying thousands per state)."""
-    pairs = [(a, b) for a, ta in enumerate(types) for b, tb in enumerate(types)
-             if a != b and ta.rank == tb.rank >= 2 and ta.shape[-1] == tb.shape[-2]]
+    pairs = [
+        (a, b)
+        for a, ta in enumerate(types)
+        for b, tb in enumerate(types)
+        if a != b and ta.rank == tb.rank >= 2 and ta.shape[-1] == tb.shape[-2]
+    ]
     newest = len(types) - 1
-    found = [(w, x, y, z) for w, y in pairs for x, z in pairs if len({w, x, y, z}) == 4
-             and (not newest_only or newest in (w, x, y, z))]
+    found = [
+        (w, x, y, z)
+        for w, y in pairs
+        for x, z in pairs
+        if len({w, x, y, z}) == 4 and (not newest_only or newest in (w, x, y, z))
+    ]
     return sorted(found)
 
 
@@ -138,11 +148,16 @@ class _BlockSearch:
                     pruned[failed] += 1
                     continue
             uses = list(state.uses)
+            sinks, open_sinks = state.sink_count + 1, state.open_count + (not out.after_accum)
+            for i in set(inputs):
+                if not uses[i]:
+                    sinks -= 1
+                    open_sinks -= i < state.num_inputs or not state.types[i].after_accum
             for i in inputs:
                 uses[i] += 1
             uses.append(0)
             types = state.types + (out,)
-            if self.lookahead and not self._can_close(types, uses, state.num_inputs):
+            if self.lookahead and not self._can_close(len(types), sinks, open_sinks):
                 pruned["block_lookahead"] += 1
                 continue
             choice = self.space.block_ops[rank]
@@ -156,6 +171,8 @@ class _BlockSearch:
                 state.memory_bytes + nbytes,
                 state.num_inputs,
                 state.type_ids + (out_id,),
+                sinks,
+                open_sinks,
             )
             inherited = proposals[k + 1 :] if self.order else proposals
             self.visit(child, sorted(inherited + self.proposals(child, order)), depth + 1)
@@ -202,18 +219,15 @@ class _BlockSearch:
         return found
 
     def _closable(self, state: BlockState) -> tuple[int, ...] | None:
-        sinks = state.sinks()
-        if not sinks or len(sinks) > self.space.max_block_outputs:
+        """The sinks, if every one is an accumulated non-input and there are not too many."""
+        if state.open_count or not 0 < state.sink_count <= self.space.max_block_outputs:
             return None
-        if any(i < state.num_inputs or not state.types[i].after_accum for i in sinks):
-            return None
-        return tuple(sinks)
+        return tuple(state.sinks())
 
-    def _can_close(self, types: tuple[TensorType, ...], uses: list[int], num_inputs: int) -> bool:
-        """Can every sink still become an accumulated output within the op budget?"""
-        left = self.space.max_block_ops - len(types)
-        sinks = [i for i, n in enumerate(uses) if n == 0]
-        bad = sum(1 for i in sinks if i < num_inputs or not types[i].after_accum)
-        if bad > left * self.arity:
+    def _can_close(self, tensors: int, sinks: int, open_sinks: int) -> bool:
+        """Can every sink still become an accumulated output within the op budget?  Each op
+        consumes at most ``arity`` open sinks and removes at most ``arity - 1`` sinks."""
+        left = self.space.max_block_ops - tensors
+        if open_sinks > left * self.arity:
             return False
-        return len(sinks) - left * (self.arity - 1) <= self.space.max_block_outputs
+        return sinks - left * (self.arity - 1) <= self.space.max_block_outputs

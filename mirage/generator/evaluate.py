@@ -42,6 +42,7 @@ class OpEvaluator:
         self.types: list[TensorType] = []
         self._ids: dict[TensorType, int] = {}
         self._cache: dict[tuple, tuple] = {}
+        self._shapes: dict[tuple, tuple] = {}
         self.cache_get = self._cache.get  # keys of unary/binary ops, built by callers in their hot loops
         self._contexts: dict[int, ShapeContext] = {KERNEL: ShapeContext(Level.KERNEL)}
 
@@ -60,38 +61,60 @@ class OpEvaluator:
         key = (forloop_range, rank, *type_ids, *map(id, terms))
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._compute(forloop_range, rank, choice, type_ids, terms) + (tuple(terms),)
+            shaped = self._shape(forloop_range, rank, choice, type_ids)
+            if shaped[0] is not None:
+                hit = shaped + (None, 0, ())
+            else:
+                hit = self._judge(forloop_range, rank, choice, type_ids, terms, shaped[1], shaped[2])
             if len(self._cache) >= self.limit:
                 self._cache.clear()  # (keeps the object: ``cache_get`` stays bound to it)
+                self._shapes.clear()
             self._cache[key] = hit
         return hit
 
-    def _compute(
-        self, forloop_range: int, rank: int, choice: OpChoice, type_ids: Sequence[int], terms: Sequence[Any]
-    ) -> tuple:
+    def _shape(self, forloop_range: int, rank: int, choice: OpChoice, type_ids: Sequence[int]) -> tuple:
+        """``(failed_rule, output type, its id)``, memoized on the operand types alone."""
+        key = (forloop_range, rank, *type_ids)
+        found = self._shapes.get(key)
+        if found is not None:
+            return found
         context = self._contexts.get(forloop_range)
         if context is None:
-            context = self._contexts[forloop_range] = ShapeContext(
-                Level.BLOCK, forloop_range, self.reduction_dimx
-            )
+            context = ShapeContext(Level.BLOCK, forloop_range, self.reduction_dimx)
+            self._contexts[forloop_range] = context
         in_types = tuple(self.types[i] for i in type_ids)
         try:
             (out,) = REGISTRY[choice.op].shape(context, in_types, choice.attrs)
         except GraphError:
-            return (SHAPE, None, None, None, 0)
-        level = Level.KERNEL if forloop_range == KERNEL else Level.BLOCK
-        if (
-            level is Level.BLOCK
-            and self.batch_rule
-            and choice.op in _MATMULS
-            and any(d != 1 for t in in_types for d in t.shape[:-2])
-        ):
-            return (BATCH, None, None, None, 0)
+            found = (SHAPE, None, None)
+        else:
+            batched = any(d != 1 for t in in_types for d in t.shape[:-2])
+            if forloop_range != KERNEL and self.batch_rule and choice.op in _MATMULS and batched:
+                found = (BATCH, None, None)
+            else:
+                found = (None, out, self.intern(out))
+        self._shapes[key] = found
+        return found
+
+    def _judge(
+        self,
+        forloop_range: int,
+        rank: int,
+        choice: OpChoice,
+        type_ids: Sequence[int],
+        terms: Sequence[Any],
+        out: TensorType,
+        out_id: int,
+    ) -> tuple:
+        """The term of an op that fits its operands, and the verdict of the memoizable rules."""
+        in_types = tuple(self.types[i] for i in type_ids)
         loop = max(forloop_range, 1)
+        kept = tuple(terms)
         try:
             term = op_term(choice.op, choice.attrs, in_types, terms, loop, self.reduction_dimx)
         except NotInterpretable:  # an op without an abstract expression (max): never a subexpression
-            return ("abstract_expression", None, None, None, 0)
+            return ("abstract_expression", None, None, None, 0, kept)
+        level = Level.KERNEL if forloop_range == KERNEL else Level.BLOCK
         candidate = Candidate(
             level,
             choice.op,
@@ -105,5 +128,5 @@ class OpEvaluator:
         )
         failed = self.rules.op_verdict(candidate)
         if failed is not None:
-            return (failed, None, None, None, 0)
-        return (None, out, self.intern(out), term, out.nbytes)
+            return (failed, None, None, None, 0, kept)
+        return (None, out, out_id, term, out.nbytes, kept)

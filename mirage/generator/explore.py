@@ -314,6 +314,7 @@ class Explorer:
         base = self.position
         cap = None if self.state_cap is None else self.state_cap - base
         bodies, truncated = self._bodies(key, cap)
+        self.stats.block_states += bodies.states
         extra = 0
         for body in bodies.bodies:
             self.position = base + body.position + 1 + extra
@@ -322,7 +323,6 @@ class Explorer:
                 self.run_kernel(child, depth + 1)
             extra += self.position - before
         self.position = base + bodies.states + extra
-        self.stats.block_states += bodies.states
         if truncated:
             raise StopSearch(StopReason.STATES)
 

@@ -139,11 +139,32 @@ def op_term(
         return in_terms[0]
     if op is Op.FUSED:
         return _thread_term(attrs, in_types, in_terms)
+    direct = _DIRECT.get(op)
+    if direct is not None:  # the registry formula's result, without building shaped values
+        return direct(in_types, *in_terms)
     row = REGISTRY[op]
     if row.formula is None:
         raise NotInterpretable(f"op {op.value} has no abstract expression")
     values = [ShapedTerm(t.shape, term) for t, term in zip(in_types, in_terms, strict=True)]
     return row.formula(ALGEBRA, attrs, tuple(in_types), *values).term
+
+
+_DIRECT = {
+    Op.ADD: lambda types, x, y: ae.add(x, y),
+    Op.SUB: lambda types, x, y: ae.sub(x, y),
+    Op.MUL: lambda types, x, y: ae.mul(x, y),
+    Op.DIV: lambda types, x, y: ae.div(x, y),
+    Op.EXP: lambda types, x: ae.exp(x),
+    Op.SQRT: lambda types, x: ae.sqrt(x),
+    Op.SQUARE: lambda types, x: ae.mul(x, x),
+    Op.SILU: lambda types, x: ae.opaque("silu", x),
+    Op.GELU: lambda types, x: ae.opaque("gelu", x),
+    Op.RELU: lambda types, x: ae.opaque("relu", x),
+    Op.SIGMOID: lambda types, x: ae.opaque("sigmoid", x),
+    Op.MUL_SCALAR: lambda types, x: x,  # x * c = x
+    Op.ADD_SCALAR: lambda types, x: x,  # x + c = x
+    Op.MATMUL: lambda types, x, y: ae.sum_of(types[0].shape[-1], ae.mul(x, y)),
+}
 
 
 def _thread_term(graph: ThreadGraph, in_types: Sequence[TensorType], in_terms: Sequence[Term]) -> Term:

@@ -66,6 +66,8 @@ class BlockState:
     memory_bytes: int  # shared memory (Mirage's estimate)
     num_inputs: int
     type_ids: tuple[int, ...] = ()  # interned tensor types (a per-process cache key)
+    sink_count: int = 0  # tensors nobody consumes
+    open_count: int = 0  # sinks that cannot be outputs yet (inputs, or not accumulated)
 
     def sinks(self) -> list[int]:
         return [i for i, n in enumerate(self.uses) if n == 0]

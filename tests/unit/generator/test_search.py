@@ -272,3 +272,54 @@ def test_concat_matmul_operands_are_exactly_the_permutations_that_fit():
     assert set(fitting) <= set(listed) and len(fitting) >= 4
     newest = _concat_matmul_tuples(types, newest_only=True)
     assert all(len(types) - 1 in t for t in newest) and set(newest) <= set(listed)
+
+
+def test_block_lookahead_cuts_states_but_no_closable_body():
+    from mirage.generator import abstract_expr as ae
+    from mirage.generator.blocks import search_bodies
+
+    space = SearchSpace(block_ops=["matmul", "exp", "add", "mul", "accum", "accum_sum"], max_block_ops=6)
+    tiles = (TensorType((8, 16), float16), TensorType((16, 8), float16))
+    terms = (ae.variable(0), ae.variable(1))
+    results = {}
+    for disabled in [(), ("block_lookahead",)]:
+        context = _context(tiny_reference(), space, disabled=disabled)
+        bodies, count, _ = search_bodies(Explorer(context), tiles, 4, terms, None)
+        results[disabled] = ({b.nodes for b in bodies}, count)
+    (with_bodies, with_count), (without_bodies, without_count) = results.values()
+    assert with_bodies == without_bodies and len(with_bodies) > 3
+    assert with_count < without_count
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        Op.ADD,
+        Op.SUB,
+        Op.MUL,
+        Op.DIV,
+        Op.EXP,
+        Op.SQRT,
+        Op.SQUARE,
+        Op.SILU,
+        Op.GELU,
+        Op.RELU,
+        Op.SIGMOID,
+        Op.MUL_SCALAR,
+        Op.ADD_SCALAR,
+        Op.MATMUL,
+    ],
+)
+def test_direct_terms_equal_the_registry_formulas(op):
+    from mirage.generator import abstract_expr as ae
+    from mirage.generator.expressions import ALGEBRA, ShapedTerm
+    from mirage.mugraph.graph import Scalar
+
+    arity = REGISTRY[op].arity
+    second = (16, 16) if op is Op.MATMUL else (1, 16)
+    types = (TensorType((8, 16), float16), TensorType(second, float16))[:arity]
+    terms = (ae.sum_of(4, ae.variable(0)), ae.exp(ae.variable(1)))[:arity]
+    attrs = Scalar(0.5) if op in (Op.MUL_SCALAR, Op.ADD_SCALAR) else None
+    values = [ShapedTerm(t.shape, term) for t, term in zip(types, terms, strict=True)]
+    expected = REGISTRY[op].formula(ALGEBRA, attrs, types, *values).term
+    assert op_term(op, attrs, types, terms) is expected
