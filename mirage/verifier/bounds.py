@@ -55,7 +55,7 @@ class Summary:
     degree: int
     terms: int  # T: exponential terms of N
     den_terms: int  # U: exponential terms of D
-    exp_free: bool
+    exp_free: bool  # no exponential terms, and both residue parts are defined
     den: np.ndarray | None  # denominator ids, broadcastable to shape; None: D is a constant
     constant: bool = False
     uid: int = 0
@@ -173,18 +173,19 @@ class SummaryAlgebra:
             raise ExpNestingError("a second exp on an input→output path (outside the LAX fragment)")
         return self.make(x.shape, x.degree, 1, 1, False, None, x.constant)
 
-    def _fresh(self, name: str, x: Summary) -> Summary:
+    def _fresh(self, name: str, x: Summary, keeps_q_part: bool) -> Summary:
+        """A fresh variable; without a q-part when its argument lost its own (sqrt after exp)."""
         if x.constant:
             return self.make(x.shape, 0, 1, 1, True, None, constant=True)
         self.applications.append(Application(name, math.prod(x.shape), x.degree,
                                              max(x.terms, x.den_terms), x.exp_free))
-        return self.make(x.shape, 1, 1, 1, True, None)
+        return self.make(x.shape, 1, 1, 1, keeps_q_part or x.exp_free, None)
 
     def sqrt(self, x: Summary) -> Summary:
-        return self._fresh("sqrt", x)
+        return self._fresh("sqrt", x, keeps_q_part=False)
 
     def opaque(self, name: str, x: Summary, reference: Callable) -> Summary:
-        return self._fresh(name, x)
+        return self._fresh(name, x, keeps_q_part=True)  # the hash defines both parts
 
     def sum(self, x: Summary, axis: int, keepdims: bool = True) -> Summary:
         n = x.shape[axis]

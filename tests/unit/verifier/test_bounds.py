@@ -90,6 +90,15 @@ def test_uninterpreted_applications_are_fresh_variables():
     assert [(a.name, a.count, a.degree) for a in algebra.applications] == [("silu", 20, 2), ("sqrt", 20, 2)]
 
 
+def test_sqrt_after_exp_has_no_q_part_and_no_product_bound():
+    graph = kernel(lambda g, x, w: g.sqrt(g.exp(g.matmul(x, w))))
+    (out,), _ = summarize(graph)
+    assert not out.exp_free  # the field's sqrt of an exp has only a p-part
+    silu = kernel(lambda g, x, w: g.silu(g.exp(g.matmul(x, w))))
+    (out,), _ = summarize(silu)
+    assert out.exp_free  # the hash defines both parts
+
+
 def test_exp_free_bound_multiplies_both_residue_tests():
     graph = kernel(lambda g, x, w: g.matmul(x, w))
     (a,), algebra = summarize(graph)
