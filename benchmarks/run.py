@@ -32,7 +32,32 @@ def ours(workload: Workload, inputs, mode: str):
 
     if mode == "superoptimize":
         return mi.superoptimize(workload.function, inputs)
+    if mode == "select":
+        return select_builder(workload, inputs)
     raise ValueError(f"unknown --ours mode {mode!r}")
+
+
+def select_builder(workload: Workload, inputs):
+    """The builder path: profile-guided selection among the fused µGraph family of the case."""
+    from benchmarks.mugraphs import CASES
+    from benchmarks.variants import variants
+    from mirage.codegen.select import select_fastest
+
+    case = CASES[workload.name]
+    reference = case.reference()
+    views = [x.reshape(t.shape) for x, t in zip(inputs, reference.input_types, strict=True)]
+    selection = select_fastest(reference, variants(workload.name), views, stages=SELECT_STAGES)
+    SELECTIONS[workload.name] = selection.as_dict()
+    program = selection.program
+
+    def run(*xs):
+        return program.launch([x.reshape(t.shape) for x, t in zip(xs, reference.input_types, strict=True)])[0]
+
+    return run
+
+
+SELECT_STAGES = (2, 3)
+SELECTIONS: dict[str, dict] = {}
 
 
 def check(fn, expected, name) -> float:
@@ -57,6 +82,8 @@ def run_case(workload: Workload, mode: str, floor: float, bandwidth: float) -> d
     row: dict = {"case": workload.name, "times_us": {}, "errors": {}, "failures": {}}
     try:
         mine = ours(workload, inputs, mode)
+        if workload.name in SELECTIONS:
+            row["selection"] = SELECTIONS[workload.name]
         if mine is not None:
             variants["mirage"] = lambda: mine(*inputs)
     except Exception as error:  # noqa: BLE001 - recorded, never hidden
@@ -141,7 +168,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
-    parser.add_argument("--ours", default="superoptimize", choices=["superoptimize", "none"])
+    parser.add_argument("--ours", default="superoptimize", choices=["superoptimize", "select", "none"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     chosen = [w for w in WORKLOADS if not args.cases or w.name in args.cases.split(",")]
