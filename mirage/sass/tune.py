@@ -102,6 +102,7 @@ class TuneResult:
             "noise_percent": self.noise_percent, "significant": self.significant,
             "verification": {"status": self.verification.status.value, "detail": self.verification.detail},
             "changed_positions": self.changed_positions,
+            "returned_original": self.best.data == self.original.data,
             "records": [record.__dict__ for record in search.records],
         }
 

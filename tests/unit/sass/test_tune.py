@@ -20,6 +20,7 @@ def test_tune_kernel_times_finalists_verifies_and_reports(cute_gemm):
     summary = result.summary()
     assert summary["candidates"] == 40 and summary["legality_failures"] == 0
     assert summary["verification"]["status"] == "ok"
+    assert summary["returned_original"] is False
     # the returned cubin differs from the original only inside the kernel's text section
     section = cubin.text_section("cute_gemm_tn")
     changed = [i for i, (a, b) in enumerate(zip(cubin.data, result.best.data, strict=True)) if a != b]
