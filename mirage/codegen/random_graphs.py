@@ -138,7 +138,9 @@ class _BlockDraw:
 
     def unary(self, x, stat: Stat):
         rng = self.rng
-        options = ["mul_scalar", "add_scalar", "silu", "gelu", "relu", "sigmoid", "clamp", "square"]
+        options = ["mul_scalar", "add_scalar", "silu", "gelu", "relu", "clamp", "square"]
+        if stat.scale <= 4.0:  # sigmoid of large values turns rounding of its input into large errors
+            options += ["sigmoid"]
         if stat.scale <= 1.2:
             options += ["exp", "exp"]
         if stat.nonneg:
@@ -208,7 +210,7 @@ class _BlockDraw:
         kind = self.rng.choice(["exp", "square", "sigmoid", "sqrt"])
         if kind == "exp" and stat.scale <= 1.2:
             return self.tb.exp(x), Stat(math.exp(stat.scale**2), math.exp(-4 * stat.scale), True)
-        if kind == "sigmoid":
+        if kind == "sigmoid" and stat.scale <= 4.0:
             return self.tb.add_scalar(self.tb.sigmoid(x), 0.5), Stat(1.1, 0.5, True)
         if kind == "sqrt":
             hypot = self.tb.sqrt(self.tb.add_scalar(self.tb.square(x), 1.0))
@@ -460,7 +462,7 @@ def _kernel_level(rng: random.Random, g, tensor):
         return g.mul_scalar(tensor, 0.5)
     if r < 0.25:
         return g.reduction(tensor, rng.randrange(len(tensor.dims)))
-    if r < 0.35 and len(tensor.dims) >= 2:  # a cuBLAS matmul of the normalized rows
+    if r < 0.35 and len(tensor.dims) >= 2 and tensor.dims[-1] >= 8:  # a cuBLAS matmul of normalized rows
         weight = g.new_input(dims=(*tensor.dims[:-2], tensor.dims[-1], 8), dtype=tensor.dtype)
         return g.matmul(g.rms_norm(tensor, eps=1e-5), weight)
     return tensor

@@ -189,8 +189,7 @@ class Program:
                 for j, o in enumerate(outs):
                     values[Ref(i, j)] = o
             else:
-                row = REGISTRY[node.op]
-                values[Ref(i, 0)] = row.formula(algebra, node.attrs, graph.operand_types(node), *args)
+                values[Ref(i, 0)] = _pre_defined(node, graph, args, algebra)
         return [values[r] for r in graph.outputs]
 
     def _allocate(self, shape, dtype, device):
@@ -216,6 +215,19 @@ class Program:
             external = cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
         with cupy.cuda.Device(device.index), external:
             fn(launch.grid, launch.block, pointers, shared_mem=launch.smem_bytes)
+
+
+def _pre_defined(node, graph: KernelGraph, args: list, algebra: TorchAlgebra):
+    """A kernel-level pre-defined op through torch.  A matmul runs on its operands' dtype (cuBLAS
+    accumulates in fp32); other ops compute in fp32 and round once, as generated kernels do (an fp16
+    ``x²`` inside rms_norm would overflow past |x| = 256)."""
+    import torch
+
+    row = REGISTRY[node.op]
+    out_dtype = node.outputs[0].dtype.torch()
+    if node.op is not Op.MATMUL:
+        args = [a.float() if a.dtype in (torch.float16, torch.bfloat16) else a for a in args]
+    return row.formula(algebra, node.attrs, graph.operand_types(node), *args).to(out_dtype)
 
 
 def build(cuda: CudaProgram, compile_options: CompileOptions | None = None) -> Program:

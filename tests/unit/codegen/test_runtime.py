@@ -146,3 +146,17 @@ def test_program_without_kernels_on_cpu_is_a_callable_launcher():
     x, w = torch.ones(4, 16), torch.ones(16, 8)
     (out,) = launch([x, w])
     assert out.shape == (4, 1) and torch.all(out == 128.0)
+
+
+def test_kernel_level_ops_compute_in_fp32():
+    """fp16 rms_norm of values past 256 would overflow in fp16 (x² > 65504); the runtime computes in fp32."""
+    g = mi.new_kernel_graph("large_rows")
+    x = g.new_input(dims=(4, 16), dtype=mi.float16)
+    g.mark_output(g.rms_norm(g.mul_scalar(x, 300.0), eps=1e-5))
+    graph = g.freeze()
+    program = build(generate_cuda_program(graph, 90))
+    inputs = [torch.ones(4, 16, dtype=torch.float16)]
+    (out,) = program(*inputs)
+    assert out.dtype == torch.float16
+    (expected,) = mi.interpret(graph, inputs)
+    np.testing.assert_allclose(out.float().numpy(), expected, rtol=1e-3)
