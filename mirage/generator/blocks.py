@@ -19,10 +19,10 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from mirage.generator.candidates import input_tuples
-from mirage.generator.state import INPUT_ORDER, BlockState, Body, BodyList
+from mirage.generator.candidates import first_order, input_tuples, order_key
+from mirage.generator.state import BlockState, Body, BodyList
 from mirage.mugraph.graph import AccumKind, Node, Ref, TensorType
-from mirage.mugraph.ops import REGISTRY, UNARY, Op
+from mirage.mugraph.ops import COMMUTATIVE, REGISTRY, UNARY, Op
 
 if TYPE_CHECKING:
     from mirage.generator.explore import Explorer
@@ -46,7 +46,7 @@ def search_bodies(
         tiles,
         terms,
         (0,) * len(tiles),
-        INPUT_ORDER,
+        first_order(explorer.space.order == "complete"),
         sum(t.nbytes for t in tiles),
         len(tiles),
         tuple(evaluator.intern(t) for t in tiles),
@@ -107,8 +107,17 @@ class _BlockSearch:
         self.memory = rules.enabled("memory")
         self.lookahead = rules.enabled("block_lookahead")
         self.extra = bool(rules.extra)
+        self.complete = self.space.order == "complete"
+        # with the complete order, a commutative op may take its operands in one order only
+        commutative = self.complete and rules.enabled("commutative_operands")
         self.choices = [
-            (rank, choice, REGISTRY[choice.op].arity or 1, _in_place(choice))
+            (
+                rank,
+                choice,
+                REGISTRY[choice.op].arity or 1,
+                _in_place(choice),
+                commutative and choice.op in COMMUTATIVE,
+            )
             for rank, choice in enumerate(self.space.block_ops)
         ]
         self.arity = max((c[2] for c in self.choices), default=1)
@@ -187,16 +196,20 @@ class _BlockSearch:
         term_ids = [id(t) for t in terms]
         count = len(type_ids)
         found = []
-        skipped = 0
-        for rank, choice, arity, in_place in self.choices:
+        skipped = swapped = 0
+        complete = self.complete
+        for rank, choice, arity, in_place, commutative in self.choices:
             if choice.op is Op.CONCAT_MATMUL:
                 tuples = _concat_matmul_tuples(state.types, made_by is not None)
             else:
                 tuples = input_tuples(count, arity) if made_by is None else _containing(count, arity)
             for inputs in tuples:
-                order = (inputs, rank)
+                order = order_key(complete, inputs, rank)
                 if self.order and order <= last:
                     skipped += 1
+                    continue
+                if commutative and inputs[0] > inputs[1]:
+                    swapped += 1
                     continue
                 if arity == 1:
                     (a,) = inputs
@@ -216,6 +229,7 @@ class _BlockSearch:
                     continue
                 found.append((order, rank, inputs, hit[1], hit[2], hit[3], 0 if in_place else hit[4]))
         pruned["canonical_order"] += skipped
+        pruned["commutative_operands"] += swapped
         return found
 
     def _closable(self, state: BlockState) -> tuple[int, ...] | None:

@@ -9,6 +9,8 @@ them and applies the checks.
 ((0, 0), (0, 1), (0, 2), (1, 0))
 >>> after_order(input_tuples(3, 1), ((1,), 4), rank=2)
 ((2,),)
+>>> ops_after(True, input_tuples(3, 2), order_key(True, (2, 0), 5), rank=4)
+((1, 2), (2, 1), (2, 2))
 >>> input_sets(3)
 ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,))
 """
@@ -41,11 +43,43 @@ def input_tuples(num_tensors: int, arity: int) -> tuple[tuple[int, ...], ...]:
 
 
 def after_order(tuples: tuple[tuple[int, ...], ...], last: Order, rank: int) -> tuple[tuple[int, ...], ...]:
-    """The input tuples ``t`` with ``(t, rank) > last`` (the canonical-order test, by bisection)."""
+    """The input tuples ``t`` with ``(t, rank) > last`` (Mirage's order test, by bisection)."""
     last_inputs, last_rank = last
     if rank > last_rank:
         return tuples[bisect.bisect_left(tuples, last_inputs) :]
     return tuples[bisect.bisect_right(tuples, last_inputs) :]
+
+
+# ---- canonical orders ---------------------------------------------------------------------------------
+#
+# MIRAGE: an op's key is (operand indices, rank), compared lexicographically (a prefix is smaller).
+# COMPLETE: (operand indices sorted largest first, rank, operand indices).  Adding ops in increasing
+# key order generates every µGraph exactly once: the ops that become available after an op is added
+# read its output, the newest tensor, so their keys are larger than every key so far (Mirage's
+# order lacks this: ``div(x, exp(y))`` with x before y has no increasing order).
+
+
+def order_key(complete: bool, inputs: tuple[int, ...], rank: int) -> tuple:
+    if complete:
+        return (tuple(sorted(inputs, reverse=True)), rank, inputs)
+    return (inputs, rank)
+
+
+def first_order(complete: bool) -> tuple:
+    """The key before every op (that of the input ops)."""
+    return ((), -1, ()) if complete else ((), -1)
+
+
+def mirage_order(complete: bool, key: tuple) -> Order:
+    """A key in the ``(inputs, rank)`` form of the pruning table's ``Candidate.last_order``."""
+    return (key[2], key[1]) if complete else key  # type: ignore[return-value]
+
+
+def ops_after(complete: bool, tuples: tuple[tuple[int, ...], ...], last: tuple, rank: int):
+    """The operand tuples whose op (of this rank) comes after ``last`` in the canonical order."""
+    if not complete:
+        return after_order(tuples, last, rank)  # type: ignore[arg-type]
+    return tuple(t for t in tuples if order_key(True, t, rank) > last)
 
 
 @functools.cache

@@ -135,7 +135,7 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     search_start = time.perf_counter()
     deadline = None if options.budget.time_s is None else started_at + options.budget.time_s
     explorer = Explorer(context)
-    root = root_state(reference)
+    root = root_state(reference, space.order == "complete")
     explorer.visit("kernel", 0)
     explorer.stats.kernel_states += 1
     root_found = explorer.verify(root)
@@ -228,8 +228,9 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
 def _wanted(record: dict[str, Any], predicate: Callable[[KernelGraph], bool]) -> bool:
     from mirage.mugraph.serialize import loads
 
-    return any(predicate(loads(f["graph"]) if isinstance(f["graph"], str) else f["graph"])
-               for f in record["found"])
+    return any(
+        predicate(loads(f["graph"]) if isinstance(f["graph"], str) else f["graph"]) for f in record["found"]
+    )
 
 
 def _unit_stats(explorer: Explorer) -> dict[str, Any]:

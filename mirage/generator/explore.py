@@ -27,16 +27,25 @@ from mirage.errors import GraphError
 from mirage.generator import abstract_expr as ae
 from mirage.generator.blocks import body_list, search_bodies
 from mirage.generator.budget import StopReason
-from mirage.generator.candidates import after_order, block_headers, input_sets, input_tuples, output_maps
+from mirage.generator.candidates import (
+    block_headers,
+    first_order,
+    input_sets,
+    input_tuples,
+    mirage_order,
+    ops_after,
+    order_key,
+    output_maps,
+)
 from mirage.generator.checks import SearchRules
 from mirage.generator.evaluate import KERNEL, OpEvaluator
 from mirage.generator.pruning import Candidate
 from mirage.generator.space import OpChoice, SearchSpace
-from mirage.generator.state import INPUT_ORDER, BlockHeader, Body, BodyList, KernelState, Order
+from mirage.generator.state import BlockHeader, Body, BodyList, KernelState
 from mirage.generator.verification import CandidateChecker
 from mirage.mugraph import build
 from mirage.mugraph.graph import BlockGraph, InputIterator, KernelGraph, Level, Node, Ref, TensorType
-from mirage.mugraph.ops import REGISTRY, Op
+from mirage.mugraph.ops import COMMUTATIVE, REGISTRY, Op
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +100,7 @@ class UnitStats:
     seconds: float = 0.0
 
 
-def root_state(reference: KernelGraph) -> KernelState:
+def root_state(reference: KernelGraph, complete_order: bool = True) -> KernelState:
     """The kernel graph of the reference's inputs only."""
     nodes = tuple(reference.nodes[i] for i in reference.input_nodes)
     count = len(nodes)
@@ -100,7 +109,7 @@ def root_state(reference: KernelGraph) -> KernelState:
         tuple(Ref(i, 0) for i in range(count)),
         tuple(ae.variable(i) for i in range(count)),
         (0,) * count,
-        INPUT_ORDER,
+        first_order(complete_order),
         0,
         sum(n.outputs[0].nbytes for n in nodes),
     )
@@ -133,6 +142,8 @@ class Explorer:
         self._order = self.rules.enabled("canonical_order")
         self._memory = self.rules.enabled("memory")
         self._kernel_lookahead = self.rules.enabled("kernel_lookahead")
+        self._complete = self.space.order == "complete"
+        self._commutative = self.rules.enabled("commutative_operands")
 
     # ---- bookkeeping ------------------------------------------------------------------------------
 
@@ -158,7 +169,7 @@ class Explorer:
         inputs: tuple[int, ...],
         types: tuple[TensorType, ...],
         term,
-        last: Order,
+        last: tuple,
         memory: int,
         forloop_range: int,
     ) -> str | None:
@@ -172,7 +183,7 @@ class Explorer:
             tuple(types[i] for i in inputs),
             term,
             rank,
-            last,
+            mirage_order(self._complete, last),
             memory,
             max(forloop_range, 1),
             self.space.reduction_dimx,
@@ -243,8 +254,12 @@ class Explorer:
         graph_defined_left = self.space.max_graph_defined - state.graph_defined
         for rank, choice in enumerate(self.space.kernel_ops):
             every = input_tuples(len(type_ids), REGISTRY[choice.op].arity or 1)
-            tuples = after_order(every, state.last, rank) if self._order else every
+            tuples = ops_after(self._complete, every, state.last, rank) if self._order else every
             pruned["canonical_order"] += len(every) - len(tuples)
+            if self._complete and choice.op in COMMUTATIVE and self._commutative:
+                before = len(tuples)
+                tuples = tuple(t for t in tuples if t[0] <= t[1])
+                pruned["commutative_operands"] += before - len(tuples)
             for inputs in tuples:
                 failed, out, out_id, term, nbytes, _ = evaluator.evaluate(
                     KERNEL, rank, choice, [type_ids[i] for i in inputs], [terms[i] for i in inputs]
@@ -278,7 +293,7 @@ class Explorer:
                     state.tensors + (Ref(index, 0),),
                     terms + (term,),
                     tuple(uses),
-                    (inputs, rank),
+                    order_key(self._complete, inputs, rank),
                     state.graph_defined,
                     memory,
                     type_ids + (out_id,),
@@ -291,7 +306,7 @@ class Explorer:
         graph_defined_left = self.space.max_graph_defined - state.graph_defined - 1
         sinks = set(state.sinks())
         for inputs in input_sets(len(types)):
-            if self._order and (inputs, self._customized_rank) <= state.last:
+            if self._order and order_key(self._complete, inputs, self._customized_rank) <= state.last:
                 pruned["canonical_order"] += 1
                 continue
             # after the op, the consumed sinks are gone and it adds 1 to max_block_outputs sinks
@@ -385,7 +400,7 @@ class Explorer:
                 state.tensors + tuple(Ref(index, j) for j in range(len(outputs))),
                 state.terms + body.terms,
                 tuple(uses),
-                (header.inputs, self._customized_rank),
+                order_key(self._complete, header.inputs, self._customized_rank),
                 state.graph_defined + 1,
                 memory,
                 type_ids,

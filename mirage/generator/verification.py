@@ -107,8 +107,9 @@ class VerifierChecker:
         return tuple(sinks[j] for j in result.output_permutation)
 
 
-def make_checker(reference: KernelGraph, seed: int = 0, prefer: str = "auto",
-                 delta: float = 1e-9) -> CandidateChecker:
+def make_checker(
+    reference: KernelGraph, seed: int = 0, prefer: str = "auto", delta: float = 1e-9
+) -> CandidateChecker:
     """The finite-field verifier (``"verifier"``), the float64 check (``"float"``), or ``"auto"``: the
     verifier unless the reference cannot be fingerprinted (ops outside its reach), then float64."""
     if prefer not in ("auto", "verifier", "float"):

@@ -10,13 +10,12 @@ import pytest
 import mirage as mi
 from mirage.errors import GraphError
 from mirage.generator import Budget, SearchSpaceError, StopReason, search
-from mirage.generator.candidates import input_tuples
+from mirage.generator.candidates import first_order, input_tuples, order_key
 from mirage.generator.checks import make_rules
 from mirage.generator.cost import is_fused, structure
 from mirage.generator.explore import Explorer, SearchContext, root_state
 from mirage.generator.expressions import op_term, output_terms
 from mirage.generator.space import SearchSpace
-from mirage.generator.state import INPUT_ORDER
 from mirage.generator.units import split
 from mirage.generator.verification import make_checker
 from mirage.mugraph import TensorType, float16
@@ -135,6 +134,7 @@ def _context(reference, space, disabled=()):
 def _naive_states(context, tiles, forloop_range, terms):
     """Every block state and closable body, by trying every op on every operand tuple at every state."""
     space, rules = context.space, context.rules
+    complete = space.order == "complete"
     shape_context = ShapeContext(Level.BLOCK, forloop_range, space.reduction_dimx)
     states, bodies = set(), set()
 
@@ -151,7 +151,9 @@ def _naive_states(context, tiles, forloop_range, terms):
             return
         for rank, choice in enumerate(space.block_ops):
             for inputs in input_tuples(len(types), REGISTRY[choice.op].arity):
-                if (inputs, rank) <= last:
+                if order_key(complete, inputs, rank) <= last:
+                    continue
+                if complete and choice.op in (Op.ADD, Op.MUL) and inputs[0] > inputs[1]:
                     continue
                 in_types = tuple(types[i] for i in inputs)
                 try:
@@ -185,26 +187,28 @@ def _naive_states(context, tiles, forloop_range, terms):
                     types + (out,),
                     state_terms + (term,),
                     tuple(new_uses) + (0,),
-                    (inputs, rank),
+                    order_key(complete, inputs, rank),
                     grown,
                 )
 
-    visit((), tiles, terms, (0,) * len(tiles), INPUT_ORDER, sum(t.nbytes for t in tiles))
+    visit((), tiles, terms, (0,) * len(tiles), first_order(complete), sum(t.nbytes for t in tiles))
     return states, bodies
 
 
 @pytest.mark.parametrize(
-    "max_block_ops, block_ops",
+    "max_block_ops, block_ops, order",
     [
-        (6, ["matmul", "exp", "accum", "accum_sum"]),
-        (5, ["matmul", "exp", "add", "mul", "div", "accum", "accum_sum", "accum_rms"]),
+        (6, ["matmul", "exp", "accum", "accum_sum"], "complete"),
+        (5, ["matmul", "exp", "add", "mul", "div", "accum", "accum_sum", "accum_rms"], "complete"),
+        (6, ["matmul", "exp", "accum", "accum_sum"], "mirage"),
+        (5, ["matmul", "exp", "add", "mul", "div", "accum", "accum_sum", "accum_rms"], "mirage"),
     ],
 )
-def test_incremental_block_search_visits_what_a_naive_one_visits(max_block_ops, block_ops):
+def test_incremental_block_search_visits_what_a_naive_one_visits(max_block_ops, block_ops, order):
     from mirage.generator import abstract_expr as ae
     from mirage.generator.blocks import search_bodies
 
-    space = SearchSpace(block_ops=block_ops, max_block_ops=max_block_ops)
+    space = SearchSpace(block_ops=block_ops, max_block_ops=max_block_ops, order=order)
     context = _context(tiny_reference(), space, disabled=("block_lookahead",))
     tiles = (TensorType((8, 16), float16), TensorType((16, 8), float16))
     terms = (ae.variable(0), ae.variable(1))
@@ -233,9 +237,10 @@ def test_memoized_block_search_counts_states_as_if_repeated():
     assert structure(reference) == (("matmul", "exp"), ())
 
 
-def test_canonical_order_reaches_a_chain_whose_commutative_op_takes_a_later_operand_first():
-    """x + a * (exp(h) - x): in canonical order the mul must read (sub, a), not (a, sub), so the
-    search must try both operand orders of a commutative op (as Mirage does)."""
+@pytest.mark.parametrize("order", ["mirage", "complete"])
+def test_canonical_order_reaches_a_chain_whose_commutative_op_takes_a_later_operand_first(order):
+    """x + a * (exp(h) - x): in Mirage's order the mul must read (sub, a), not (a, sub), so the
+    search must try both operand orders of a commutative op; the complete order needs only one."""
     g = mi.new_kernel_graph("chain")
     h, x, a = (g.new_input(dims=(1, 64), dtype=mi.float16) for _ in range(3))
     g.mark_output(g.add(x, g.mul(a, g.sub(g.exp(h), x))))
@@ -246,6 +251,7 @@ def test_canonical_order_reaches_a_chain_whose_commutative_op_takes_a_later_oper
         max_kernel_ops=4,
         max_block_ops=8,
         block_ops=["exp", "sub", "mul", "add", "accum"],
+        order=order,
         workers=1,
         **QUIET,
     )
@@ -323,3 +329,18 @@ def test_direct_terms_equal_the_registry_formulas(op):
     values = [ShapedTerm(t.shape, term) for t, term in zip(types, terms, strict=True)]
     expected = REGISTRY[op].formula(ALGEBRA, attrs, types, *values).term
     assert op_term(op, attrs, types, terms) is expected
+
+
+def test_only_the_complete_order_fuses_a_division_by_a_later_tensor():
+    """div(x, exp(y)) with x before y: Mirage's order cannot put the exp before the division in one
+    block graph ((0, 2) sorts before (1,)); the complete order can."""
+    g = mi.new_kernel_graph("late_divisor")
+    x, y = (g.new_input(dims=(8, 64), dtype=mi.float16) for _ in range(2))
+    g.mark_output(g.div(x, g.exp(y)))
+    fused = (("customized",), (("accum:none", "div", "exp"),))
+    found = {}
+    for order in ("mirage", "complete"):
+        result = search(g.freeze(), griddims=[(8, 1, 1)], fmaps=[-1], order=order, workers=1, **QUIET)
+        found[order] = {f.structure for f in result.found}
+        assert result.stop_reason is StopReason.COMPLETE and found[order]
+    assert fused not in found["mirage"] and fused in found["complete"]
