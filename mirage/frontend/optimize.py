@@ -162,16 +162,35 @@ def run_search(reference: KernelGraph, settings: SearchSettings,
     kwargs.update((name, json.loads(value)) for name, value in settings.overrides)
     result = search(reference, settings.config, **kwargs)
     stop = getattr(result.stop_reason, "value", result.stop_reason)
-    return result.best, f"{len(result.graphs)} verified µGraph(s); search stopped: {stop}"
+    note = f"{len(result.graphs)} verified µGraph(s); search stopped: {stop}"
+    return result.best, note, list(result.graphs)
+
+
+PROFILE_CANDIDATES = 16  # verified µGraphs timed on the GPU per subprogram (best by the cost model first)
+
+
+def profile_choice(reference: KernelGraph, candidates: list[KernelGraph]) -> tuple[KernelGraph, str]:
+    """Profile-guided selection on the current GPU: compile, time and float-check the candidates
+    (mirage.codegen.select) and return the fastest that matches the reference."""
+    from mirage.codegen.select import select_fastest
+
+    selection = select_fastest(reference, candidates[:PROFILE_CANDIDATES], stages=(2, 3))
+    best = selection.best
+    return best.variant.graph, (f"fastest of {len(selection.trials)} GPU builds: {best.median_us:.2f} µs "
+                                f"(pipeline stages {best.variant.stages})")
 
 
 def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = True,
-           cache_dir: Path | None = None, progress: bool = True) -> Choice:
+           cache_dir: Path | None = None, progress: bool = True, profile_on: str | None = None) -> Choice:
     """The µGraph to run for ``reference``: from the cache, from a new search, or the reference.
-    Without a named search space, the one that suits ``reference`` (:func:`auto_config`)."""
+    Without a named search space, the one that suits ``reference`` (:func:`auto_config`).
+    ``profile_on``: the name of the current GPU; the verified µGraphs are then timed on it and the
+    fastest is kept (the cache entry is per GPU)."""
     if settings.config is None:
         settings = dataclasses.replace(settings, config=auto_config(reference))
     key = cache_key(reference, settings)
+    if profile_on:
+        key = hashlib.sha256(f"{key}:{profile_on}".encode()).hexdigest()
     if cache_dir is not None:
         entry = read_entry(cache_dir, key)
         if entry is not None and _fits(entry["graph"], reference, f"cache entry {key[:16]}"):
@@ -181,7 +200,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         return Choice(reference, "reference", key, "search disabled (search=False)")
     start = time.perf_counter()
     try:
-        found, note = run_search(reference, settings, progress)
+        found, note, graphs = run_search(reference, settings, progress)
     except SearchUnavailable as error:
         return Choice(reference, "reference", key, f"fallback: {error}")
     except Exception as error:  # a failed search must not lose the (correct) reference program
@@ -193,6 +212,14 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         return Choice(reference, "reference", key, "fallback: the search returned another signature")
     if found is not None and not _float_checked(reference, found):
         return Choice(reference, "reference", key, "fallback: the searched µGraph failed the float check")
+    if found is not None and profile_on:
+        ranked = [found] + [g for g in graphs if g is not found and _fits(g, reference, "a searched µGraph")]
+        try:
+            found, profiled = profile_choice(reference, ranked)
+            note = f"{note}; {profiled}"
+        except Exception as error:  # noqa: BLE001 - keep the cost model's pick, say why
+            logger.warning("mirage: profiling %s on the GPU failed (%s: %s); keeping the cost model's pick",
+                           reference.name or "a subprogram", type(error).__name__, error)
     if found is None:
         choice = Choice(reference, "reference", key, f"search found nothing better ({note})", seconds)
     else:

@@ -151,8 +151,9 @@ class Specialization:
         return "\n".join(lines)
 
 
-def choose_all(subprograms: Sequence[Subprogram], options: Options) -> dict[str, Choice]:
-    """Choose a µGraph for each subprogram, with a progress bar."""
+def choose_all(subprograms: Sequence[Subprogram], options: Options,
+               profile_on: str | None = None) -> dict[str, Choice]:
+    """Choose a µGraph for each subprogram, with a progress bar (profiled on GPU ``profile_on``)."""
     from tqdm.auto import tqdm
 
     choices = {}
@@ -161,10 +162,21 @@ def choose_all(subprograms: Sequence[Subprogram], options: Options) -> dict[str,
     for s in bar:
         bar.set_postfix_str(s.name)
         choices[s.name] = choose(s.graph, options.search_settings, search=options.search,
-                                 cache_dir=options.search_cache_dir, progress=options.progress)
+                                 cache_dir=options.search_cache_dir, progress=options.progress,
+                                 profile_on=profile_on)
         c = choices[s.name]
         logger.info("mirage: %s (%d ops): µGraph from %s: %s", s.name, s.num_ops, c.source, c.detail)
     return choices
+
+
+def profile_device(args: tuple, kwargs: dict, options: Options) -> str | None:
+    """The GPU to profile candidates on: that of the first CUDA input, when kernels will run there."""
+    if options.executor == "interpret" or not options.search:
+        return None
+    for x in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(x, torch.Tensor) and x.is_cuda:
+            return torch.cuda.get_device_name(x.device)
+    return None
 
 
 class MirageModule(nn.Module):
@@ -218,7 +230,7 @@ class MirageModule(nn.Module):
                 self._noticed.add(notice)
                 logger.warning(notice)
         start = time.perf_counter()
-        choices = choose_all(part.subprograms, self.options)
+        choices = choose_all(part.subprograms, self.options, profile_device(args, kwargs, self.options))
         seconds["choose"] = time.perf_counter() - start
         modules = {s.name: SubprogramModule(s, choices[s.name], self.options) for s in part.subprograms}
         captured = gm.graph

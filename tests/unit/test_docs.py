@@ -22,6 +22,7 @@ def test_readme_builder_example_runs():
 
 @pytest.mark.parametrize("module", [
     "mirage.mugraph.builder", "mirage.mugraph.interpret", "mirage.mugraph.algebra",
+    "mirage.codegen.lower_program", "mirage.codegen.random_graphs",
 ])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)

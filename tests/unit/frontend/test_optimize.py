@@ -40,7 +40,7 @@ def fake_search(monkeypatch):
         calls.append(reference)
         rewritten = _rewritten(reference)
         found = rewritten if reference.input_types == rewritten.input_types else reference
-        return found, "1 verified µGraph(s); search stopped: test"
+        return found, "1 verified µGraph(s); search stopped: test", [found]
 
     monkeypatch.setattr(optimize, "run_search", run_search)
     return calls
@@ -121,7 +121,7 @@ def test_a_found_graph_with_another_signature_is_rejected(monkeypatch, caplog):
     def wrong(reference, settings, progress=True):
         g = mi.new_kernel_graph()
         g.mark_output(g.exp(g.new_input(dims=(3, 3), dtype=mi.float32)))
-        return g.freeze(), "1 verified µGraph(s)"
+        return g.freeze(), "1 verified µGraph(s)", []
 
     monkeypatch.setattr(optimize, "run_search", wrong)
     with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
@@ -139,7 +139,7 @@ def test_a_found_graph_that_computes_something_else_is_rejected(monkeypatch, cap
         x = g.new_input(dims=(4, 8), dtype=mi.float32)
         w = g.new_input(dims=(8, 6), dtype=mi.float32)
         g.mark_output(g.mul_scalar(g.relu(g.matmul(x, w)), 2.0))  # relu, not silu
-        return g.freeze(), "1 verified µGraph(s)"
+        return g.freeze(), "1 verified µGraph(s)", []
 
     monkeypatch.setattr(optimize, "run_search", wrong)
     with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
@@ -198,7 +198,7 @@ def test_nothing_found_is_cached_as_the_reference(monkeypatch, isolated_cache):
 
     def finds_nothing(reference, settings, progress=True):
         calls.append(1)
-        return None, "0 verified µGraph(s); search stopped: time budget spent"
+        return None, "0 verified µGraph(s); search stopped: time budget spent", []
 
     monkeypatch.setattr(optimize, "run_search", finds_nothing)
     graph = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
@@ -217,3 +217,25 @@ def test_list_and_clear_entries(fake_search, isolated_cache):
     assert all(len(r["key"]) == 64 and r["bytes"] > 0 for r in rows)
     assert optimize.clear_entries(isolated_cache / "search") == 2
     assert optimize.list_entries(isolated_cache / "search") == []
+
+
+def test_profiling_picks_among_all_verified_graphs_and_keys_the_cache_per_gpu(monkeypatch, tmp_path):
+    reference = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
+    other = _rewritten(reference)
+    seen = []
+
+    def search(ref, settings, progress=True):
+        return reference, "2 verified µGraph(s); search stopped: test", [reference, other]
+
+    def timed(ref, candidates):
+        seen.append(candidates)
+        return candidates[-1], "fastest of 2 GPU builds: 1.00 µs"
+
+    monkeypatch.setattr(optimize, "run_search", search)
+    monkeypatch.setattr(optimize, "profile_choice", timed)
+    settings = optimize.SearchSettings(config="mlp")
+    plain = optimize.choose(reference, settings, cache_dir=tmp_path)
+    profiled = optimize.choose(reference, settings, cache_dir=tmp_path, profile_on="Some GPU")
+    assert seen and len(seen[0]) == 2
+    assert profiled.graph == optimize._rename(other, reference) and "GPU builds" in profiled.detail
+    assert plain.key != profiled.key  # the fastest graph depends on the GPU
