@@ -54,7 +54,9 @@ def superoptimize(program: Any, example_inputs: Any = None, **options: Any) -> n
     ``config`` (search space name; default: chosen per subprogram), ``time_limit_s`` (search budget
     per subprogram, default 30), ``max_results``, ``search_overrides`` (dict for the generator),
     ``max_subprogram_ops`` (default 16), ``executor`` ("auto", "interpret", "cuda"), ``use_cache``,
-    ``cache_dir``, ``progress``.
+    ``cache_dir``, ``progress``, ``sass_tune`` (default False: on a GPU, reorder each generated
+    kernel's SASS with :mod:`mirage.sass` and keep a schedule only when it is verified and faster
+    beyond the timing noise; a few minutes per kernel).
     """
     opts = Options.parse(**options)
     if isinstance(program, (KNGraph, KernelGraph)):

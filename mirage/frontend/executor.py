@@ -7,6 +7,9 @@
   are views (a transposed weight) are made contiguous; copies of unchanged tensors are reused.
 
 ``make_executor`` picks one: ``"auto"`` compiles on CUDA when mirage.codegen can, else interprets.
+With ``sass_tune`` the compiled kernels' SASS schedules are tuned on the GPU (:mod:`mirage.sass`);
+a tuned schedule replaces a kernel's own only when the tuner verified it on fresh inputs and its
+re-timed gain stands out of the noise floor, and the log says for each kernel which it runs and why.
 """
 
 from __future__ import annotations
@@ -73,10 +76,48 @@ def codegen_launcher(graph: KernelGraph) -> Callable | None:
     return build(graph)
 
 
+def sass_tuned(program, name: str, options=None):
+    """``program`` with the SASS schedules the tuner found and verified (see
+    :func:`mirage.sass.mugraph.tune_program`), or ``program`` itself; a tuning failure is logged and
+    leaves the compiled kernels as they are."""
+    if program.cubin is None or not program.cuda.kernels:
+        return program
+    try:
+        from mirage.sass.mugraph import decide, default_options, tune_program
+
+        tuned, results = tune_program(program, options or default_options())
+    except Exception as error:  # no CuPy or nvdisasm, a sandbox that cannot start, ...: keep the kernels
+        logger.warning("mirage: %s: SASS tuning failed (%s: %s); running the compiled kernels as they are",
+                       name, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        return program
+    for result in results:
+        decision = decide(result)
+        if decision.accepted:
+            logger.info("mirage: %s: kernel %s runs a tuned SASS schedule: %s", name, decision.kernel,
+                        decision.reason)
+        else:
+            logger.info("mirage: %s: kernel %s keeps its compiled schedule: %s", name, decision.kernel,
+                        decision.reason)
+    return tuned
+
+
+def tuned_codegen_launcher(graph: KernelGraph) -> Callable | None:
+    """Like :func:`codegen_launcher`, with the kernels' SASS schedules tuned on this GPU."""
+    try:
+        from mirage import codegen
+    except ImportError:
+        return None
+    build = getattr(codegen, "compile_program", None)
+    if build is None:
+        return None
+    return sass_tuned(build(graph), graph.name or "the subprogram").launch
+
+
 def make_executor(graph: KernelGraph, device: torch.device, mode: str = "auto",
-                  reference: KernelGraph | None = None):
+                  reference: KernelGraph | None = None, *, sass_tune: bool = False):
     """How to run ``graph`` on ``device``.  On CUDA, when ``graph`` does not compile, ``reference``
-    (the subprogram's unfused graph, whose kernel-level ops run as torch calls) is tried next."""
+    (the subprogram's unfused graph, whose kernel-level ops run as torch calls) is tried next.
+    ``sass_tune``: tune the compiled kernels' SASS schedules (see :func:`sass_tuned`)."""
     if mode == "interpret":
         return Interpreted(graph)
     if device.type != "cuda":
@@ -87,7 +128,7 @@ def make_executor(graph: KernelGraph, device: torch.device, mode: str = "auto",
     name = graph.name or "the subprogram"
     for candidate in dict.fromkeys(g for g in (graph, reference) if g is not None):
         try:
-            launcher = codegen_launcher(candidate)
+            launcher = tuned_codegen_launcher(candidate) if sass_tune else codegen_launcher(candidate)
         except Exception as error:  # compilation failures: nvcc errors, ops without a lowering, ...
             if mode == "cuda":
                 raise

@@ -32,6 +32,7 @@ class Options:
     use_cache: bool = True  # read and write the on-disk search cache
     cache_dir: Path | None = None  # default: $MIRAGE_CACHE_DIR/search
     progress: bool = True
+    sass_tune: bool = False  # on CUDA: tune each generated kernel's SASS schedule (minutes per kernel)
 
     @classmethod
     def parse(cls, **options: Any) -> Options:
@@ -73,7 +74,7 @@ class Options:
             raise OptionError(f"executor must be one of {', '.join(config.EXECUTORS)}, got {self.executor!r}")
         if self.config is not None and not isinstance(self.config, str):
             raise OptionError(f"config must be a search-space name such as 'mlp', got {self.config!r}")
-        for name in ("search", "use_cache", "progress"):
+        for name in ("search", "use_cache", "progress", "sass_tune"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be True or False, got {getattr(self, name)!r}")
 

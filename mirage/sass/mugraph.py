@@ -176,7 +176,7 @@ def default_options(candidates: int = 200, time_s: float = 120.0, progress: bool
 
 def tune_program(program: Program, options: TuneOptions | None = None, *,
                  kernels: Iterable[str] | None = None, require_significant: bool = True,
-                 tuner: Tuner = tune_cubin, scale: float = 1.0) -> tuple[Program, list[TuneResult]]:
+                 tuner: Tuner | None = None, scale: float = 1.0) -> tuple[Program, list[TuneResult]]:
     """Tune every generated kernel of ``program`` (or those named in ``kernels``) on this machine's
     GPU, each against the original cubin, and return a program with the accepted schedules (see
     :func:`decide`; ``require_significant=False`` accepts any verified schedule whose median beat
@@ -184,6 +184,7 @@ def tune_program(program: Program, options: TuneOptions | None = None, *,
     returned is ``program`` itself.  ``tuner`` is the entry point that tunes one kernel
     (:func:`~mirage.sass.tune.tune_cubin`; tests pass a CPU stand-in)."""
     options = options or default_options()
+    tuner = tuner or tune_cubin
     cubin = Cubin.read(_cubin_path(program))
     specs = {spec.kernel: spec for spec in launch_specs(program, scale)}
     wanted = list(specs) if kernels is None else list(kernels)
