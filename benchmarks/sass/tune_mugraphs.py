@@ -59,10 +59,15 @@ def build_programs(names: list[str]) -> dict:
     from mirage.codegen.lower_program import generate_cuda_program
     from mirage.codegen.runtime import Program, build_many
 
-    generated = [generate_cuda_program(CASES[name].fused(), None) for name in names]
-    built = build_many(generated)
+    generated = {}
+    for name in names:
+        try:
+            generated[name] = generate_cuda_program(CASES[name].fused(), None)
+        except Exception as error:  # noqa: BLE001 - report and go on with the other cases
+            log.error("%s did not generate: %s", name, _error_text(error))
+    built = build_many(list(generated.values()))
     programs = {}
-    for name, program in zip(names, built, strict=True):
+    for name, program in zip(generated, built, strict=True):
         if isinstance(program, Program):
             programs[name] = program
         else:
