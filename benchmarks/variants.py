@@ -1,39 +1,150 @@
-"""Families of fused µGraphs per benchmark case: the grid and for-loop splits that profile-guided
-selection chooses among (the same axes the search enumerates: grid dims and forloop ranges)."""
+"""Families of fused µGraphs per benchmark case: the grid, for-loop and block-size splits that
+profile-guided selection chooses among (the axes the search enumerates: grid dims, forloop ranges,
+block dims).
+
+Each family is a table of :class:`Variant` rows (the builder's keyword arguments); rows whose µGraph
+is not valid (a split that does not divide a dim, a tile over the shared-memory limit) are dropped.
+Why each table looks as it does (docs/performance.md has the measurements):
+
+* rmsnorm, gatedmlp: weight streaming (GEMV).  Grids near the 132 SMs (128) or a whole number of
+  blocks per SM, K tiles of 128–512 rows so that one pipeline stage holds 16–64 KB, and 3–4 stages
+  so that enough bytes are in flight per SM.
+* ntrans: one block per row; only the block size varies (block-wide reductions use every warp).
+* lora: the N split of the 4096 output columns, with and without ``concat_matmul``.
+* gqa, qknorm: FlashDecoding-like splits: query rows per block (``256 / q_splits``), key splits
+  across blocks (``kv_splits``) and keys per for-loop iteration (64 or 128).
+"""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from benchmarks.mugraphs import CASES, attention, mlp
+import mirage as mi
+from benchmarks.mugraphs import CASES, attention, mlp, ntrans
 from mirage.errors import GraphError
+from mirage.mugraph.graph import KernelGraph
+
+KEYS = 4096  # keys per head in the attention cases
+QUERIES = 256  # query rows per head
 
 
-def _valid(make) -> list:
+@dataclass(frozen=True)
+class Variant:
+    """One member of a family: the builder's keyword arguments (besides the case size)."""
+
+    arguments: tuple[tuple[str, int | bool], ...]
+    stages: tuple[int, ...] = field(default=(2, 3, 4), compare=False)  # pipeline depths worth timing
+
+    @property
+    def label(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.arguments)
+
+    def kwargs(self) -> dict[str, int | bool]:
+        return dict(self.arguments)
+
+
+def _rows(stages: tuple[int, ...], **axes) -> list[Variant]:
+    names = list(axes)
+    return [
+        Variant(tuple(zip(names, values, strict=True)), stages)
+        for values in itertools.product(*axes.values())
+    ]
+
+
+def _attention_rows() -> list[Variant]:
+    rows = []
+    for row_sums, q_splits, kv_splits, keys in itertools.product(
+        (False, True), (2, 4, 8), (4, 8, 16, 32), (64, 128)
+    ):
+        iters = KEYS // (kv_splits * keys)
+        if iters < 1:
+            continue
+        for threads in (128, 256) if q_splits <= 4 else (128,):
+            arguments = (
+                ("kv_splits", kv_splits),
+                ("q_splits", q_splits),
+                ("iters", iters),
+                ("threads", threads),
+                ("row_sums", row_sums),
+            )
+            rows.append(Variant(arguments, (2,)))
+    return rows
+
+
+def attention_fused(b: int, qknorm: bool, row_sums: bool = False, **splits) -> KernelGraph:
+    """Mirage's attention µGraph (``attention.fused``), or with ``row_sums`` its variant that sums
+    ``exp(S)`` over the keys inside the first kernel (``forloop_accum(..., acc="sum")``): the partial
+    sums are then one value per query row and key split instead of one per key, which the first
+    kernel writes and the combine reads (a µGraph of the same search space)."""
+    if not row_sums:
+        return attention.fused(b, qknorm, **splits)
+    kv_splits, q_splits, iters = splits["kv_splits"], splits["q_splits"], splits["iters"]
+    heads = 2 * b
+    g = mi.new_kernel_graph("qknorm" if qknorm else "gqa")
+    q, k, v = (
+        g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(attention.shapes(b), "QKV", strict=True)
+    )
+    tb = mi.new_threadblock_graph(
+        grid_dim=(heads, kv_splits, q_splits),
+        block_dim=(splits["threads"], 1, 1),
+        forloop_range=iters,
+        reduction_dimx=64,
+    )
+    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)  # [1, 256 / q_splits, 64]
+    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)  # [1, 64, keys]
+    bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)  # [1, keys, 64]
+    if qknorm:
+        bq = tb.rms_norm(bq, eps=attention.EPS)
+        bk = attention._rms_k(tb, bk)
+    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), attention.SCALE))
+    sums = tb.forloop_accum(e, acc="sum")  # [1, rows, 1]
+    numerators = tb.forloop_accum(tb.matmul(e, bv))  # [1, rows, 64]
+    tb.new_output(sums, output_map=(0, 2, 1))  # [2b, 256, kv_splits]
+    tb.new_output(numerators, output_map=(0, 2, 1))  # [2b, 256, 64 kv_splits]
+    partial_sums, partial_numerators = g.customized([q, k, v], tb)
+    tb2 = mi.new_threadblock_graph(
+        grid_dim=(heads, q_splits, 1), block_dim=(128, 1, 1), forloop_range=1, reduction_dimx=64
+    )
+    total = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")  # [1, rows, 1]
+    n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)), acc="sum_todimx")
+    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
+    (out,) = g.customized([partial_sums, partial_numerators], tb2)
+    g.mark_output(out)
+    return g.freeze()
+
+
+# program → (family rows, builder(size, **arguments))
+FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
+    "rmsnorm": (
+        _rows((3, 4), grid=(96, 128, 192, 384), iters=(8, 16, 32), threads=(128, 256)),
+        mlp.rmsnorm_fused,
+    ),
+    "gatedmlp": (
+        _rows((3, 4), grid=(64, 128, 256), iters=(8, 16, 32), threads=(128, 256)),
+        mlp.gatedmlp_fused,
+    ),
+    "lora": (_rows((2,), grid=(32, 64, 128), concat=(False, True), threads=(128, 256)), mlp.lora_fused),
+    "ntrans": (_rows((2,), threads=(128, 256, 512, 1024)), ntrans.fused),
+    "gqa": (_attention_rows(), lambda b, **kw: attention_fused(b, False, **kw)),
+    "qknorm": (_attention_rows(), lambda b, **kw: attention_fused(b, True, **kw)),
+}
+
+
+def family(case_name: str) -> list[tuple[Variant, KernelGraph]]:
+    """The valid members of ``case_name``'s family with their µGraphs."""
+    case = CASES[case_name]
+    rows, build = FAMILIES[case.program]
     out = []
-    for builder in make:
+    for row in rows:
         try:
-            out.append(builder())
+            out.append((row, build(case.size, **row.kwargs())))
         except GraphError:
             continue
     return out
 
 
-def variants(case_name: str) -> list:
-    case = CASES[case_name]
-    b = case.size
-    match case.program:
-        case "rmsnorm":
-            return _valid(lambda g=g, r=r: mlp.rmsnorm_fused(b, grid=g, iters=r)
-                          for g, r in itertools.product((48, 96, 192, 384), (16, 32, 64)))
-        case "gatedmlp":
-            return _valid(lambda g=g, r=r: mlp.gatedmlp_fused(b, grid=g, iters=r)
-                          for g, r in itertools.product((64, 128, 256), (16, 32, 64)))
-        case "lora":
-            return _valid(lambda g=g, c=c: mlp.lora_fused(b, grid=g, concat=c)
-                          for g, c in itertools.product((32, 64, 128, 256), (False, True)))
-        case "gqa" | "qknorm":
-            qk = case.program == "qknorm"
-            return _valid(lambda s=s, q=q, r=r: attention.fused(b, qk, kv_splits=s, q_splits=q, iters=r)
-                          for s, q, r in itertools.product((4, 8, 16), (4, 8, 16), (2, 4, 8)))
-    return [case.fused()]
+def variants(case_name: str) -> list[KernelGraph]:
+    """The µGraphs of ``case_name``'s family (what ``benchmarks.run --ours select`` times)."""
+    return [graph for _, graph in family(case_name)]

@@ -34,13 +34,14 @@ def reference(b: int, qknorm: bool = False) -> mi.KernelGraph:
 
 
 def fused(b: int, qknorm: bool = False, kv_splits: int = 8, q_splits: int = 16,
-          iters: int = 4) -> mi.KernelGraph:
+          iters: int = 4, threads: int = 128) -> mi.KernelGraph:
     """Two graph-defined kernels, as Mirage's FlashDecoding-like µGraph (mirage-notes §1.7): the keys
-    are split ``kv_splits`` ways across blocks and ``iters`` ways across the for-loop."""
+    are split ``kv_splits`` ways across blocks and ``iters`` ways across the for-loop, the queries
+    ``q_splits`` ways across blocks; ``threads`` per block in the first kernel."""
     heads = 2 * b
     g = mi.new_kernel_graph("qknorm" if qknorm else "gqa")
     q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(shapes(b), "QKV", strict=True))
-    tb = mi.new_threadblock_graph(grid_dim=(heads, kv_splits, q_splits), block_dim=(128, 1, 1),
+    tb = mi.new_threadblock_graph(grid_dim=(heads, kv_splits, q_splits), block_dim=(threads, 1, 1),
                                   forloop_range=iters, reduction_dimx=64)
     bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)  # [1, 16, 64]
     bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)  # [1, 64, 128]

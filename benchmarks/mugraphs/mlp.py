@@ -20,12 +20,13 @@ def rmsnorm_reference(b: int) -> mi.KernelGraph:
     return g.freeze()
 
 
-def rmsnorm_fused(b: int, grid: int = 64, iters: int = 64) -> mi.KernelGraph:
-    """One kernel: the rms accumulates beside the matmul; the division happens once, after the loop."""
+def rmsnorm_fused(b: int, grid: int = 64, iters: int = 64, threads: int = 128) -> mi.KernelGraph:
+    """One kernel: the rms accumulates beside the matmul; the division happens once, after the loop.
+    ``grid`` blocks split the 6144 output columns, ``iters`` for-loop iterations the 4096 of K."""
     g = mi.new_kernel_graph("rmsnorm")
     x, gain, w = (g.new_input(dims=s, dtype=mi.float16, name=n)
                   for s, n in zip(rmsnorm_shapes(b), "XGW", strict=True))
-    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(128, 1, 1), forloop_range=iters)
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=iters)
     bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
     bg = tb.new_input(gain, input_map=(-1, -1, -1), forloop_dim=1)
     bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
@@ -49,11 +50,11 @@ def gatedmlp_reference(m: int) -> mi.KernelGraph:
     return g.freeze()
 
 
-def gatedmlp_fused(m: int, grid: int = 128, iters: int = 64) -> mi.KernelGraph:
+def gatedmlp_fused(m: int, grid: int = 128, iters: int = 64, threads: int = 128) -> mi.KernelGraph:
     g = mi.new_kernel_graph("gatedmlp")
     x, w1, w2 = (g.new_input(dims=s, dtype=mi.float16, name=n)
                  for s, n in zip(gatedmlp_shapes(m), ("X", "W1", "W2"), strict=True))
-    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(128, 1, 1), forloop_range=iters)
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=iters)
     bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
     b1 = tb.new_input(w1, input_map=(1, -1, -1), forloop_dim=0)
     b2 = tb.new_input(w2, input_map=(1, -1, -1), forloop_dim=0)
@@ -77,12 +78,12 @@ def lora_reference(m: int = 16) -> mi.KernelGraph:
     return g.freeze()
 
 
-def lora_fused(m: int = 16, grid: int = 64, concat: bool = False) -> mi.KernelGraph:
+def lora_fused(m: int = 16, grid: int = 64, concat: bool = False, threads: int = 128) -> mi.KernelGraph:
     """One kernel; with ``concat`` the two products share one tensor-core pass: (X ‖ XA) @ (W ‖ LB)."""
     g = mi.new_kernel_graph("lora")
     x, w, la, lb = (g.new_input(dims=s, dtype=mi.float16, name=n)
                     for s, n in zip(lora_shapes(m), ("X", "W", "LA", "LB"), strict=True))
-    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=1)
     bx = tb.new_input(x, input_map=(-1, -1, -1))
     bw = tb.new_input(w, input_map=(1, -1, -1))
     ba = tb.new_input(la, input_map=(-1, -1, -1))

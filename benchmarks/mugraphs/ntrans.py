@@ -22,11 +22,11 @@ def reference(b: int) -> mi.KernelGraph:
     return g.freeze()
 
 
-def fused(b: int) -> mi.KernelGraph:
-    """One kernel, one block per row: the whole update stays on chip."""
+def fused(b: int, threads: int = 128) -> mi.KernelGraph:
+    """One kernel, one block of ``threads`` threads per row: the whole update stays on chip."""
     g = mi.new_kernel_graph("ntrans")
     h, x, a = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in zip(shapes(b), "HXA", strict=True))
-    tb = mi.new_threadblock_graph(grid_dim=(b, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
+    tb = mi.new_threadblock_graph(grid_dim=(b, 1, 1), block_dim=(threads, 1, 1), forloop_range=1)
     bh, bx, ba = (tb.new_input(t, input_map=(0, -1, -1) if b > 1 else (-1, -1, -1)) for t in (h, x, a))
     out = tb.forloop_accum(_update(tb, bh, bx, ba))
     tb.new_output(out, output_map=(0, -1, -1) if b > 1 else (-1, -1, -1))

@@ -29,6 +29,7 @@ from mirage.codegen.lower_ops import (
     LoweringError,
     element_type,
     functor,
+    plan_pitch,
     rank4,
     rank4_dim,
     rank4_map,
@@ -114,7 +115,8 @@ class KernelLowering:
             shape = self.graph.nodes[i].outputs[0].shape
             row_major = plan is None or plan.innermost_dim == len(shape) - 1
             element = self.element(i)
-            layout = tile_layout(shape, element, buffer.slot_bytes, row_major)
+            pitch = plan_pitch(shape, plan.strides) if plan is not None and row_major else None
+            layout = tile_layout(shape, element, buffer.slot_bytes, row_major, pitch)
             pipelined = buffer.kind is BufferKind.INPUT_STAGES
             name = f"t{i}" if slot == 0 else f"t{i}_previous"
             offset = -1 if pipelined else buffer.offset + slot * buffer.slot_bytes
@@ -293,8 +295,15 @@ class KernelLowering:
                 return ctx.ReduceToDimxProducer(3, self.graph.reduction_dimx, source)
         raise LoweringError(f"accumulator kind {node.attrs.kind.value} has no lowering")
 
+    def stores_once(self, i: int) -> bool:
+        """An accumulator of a one-iteration for-loop: its update ``acc = 0 ⊕ x`` is a plain store
+        (every producer emits each element once), so it needs neither clearing nor a read."""
+        return self.graph.forloop_range == 1 and self.graph.nodes[i].op in (Op.ACCUM, Op.ACCUM_RESCALE)
+
     def sink(self, last: int, state: int | None) -> ctx.Sink:
         node = self.graph.nodes[last]
+        if self.stores_once(last):
+            return ctx.Sink(last, ctx.SinkKind.STORE, (self.tile(last),))
         match node.op:
             case Op.RUNNING_MAX:
                 return ctx.Sink(last, ctx.SinkKind.RUNNING_MAX, (self.tile(last), self.tile(last, 1)))
@@ -336,7 +345,11 @@ class KernelLowering:
         """Clear accumulators (0, or −inf for max) and running maxima (−inf) before the loop."""
         fills: list[ctx.Step] = []
         for i, node in enumerate(self.graph.nodes):
-            if node.op in (Op.ACCUM, Op.ACCUM_RESCALE) and i not in self.in_registers:
+            if (
+                node.op in (Op.ACCUM, Op.ACCUM_RESCALE)
+                and i not in self.in_registers
+                and not self.stores_once(i)
+            ):
                 value = NEGATIVE_INFINITY if node.attrs.kind is AccumKind.MAX else "0.0f"
                 fills.append(ctx.FillStep(self.tile(i), value))
             elif node.op is Op.RUNNING_MAX:

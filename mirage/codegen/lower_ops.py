@@ -154,12 +154,19 @@ def rank4_map(rank: int, dim_map: tuple[int, int, int], grid: tuple[int, int, in
 
 
 def tile_layout(
-    shape: tuple[int, ...], element: str, capacity_bytes: int, row_major_plan: bool
+    shape: tuple[int, ...],
+    element: str,
+    capacity_bytes: int,
+    row_major_plan: bool,
+    planned_pitch: int | None = None,
 ) -> TileLayout:
-    """The layout of a shared tile of ``shape``: rows padded to 16 bytes where the buffer allows.
+    """The layout of a shared tile of ``shape``: the optimizer's row pitch, else rows padded to 16
+    bytes where the buffer allows.
 
     ``row_major_plan``: the optimizer's layout keeps the last dim innermost (so it sized the buffer
     for padded rows); other plans get dense rows (layouts never change results, only speed).
+    ``planned_pitch``: the row stride of that layout (``plan_pitch``), which may add one 16-byte
+    vector per row (a swizzle by padding: ldmatrix and row-wise accesses free of bank conflicts).
     """
     dims = rank4(shape)
     itemsize = element_size(element)
@@ -167,12 +174,28 @@ def tile_layout(
     pitch = dims[3]
     if row_major_plan and dims[3] > 1:
         align = 16 // itemsize
-        padded = -(-dims[3] // align) * align
-        if rows * padded * itemsize <= capacity_bytes:
-            pitch = padded
+        whole_vectors = -(-dims[3] // align) * align
+        for candidate in (planned_pitch, whole_vectors):
+            if (
+                candidate is not None
+                and candidate >= whole_vectors
+                and candidate % align == 0
+                and rows * candidate * itemsize <= capacity_bytes
+            ):
+                pitch = candidate
+                break
     if rows * pitch * itemsize > capacity_bytes:
         raise LoweringError(
             f"a {element} tile of shape {list(shape)} needs {rows * pitch * itemsize} bytes "
             f"but its shared-memory buffer has {capacity_bytes}"
         )
     return TileLayout(dims, pitch)
+
+
+def plan_pitch(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
+    """The row pitch (elements) of a row-major planned layout: the stride of the nearest dim before
+    the last whose extent exceeds 1 (None for a single row)."""
+    for d in range(len(shape) - 2, -1, -1):
+        if shape[d] > 1:
+            return strides[d]
+    return None

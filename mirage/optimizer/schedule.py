@@ -96,7 +96,13 @@ class Schedule:
 
 
 def phases(graph: BlockGraph, hoist_invariants: bool = True) -> list[Phase]:
-    """The phase of every node (see the module docstring)."""
+    """The phase of every node (see the module docstring).
+
+    A for-loop of one iteration has nothing to hoist out of: its ops stay in the loop phase, where
+    they can run as the epilogues of each other and of the accumulators (the pre-loop phase would
+    separate them by a phase boundary, a barrier and a round trip through shared memory).
+    """
+    hoist_invariants = hoist_invariants and graph.forloop_range > 1
     out: list[Phase] = []
     for node in graph.nodes:
         if node.op is Op.INPUT:

@@ -23,7 +23,7 @@ from mirage.codegen.toolchain import ToolchainError
 from mirage.mugraph.target import TARGETS
 
 KERNEL_DIR = Path(__file__).parent
-KERNEL_FILES = ("io", "matmul", "elementwise", "accumulator")
+KERNEL_FILES = ("io", "matmul", "elementwise", "accumulator", "reduction")
 OPTIONS = CompileOptions(target=TARGETS["H100"])
 
 
@@ -103,6 +103,12 @@ KERNEL_EXPECTATIONS = [
     ("reduce_2x3x8x64", {"SHFL.BFLY"}, set()),
     ("rms_1x2048", {"SHFL.BFLY", "MUFU.RSQ"}, set()),
     ("accumulators_f16", {CP_ASYNC_128, "SHFL.BFLY"}, set()),
+    # block-wide reductions: 16-byte shared reads, warp shuffles, a barrier around the combine
+    ("reduce_2x4096_t512", {"LDS.128", "SHFL.BFLY", "BAR.SYNC.DEFER_BLOCKING"}, set()),
+    ("reduce_1x1024_t128", {"LDS.128", "SHFL.BFLY", "BAR.SYNC.DEFER_BLOCKING"}, set()),
+    ("reduce_3x2048_t256", {"LDS.128", "SHFL.BFLY", "BAR.SYNC.DEFER_BLOCKING"}, set()),
+    ("rms_norm_1x4096_t1024", {"LDS.128", "SHFL.BFLY", "MUFU.RSQ"}, set()),
+    ("rms_norm_2x4096_t256", {"LDS.128", "SHFL.BFLY", "MUFU.RSQ"}, set()),
 ]
 
 
@@ -113,6 +119,24 @@ def test_kernel_sass(
     found = kernels[kernel]
     assert required <= found, f"{kernel} lacks {sorted(required - found)}"
     assert not [prefix for prefix in forbidden if has(found, prefix)], f"{kernel}: {sorted(found)}"
+
+
+# (kernel, barriers: one after the load, two per block-wide combine; the reduce kernels have a sum
+# and a max branch, the rms_norm kernels two calls)
+BLOCK_REDUCTION_BARRIERS = [
+    ("reduce_2x4096_t512", 5),
+    ("reduce_1x1024_t128", 5),
+    ("reduce_3x2048_t256", 5),
+    ("rms_norm_1x4096_t1024", 5),  # two rms_norm calls
+    ("rms_norm_2x4096_t256", 5),
+]
+
+
+@pytest.mark.parametrize(("kernel", "barriers"), BLOCK_REDUCTION_BARRIERS)
+def test_few_long_rows_are_reduced_by_several_warps(kernel: str, barriers: int) -> None:
+    source = (KERNEL_DIR / "test_device_lib_reduction.cu").read_text()
+    sass = sass_by_function(compile_source(source, OPTIONS, dumps={Stage.SASS}).sass())[kernel]
+    assert len(re.findall(r"\bBAR\.SYNC", sass)) == barriers
 
 
 def test_every_test_kernel_is_checked_and_uses_no_local_memory(kernels: dict[str, set[str]]) -> None:

@@ -16,7 +16,7 @@ import mirage as mi
 from benchmarks.mugraphs import CASES
 from mirage.codegen import lower_context as ctx
 from mirage.codegen import lower_ops
-from mirage.codegen.lower_ops import LoweringError, tile_layout
+from mirage.codegen.lower_ops import LoweringError, plan_pitch, tile_layout
 from mirage.codegen.lower_program import CudaProgram, cfloat, generate_cuda_program, target_for
 from mirage.errors import SharedMemoryError
 from mirage.mugraph.graph import Ref
@@ -164,6 +164,7 @@ def test_unfused_elementwise_ops_lower_as_single_op_functions():
 LAYOUTS = [
     # shape, element, capacity, row-major plan, expected dims, expected pitch
     ((16, 64), "__half", 2048, True, (1, 1, 16, 64), 64),
+    ((16, 64), "__half", 2304, True, (1, 1, 16, 64), 64),  # no planned pitch: whole vectors only
     ((16, 60), "__half", 2048, True, (1, 1, 16, 60), 64),
     ((16, 60), "__half", 1920, True, (1, 1, 16, 60), 60),
     ((16, 60), "__half", 2048, False, (1, 1, 16, 60), 60),
@@ -178,6 +179,46 @@ def test_tile_layout(shape, element, capacity, row_major, dims, pitch):
     layout = tile_layout(shape, element, capacity, row_major)
     assert layout == ctx.TileLayout(dims, pitch)
     assert layout.storage * lower_ops.element_size(element) <= capacity
+
+
+PLANNED_PITCHES = [
+    # shape, element, capacity, planned pitch, expected pitch
+    ((16, 64), "__half", 2304, 72, 72),  # the plan's extra vector per row (swizzle by padding)
+    ((16, 64), "__half", 2048, 72, 64),  # the buffer is too small for it: whole vectors
+    ((16, 64), "__half", 4096, 68, 64),  # not a whole number of vectors: ignored
+    ((16, 64), "float", 4608, 72, 72),  # an fp32 accumulator keeps the plan's pitch in elements
+    ((2, 16, 8), "__half", 1024, 16, 16),
+]
+
+
+@pytest.mark.parametrize("shape, element, capacity, planned, pitch", PLANNED_PITCHES)
+def test_tile_layout_takes_the_planned_pitch(shape, element, capacity, planned, pitch):
+    assert tile_layout(shape, element, capacity, True, planned).pitch == pitch
+
+
+@pytest.mark.parametrize(
+    "shape, strides, pitch",
+    [
+        ((16, 64), (72, 1), 72),
+        ((1, 16, 64), (1152, 72, 1), 72),
+        ((4, 1, 8), (8, 8, 1), 8),
+        ((1, 64), (64, 1), None),
+    ],
+)
+def test_plan_pitch(shape, strides, pitch):
+    assert plan_pitch(shape, strides) == pitch
+
+
+def test_matmul_operands_use_the_planned_padded_rows():
+    """The optimizer pads (swizzles) matmul operand rows; the generated tiles follow its strides."""
+    program = generate_cuda_program(CASES["gatedmlp_m1"].fused(), 90)
+    (context,) = program.contexts
+    (kernel,) = program.prepared.kernels
+    for it in context.iterators:
+        layout = kernel.layouts[it.node]
+        planned = plan_pitch(layout.shape, layout.strides)
+        assert it.tile.layout.pitch == (planned or it.tile.layout.dims[3])
+    assert any(it.tile.layout.pitch > it.tile.layout.dims[3] for it in context.iterators)
 
 
 def test_tile_layout_refuses_a_small_buffer():
@@ -274,3 +315,19 @@ def test_unknown_compute_capability():
 def test_lowering_error_is_a_mirage_error():
     assert issubclass(LoweringError, mi.MirageError)
     assert dataclasses.is_dataclass(ctx.KernelContext)
+
+
+def test_accumulators_of_a_one_iteration_loop_are_stored_without_clearing():
+    """nTrans (forloop_range 1): the accumulator is the rms_norm's epilogue and a plain store."""
+    program = generate_cuda_program(CASES["ntrans_b1"].fused(), 90)
+    (context,) = program.contexts
+    steps = context.pre_loop + context.loop + context.post_loop
+    assert not [s for s in steps if s.kind == "fill"]
+    accumulator = next(
+        i for i, n in enumerate(program.prepared.kernels[0].block_graph.nodes) if n.op is Op.ACCUM
+    )
+    (chain,) = [s for s in steps if s.kind == "chain" and s.sink.node == accumulator]
+    assert chain.sink.kind is ctx.SinkKind.STORE and chain.producer.kind == "rms_norm"
+    rms_rows_context = generate_cuda_program(rms_rows(), 90).contexts[0]  # forloop_range 2: cleared, added
+    fills = [s for s in rms_rows_context.pre_loop if s.kind == "fill"]
+    assert len(fills) == 2

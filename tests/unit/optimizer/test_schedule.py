@@ -98,3 +98,14 @@ def test_schedule_without_register_plan_syncs_between_all_dependent_ops():
     schedule = build_schedule(block)
     assert all(s.epilogue_of is None for s in schedule.steps)
     assert schedule.depths and len(schedule.depths) == len(block.nodes)
+
+
+def test_a_one_iteration_loop_hoists_nothing():
+    """With forloop_range 1 the pre-loop phase only loads, so ops can chain as epilogues."""
+    (block,) = _blocks("ntrans_b1")
+    phase = phases(block)
+    assert [phase[i] for i, n in enumerate(block.nodes) if n.op is Op.INPUT] == [Phase.PRE_LOOP] * 3
+    computed = [i for i, n in enumerate(block.nodes) if n.op in (Op.RMS_NORM, Op.FUSED, Op.ACCUM)]
+    assert computed and all(phase[i] is Phase.LOOP for i in computed)
+    accum = next(i for i, n in enumerate(block.nodes) if n.op is Op.ACCUM)
+    assert block.nodes[dict(plan_registers(block).epilogues)[accum]].op is Op.RMS_NORM

@@ -3,8 +3,13 @@
 // reduce: the output has the input's shape with dim `Dim` set to 1. A group of G lanes
 // (G a power of two <= 32, chosen at compile time from the number of outputs and threads)
 // reduces one output element: each lane strides over the reduced dim, then the group combines
-// with warp shuffles. A prologue is applied to each input element before the reduction
-// (e.g. Square for a sum of squares) and an epilogue to each result (e.g. a Chain).
+// with warp shuffles. When the outputs are few and the reduced dim is long (at least
+// kBlockReductionMinExtent elements), spare warps join in: W warps per output each reduce a
+// slice, then combine through a small static shared array (two barriers inside the call, so
+// every thread of the block must call it, as with every collective op). Rows along the last dim
+// are read as 16-byte vectors (LDS.128) when each lane gets at least one whole vector. A prologue
+// is applied to each input element before the reduction (e.g. Square for a sum of squares) and an
+// epilogue to each result (e.g. a Chain).
 //
 // reduce_to_dimx: out[..., j, ...] = Σ_k in[..., j + X k, ...] along `Dim`, X = the output's
 // extent in that dim (Mirage's reduction_dimx, strided, i.e. reshape(N / X, X).sum(0)).
@@ -34,6 +39,71 @@ constexpr int reduction_group(int outputs, int extent, int threads) {
   return group;
 }
 
+// Below this extent a warp per output is fast enough (32 elements per lane or fewer), and the two
+// barriers of a cross-warp combine would cost more than they save.
+constexpr int kBlockReductionMinExtent = 1024;
+
+// Warps per output element: 1, or (for few outputs of a long extent) a power of two such that all
+// outputs' warps fit in the block and each lane has at least one element.
+constexpr int reduction_warps(int outputs, int extent, int threads) {
+  if (extent < kBlockReductionMinExtent) return 1;
+  int warps = 1;
+  while (outputs * warps * 2 * kWarpSize <= threads && warps * 2 * kWarpSize <= extent) warps *= 2;
+  return warps;
+}
+
+// reduce(prologue(x)) over the contiguous row `row` of `Extent` elements, for lane `lane` of `Lanes`
+// lanes (the lanes' partial results still have to be combined). 16-byte vector reads when every lane
+// gets at least one vector and rows start 16-byte aligned (the pitch is a whole number of vectors).
+template <int Extent, int Lanes, int Pitch, class Reduce, class T, class Prologue>
+MIRAGE_DEVICE float reduce_row_slice(const T* row, int lane, Prologue prologue) {
+  constexpr int kVector = kVectorElements<T>;
+  const Reduce reduce{};
+  float value = Reduce::identity();
+  if constexpr (Extent % kVector == 0 && Pitch % kVector == 0 && Extent / kVector >= Lanes) {
+    constexpr int kChunks = Extent / kVector;
+#pragma unroll 4
+    for (int chunk = lane; chunk < kChunks; chunk += Lanes) {
+      const uint4 bits = reinterpret_cast<const uint4*>(row)[chunk];
+      const T* elements = reinterpret_cast<const T*>(&bits);
+#pragma unroll
+      for (int e = 0; e < kVector; ++e) value = reduce(value, prologue(to_float(elements[e])));
+    }
+  } else {
+    for (int element = lane; element < Extent; element += Lanes) value = reduce(value, prologue(to_float(row[element])));
+  }
+  return value;
+}
+
+// Combines the values of the `Lanes` consecutive threads reducing one output (Lanes <= 32: warp
+// shuffles only).
+template <int Lanes, class Reduce>
+MIRAGE_DEVICE float combine_lanes(float value) {
+  const Reduce reduce{};
+#pragma unroll
+  for (int width = Lanes / 2; width > 0; width /= 2) value = reduce(value, __shfl_xor_sync(0xffffffffu, value, width));
+  return value;
+}
+
+// The result for `output` when `Warps` warps reduce each of `Outputs` outputs: every thread of the
+// block calls it; each warp's lane 0 publishes its warp's value, and every thread gets the total
+// of its output's warps (threads beyond the outputs get the identity). Two barriers.
+template <int Outputs, int Warps, class Reduce>
+MIRAGE_DEVICE float combine_warps(float value, int output) {
+  __shared__ float partial[Outputs * Warps];
+  const int warp = thread_index() / kWarpSize;
+  if (output < Outputs && thread_index() % kWarpSize == 0) partial[warp] = value;
+  __syncthreads();
+  const Reduce reduce{};
+  float total = Reduce::identity();
+  if (output < Outputs) {
+#pragma unroll
+    for (int w = 0; w < Warps; ++w) total = reduce(total, partial[output * Warps + w]);
+  }
+  __syncthreads();  // the partials may be overwritten by the next call
+  return total;
+}
+
 }  // namespace detail
 
 // Calls store(output_index, value) once for each element of the reduced tile (row-major index
@@ -45,23 +115,33 @@ MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, 
   constexpr int kOutputs = OutLayout::size;
   constexpr int kExtent = InLayout::dim(Dim);
   constexpr int kGroup = detail::reduction_group(kOutputs, kExtent, NumThreads);
+  constexpr int kWarps = kGroup == kWarpSize ? detail::reduction_warps(kOutputs, kExtent, NumThreads) : 1;
+  constexpr int kLanes = kGroup * kWarps;  // threads per output
   static_assert(kGroup == 1 || NumThreads % kWarpSize == 0, "shuffle reductions need whole warps");
   const Reduce reduce{};
-  for (int base = 0; base < kOutputs * kGroup; base += NumThreads) {
+  for (int base = 0; base < kOutputs * kLanes; base += NumThreads) {
     const int slot = base + thread_index();
-    const int output = slot / kGroup;
-    const int lane = slot % kGroup;
+    const int output = slot / kLanes;
+    const int lane = slot % kLanes;
     float value = Reduce::identity();
     if (output < kOutputs) {
       int index[4];
       OutLayout::coordinates(output, index);
-      for (int element = lane; element < kExtent; element += kGroup) {
-        index[Dim] = element;
-        value = reduce(value, prologue(to_float(in.data[InLayout::offset(index[0], index[1], index[2], index[3])])));
+      if constexpr (Dim == 3) {
+        const In* row = in.data + InLayout::offset(index[0], index[1], index[2], 0);
+        value = detail::reduce_row_slice<kExtent, kLanes, InLayout::pitch, Reduce>(row, lane, prologue);
+      } else {
+        for (int element = lane; element < kExtent; element += kLanes) {
+          index[Dim] = element;
+          value = reduce(value, prologue(to_float(in.data[InLayout::offset(index[0], index[1], index[2], index[3])])));
+        }
       }
     }
-#pragma unroll
-    for (int width = kGroup / 2; width > 0; width /= 2) value = reduce(value, __shfl_xor_sync(0xffffffffu, value, width));
+    value = detail::combine_lanes<kGroup, Reduce>(value);
+    if constexpr (kWarps > 1) {
+      static_assert(kOutputs * kLanes <= NumThreads, "a block-wide reduction runs in one round");
+      value = detail::combine_warps<kOutputs, kWarps, Reduce>(value, output);
+    }
     if (output < kOutputs && lane == 0) store(output, value);
   }
 }

@@ -30,9 +30,9 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
   const mirage::dev::SharedTile<float, mirage::dev::Layout<1, 1, 16, 1, 1>> t3{mirage::dev::shared_at<float>(shared, 8832)};
   const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 1, 1>> t4{mirage::dev::shared_at<__half>(shared, 0)};
   const mirage::dev::Strides in0_strides = mirage::dev::row_major_strides(1, 1, 64, 256);
-  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 16, 128, 128>, 2, kThreads> in0(
+  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 16, 128, 136>, 2, kThreads> in0(
       input0, in0_strides,
-      mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 16, 128, 128>>(in0_strides, mirage::dev::DimMap{2, -1, -1}, 3, kForloopRange, blockIdx),
+      mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 16, 128, 136>>(in0_strides, mirage::dev::DimMap{2, -1, -1}, 3, kForloopRange, blockIdx),
       kForloopRange, mirage::dev::shared_at<__half>(shared, 0));
 
   // ---- before the for-loop
@@ -48,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
     in0.load(iteration + 1);
     mirage::dev::Pipeline<2>::commit();
     mirage::dev::Pipeline<2>::wait();
-    const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 128, 128>> t0 = in0.stage(iteration);
+    const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 128, 136>> t0 = in0.stage(iteration);
     {  // %1 → store %1
       const auto sink = mirage::gen::store_into(t1);
       const auto emit = [&](int linear, float value) {

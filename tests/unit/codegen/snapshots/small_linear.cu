@@ -19,18 +19,18 @@ extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
   constexpr int kThreads = 128;
   constexpr int kForloopRange = 4;
   extern __shared__ __align__(128) char shared[];
-  using mm2 = mirage::gen::BlockMatmul<kThreads, mirage::gen::Product<__half, __half, mirage::dev::Layout<1, 1, 16, 32, 32>, mirage::dev::Layout<1, 1, 32, 64, 64>>>;
+  using mm2 = mirage::gen::BlockMatmul<kThreads, mirage::gen::Product<__half, __half, mirage::dev::Layout<1, 1, 16, 32, 40>, mirage::dev::Layout<1, 1, 32, 64, 72>>>;
   const mirage::dev::SharedTile<float, mirage::dev::Layout<1, 1, 16, 64, 64>> t3{mirage::dev::shared_at<float>(shared, 0)};
   const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 64, 64>> t4{mirage::dev::shared_at<__half>(shared, 4096)};
   const mirage::dev::Strides in0_strides = mirage::dev::row_major_strides(1, 1, 16, 128);
-  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 16, 32, 32>, 2, kThreads> in0(
+  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 16, 32, 40>, 2, kThreads> in0(
       input0, in0_strides,
-      mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 16, 32, 32>>(in0_strides, mirage::dev::DimMap{-1, -1, -1}, 3, kForloopRange, blockIdx),
+      mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 16, 32, 40>>(in0_strides, mirage::dev::DimMap{-1, -1, -1}, 3, kForloopRange, blockIdx),
       kForloopRange, mirage::dev::shared_at<__half>(shared, 9216));
   const mirage::dev::Strides in1_strides = mirage::dev::row_major_strides(1, 1, 128, 256);
-  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 32, 64, 64>, 2, kThreads> in1(
+  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 32, 64, 72>, 2, kThreads> in1(
       input1, in1_strides,
-      mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 32, 64, 64>>(in1_strides, mirage::dev::DimMap{3, -1, -1}, 2, kForloopRange, blockIdx),
+      mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 32, 64, 72>>(in1_strides, mirage::dev::DimMap{3, -1, -1}, 2, kForloopRange, blockIdx),
       kForloopRange, mirage::dev::shared_at<__half>(shared, 0));
   typename mm2::Registers registers3;
   mm2::fill(registers3, 0.0f);
@@ -48,8 +48,8 @@ extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
     in1.load(iteration + 1);
     mirage::dev::Pipeline<2>::commit();
     mirage::dev::Pipeline<2>::wait();
-    const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 32, 32>> t0 = in0.stage(iteration);
-    const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 32, 64, 64>> t1 = in1.stage(iteration);
+    const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 32, 40>> t0 = in0.stage(iteration);
+    const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 32, 64, 72>> t1 = in1.stage(iteration);
     {  // %2 → registers of %3
       mm2::accumulate(registers3, t0, t1);
     }

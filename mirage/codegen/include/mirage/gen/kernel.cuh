@@ -59,32 +59,37 @@ MIRAGE_DEVICE void map_apply(Function function, Emit emit, Tiles... tiles) {
   }
 }
 
-// emit(i, x[i] / sqrt(mean of x² over the last dim + eps)): a group of lanes per row, as
-// dev::reduce_apply; no scratch memory.
+// emit(i, x[i] / sqrt(mean of x² over the last dim + eps)): lanes per row as dev::reduce_apply
+// chooses them (a group of a warp's lanes, or several warps per row for few long rows, which
+// combine through a small static shared array); no scratch memory from the plan.
 template <int NumThreads, class T, class L, class Emit>
 MIRAGE_DEVICE void rms_norm_apply(dev::SharedTile<T, L> in, float eps, Emit emit) {
   constexpr int kRows = L::rows;
   constexpr int kExtent = L::cols;
   constexpr int kGroup = dev::detail::reduction_group(kRows, kExtent, NumThreads);
+  constexpr int kWarps = kGroup == dev::kWarpSize ? dev::detail::reduction_warps(kRows, kExtent, NumThreads) : 1;
+  constexpr int kLanes = kGroup * kWarps;
   static_assert(kGroup == 1 || NumThreads % dev::kWarpSize == 0, "shuffle reductions need whole warps");
-  for (int base = 0; base < kRows * kGroup; base += NumThreads) {
+  for (int base = 0; base < kRows * kLanes; base += NumThreads) {
     const int slot = base + dev::thread_index();
-    const int row = slot / kGroup;
-    const int lane = slot % kGroup;
+    const int row = slot / kLanes;
+    const int lane = slot % kLanes;
     float sum = 0.0f;
     if (row < kRows) {
-      for (int element = lane; element < kExtent; element += kGroup) {
-        const float x = in.load(row * kExtent + element);
-        sum += x * x;
-      }
+      sum = dev::detail::reduce_row_slice<kExtent, kLanes, L::pitch, dev::SumReduce>(in.data + row * L::pitch, lane,
+                                                                                    dev::Square{});
     }
-#pragma unroll
-    for (int width = kGroup / 2; width > 0; width /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, width);
-    const float norm = sqrtf(sum / static_cast<float>(kExtent) + eps);
+    sum = dev::detail::combine_lanes<kGroup, dev::SumReduce>(sum);
+    if constexpr (kWarps > 1) {
+      static_assert(kRows * kLanes <= NumThreads, "a block-wide reduction runs in one round");
+      sum = dev::detail::combine_warps<kRows, kWarps, dev::SumReduce>(sum, row);
+    }
+    const float scale = rsqrtf(sum / static_cast<float>(kExtent) + eps);
     if (row < kRows) {
-      for (int element = lane; element < kExtent; element += kGroup) {
+#pragma unroll 4
+      for (int element = lane; element < kExtent; element += kLanes) {
         const int linear = row * kExtent + element;
-        emit(linear, in.load(linear) / norm);
+        emit(linear, in.load(linear) * scale);
       }
     }
   }
