@@ -85,7 +85,9 @@ def launch_spec(cuda: CudaProgram, launch: KernelLaunch, scale: float = 1.0) -> 
 
 def launch_specs(program: Program | CudaProgram, scale: float = 1.0) -> list[LaunchSpec]:
     """One :class:`LaunchSpec` per generated kernel of ``program``, in launch order."""
-    cuda = getattr(program, "cuda", program)
+    from mirage.codegen.lower_program import CudaProgram
+
+    cuda = program if isinstance(program, CudaProgram) else program.cuda
     return [launch_spec(cuda, launch, scale) for launch in cuda.kernels]
 
 
@@ -118,7 +120,11 @@ def decide(result: TuneResult) -> Decision:
 
 
 def tuned_cubin_path(original: Path, data: bytes) -> Path:
-    """Where a tuned image of ``original`` lives: beside it, named by the hash of its bytes."""
+    """Where a tuned image of ``original`` lives: beside it, named by the hash of its bytes.
+
+    >>> tuned_cubin_path(Path("cubins/ab/kernel.cubin"), b"tuned bytes").as_posix()
+    'cubins/ab/kernel.sass-44b105a48070f23d.cubin'
+    """
     digest = hashlib.sha256(data).hexdigest()[:16]
     return original.with_name(f"{original.stem}.{TUNED_PREFIX}{digest}{original.suffix}")
 

@@ -5,6 +5,7 @@ descriptions built from the program match the committed ones and the kernel's pa
 
 from __future__ import annotations
 
+import doctest
 import json
 import random
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from collections.abc import Callable
 import pytest
 from sass_fixtures import FIXTURES, fixture_cubin, fixture_kernel
 
+import mirage.sass.mugraph
 from mirage.codegen.lower_program import CudaProgram
 from mirage.codegen.runtime import Program
 from mirage.sass import isa
@@ -194,3 +196,8 @@ def test_inputs_are_drawn_as_the_tuner_draws_them(fixture_program, scale):
     inputs = [a for a in spec.arguments if not a.output]
     assert inputs and all(a.init == "normal" and a.scale == scale for a in inputs)
     assert [a.name for a in spec.outputs] == ["%4.0"]
+
+
+def test_docstring_examples():
+    result = doctest.testmod(mirage.sass.mugraph)
+    assert result.attempted > 0 and result.failed == 0
