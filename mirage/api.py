@@ -140,6 +140,7 @@ class KernelGraphModule(nn.Module):
         self.check_inputs(tensors)
         device = tensors[0].device if tensors else torch.device("cpu")
         if device not in self._executors:
-            self._executors[device] = make_executor(self.graph, device, self.options.executor)
+            self._executors[device] = make_executor(self.graph, device, self.options.executor,
+                                                    sass_tune=self.options.sass_tune)
         with torch.no_grad():
             return self._executors[device](tensors)

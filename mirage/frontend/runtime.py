@@ -52,6 +52,7 @@ class SubprogramModule(nn.Module):
         self.subprogram = subprogram
         self.choice = choice
         self.executor_mode = options.executor
+        self.sass_tune = options.sass_tune
         self.sources = list(dict.fromkeys(b.source for b in subprogram.inputs))
         self._position = {name: i for i, name in enumerate(self.sources)}
         self._executors: dict[torch.device, Any] = {}
@@ -59,7 +60,7 @@ class SubprogramModule(nn.Module):
     def executor(self, device: torch.device):
         if device not in self._executors:
             self._executors[device] = make_executor(self.choice.graph, device, self.executor_mode,
-                                                    self.subprogram.graph)
+                                                    self.subprogram.graph, sass_tune=self.sass_tune)
         return self._executors[device]
 
     def forward(self, *sources: torch.Tensor) -> tuple[torch.Tensor, ...]:
