@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(args) -> None:
+def _setup_logging(args):
     from mirage import config
 
     try:
@@ -260,15 +260,21 @@ def _setup_logging(args) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     root = logging.getLogger("mirage")
+    saved = (root.handlers[:], root.level, root.propagate)
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level, logging.INFO))
     root.propagate = False
+
+    def restore() -> None:  # main() may run inside another program (or a test): leave no trace
+        root.handlers[:], root.level, root.propagate = saved[0], saved[1], saved[2]
+
+    return restore
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args)
+    restore_logging = _setup_logging(args)
     try:
         return int(args.run(args) or 0)
     except MirageError as error:
@@ -281,3 +287,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+    finally:
+        restore_logging()
