@@ -36,10 +36,16 @@ class Truncated(Exception):
 
 
 def search_bodies(
-    explorer: Explorer, tiles: tuple[TensorType, ...], forloop_range: int, terms: tuple, cap: int | None
+    explorer: Explorer,
+    tiles: tuple[TensorType, ...],
+    forloop_range: int,
+    terms: tuple,
+    cap: int | None,
+    outputs: tuple[int, int] | None = None,
 ) -> tuple[list[Body], int, bool]:
-    """The closable bodies, the number of block states visited, and whether ``cap`` cut the search."""
-    search = _BlockSearch(explorer, forloop_range, cap)
+    """The closable bodies (with ``outputs[0]`` to ``outputs[1]`` outputs), the number of block states
+    visited, and whether ``cap`` cut the search."""
+    search = _BlockSearch(explorer, forloop_range, cap, outputs or (1, explorer.space.max_block_outputs))
     evaluator = explorer.context.evaluator
     root = BlockState(
         (),
@@ -95,7 +101,10 @@ def _containing(num_tensors: int, arity: int) -> tuple[tuple[int, ...], ...]:
 
 
 class _BlockSearch:
-    def __init__(self, explorer: Explorer, forloop_range: int, cap: int | None) -> None:
+    def __init__(
+        self, explorer: Explorer, forloop_range: int, cap: int | None, outputs: tuple[int, int]
+    ) -> None:
+        self.least_outputs, self.most_outputs = outputs
         self.explorer = explorer
         self.space = explorer.space
         self.forloop_range = forloop_range
@@ -234,7 +243,7 @@ class _BlockSearch:
 
     def _closable(self, state: BlockState) -> tuple[int, ...] | None:
         """The sinks, if every one is an accumulated non-input and there are not too many."""
-        if state.open_count or not 0 < state.sink_count <= self.space.max_block_outputs:
+        if state.open_count or not self.least_outputs <= state.sink_count <= self.most_outputs:
             return None
         return tuple(state.sinks())
 
@@ -244,4 +253,4 @@ class _BlockSearch:
         left = self.space.max_block_ops - tensors
         if open_sinks > left * self.arity:
             return False
-        return sinks - left * (self.arity - 1) <= self.space.max_block_outputs
+        return sinks - left * (self.arity - 1) <= self.most_outputs

@@ -91,7 +91,12 @@ def input_sets(num_tensors: int) -> tuple[tuple[int, ...], ...]:
 
 
 def block_headers(
-    inputs: tuple[int, ...], types: Sequence[TensorType], space: SearchSpace, rejected: list[int]
+    inputs: tuple[int, ...],
+    types: Sequence[TensorType],
+    space: SearchSpace,
+    rejected: list[int],
+    outputs: tuple[int, int] | None = None,
+    final: bool = False,
 ) -> Iterator[BlockHeader]:
     """Every (grid, block, input maps, for-loop dims, for-loop range) for these inputs, in Mirage's
     loop order.  Headers whose input iterators do not fit are counted in ``rejected[0]``."""
@@ -107,7 +112,17 @@ def block_headers(
                         if tiles is None:
                             rejected[0] += 1
                             continue
-                        yield BlockHeader(inputs, grid, block, forloop_range, imaps, fmaps, tiles)
+                        yield BlockHeader(
+                            inputs,
+                            grid,
+                            block,
+                            forloop_range,
+                            imaps,
+                            fmaps,
+                            tiles,
+                            outputs or (1, space.max_block_outputs),
+                            final,
+                        )
 
 
 def _tiles(

@@ -5,8 +5,9 @@ record as it finishes, and yields ``None`` about twice a second so that the driv
 progress bar and write checkpoints; :attr:`live_states` is a live count of states visited;
 :meth:`close` stops outstanding work.
 
-Worker processes are forked when the platform allows it, so they share the saturated e-graph of
-the target and the reference's fingerprints with the parent instead of rebuilding them.
+Worker processes start from a fork server (a clean process, so no lock held by another thread of
+this one is copied into them) and receive the search context once, pickled: each saturates the
+target's e-graph and draws the verifier's tests again (same seed), which takes about a second.
 """
 
 from __future__ import annotations
@@ -84,8 +85,12 @@ class ProcessExecutor:
     name = "processes"
 
     def __init__(self, context: SearchContext, workers: int) -> None:
+        # A fork server starts workers from a clean process: forking this one could copy locks held
+        # by its other threads (BLAS pools, the e-graph library) and deadlock the workers.
         methods = multiprocessing.get_all_start_methods()
-        mp = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        mp = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        if mp.get_start_method() == "forkserver":
+            mp.set_forkserver_preload(["mirage.generator.executors"])
         self.workers = workers
         self._counter = mp.Value("q", 0)
         self._stop = mp.Value("b", 0)

@@ -311,27 +311,41 @@ class Explorer:
                 continue
             # after the op, the consumed sinks are gone and it adds 1 to max_block_outputs sinks
             remaining = len(sinks - set(inputs))
-            if not any(
-                self._lookahead_ok(remaining + k, ops_left, graph_defined_left)
+            counts = [
+                k
                 for k in range(1, self.space.max_block_outputs + 1)
-            ):
+                if self._lookahead_ok(remaining + k, ops_left, graph_defined_left)
+            ]
+            if not counts:
                 pruned["kernel_lookahead"] += 1
                 continue
+            final = ops_left == 0 and graph_defined_left == 0
             rejected = [0]
-            yield from block_headers(inputs, [types[i] for i in inputs], self.space, rejected)
+            yield from block_headers(
+                inputs, [types[i] for i in inputs], self.space, rejected, (min(counts), max(counts)), final
+            )
             pruned["input_maps"] += rejected[0]
 
     # ---- graph-defined ops ------------------------------------------------------------------------
 
     def run_header(self, state: KernelState, header: BlockHeader, depth: int) -> None:
         """The block-level search under one header, and the kernel subtrees of its closed graphs."""
-        key = (header.tiles, header.forloop_range, tuple(state.terms[i] for i in header.inputs))
+        key = (
+            header.tiles,
+            header.forloop_range,
+            tuple(state.terms[i] for i in header.inputs),
+            header.outputs,
+        )
         base = self.position
         cap = None if self.state_cap is None else self.state_cap - base
         bodies, truncated = self._bodies(key, cap)
         self.stats.block_states += bodies.states
         extra = 0
+        final_check = header.final and self.rules.enabled("output_expression")
         for body in bodies.bodies:
+            if final_check and not self.rules.outputs_match_target(body.terms):
+                self.stats.pruned["output_expression"] += 1  # the outputs of the µGraph: must match
+                continue
             self.position = base + body.position + 1 + extra
             before = self.position
             for child in self._close(state, header, body):
@@ -348,8 +362,8 @@ class Explorer:
             if cap is not None and cached.states > cap:
                 return BodyList(tuple(b for b in cached.bodies if b.position < cap), cap), True
             return cached, False
-        tiles, forloop_range, terms = key
-        bodies, states, truncated = search_bodies(self, tiles, forloop_range, terms, cap)
+        tiles, forloop_range, terms, outputs = key
+        bodies, states, truncated = search_bodies(self, tiles, forloop_range, terms, cap, outputs)
         self.stats.block_states_searched += states
         result = body_list(bodies, states)
         if not truncated:

@@ -51,6 +51,8 @@ class BlockHeader:
     input_maps: tuple[Dim3, ...]
     forloop_dims: tuple[int, ...]
     tiles: tuple[TensorType, ...]  # the tile each input iterator yields per block and iteration
+    outputs: tuple[int, int] = (1, 2)  # how many outputs the block graph may have (least, most)
+    final: bool = False  # nothing can follow the op: its outputs are the µGraph's outputs
 
 
 @dataclass(frozen=True)

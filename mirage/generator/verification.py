@@ -89,8 +89,15 @@ class VerifierChecker:
         from mirage.verifier import Verifier
 
         self.name = f"finite-field fingerprints (delta={delta:g})"
-        self.reference = reference
+        self.reference, self.seed, self.delta = reference, seed, delta
         self.verifier = Verifier(reference, delta=delta, seed=seed)
+
+    def __getstate__(self) -> dict:
+        # the receiving process draws the same tests again (same seed) instead of unpickling them
+        return {"reference": self.reference, "seed": self.seed, "delta": self.delta}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["reference"], state["seed"], state["delta"])  # type: ignore[misc]
 
     def match(self, candidate: KernelGraph, sinks: Sequence[Ref]) -> tuple[Ref, ...] | None:
         from mirage.verifier import NotVerifiableError
