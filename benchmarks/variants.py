@@ -54,33 +54,38 @@ def _rows(stages: tuple[int, ...], **axes) -> list[Variant]:
 
 
 def _attention_rows() -> list[Variant]:
+    """Row-sum µGraphs (Mirage's element-wise sums measured slower on every split, see
+    docs/performance.md): 32 or 64 query rows per block, 4–16 key splits of 64 or 128 keys per
+    iteration, combines of 16 rows or of the first kernel's rows."""
     rows = []
-    for row_sums, q_splits, kv_splits, keys in itertools.product(
-        (False, True), (2, 4, 8), (4, 8, 16, 32), (64, 128)
-    ):
+    for q_splits, kv_splits, keys in itertools.product((4, 8), (4, 8, 16), (64, 128)):
         iters = KEYS // (kv_splits * keys)
-        if iters < 1:
-            continue
-        for threads in (128, 256) if q_splits <= 4 else (128,):
+        threads = 256 if q_splits <= 4 else 128
+        for combine_rows in sorted({16, QUERIES // q_splits}):
             arguments = (
                 ("kv_splits", kv_splits),
                 ("q_splits", q_splits),
                 ("iters", iters),
                 ("threads", threads),
-                ("row_sums", row_sums),
+                ("row_sums", True),
+                ("combine_rows", combine_rows),
             )
-            rows.append(Variant(arguments, (2,)))
+            rows.append(Variant(arguments, (2, 3)))
     return rows
 
 
-def attention_fused(b: int, qknorm: bool, row_sums: bool = False, **splits) -> KernelGraph:
+def attention_fused(
+    b: int, qknorm: bool, row_sums: bool = False, combine_rows: int | None = None, **splits
+) -> KernelGraph:
     """Mirage's attention µGraph (``attention.fused``), or with ``row_sums`` its variant that sums
     ``exp(S)`` over the keys inside the first kernel (``forloop_accum(..., acc="sum")``): the partial
     sums are then one value per query row and key split instead of one per key, which the first
-    kernel writes and the combine reads (a µGraph of the same search space)."""
+    kernel writes and the combine reads (a µGraph of the same search space).  ``combine_rows``:
+    query rows per block of the combine kernel (default: those of the first kernel)."""
     if not row_sums:
         return attention.fused(b, qknorm, **splits)
     kv_splits, q_splits, iters = splits["kv_splits"], splits["q_splits"], splits["iters"]
+    combine_splits = QUERIES // (combine_rows or QUERIES // q_splits)
     heads = 2 * b
     g = mi.new_kernel_graph("qknorm" if qknorm else "gqa")
     q, k, v = (
@@ -105,7 +110,7 @@ def attention_fused(b: int, qknorm: bool, row_sums: bool = False, **splits) -> K
     tb.new_output(numerators, output_map=(0, 2, 1))  # [2b, 256, 64 kv_splits]
     partial_sums, partial_numerators = g.customized([q, k, v], tb)
     tb2 = mi.new_threadblock_graph(
-        grid_dim=(heads, q_splits, 1), block_dim=(128, 1, 1), forloop_range=1, reduction_dimx=64
+        grid_dim=(heads, combine_splits, 1), block_dim=(128, 1, 1), forloop_range=1, reduction_dimx=64
     )
     total = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")  # [1, rows, 1]
     n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)), acc="sum_todimx")
@@ -117,16 +122,10 @@ def attention_fused(b: int, qknorm: bool, row_sums: bool = False, **splits) -> K
 
 # program → (family rows, builder(size, **arguments))
 FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
-    "rmsnorm": (
-        _rows((3, 4), grid=(96, 128, 192, 384), iters=(8, 16, 32), threads=(128, 256)),
-        mlp.rmsnorm_fused,
-    ),
-    "gatedmlp": (
-        _rows((3, 4), grid=(64, 128, 256), iters=(8, 16, 32), threads=(128, 256)),
-        mlp.gatedmlp_fused,
-    ),
+    "rmsnorm": (_rows((3, 4), grid=(96, 128), iters=(8, 16), threads=(256, 512)), mlp.rmsnorm_fused),
+    "gatedmlp": (_rows((3, 4), grid=(128,), iters=(16, 32), threads=(128, 256)), mlp.gatedmlp_fused),
     "lora": (_rows((2,), grid=(32, 64, 128), concat=(False, True), threads=(128, 256)), mlp.lora_fused),
-    "ntrans": (_rows((2,), threads=(128, 256, 512, 1024)), ntrans.fused),
+    "ntrans": (_rows((2,), threads=(256, 512, 1024)), ntrans.fused),
     "gqa": (_attention_rows(), lambda b, **kw: attention_fused(b, False, **kw)),
     "qknorm": (_attention_rows(), lambda b, **kw: attention_fused(b, True, **kw)),
 }

@@ -48,12 +48,24 @@ NEGATIVE_INFINITY = "mirage::gen::negative_infinity()"
 class KernelLowering:
     """Lowers one prepared graph-defined op (see the module docstring)."""
 
-    def __init__(self, kernel: PreparedKernel, name: str, accumulator_element: str = "float") -> None:
+    def __init__(
+        self,
+        kernel: PreparedKernel,
+        name: str,
+        accumulator_element: str = "float",
+        smem_limit: int | None = None,
+    ) -> None:
         self.kernel = kernel
         self.name = name
         self.graph: BlockGraph = kernel.block_graph
         self.accumulator_element = accumulator_element
         self.threads = math.prod(self.graph.block_dim)
+        # Block-wide reductions (several warps per output) combine through a scratch of one float
+        # per warp after the planned buffers, when the target's shared memory has room for it.
+        offset = -(-kernel.smem_bytes // 16) * 16
+        scratch_end = offset + 4 * max(self.threads // 32, 1)
+        self.scratch = offset if smem_limit is None or scratch_end <= smem_limit else None
+        self.scratch_used = False
         self.epilogue_consumer = {producer: consumer for consumer, producer in kernel.registers.epilogues}
         self.in_registers = frozenset(kernel.registers.accumulators)
         self.functions: dict[int, ctx.ThreadFunction] = {}
@@ -266,7 +278,7 @@ class KernelLowering:
                 reducer = ctx.Reducer.SUM if node.op is Op.REDUCTION else ctx.Reducer.MAX
                 dim = rank4_dim(node.outputs[0].rank, node.attrs.dim)
                 return ctx.ReduceProducer(
-                    reducer, dim, "mirage::dev::Identity", self.operand(node.inputs[0])
+                    reducer, dim, "mirage::dev::Identity", self.operand(node.inputs[0]), self._scratch()
                 ), None
             case Op.REDUCTION_TO_DIMX:
                 dim = rank4_dim(node.outputs[0].rank, node.attrs.dim)
@@ -274,12 +286,18 @@ class KernelLowering:
                     dim, self.graph.reduction_dimx, self.operand(node.inputs[0])
                 ), None
             case Op.RMS_NORM:
-                return ctx.RmsNormProducer(node.attrs.eps, self.operand(node.inputs[0])), None
+                return ctx.RmsNormProducer(node.attrs.eps, self.operand(node.inputs[0]), self._scratch()), None
             case Op.RUNNING_MAX:
                 return ctx.MapProducer("mirage::dev::Identity", layout, (self.operand(node.inputs[0]),)), i
             case Op.ACCUM | Op.ACCUM_RESCALE:
                 return self._accumulator_producer(i), i
         raise LoweringError(f"block op {node.op.value} has no producer")
+
+    def _scratch(self) -> int | None:
+        """The scratch offset for a reduction producer (and note that the kernel needs it)."""
+        if self.scratch is not None:
+            self.scratch_used = True
+        return self.scratch
 
     def _accumulator_producer(self, i: int) -> ctx.Producer:
         node = self.graph.nodes[i]
@@ -288,9 +306,9 @@ class KernelLowering:
             case AccumKind.NONE | AccumKind.MAX:
                 return ctx.MapProducer("mirage::dev::Identity", self._result_layout(i), (source,))
             case AccumKind.SUM | AccumKind.MEAN:
-                return ctx.ReduceProducer(ctx.Reducer.SUM, 3, "mirage::dev::Identity", source)
+                return ctx.ReduceProducer(ctx.Reducer.SUM, 3, "mirage::dev::Identity", source, self._scratch())
             case AccumKind.RMS:
-                return ctx.ReduceProducer(ctx.Reducer.SUM, 3, "mirage::dev::Square", source)
+                return ctx.ReduceProducer(ctx.Reducer.SUM, 3, "mirage::dev::Square", source, self._scratch())
             case AccumKind.SUM_TODIMX:
                 return ctx.ReduceToDimxProducer(3, self.graph.reduction_dimx, source)
         raise LoweringError(f"accumulator kind {node.attrs.kind.value} has no lowering")
@@ -416,6 +434,13 @@ class KernelLowering:
                     steps.append(ctx.StoreStep(savers[item.node]))
         return out
 
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory of the kernel: the plan, and the reduction scratch if a step uses it."""
+        if self.scratch_used and self.scratch is not None:
+            return self.scratch + 4 * max(self.threads // 32, 1)
+        return self.kernel.smem_bytes
+
     def context(self) -> ctx.KernelContext:
         steps = self.steps()
         bound = {t.name: t for t in self._tiles.values() if t.offset >= 0}
@@ -424,7 +449,7 @@ class KernelLowering:
             node=self.kernel.node,
             threads=self.threads,
             grid=self.graph.grid_dim,
-            smem_bytes=self.kernel.smem_bytes,
+            smem_bytes=self.smem_bytes,
             forloop_range=self.graph.forloop_range,
             stages=self.stages,
             parameters=self.parameters(),

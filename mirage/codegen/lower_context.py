@@ -136,6 +136,7 @@ class ReduceProducer:
     dim: int  # rank-4
     prologue: str  # device functor applied to each input element (Identity, Square)
     operand: Tile
+    scratch: int | None = None  # byte offset of the block-wide reduction scratch (None: a warp per output)
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ class RmsNormProducer:
     kind: ClassVar[str] = "rms_norm"
     eps: float
     operand: Tile
+    scratch: int | None = None  # as ReduceProducer.scratch
 
 
 Producer = MapProducer | MatmulProducer | ReduceProducer | ReduceToDimxProducer | RmsNormProducer
@@ -303,7 +305,7 @@ class KernelContext:
     node: int  # the graph-defined op in the prepared graph
     threads: int
     grid: tuple[int, int, int]
-    smem_bytes: int
+    smem_bytes: int  # the memory plan's bytes plus the reduction scratch after them
     forloop_range: int
     stages: int  # pipeline depth of the pipelined inputs (1: no pipeline)
     parameters: tuple[Parameter, ...]  # outputs, then inputs (the launch's argument order)

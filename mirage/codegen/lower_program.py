@@ -191,7 +191,7 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
     launches = []
     for kernel in prepared.kernels:
         name = f"{prefix}_k{kernel.node}"
-        context = KernelLowering(kernel, name, accumulator).context()
+        context = KernelLowering(kernel, name, accumulator, prepared.target.smem_per_block).context()
         contexts.append(context)
         node = graph.nodes[kernel.node]
         launches.append(
@@ -200,7 +200,7 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
                 kernel.node,
                 kernel.grid_dim,
                 (context.threads, 1, 1),
-                kernel.smem_bytes,
+                context.smem_bytes,
                 tuple(Ref(kernel.node, j) for j in range(len(node.outputs))),
                 node.inputs,
             )

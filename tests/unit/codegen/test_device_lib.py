@@ -129,6 +129,7 @@ BLOCK_REDUCTION_BARRIERS = [
     ("reduce_3x2048_t256", 5),
     ("rms_norm_1x4096_t1024", 5),  # two rms_norm calls
     ("rms_norm_2x4096_t256", 5),
+    ("reduce_2x4096_t512_warps", 1),  # no scratch: a warp per row
 ]
 
 

@@ -1,10 +1,16 @@
 // Test kernels for block-wide reductions (reduction.cuh, gen::rms_norm_apply): few long rows, so
-// that several warps reduce each row and combine through shared memory. Built by
-// test_device_lib.py (SASS) and run by test_reduction_gpu.py.
+// that several warps reduce each row and combine through a scratch in dynamic shared memory (after
+// the tile). Built by test_device_lib.py (SASS) and run by test_reduction_gpu.py.
 #include <mirage/mirage.cuh>
 #include <mirage/gen/kernel.cuh>
 
 using namespace mirage::dev;
+
+// The scratch of a block-wide reduction, after a tile of layout L.
+template <class T, class L>
+__device__ ReductionScratch scratch_after(char* shared) {
+  return ReductionScratch{shared_at<float>(shared, round_up(L::storage * sizeof(T), 16))};
+}
 
 template <class T, class L, int NumThreads>
 __device__ SharedTile<T, L> load_rows(const T* in, char* shared) {
@@ -24,9 +30,9 @@ __device__ void reduce_rows(float* out, const __half* in, int which) {
   const auto x = load_rows<__half, L, N>(in, shared);
   const auto emit = [&](int row, float value) { out[row] = value; };
   if (which == 0) {
-    reduce_apply<N, 3, SumReduce>(x, Square{}, emit);
+    reduce_apply<N, 3, SumReduce>(x, Square{}, emit, scratch_after<__half, L>(shared));
   } else {
-    reduce_apply<N, 3, MaxReduce>(x, Identity{}, emit);
+    reduce_apply<N, 3, MaxReduce>(x, Identity{}, emit, scratch_after<__half, L>(shared));
   }
 }
 
@@ -37,8 +43,16 @@ __device__ void rms_norm_rows(float* out, const __half* in, float eps) {
   using L = RowMajor<R, C>;
   extern __shared__ __align__(128) char shared[];
   const auto x = load_rows<__half, L, N>(in, shared);
-  mirage::gen::rms_norm_apply<N>(x, eps, [&](int linear, float value) { out[linear] = value; });
-  mirage::gen::rms_norm_apply<N>(x, eps, [&](int linear, float value) { out[R * C + linear] = 2.0f * value; });
+  const auto scratch = scratch_after<__half, L>(shared);
+  // emit functions take chunks of consecutive elements (gen/chunk.cuh)
+  const auto first = [&](int linear, auto& values) {
+    for (int e = 0; e < mirage::gen::chunk_of<decltype(values)>; ++e) out[linear + e] = values[e];
+  };
+  const auto second = [&](int linear, auto& values) {
+    for (int e = 0; e < mirage::gen::chunk_of<decltype(values)>; ++e) out[R * C + linear + e] = 2.0f * values[e];
+  };
+  mirage::gen::rms_norm_apply<N>(x, eps, first, scratch);
+  mirage::gen::rms_norm_apply<N>(x, eps, second, scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(512) reduce_2x4096_t512(float* out, const __half* in, int which) {
@@ -55,4 +69,12 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_1x4096_t1024(float* 
 }
 extern "C" __global__ void __launch_bounds__(256) rms_norm_2x4096_t256(float* out, const __half* in, float eps) {
   rms_norm_rows<2, 4096, 256>(out, in, eps);
+}
+
+// Without a scratch the same reduction uses one warp per row (no combine, one barrier: the load's).
+extern "C" __global__ void __launch_bounds__(512) reduce_2x4096_t512_warps(float* out, const __half* in) {
+  using L = WithPitch<RowMajor<2, 4096>, 4104>;
+  extern __shared__ __align__(128) char shared[];
+  const auto x = load_rows<__half, L, 512>(in, shared);
+  reduce_apply<512, 3, SumReduce>(x, Square{}, [&](int row, float value) { out[row] = value; });
 }

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import mirage as mi
-from benchmarks.mugraphs import CASES
+from benchmarks.mugraphs import CASES, ntrans
 from mirage.codegen import lower_context as ctx
 from mirage.codegen import lower_ops
 from mirage.codegen.lower_ops import LoweringError, plan_pitch, tile_layout
@@ -86,7 +86,9 @@ def test_gqa_launch_description():
     assert set(combine.inputs) == {Ref(3, 0), Ref(3, 1), Ref(3, 2)}
     assert first.arguments == first.outputs + first.inputs
     for launch, kernel in zip(program.kernels, program.prepared.kernels, strict=True):
-        assert launch.smem_bytes == kernel.smem_bytes <= TARGETS["H100"].smem_per_block
+        # the plan, plus the reduction scratch (one float per warp) when a step reduces
+        assert launch.smem_bytes in (kernel.smem_bytes, kernel.smem_bytes + 16)
+        assert launch.smem_bytes <= TARGETS["H100"].smem_per_block
         signature = program.code.split(f" {launch.name}(")[1].split(") {")[0]
         parameters = [p.split()[-1] for p in signature.split(",")]
         expected = [f"output{j}" for j in range(len(launch.outputs))] + [
@@ -331,3 +333,18 @@ def test_accumulators_of_a_one_iteration_loop_are_stored_without_clearing():
     rms_rows_context = generate_cuda_program(rms_rows(), 90).contexts[0]  # forloop_range 2: cleared, added
     fills = [s for s in rms_rows_context.pre_loop if s.kind == "fill"]
     assert len(fills) == 2
+
+
+def test_reductions_get_a_scratch_after_the_planned_buffers():
+    """The block-wide reduction scratch sits after the memory plan and is counted in the launch."""
+    program = generate_cuda_program(ntrans.fused(1, threads=512), 90)
+    ((context, kernel),) = zip(program.contexts, program.prepared.kernels, strict=True)
+    producers = [s.producer for s in context.loop if s.kind == "chain" and s.producer.kind == "rms_norm"]
+    assert len(producers) == 2
+    offset = -(-kernel.smem_bytes // 16) * 16
+    assert {p.scratch for p in producers} == {offset}
+    assert program.kernels[0].smem_bytes == context.smem_bytes == offset + 4 * 512 // 32
+    assert f"ReductionScratch{{mirage::dev::shared_at<float>(shared, {offset})}}" in program.code
+    lora = generate_cuda_program(CASES["lora_m16"].fused(), 90)  # no reduction: no scratch
+    assert lora.kernels[0].smem_bytes == lora.prepared.kernels[0].smem_bytes
+    assert "ReductionScratch" not in lora.code

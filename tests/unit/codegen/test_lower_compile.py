@@ -75,3 +75,12 @@ def test_tensor_core_and_async_copy_paths_are_taken(built):
     _, result = built["gqa_b1"]
     sass = result.sass()
     assert "LDGSTS" in sass and "HMMA" in sass
+
+
+def test_elementwise_chains_use_vector_shared_accesses(built):
+    """nTrans: the rms_norm producers and their element-wise epilogues read and store whole chunks
+    (16-byte shared accesses), and a block-wide reduction combines across warps."""
+    _, result = built["ntrans_b1"]
+    sass = result.sass()
+    assert "LDS.128" in sass and "STS.128" in sass
+    assert "LDL" not in sass and "STL" not in sass

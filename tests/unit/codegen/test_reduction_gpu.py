@@ -23,11 +23,11 @@ def module():
     return cupy.RawModule(path=str(compile_source(SOURCE.read_text(), CompileOptions()).cubin_path))
 
 
-def _run(module, name: str, threads: int, out_elements: int, x: torch.Tensor, extra) -> np.ndarray:
+def _run(module, name: str, threads: int, out_elements: int, x: torch.Tensor, *extra) -> np.ndarray:
     out = torch.full((out_elements,), float("nan"), dtype=torch.float32, device="cuda")
     function = module.get_function(name)
     function.max_dynamic_shared_size_bytes = 64 * 1024
-    function((1, 1, 1), (threads, 1, 1), (cupy.asarray(out), cupy.asarray(x), extra), shared_mem=64 * 1024)
+    function((1, 1, 1), (threads, 1, 1), (cupy.asarray(out), cupy.asarray(x), *extra), shared_mem=64 * 1024)
     torch.cuda.synchronize()
     return out.double().cpu().numpy()
 
@@ -49,6 +49,14 @@ def test_block_wide_reduction(module, name, threads, rows, cols, which):
     expected = (reference**2).sum(axis=1) if which == 0 else reference.max(axis=1)
     got = _run(module, name, threads, rows, x, np.int32(which))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_warp_per_row_reduction_without_scratch(module):
+    x = torch.randn(2, 4096, generator=torch.Generator().manual_seed(3)).half().cuda()
+    expected = (x.double().cpu().numpy() ** 2).sum(axis=1)
+    np.testing.assert_allclose(
+        _run(module, "reduce_2x4096_t512_warps", 512, 2, x), expected, rtol=1e-5, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize(

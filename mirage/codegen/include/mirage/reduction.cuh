@@ -3,10 +3,11 @@
 // reduce: the output has the input's shape with dim `Dim` set to 1. A group of G lanes
 // (G a power of two <= 32, chosen at compile time from the number of outputs and threads)
 // reduces one output element: each lane strides over the reduced dim, then the group combines
-// with warp shuffles. When the outputs are few and the reduced dim is long (at least
-// kBlockReductionMinExtent elements), spare warps join in: W warps per output each reduce a
-// slice, then combine through a small static shared array (two barriers inside the call, so
-// every thread of the block must call it, as with every collective op). Rows along the last dim
+// with warp shuffles. Given a ReductionScratch (kScratchFloats<NumThreads> floats of shared memory
+// that nothing else uses during the call), few outputs of a long reduced dim (at least
+// kBlockReductionMinExtent elements) are reduced by several warps each: W warps per output each
+// reduce a slice, then combine through the scratch (two barriers inside the call, so every thread
+// of the block must call it, as with every collective op). Rows along the last dim
 // are read as 16-byte vectors (LDS.128) when each lane gets at least one whole vector. A prologue
 // is applied to each input element before the reduction (e.g. Square for a sum of squares) and an
 // epilogue to each result (e.g. a Chain).
@@ -89,8 +90,7 @@ MIRAGE_DEVICE float combine_lanes(float value) {
 // block calls it; each warp's lane 0 publishes its warp's value, and every thread gets the total
 // of its output's warps (threads beyond the outputs get the identity). Two barriers.
 template <int Outputs, int Warps, class Reduce>
-MIRAGE_DEVICE float combine_warps(float value, int output) {
-  __shared__ float partial[Outputs * Warps];
+MIRAGE_DEVICE float combine_warps(float value, int output, float* partial) {
   const int warp = thread_index() / kWarpSize;
   if (output < Outputs && thread_index() % kWarpSize == 0) partial[warp] = value;
   __syncthreads();
@@ -106,16 +106,33 @@ MIRAGE_DEVICE float combine_warps(float value, int output) {
 
 }  // namespace detail
 
-// Calls store(output_index, value) once for each element of the reduced tile (row-major index
-// in Resized<InLayout, Dim, 1>), from one thread.
-template <int NumThreads, int Dim, class Reduce, class In, class InLayout, class Prologue, class Store>
-MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, Store store) {
+// Floats of shared scratch a block-wide reduction of NumThreads threads may use (one per warp).
+template <int NumThreads>
+constexpr int kScratchFloats = NumThreads / kWarpSize > 0 ? NumThreads / kWarpSize : 1;
+
+// Shared memory for the cross-warp combine of block-wide reductions (kScratchFloats floats,
+// 4-byte aligned), handed to reduce_apply and gen::rms_norm_apply by the caller.
+struct ReductionScratch {
+  float* data;
+};
+
+namespace detail {
+
+// Warps per output for a reduction that may (BlockWide) or may not use a scratch.
+template <bool BlockWide>
+constexpr int warps_per_output(int group, int outputs, int extent, int threads) {
+  return BlockWide && group == kWarpSize ? reduction_warps(outputs, extent, threads) : 1;
+}
+
+template <int NumThreads, int Dim, class Reduce, bool BlockWide, class In, class InLayout, class Prologue,
+          class Store>
+MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, Store store, float* scratch) {
   static_assert(Dim >= 0 && Dim < 4, "reduction dim out of range");
   using OutLayout = Resized<InLayout, Dim, 1>;
   constexpr int kOutputs = OutLayout::size;
   constexpr int kExtent = InLayout::dim(Dim);
-  constexpr int kGroup = detail::reduction_group(kOutputs, kExtent, NumThreads);
-  constexpr int kWarps = kGroup == kWarpSize ? detail::reduction_warps(kOutputs, kExtent, NumThreads) : 1;
+  constexpr int kGroup = reduction_group(kOutputs, kExtent, NumThreads);
+  constexpr int kWarps = warps_per_output<BlockWide>(kGroup, kOutputs, kExtent, NumThreads);
   constexpr int kLanes = kGroup * kWarps;  // threads per output
   static_assert(kGroup == 1 || NumThreads % kWarpSize == 0, "shuffle reductions need whole warps");
   const Reduce reduce{};
@@ -129,7 +146,7 @@ MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, 
       OutLayout::coordinates(output, index);
       if constexpr (Dim == 3) {
         const In* row = in.data + InLayout::offset(index[0], index[1], index[2], 0);
-        value = detail::reduce_row_slice<kExtent, kLanes, InLayout::pitch, Reduce>(row, lane, prologue);
+        value = reduce_row_slice<kExtent, kLanes, InLayout::pitch, Reduce>(row, lane, prologue);
       } else {
         for (int element = lane; element < kExtent; element += kLanes) {
           index[Dim] = element;
@@ -137,13 +154,29 @@ MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, 
         }
       }
     }
-    value = detail::combine_lanes<kGroup, Reduce>(value);
+    value = combine_lanes<kGroup, Reduce>(value);
     if constexpr (kWarps > 1) {
       static_assert(kOutputs * kLanes <= NumThreads, "a block-wide reduction runs in one round");
-      value = detail::combine_warps<kOutputs, kWarps, Reduce>(value, output);
+      static_assert(kOutputs * kWarps <= kScratchFloats<NumThreads>, "the scratch holds one float per warp");
+      value = combine_warps<kOutputs, kWarps, Reduce>(value, output, scratch);
     }
     if (output < kOutputs && lane == 0) store(output, value);
   }
+}
+
+}  // namespace detail
+
+// Calls store(output_index, value) once for each element of the reduced tile (row-major index
+// in Resized<InLayout, Dim, 1>), from one thread. Each output is reduced by at most one warp.
+template <int NumThreads, int Dim, class Reduce, class In, class InLayout, class Prologue, class Store>
+MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, Store store) {
+  detail::reduce_apply<NumThreads, Dim, Reduce, false>(in, prologue, store, nullptr);
+}
+
+// The same, with several warps per output where the outputs are few and long (see the top).
+template <int NumThreads, int Dim, class Reduce, class In, class InLayout, class Prologue, class Store>
+MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, Store store, ReductionScratch scratch) {
+  detail::reduce_apply<NumThreads, Dim, Reduce, true>(in, prologue, store, scratch.data);
 }
 
 template <int NumThreads, int Dim, class Reduce, class Out, class OutLayout, class In, class InLayout,

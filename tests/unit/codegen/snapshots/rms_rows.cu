@@ -18,7 +18,7 @@ struct rms_rows_k1_f4 {
 };
 }  // namespace
 
-// graph-defined op %1: grid (4, 1, 1), 128 threads, 13056 bytes of shared memory
+// graph-defined op %1: grid (4, 1, 1), 128 threads, 13072 bytes of shared memory
 extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
     __half* __restrict__ output0,
     const __half* __restrict__ input0) {
@@ -51,25 +51,25 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
     const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 128, 136>> t0 = in0.stage(iteration);
     {  // %1 → store %1
       const auto sink = mirage::gen::store_into(t1);
-      const auto emit = [&](int linear, float value) {
-        sink(linear, value);
+      const auto emit = [&](int linear, auto& values) {
+        sink.chunk(linear, values);
       };
       mirage::gen::map_apply<kThreads, mirage::dev::Layout<1, 1, 16, 128, 128>>(rms_rows_k1_f1{}, emit, t0);
     }
     {  // %3 → add %3
       const auto sink = mirage::gen::add_into(t3);
-      const auto emit = [&](int linear, float value) {
-        sink(linear, value);
+      const auto emit = [&](int linear, auto& values) {
+        sink.chunk(linear, values);
       };
-      mirage::dev::reduce_apply<kThreads, 3, mirage::dev::SumReduce>(t0, mirage::dev::Square{}, emit);
+      mirage::dev::reduce_apply<kThreads, 3, mirage::dev::SumReduce>(t0, mirage::dev::Square{}, mirage::gen::single(emit), mirage::dev::ReductionScratch{mirage::dev::shared_at<float>(shared, 13056)});
     }
     __syncthreads();  // depth 1 → 2
     {  // %2 → add %2
       const auto sink = mirage::gen::add_into(t2);
-      const auto emit = [&](int linear, float value) {
-        sink(linear, value);
+      const auto emit = [&](int linear, auto& values) {
+        sink.chunk(linear, values);
       };
-      mirage::dev::reduce_apply<kThreads, 3, mirage::dev::SumReduce>(t1, mirage::dev::Identity{}, emit);
+      mirage::dev::reduce_apply<kThreads, 3, mirage::dev::SumReduce>(t1, mirage::dev::Identity{}, mirage::gen::single(emit), mirage::dev::ReductionScratch{mirage::dev::shared_at<float>(shared, 13056)});
     }
     __syncthreads();  // end of iteration
   }
@@ -79,8 +79,8 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
   __syncthreads();  // depth 0 → 1
   {  // %4 → store %4
     const auto sink = mirage::gen::store_into(t4);
-    const auto emit = [&](int linear, float value) {
-      sink(linear, value);
+    const auto emit = [&](int linear, auto& values) {
+      sink.chunk(linear, values);
     };
     mirage::gen::map_apply<kThreads, mirage::dev::Layout<1, 1, 16, 1, 1>>(rms_rows_k1_f4{}, emit, t2, t3);
   }

@@ -61,8 +61,8 @@ extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
   __syncthreads();  // depth 0 → 1
   {  // %4 → store %4
     const auto sink = mirage::gen::store_into(t4);
-    const auto emit = [&](int linear, float value) {
-      sink(linear, value);
+    const auto emit = [&](int linear, auto& values) {
+      sink.chunk(linear, values);
     };
     mirage::gen::map_apply<kThreads, mirage::dev::Layout<1, 1, 16, 64, 64>>(small_linear_k2_f4{}, emit, t3);
   }

@@ -1,13 +1,15 @@
 // What generated kernels need beyond the device library (mirage/*.cuh), kept apart from it.
 //
 // A generated kernel computes every block op as a *producer* that hands each element of its
-// result, once, to an *emit* function `emit(linear, value)` (linear: the row-major index in the
-// result's logical shape); the emit function applies the op's epilogue chain (fused thread
-// graphs that read the value in registers) and ends in a *sink*: a store into a shared tile, or
-// an accumulator update. Producers:
+// result, once, to an *emit* function, in chunks (chunk.cuh): `emit(linear, values)` with
+// `float (&values)[C]` the C consecutive elements of a row starting at row-major index `linear`
+// of the result's logical shape. The emit function applies the op's epilogue chain (fused thread
+// graphs that read the values in registers) and ends in a *sink*: a store into a shared tile, or
+// an accumulator update (`sink.chunk(linear, values)`). Producers:
 //
 //   map_apply<NumThreads, OutLayout>(function, emit, tiles...)   n-ary element-wise (broadcasting)
-//   dev::reduce_apply / dev::reduce_to_dimx_apply                 reductions (device library)
+//   dev::reduce_apply / dev::reduce_to_dimx_apply                 reductions (device library; their
+//                                                                 per-element store is single(emit))
 //   rms_norm_apply<NumThreads>(tile, eps, emit)                   x / sqrt(mean(x², last dim) + eps)
 //   BlockMatmul<NumThreads, Product...>::apply(emit, a, b, ...)   Σ_i A_i · B_i, batched
 //
@@ -18,8 +20,10 @@
 
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "../mirage.cuh"
+#include "chunk.cuh"
 
 namespace mirage::gen {
 
@@ -47,27 +51,43 @@ MIRAGE_DEVICE float load_broadcast(dev::SharedTile<T, L> tile, const int (&index
 
 // ---- producers --------------------------------------------------------------------------------
 
-// emit(i, function(tiles[i]...)) for every element i of OutLayout; each tile broadcasts to it.
+namespace detail {
+
+template <int C, class Function, class... Tiles, std::size_t... I>
+MIRAGE_DEVICE void map_chunk(Function function, const int (&index)[4], float (&values)[C], std::index_sequence<I...>,
+                             Tiles... tiles) {
+  float operands[sizeof...(Tiles)][C];
+  (load_chunk(tiles, index, operands[I]), ...);
+#pragma unroll
+  for (int e = 0; e < C; ++e) values[e] = function(operands[I][e]...);
+}
+
+}  // namespace detail
+
+// emit(i, function(tiles[i]...)) for every element i of OutLayout, in chunks; each tile broadcasts
+// to OutLayout.
 template <int NumThreads, class OutLayout, class Function, class Emit, class... Tiles>
 MIRAGE_DEVICE void map_apply(Function function, Emit emit, Tiles... tiles) {
   static_assert((dev::kBroadcastsTo<typename Tiles::TileLayout, OutLayout> && ...),
                 "an operand does not broadcast to the result");
-  for (int linear = dev::thread_index(); linear < OutLayout::size; linear += NumThreads) {
+  constexpr int kChunk = chunk_elements(OutLayout::cols, OutLayout::size, NumThreads);
+  for_each_chunk<NumThreads, OutLayout, kChunk>([&](int linear) {
     int index[4];
     OutLayout::coordinates(linear, index);
-    emit(linear, function(load_broadcast(tiles, index)...));
-  }
+    float values[kChunk];
+    detail::map_chunk(function, index, values, std::index_sequence_for<Tiles...>{}, tiles...);
+    emit(linear, values);
+  });
 }
 
-// emit(i, x[i] / sqrt(mean of x² over the last dim + eps)): lanes per row as dev::reduce_apply
-// chooses them (a group of a warp's lanes, or several warps per row for few long rows, which
-// combine through a small static shared array); no scratch memory from the plan.
-template <int NumThreads, class T, class L, class Emit>
-MIRAGE_DEVICE void rms_norm_apply(dev::SharedTile<T, L> in, float eps, Emit emit) {
+namespace detail {
+
+template <int NumThreads, bool BlockWide, class T, class L, class Emit>
+MIRAGE_DEVICE void rms_norm_apply(dev::SharedTile<T, L> in, float eps, Emit emit, float* scratch) {
   constexpr int kRows = L::rows;
   constexpr int kExtent = L::cols;
   constexpr int kGroup = dev::detail::reduction_group(kRows, kExtent, NumThreads);
-  constexpr int kWarps = kGroup == dev::kWarpSize ? dev::detail::reduction_warps(kRows, kExtent, NumThreads) : 1;
+  constexpr int kWarps = dev::detail::warps_per_output<BlockWide>(kGroup, kRows, kExtent, NumThreads);
   constexpr int kLanes = kGroup * kWarps;
   static_assert(kGroup == 1 || NumThreads % dev::kWarpSize == 0, "shuffle reductions need whole warps");
   for (int base = 0; base < kRows * kLanes; base += NumThreads) {
@@ -82,36 +102,80 @@ MIRAGE_DEVICE void rms_norm_apply(dev::SharedTile<T, L> in, float eps, Emit emit
     sum = dev::detail::combine_lanes<kGroup, dev::SumReduce>(sum);
     if constexpr (kWarps > 1) {
       static_assert(kRows * kLanes <= NumThreads, "a block-wide reduction runs in one round");
-      sum = dev::detail::combine_warps<kRows, kWarps, dev::SumReduce>(sum, row);
+      sum = dev::detail::combine_warps<kRows, kWarps, dev::SumReduce>(sum, row, scratch);
     }
     const float scale = rsqrtf(sum / static_cast<float>(kExtent) + eps);
     if (row < kRows) {
-#pragma unroll 4
-      for (int element = lane; element < kExtent; element += kLanes) {
-        const int linear = row * kExtent + element;
-        emit(linear, in.load(linear) * scale);
+      constexpr int kChunk = chunk_elements(kExtent, kExtent, kLanes);
+#pragma unroll 2
+      for (int chunk = lane; chunk < kExtent / kChunk; chunk += kLanes) {
+        float values[kChunk];
+        read_chunk<L::pitch>(in.data + row * L::pitch + chunk * kChunk, values);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) values[e] *= scale;
+        emit(row * kExtent + chunk * kChunk, values);
       }
     }
   }
 }
 
-// ---- sinks (called by one thread per element) ---------------------------------------------------
+}  // namespace detail
+
+// emit(i, x[i] / sqrt(mean of x² over the last dim + eps)): lanes per row as dev::reduce_apply
+// chooses them (a group of a warp's lanes); no scratch memory.
+template <int NumThreads, class T, class L, class Emit>
+MIRAGE_DEVICE void rms_norm_apply(dev::SharedTile<T, L> in, float eps, Emit emit) {
+  detail::rms_norm_apply<NumThreads, false>(in, eps, emit, nullptr);
+}
+
+// The same with a scratch: few long rows are reduced by several warps each (dev::reduce_apply).
+template <int NumThreads, class T, class L, class Emit>
+MIRAGE_DEVICE void rms_norm_apply(dev::SharedTile<T, L> in, float eps, Emit emit, dev::ReductionScratch scratch) {
+  detail::rms_norm_apply<NumThreads, true>(in, eps, emit, scratch.data);
+}
+
+// ---- sinks (called by one thread per element or chunk) -------------------------------------------
+
+// sink.chunk(linear, values) as one call per element, for sinks without a vector form.
+template <class Sink>
+struct ElementwiseChunks {
+  template <int C>
+  MIRAGE_DEVICE void chunk(int linear, const float (&values)[C]) const {
+    const Sink& sink = static_cast<const Sink&>(*this);
+#pragma unroll
+    for (int e = 0; e < C; ++e) sink(linear + e, values[e]);
+  }
+};
 
 template <class T, class L>
 struct StoreSink {
   dev::SharedTile<T, L> tile;
   MIRAGE_DEVICE void operator()(int linear, float value) const { tile.store(linear, value); }
+  template <int C>
+  MIRAGE_DEVICE void chunk(int linear, const float (&values)[C]) const {
+    write_chunk<L::pitch>(tile.data + L::offset_of(linear), values);
+  }
 };
 
 template <class L>
 struct AddSink {
   dev::SharedTile<float, L> acc;
   MIRAGE_DEVICE void operator()(int linear, float value) const { acc.at_linear(linear) += value; }
+  template <int C>
+  MIRAGE_DEVICE void chunk(int linear, const float (&values)[C]) const {
+    float* target = acc.data + L::offset_of(linear);
+    float sums[C];
+    read_chunk<L::pitch>(target, sums);
+#pragma unroll
+    for (int e = 0; e < C; ++e) sums[e] += values[e];
+    write_chunk<L::pitch>(target, sums);
+  }
 };
 
 template <class L>
-struct MaxSink {
+struct MaxSink : ElementwiseChunks<MaxSink<L>> {
   dev::SharedTile<float, L> acc;
+  MIRAGE_DEVICE MaxSink(dev::SharedTile<float, L> tile) : acc(tile) {}
   MIRAGE_DEVICE void operator()(int linear, float value) const {
     float& target = acc.at_linear(linear);
     target = fmaxf(target, value);
@@ -120,9 +184,11 @@ struct MaxSink {
 
 // The running maximum keeps its value before this iteration's update, for rescaling accumulators.
 template <class L>
-struct RunningMaxSink {
+struct RunningMaxSink : ElementwiseChunks<RunningMaxSink<L>> {
   dev::SharedTile<float, L> current;
   dev::SharedTile<float, L> previous;
+  MIRAGE_DEVICE RunningMaxSink(dev::SharedTile<float, L> now, dev::SharedTile<float, L> before)
+      : current(now), previous(before) {}
   MIRAGE_DEVICE void operator()(int linear, float value) const {
     const float old = current.at_linear(linear);
     previous.at_linear(linear) = old;
@@ -135,6 +201,8 @@ template <class AccLayout, class MaxLayout>
 struct RescaleFactor {
   dev::SharedTile<float, MaxLayout> current;
   dev::SharedTile<float, MaxLayout> previous;
+  // One factor per row: a chunk (consecutive elements of a row) shares it.
+  static constexpr bool kPerRow = MaxLayout::dim3 == 1;
   MIRAGE_DEVICE float operator()(int linear) const {
     static_assert(dev::kBroadcastsTo<MaxLayout, AccLayout>, "the maxima must broadcast to the accumulator");
     int index[4];
@@ -153,6 +221,21 @@ struct RescaleSink {
     float& target = acc.at_linear(linear);
     target = target * factor(linear) + value;
   }
+  template <int C>
+  MIRAGE_DEVICE void chunk(int linear, const float (&values)[C]) const {
+    if constexpr (RescaleFactor<L, MaxLayout>::kPerRow) {
+      const float scale = factor(linear);
+      float* target = acc.data + L::offset_of(linear);
+      float sums[C];
+      read_chunk<L::pitch>(target, sums);
+#pragma unroll
+      for (int e = 0; e < C; ++e) sums[e] = sums[e] * scale + values[e];
+      write_chunk<L::pitch>(target, sums);
+    } else {
+#pragma unroll
+      for (int e = 0; e < C; ++e) (*this)(linear + e, values[e]);
+    }
+  }
 };
 
 template <class T, class L>
@@ -160,10 +243,10 @@ MIRAGE_DEVICE StoreSink<T, L> store_into(dev::SharedTile<T, L> tile) { return {t
 template <class L>
 MIRAGE_DEVICE AddSink<L> add_into(dev::SharedTile<float, L> acc) { return {acc}; }
 template <class L>
-MIRAGE_DEVICE MaxSink<L> max_into(dev::SharedTile<float, L> acc) { return {acc}; }
+MIRAGE_DEVICE MaxSink<L> max_into(dev::SharedTile<float, L> acc) { return MaxSink<L>(acc); }
 template <class L>
 MIRAGE_DEVICE RunningMaxSink<L> running_max_into(dev::SharedTile<float, L> current, dev::SharedTile<float, L> previous) {
-  return {current, previous};
+  return RunningMaxSink<L>(current, previous);
 }
 template <class L, class MaxLayout>
 MIRAGE_DEVICE RescaleSink<L, MaxLayout> rescale_into(dev::SharedTile<float, L> acc, dev::SharedTile<float, MaxLayout> current,
@@ -310,14 +393,17 @@ struct BlockMatmul {
     Engine<First>::for_each(acc, [&](int row, int col, float& value) { function((batch * M + row) * N + col, value); });
   }
 
-  // emit(linear, (Σ_i A_i · B_i)[linear]) for every element of the result.
+  // emit(linear, {(Σ_i A_i · B_i)[linear]}) for every element of the result (chunks of one).
   template <class Emit, class... Tiles>
   static MIRAGE_DEVICE void apply(Emit emit, Tiles... tiles) {
     for (int batch = 0; batch < kBatch; ++batch) {
       Accumulator acc;
       acc.clear();
       multiply(acc, batch, tiles...);
-      for_each(acc, batch, [&](int linear, float& value) { emit(linear, value); });
+      for_each(acc, batch, [&](int linear, float& value) {
+        float values[1] = {value};
+        emit(linear, values);
+      });
     }
   }
 
