@@ -286,7 +286,9 @@ class KernelLowering:
                     dim, self.graph.reduction_dimx, self.operand(node.inputs[0])
                 ), None
             case Op.RMS_NORM:
-                return ctx.RmsNormProducer(node.attrs.eps, self.operand(node.inputs[0]), self._scratch()), None
+                return ctx.RmsNormProducer(
+                    node.attrs.eps, self.operand(node.inputs[0]), self._scratch()
+                ), None
             case Op.RUNNING_MAX:
                 return ctx.MapProducer("mirage::dev::Identity", layout, (self.operand(node.inputs[0]),)), i
             case Op.ACCUM | Op.ACCUM_RESCALE:
@@ -306,7 +308,9 @@ class KernelLowering:
             case AccumKind.NONE | AccumKind.MAX:
                 return ctx.MapProducer("mirage::dev::Identity", self._result_layout(i), (source,))
             case AccumKind.SUM | AccumKind.MEAN:
-                return ctx.ReduceProducer(ctx.Reducer.SUM, 3, "mirage::dev::Identity", source, self._scratch())
+                return ctx.ReduceProducer(
+                    ctx.Reducer.SUM, 3, "mirage::dev::Identity", source, self._scratch()
+                )
             case AccumKind.RMS:
                 return ctx.ReduceProducer(ctx.Reducer.SUM, 3, "mirage::dev::Square", source, self._scratch())
             case AccumKind.SUM_TODIMX:
