@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--case-time-limit", type=float, default=1800.0, help="seconds per case")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/verifier_fuzz.json"))
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the cases already in --output and run only the others")
     parser.add_argument("--throughput", action="store_true",
                         help="instead of fuzzing, time verification of each fused benchmark graph")
     args = parser.parse_args(argv)
@@ -237,10 +239,18 @@ def main(argv: list[str] | None = None) -> int:
         args.output.write_text(json.dumps(document, indent=2) + "\n")
         return 0
     mutant_quota = quotas(args.mutants, names)
-    reports = []
+    done = {}
+    if args.resume and args.output.exists():
+        done = {c["case"]: CaseReport(**c) for c in json.loads(args.output.read_text())["cases"]}
+    reports, deficit = [], 0
     for index, name in enumerate(names):
-        report = fuzz_case(name, mutant_quota[name], args.equivalents, args.seed + index,
-                           args.case_time_limit)
+        if name in done:  # kept from an earlier run of the same command
+            report = done[name]
+        else:
+            # a case whose space of mutants ran out hands its shortfall to the next ones
+            report = fuzz_case(name, mutant_quota[name] + deficit, args.equivalents, args.seed + index,
+                               args.case_time_limit)
+        deficit = max(0, deficit + mutant_quota[name] - report.mutants_confirmed)
         logger.info("%s: %d confirmed mutants, %d rejected, %d accepted; %d/%d equivalents accepted "
                     "(%.0f s)", name, report.mutants_confirmed, report.mutants_rejected,
                     len(report.mutants_accepted), report.equivalents_accepted, report.equivalents_checked,
