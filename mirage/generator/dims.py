@@ -70,9 +70,17 @@ def _imap_fits(t: TensorType, imap: Dim3, grid: Dim3) -> bool:
 def imap_combinations(inputs: Sequence[TensorType], grid: Dim3, space: SearchSpace) -> list[tuple[Dim3, ...]]:
     """One input map per input; combinations where every input replicates along a split grid axis
     are dropped (those blocks would all compute the same thing)."""
-    per_input = [[m for m in space.imaps if _imap_fits(t, m, grid)] for t in inputs]
+    if space.imap_combos is not None:
+        candidates = [c for c in space.imap_combos if len(c) == len(inputs)]
+        chosen = [
+            c for c in candidates if all(_imap_fits(t, m, grid) for t, m in zip(inputs, c, strict=True))
+        ]
+    else:
+        chosen = list(
+            itertools.product(*[[m for m in space.imaps if _imap_fits(t, m, grid)] for t in inputs])
+        )
     combos = []
-    for combo in itertools.product(*per_input):
+    for combo in chosen:
         if any(grid[a] > 1 and all(m[a] == -1 for m in combo) for a in range(3)):
             continue
         combos.append(tuple(combo))
@@ -81,8 +89,17 @@ def imap_combinations(inputs: Sequence[TensorType], grid: Dim3, space: SearchSpa
 
 def fmap_combinations(inputs: Sequence[TensorType], space: SearchSpace) -> list[tuple[int, ...]]:
     """One for-loop dim per input: -1, or a dim of size > 1."""
-    per_input = [[d for d in space.fmaps if d == -1 or (0 <= d < t.rank and t.shape[d] > 1)] for t in inputs]
-    return [tuple(c) for c in itertools.product(*per_input)]
+
+    def fits(t: TensorType, d: int) -> bool:
+        return d == -1 or (0 <= d < t.rank and t.shape[d] > 1)
+
+    if space.fmap_combos is not None:
+        return [
+            tuple(c)
+            for c in space.fmap_combos
+            if len(c) == len(inputs) and all(fits(t, d) for t, d in zip(inputs, c, strict=True))
+        ]
+    return [tuple(c) for c in itertools.product(*[[d for d in space.fmaps if fits(t, d)] for t in inputs])]
 
 
 def _after_grid(t: TensorType, imap: Dim3, grid: Dim3, dim: int) -> int:

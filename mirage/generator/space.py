@@ -145,6 +145,8 @@ class SearchSpace:
     imaps: tuple[Dim3, ...] = DEFAULT_IMAPS
     omaps: tuple[Dim3, ...] = DEFAULT_OMAPS
     fmaps: tuple[int, ...] = (-1, 0, 1, 2)
+    imap_combos: tuple[tuple[Dim3, ...], ...] | None = None  # fixed per-input combinations (Mirage's
+    fmap_combos: tuple[tuple[int, ...], ...] | None = None  # imap_comb_to_explore); None: products
     franges: tuple[int, ...] = (4, 16, 64)
     reduction_dimx: int = 64
     max_kernel_ops: int = 5  # kernel-graph ops, input ops included (Mirage's count)
@@ -224,6 +226,8 @@ class SearchSpace:
             value = getattr(self, f.name)
             if f.name in ("kernel_ops", "block_ops"):
                 value = [c.to_json() for c in value]
+            elif f.name in ("imap_combos", "fmap_combos") and value is not None:
+                value = [[list(m) if isinstance(m, tuple) else m for m in combo] for combo in value]
             elif isinstance(value, tuple):
                 value = [list(v) if isinstance(v, tuple) else v for v in value]
             out[f.name] = value
@@ -288,6 +292,7 @@ ALIASES = {
     "griddims": "grid_dims",
     "blockdims": "block_dims",
     "imaps": "imaps",
+    "imap_comb_to_explore": "imap_combos",
     "omaps": "omaps",
     "fmaps": "fmaps",
     "franges": "franges",
@@ -378,6 +383,10 @@ def _normalize(name: str, value: Any, from_json: bool = False) -> Any:
             return None if value is None else tuple(_dim3(v) for v in value)
         case "block_dims" | "imaps" | "omaps":
             return tuple(_dim3(v) for v in value)
+        case "imap_combos":
+            return None if value is None else tuple(tuple(_dim3(m) for m in combo) for combo in value)
+        case "fmap_combos":
+            return None if value is None else tuple(tuple(int(d) for d in combo) for combo in value)
         case "fmaps" | "franges":
             values = tuple(int(v) for v in value)
             if name == "franges" and any(v < 1 for v in values):

@@ -183,3 +183,13 @@ def test_input_tuples_and_canonical_order():
         for rank in range(7):
             assert after_order(every, last, rank) == tuple(t for t in every if (t, rank) > last)
     assert input_sets(2) == ((0, 1), (0,), (1,))
+
+
+def test_fixed_map_combinations_replace_the_products():
+    q, k = TensorType((2, 256, 64), float16), TensorType((2, 64, 4096), float16)
+    combos = [((0, -1, 1), (0, 2, -1)), ((0, 1, -1), (0, 1, -1)), ((0, -1, 1),)]
+    space = SearchSpace.named("attention", imap_combos=combos, fmap_combos=[(-1, 2), (1, 9), (-1,)])
+    assert dims.imap_combinations((q, k), (2, 8, 16), space) == [((0, -1, 1), (0, 2, -1))]
+    assert dims.fmap_combinations((q, k), space) == [(-1, 2)]  # (1, 9): k has no dim 9
+    assert SearchSpace.from_json(space.to_json()) == space
+    assert SearchSpace.named("attention", imap_comb_to_explore=combos).imap_combos == space.imap_combos
