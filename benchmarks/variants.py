@@ -4,15 +4,16 @@ block dims).
 
 Each family is a table of :class:`Variant` rows (the builder's keyword arguments); rows whose µGraph
 is not valid (a split that does not divide a dim, a tile over the shared-memory limit) are dropped.
-Why each table looks as it does (docs/performance.md has the measurements):
+The tables keep the members that came out on top of two wider explorations on the H100
+(docs/performance.md; every member's time is in benchmarks/results/perf_explore_*.json):
 
-* rmsnorm, gatedmlp: weight streaming (GEMV).  Grids near the 132 SMs (128) or a whole number of
-  blocks per SM, K tiles of 128–512 rows so that one pipeline stage holds 16–64 KB, and 3–4 stages
-  so that enough bytes are in flight per SM.
+* rmsnorm, gatedmlp: weight streaming (GEMV).  128 blocks (of 96–384 tried), K tiles of 256–512
+  rows (one pipeline stage holds 24–48 KB), 3 stages (2 and 4 measured slower).
 * ntrans: one block per row; only the block size varies (block-wide reductions use every warp).
 * lora: the N split of the 4096 output columns, with and without ``concat_matmul``.
-* gqa, qknorm: FlashDecoding-like splits: query rows per block (``256 / q_splits``), key splits
-  across blocks (``kv_splits``) and keys per for-loop iteration (64 or 128).
+* gqa, qknorm: FlashDecoding-like splits with per-row partial sums (``row_sums``): query rows per
+  block (``256 / q_splits``), key splits across blocks (``kv_splits``), keys per for-loop iteration
+  (``4096 / (kv_splits · iters)``), 16 query rows per block of the combine.
 """
 
 from __future__ import annotations
@@ -53,24 +54,41 @@ def _rows(stages: tuple[int, ...], **axes) -> list[Variant]:
     ]
 
 
-def _attention_rows() -> list[Variant]:
+# (kv_splits, q_splits, iters, threads): the fastest splits of the exploration, per program
+ATTENTION_SPLITS = {
+    "gqa": [
+        (8, 8, 4, 128),
+        (16, 4, 2, 256),
+        (16, 8, 2, 128),
+        (4, 8, 16, 128),
+        (4, 4, 16, 256),
+        (8, 8, 8, 128),
+    ],
+    "qknorm": [
+        (16, 4, 2, 256),
+        (16, 4, 4, 256),
+        (16, 8, 2, 128),
+        (4, 4, 16, 256),
+        (8, 4, 8, 256),
+        (4, 8, 16, 128),
+    ],
+}
+
+
+def _attention_rows(program: str) -> list[Variant]:
     """Row-sum µGraphs (Mirage's element-wise sums measured slower on every split, see
-    docs/performance.md): 32 or 64 query rows per block, 4–16 key splits of 64 or 128 keys per
-    iteration, combines of 16 rows or of the first kernel's rows."""
+    docs/performance.md), combines of 16 query rows per block."""
     rows = []
-    for q_splits, kv_splits, keys in itertools.product((4, 8), (4, 8, 16), (64, 128)):
-        iters = KEYS // (kv_splits * keys)
-        threads = 256 if q_splits <= 4 else 128
-        for combine_rows in sorted({16, QUERIES // q_splits}):
-            arguments = (
-                ("kv_splits", kv_splits),
-                ("q_splits", q_splits),
-                ("iters", iters),
-                ("threads", threads),
-                ("row_sums", True),
-                ("combine_rows", combine_rows),
-            )
-            rows.append(Variant(arguments, (2, 3)))
+    for kv_splits, q_splits, iters, threads in ATTENTION_SPLITS[program]:
+        arguments = (
+            ("kv_splits", kv_splits),
+            ("q_splits", q_splits),
+            ("iters", iters),
+            ("threads", threads),
+            ("row_sums", True),
+            ("combine_rows", 16),
+        )
+        rows.append(Variant(arguments, (2, 3)))
     return rows
 
 
@@ -122,12 +140,12 @@ def attention_fused(
 
 # program → (family rows, builder(size, **arguments))
 FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
-    "rmsnorm": (_rows((3, 4), grid=(96, 128), iters=(8, 16), threads=(256, 512)), mlp.rmsnorm_fused),
-    "gatedmlp": (_rows((3, 4), grid=(128,), iters=(16, 32), threads=(128, 256)), mlp.gatedmlp_fused),
-    "lora": (_rows((2,), grid=(32, 64, 128), concat=(False, True), threads=(128, 256)), mlp.lora_fused),
+    "rmsnorm": (_rows((3,), grid=(128,), iters=(8, 16), threads=(256, 512)), mlp.rmsnorm_fused),
+    "gatedmlp": (_rows((3,), grid=(128,), iters=(16, 32), threads=(128, 256)), mlp.gatedmlp_fused),
+    "lora": (_rows((2,), grid=(32, 64), concat=(False, True), threads=(128, 256)), mlp.lora_fused),
     "ntrans": (_rows((2,), threads=(256, 512, 1024)), ntrans.fused),
-    "gqa": (_attention_rows(), lambda b, **kw: attention_fused(b, False, **kw)),
-    "qknorm": (_attention_rows(), lambda b, **kw: attention_fused(b, True, **kw)),
+    "gqa": (_attention_rows("gqa"), lambda b, **kw: attention_fused(b, False, **kw)),
+    "qknorm": (_attention_rows("qknorm"), lambda b, **kw: attention_fused(b, True, **kw)),
 }
 
 

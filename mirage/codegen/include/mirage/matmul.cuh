@@ -164,6 +164,45 @@ struct TensorCoreMatmul {
         }
   }
 
+  // f(row, col, value0&, value1&) for every pair of accumulator elements (row, col), (row, col + 1)
+  // this thread holds (col even): a fragment's elements come in such pairs.
+  template <class Function>
+  static MIRAGE_DEVICE void for_each_pair(Accumulator& acc, Function function) {
+    if (!active()) return;
+    const int group = lane() / 4;
+    const int pair = (lane() % 4) * 2;
+#pragma unroll
+    for (int i = 0; i < kTilesM; ++i)
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = warp_row() + i * 16 + group + half * 8;
+          float* values = acc.value[i][j] + 2 * half;
+          if (M % 16 == 0 || row < M) function(row, warp_col() + j * 8 + pair, values[0], values[1]);
+        }
+  }
+
+  // acc[m][:] *= factor(m), calling factor once per row this thread holds.
+  template <class RowFactor>
+  static MIRAGE_DEVICE void scale_rows(Accumulator& acc, RowFactor factor) {
+    if (!active()) return;
+    const int group = lane() / 4;
+#pragma unroll
+    for (int i = 0; i < kTilesM; ++i) {
+      const int row = warp_row() + i * 16 + group;
+      const float upper = (M % 16 == 0 || row < M) ? factor(row) : 1.0f;
+      const float lower = (M % 16 == 0 || row + 8 < M) ? factor(row + 8) : 1.0f;
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j) {
+        acc.value[i][j][0] *= upper;
+        acc.value[i][j][1] *= upper;
+        acc.value[i][j][2] *= lower;
+        acc.value[i][j][3] *= lower;
+      }
+    }
+  }
+
   template <class Out, class OutLayout, class Epilogue = Identity>
   static MIRAGE_DEVICE void write_back(Accumulator& acc, SharedTile<Out, OutLayout> c, Epilogue epilogue = {}) {
     static_assert(OutLayout::rows == M && OutLayout::cols == N, "the output tile must be M x N");
@@ -303,6 +342,12 @@ struct SimtMatmul {
   static MIRAGE_DEVICE void rescale_rows(Accumulator& acc, SharedTile<S, ScaleLayout> scale) {
     static_assert(ScaleLayout::rows == M && ScaleLayout::cols == 1, "the scale tile must be M x 1");
     for_each(acc, [&](int row, int, float& value) { value *= to_float(scale.data[row * ScaleLayout::pitch]); });
+  }
+
+  // acc[m][:] *= factor(m) (one output per thread and round: a call per element).
+  template <class RowFactor>
+  static MIRAGE_DEVICE void scale_rows(Accumulator& acc, RowFactor factor) {
+    for_each(acc, [&](int row, int, float& value) { value *= factor(row); });
   }
 };
 

@@ -316,6 +316,11 @@ struct MixedSimtMatmul {
     for (int round = 0; round < kRounds; ++round)
       if (owns(round)) function(output(round) / N, output(round) % N, acc.value[round]);
   }
+
+  template <class RowFactor>
+  static MIRAGE_DEVICE void scale_rows(Accumulator& acc, RowFactor factor) {
+    for_each(acc, [&](int row, int, float& value) { value *= factor(row); });
+  }
 };
 
 // One product A · B of a (batched) block matmul: A [batch..., M, K], B [batch..., K, N].
@@ -393,17 +398,25 @@ struct BlockMatmul {
     Engine<First>::for_each(acc, [&](int row, int col, float& value) { function((batch * M + row) * N + col, value); });
   }
 
-  // emit(linear, {(Σ_i A_i · B_i)[linear]}) for every element of the result (chunks of one).
+  // emit(linear, chunk) for every element of Σ_i A_i · B_i: chunks of the two consecutive elements of
+  // a row that a tensor-core fragment holds together, else of one element.
   template <class Emit, class... Tiles>
   static MIRAGE_DEVICE void apply(Emit emit, Tiles... tiles) {
     for (int batch = 0; batch < kBatch; ++batch) {
       Accumulator acc;
       acc.clear();
       multiply(acc, batch, tiles...);
-      for_each(acc, batch, [&](int linear, float& value) {
-        float values[1] = {value};
-        emit(linear, values);
-      });
+      if constexpr (kTensorCores) {
+        Engine<First>::for_each_pair(acc, [&](int row, int col, float& first, float& second) {
+          float values[2] = {first, second};
+          emit((batch * M + row) * N + col, values);
+        });
+      } else {
+        for_each(acc, batch, [&](int linear, float& value) {
+          float values[1] = {value};
+          emit(linear, values);
+        });
+      }
     }
   }
 
@@ -441,12 +454,18 @@ struct BlockMatmul {
     }
   }
 
-  // registers[linear] *= factor(linear) (online-softmax rescale).
+  // registers[linear] *= factor(linear) (online-softmax rescale); a factor that is one per row
+  // (Factor::kPerRow) is computed once per row a thread holds.
   template <class Factor>
   static MIRAGE_DEVICE void scale(Registers& registers, Factor factor) {
 #pragma unroll
-    for (int batch = 0; batch < kBatch; ++batch)
-      for_each(registers.part[batch], batch, [&](int linear, float& value) { value *= factor(linear); });
+    for (int batch = 0; batch < kBatch; ++batch) {
+      if constexpr (Factor::kPerRow) {
+        Engine<First>::scale_rows(registers.part[batch], [&](int row) { return factor((batch * M + row) * N); });
+      } else {
+        for_each(registers.part[batch], batch, [&](int linear, float& value) { value *= factor(linear); });
+      }
+    }
   }
 
   // tile[linear] = registers[linear] (collective only in that every thread writes its elements).
