@@ -6,13 +6,10 @@ are boxes.  ``render`` writes DOT, or PNG/SVG/PDF through Graphviz's ``dot`` whe
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import torch.fx as fx
 
-from mirage.errors import MirageError
 from mirage.frontend.partition import Partition
 
 _PALETTE = ["#c8e6c9", "#bbdefb", "#ffe0b2", "#e1bee7", "#fff9c4", "#b2dfdb", "#f8bbd0", "#d7ccc8"]
@@ -69,17 +66,6 @@ def partition_dot(graph: fx.Graph, part: Partition) -> str:
 
 def render(dot: str, path: str | Path, format: str | None = None) -> str:
     """Write DOT text to ``path`` (.dot, .png, .svg or .pdf); returns the path written."""
-    path = Path(path)
-    format = format or (path.suffix.lstrip(".") or "dot")
-    if format == "dot":
-        path.write_text(dot)
-        return str(path)
-    exe = shutil.which("dot")
-    if exe is None:
-        raise MirageError(f"drawing {format.upper()} needs Graphviz's `dot` (apt-get install graphviz); "
-                          "write a .dot file instead")
-    result = subprocess.run([exe, f"-T{format}", "-o", str(path)], input=dot, text=True,
-                            capture_output=True, check=False)
-    if result.returncode:
-        raise MirageError(f"dot failed ({result.returncode}): {result.stderr.strip()}")
-    return str(path)
+    from mirage.mugraph.visualize import write_dot
+
+    return write_dot(dot, path, format)

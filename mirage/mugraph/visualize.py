@@ -79,9 +79,13 @@ def to_dot(graph: KernelGraph) -> str:
 
 def render(graph: KernelGraph, path: str | Path, format: str | None = None) -> str:
     """Write ``graph`` to ``path`` (.dot, .png, .svg or .pdf); returns the path written."""
+    return write_dot(to_dot(graph), path, format)
+
+
+def write_dot(dot: str, path: str | Path, format: str | None = None) -> str:
+    """Write DOT text to ``path`` (.dot, .png, .svg or .pdf, through Graphviz); returns the path."""
     path = Path(path)
     format = format or (path.suffix.lstrip(".") or "dot")
-    dot = to_dot(graph)
     if format == "dot":
         path.write_text(dot)
         return str(path)
