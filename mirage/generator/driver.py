@@ -55,7 +55,8 @@ class SearchOptions:
     cache: bool = True
     progress: bool = True
     machine: dict[str, Any] = field(default_factory=dict)
-    stop_when: Callable[[KernelGraph], bool] | None = None  # stop once a found µGraph satisfies it
+    # stop once a found µGraph satisfies it (a picklable callable when workers are processes)
+    stop_when: Callable[[KernelGraph], bool] | None = None
 
     def key_options(self, checker_name: str) -> dict[str, Any]:
         return {"seed": self.seed, "checker": checker_name, "disabled_rules": sorted(self.disabled_rules)}
@@ -128,7 +129,7 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
 
     rules = make_rules(output_terms(reference), space, options.disabled_rules, options.oracle_config)
     stats.oracle = rules.oracle_report
-    context = SearchContext(reference, space, rules, checker, started_at)
+    context = SearchContext(reference, space, rules, checker, started_at, options.stop_when)
     stats.phase_seconds["setup"] = time.perf_counter() - wall
     logger.info("search space: %s", space.describe())
 
@@ -178,7 +179,7 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
                         checkpoint.done[record["index"]] = record
                     committer.add(record)
                     progress.unit_done(record)
-                    if options.stop_when is not None and _wanted(record, options.stop_when):
+                    if record["stop"] == StopReason.TARGET.value:
                         stop = StopReason.TARGET
                         break
                 progress.refresh()
@@ -223,14 +224,6 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     if path is not None and stop is StopReason.COMPLETE:
         path.unlink(missing_ok=True)
     return result
-
-
-def _wanted(record: dict[str, Any], predicate: Callable[[KernelGraph], bool]) -> bool:
-    from mirage.mugraph.serialize import loads
-
-    return any(
-        predicate(loads(f["graph"]) if isinstance(f["graph"], str) else f["graph"]) for f in record["found"]
-    )
 
 
 def _unit_stats(explorer: Explorer) -> dict[str, Any]:

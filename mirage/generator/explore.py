@@ -67,6 +67,7 @@ class SearchContext:
     rules: SearchRules
     checker: CandidateChecker
     started_at: float  # time.time() at the start of the search
+    stop_when: Callable[[KernelGraph], bool] | None = None  # picklable for worker processes
     memo: dict = field(default_factory=dict, repr=False)
     memo_limit: int = 20_000
     _evaluator: OpEvaluator | None = field(default=None, repr=False)
@@ -238,6 +239,8 @@ class Explorer:
         graph = dataclasses.replace(state.graph, outputs=matched)
         self.found.append(Found(graph, self.position, time.time() - self.context.started_at))
         logger.debug("verified µGraph at state %d:\n%s", self.position, graph)
+        if self.context.stop_when is not None and self.context.stop_when(graph):
+            raise StopSearch(StopReason.TARGET)
         return True
 
     def _lookahead_ok(self, sinks: int, ops_left: int, graph_defined_left: int) -> bool:

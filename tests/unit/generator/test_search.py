@@ -344,3 +344,17 @@ def test_only_the_complete_order_fuses_a_division_by_a_later_tensor():
         found[order] = {f.structure for f in result.found}
         assert result.stop_reason is StopReason.COMPLETE and found[order]
     assert fused not in found["mirage"] and fused in found["complete"]
+
+
+class _IsFused:
+    """A picklable stop condition (worker processes receive it with the search context)."""
+
+    def __call__(self, graph) -> bool:
+        return is_fused(graph)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stop_when_a_wanted_graph_is_found(workers):
+    result = search(tiny_reference(), workers=workers, stop_when=_IsFused(), **TINY, **QUIET)
+    assert result.stop_reason is StopReason.TARGET
+    assert any(is_fused(g) for g in result.graphs)
