@@ -17,6 +17,7 @@ registered by users) are applied per state.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from mirage.generator.candidates import first_order, input_tuples, order_key
@@ -166,16 +167,16 @@ class _BlockSearch:
                     pruned[failed] += 1
                     continue
             uses = list(state.uses)
-            sinks, open_sinks = state.sink_count + 1, state.open_count + (not out.after_accum)
+            sink_count, open_sinks = state.sink_count + 1, state.open_count + (not out.after_accum)
             for i in set(inputs):
                 if not uses[i]:
-                    sinks -= 1
+                    sink_count -= 1
                     open_sinks -= i < state.num_inputs or not state.types[i].after_accum
             for i in inputs:
                 uses[i] += 1
             uses.append(0)
             types = state.types + (out,)
-            if self.lookahead and not self._can_close(len(types), sinks, open_sinks):
+            if self.lookahead and not self._can_close(len(types), sink_count, open_sinks):
                 pruned["block_lookahead"] += 1
                 continue
             choice = self.space.block_ops[rank]
@@ -189,7 +190,7 @@ class _BlockSearch:
                 state.memory_bytes + nbytes,
                 state.num_inputs,
                 state.type_ids + (out_id,),
-                sinks,
+                sink_count,
                 open_sinks,
             )
             inherited = proposals[k + 1 :] if self.order else proposals
@@ -208,6 +209,7 @@ class _BlockSearch:
         skipped = swapped = 0
         complete = self.complete
         for rank, choice, arity, in_place, commutative in self.choices:
+            tuples: Sequence[tuple[int, ...]]
             if choice.op is Op.CONCAT_MATMUL:
                 tuples = _concat_matmul_tuples(state.types, made_by is not None)
             else:

@@ -89,8 +89,8 @@ class SearchRules:
         if oracle is None or not self.enabled("output_expression") or not hasattr(oracle, "pairs"):
             return True
         if self._roots is None:
-            graph = oracle.egraph
-            self._roots = [graph.find(graph.lookup(t)) for t in oracle.targets]
+            graph = oracle.egraph  # type: ignore[attr-defined]
+            self._roots = [graph.find(graph.lookup(t)) for t in oracle.targets]  # type: ignore[attr-defined]
         return all(any((root, 1) in oracle.pairs(term) for root in self._roots) for term in terms)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -99,7 +99,9 @@ class SearchRules:
         return {"context": self.context, "disabled": disabled, "disabled_checks": self.disabled_checks}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(PruningTable(state["context"], disabled=state["disabled"]), state["disabled_checks"])
+        self.__init__(  # type: ignore[misc]
+            PruningTable(state["context"], disabled=state["disabled"]), state["disabled_checks"]
+        )
 
 
 def make_rules(

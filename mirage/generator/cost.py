@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mirage.mugraph.graph import BlockGraph, KernelGraph, Node
+from mirage.mugraph.graph import Accum, BlockGraph, KernelGraph, Node
 from mirage.mugraph.ops import REGISTRY, Op
 
 
@@ -74,7 +74,7 @@ def estimated_time_us(graph: KernelGraph, model: CostModel = DEFAULT_COST_MODEL)
 
 
 def _op_name(node: Node) -> str:
-    if node.op is Op.ACCUM:
+    if isinstance(node.attrs, Accum):
         return f"accum:{node.attrs.kind.value}"
     return node.op.value
 

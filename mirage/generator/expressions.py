@@ -21,7 +21,7 @@ the terms of a whole graph (the target ``E_O`` of a reference program), inlining
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,15 @@ import numpy as np
 
 from mirage.generator import abstract_expr as ae
 from mirage.mugraph.algebra import NotInterpretable
-from mirage.mugraph.graph import Accum, AccumKind, BlockGraph, KernelGraph, TensorType, ThreadGraph
+from mirage.mugraph.graph import (
+    Accum,
+    AccumKind,
+    BlockGraph,
+    KernelGraph,
+    TensorType,
+    ThreadGraph,
+    ThreadInput,
+)
 from mirage.mugraph.ops import REGISTRY, Op, matmul_shape
 
 Term = ae.Term
@@ -149,7 +157,7 @@ def op_term(
     return row.formula(ALGEBRA, attrs, tuple(in_types), *values).term
 
 
-_DIRECT = {
+_DIRECT: dict[Op, Callable[..., Term]] = {
     Op.ADD: lambda types, x, y: ae.add(x, y),
     Op.SUB: lambda types, x, y: ae.sub(x, y),
     Op.MUL: lambda types, x, y: ae.mul(x, y),
@@ -170,7 +178,7 @@ _DIRECT = {
 def _thread_term(graph: ThreadGraph, in_types: Sequence[TensorType], in_terms: Sequence[Term]) -> Term:
     terms: dict[tuple[int, int], Term] = {}
     for i, node in enumerate(graph.nodes):
-        if node.op is Op.INPUT:
+        if isinstance(node.attrs, ThreadInput):
             terms[(i, 0)] = in_terms[node.attrs.index]
         else:
             args = [terms[(r.node, r.index)] for r in node.inputs]
@@ -203,7 +211,7 @@ def output_terms(graph: KernelGraph) -> list[Term]:
         if node.op is Op.INPUT:
             outs = [ae.variable(inputs)]
             inputs += 1
-        elif node.op is Op.CUSTOMIZED:
+        elif isinstance(node.attrs, BlockGraph):
             outs = block_terms(node.attrs, args)
         else:
             outs = [op_term(node.op, node.attrs, graph.operand_types(node), args)]

@@ -208,8 +208,7 @@ class SearchSpace:
             }
         )
         if epsilons:
-            block_ops = [_with_eps(choice, epsilons) for choice in block_ops]
-            block_ops = [c for group in block_ops for c in group]
+            block_ops = [c for choice in block_ops for c in _with_eps(choice, epsilons)]
         for choice in reference_ops(reference):
             levels = REGISTRY[choice.op].levels
             if Level.KERNEL in levels and choice.op is not Op.RMS_NORM and choice not in kernel_ops:

@@ -87,6 +87,6 @@ class SearchStatistics:
         )
 
 
-def _depth_key(item: tuple[str, int]) -> tuple[str, int]:
+def _depth_key(item: tuple[str, int]) -> tuple[bool, int]:
     level, _, depth = item[0].partition(":")
     return (level != "kernel", int(depth or 0))

@@ -32,10 +32,10 @@ class WorkUnit:
 def split(explorer: Explorer, root: KernelState) -> list[WorkUnit]:
     """The units below ``root`` (whose own visit the caller has done).  Interned type ids are
     per process, so states travel without them."""
-    units = []
+    units: list[WorkUnit] = []
     portable_root = dataclasses.replace(root, type_ids=())
-    for kind, child in explorer.children(root):
-        if kind == "kernel":
+    for _kind, child in explorer.children(root):
+        if isinstance(child, KernelState):
             units.append(WorkUnit(len(units), "kernel", dataclasses.replace(child, type_ids=())))
         else:
             units.append(WorkUnit(len(units), "header", portable_root, child))  # type: ignore[arg-type]
