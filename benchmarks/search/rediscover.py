@@ -44,7 +44,7 @@ FLASH_DECODING = {
 RESTRICTIONS: dict[str, tuple[dict[str, Any], str]] = {
     "rmsnorm_b1": ({}, "Mirage's default space (config mlp)"),
     "gatedmlp_m1": ({}, "Mirage's default space (config mlp)"),
-    "lora_m16": ({"griddims": [(64, 1, 1)]}, "one grid: 64 blocks of 64 output columns"),
+    "lora_m16": ({}, "Mirage's default space (config lora)"),
     "ntrans_b1": ({"griddims": [(1, 1, 1)]}, "one grid: one block for the single row (b = 1)"),
     "gqa_b1": (FLASH_DECODING, "the FlashDecoding grids and maps (not in Mirage's generated candidates)"),
     "qknorm_b1": (

@@ -64,6 +64,10 @@ def search_bodies(
         search.visit(root, sorted(search.proposals(root, None)), 0)
     except Truncated:
         return search.bodies, search.count, True
+    except Exception:  # a budget stop (time, interruption) inside: count the states visited
+        explorer.stats.block_states += search.count
+        explorer.stats.block_states_searched += search.count
+        raise
     return search.bodies, search.count, False
 
 
