@@ -13,7 +13,7 @@ candidates in a fixed order, so the search is deterministic.
 >>> imap_combinations((x, w), (64, 1, 1), space)[:2]
 [((-1, -1, -1), (1, -1, -1)), ((-1, -1, -1), (0, -1, -1))]
 >>> omap_candidates((64, 1, 1), space)
-[(1, -1, -1)]
+[(0, -1, -1), (1, -1, -1)]
 """
 
 from __future__ import annotations

@@ -193,3 +193,24 @@ def test_fixed_map_combinations_replace_the_products():
     assert dims.fmap_combinations((q, k), space) == [(-1, 2)]  # (1, 9): k has no dim 9
     assert SearchSpace.from_json(space.to_json()) == space
     assert SearchSpace.named("attention", imap_comb_to_explore=combos).imap_combos == space.imap_combos
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "mirage.generator.space",
+        "mirage.generator.dims",
+        "mirage.generator.candidates",
+        "mirage.generator.expressions",
+        "mirage.generator.budget",
+        "mirage.generator.stats",
+        "mirage.generator.cost",
+        "mirage.generator",
+    ],
+)
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
