@@ -25,8 +25,8 @@ def literal_tile(source, input_map, forloop_dim, grid, forloop_range, block, r):
             off[d] = block[a]
     if forloop_dim >= 0:
         off[forloop_dim] = off[forloop_dim] * forloop_range + r
-    off = [o * t for o, t in zip(off, tile)]
-    return source[tuple(slice(o, o + t) for o, t in zip(off, tile))]
+    off = [o * t for o, t in zip(off, tile, strict=True)]
+    return source[tuple(slice(o, o + t) for o, t in zip(off, tile, strict=True))]
 
 
 def literal_run(source_a, source_b, maps, grid, forloop_range, output_map):
@@ -51,7 +51,7 @@ def literal_run(source_a, source_b, maps, grid, forloop_range, output_map):
         for a, d in enumerate(output_map):
             if d >= 0:
                 off[d] = block[a] * t.shape[d]
-        out[tuple(slice(o, o + s) for o, s in zip(off, t.shape))] = t
+        out[tuple(slice(o, o + s) for o, s in zip(off, t.shape, strict=True))] = t
     return out
 
 
@@ -76,8 +76,8 @@ def test_interpreter_matches_literal_loops(a_shape, b_shape, a_map, b_map, grid,
     ta = tb.new_input(A, input_map=a_map[0], forloop_dim=a_map[1])
     tb_ = tb.new_input(B, input_map=b_map[0], forloop_dim=b_map[1])
     tb.new_output(tb.forloop_accum(tb.matmul(ta, tb_)), output_map=omap)
-    (O,) = g.customized([A, B], tb)
-    g.mark_output(O)
+    (result,) = g.customized([A, B], tb)
+    g.mark_output(result)
     (got,) = mi.interpret(g, [a, b])
     expected = literal_run(a, b, (a_map, b_map), grid, R, omap)
     assert not np.isnan(expected).any()
@@ -100,8 +100,8 @@ def test_accumulators(acc, expected):
     t = tb.new_input(X, forloop_dim=1)
     tb.new_output(tb.forloop_accum_max(t) if acc == "max" else
                   tb.forloop_accum(t, acc=acc, eps=0.5 if acc == "rms" else 0.0))
-    (O,) = g.customized([X], tb)
-    g.mark_output(O)
+    (result,) = g.customized([X], tb)
+    g.mark_output(result)
     (got,) = mi.interpret(g, [x])
     np.testing.assert_allclose(got, expected(x), rtol=1e-12)
 
@@ -120,8 +120,8 @@ def test_online_softmax_helpers_give_a_stable_softmax():
     total = tb.forloop_accum_rescale(p, m, acc="sum")
     numerator = tb.forloop_accum_rescale(tb.matmul(p, tv), m)
     tb.new_output(tb.div(numerator, total))
-    (O,) = g.customized([S, V], tb)
-    g.mark_output(O)
+    (result,) = g.customized([S, V], tb)
+    g.mark_output(result)
     (got,) = mi.interpret(g, [s, v], dtype=np.float32)
     e = np.exp(s - s.max(1, keepdims=True))
     expected = (e / e.sum(1, keepdims=True)) @ v
