@@ -92,6 +92,24 @@ def _attention_rows(program: str) -> list[Variant]:
     return rows
 
 
+def _wide_attention_rows() -> list[Variant]:
+    """Every split of the register-resident attention kernel worth timing: key splits across blocks,
+    query rows per block (``256 / q_splits``), keys per iteration (64 or 128) and 4 or 8 warps; rows
+    whose warps do not split the tile (``softmax_chain.warp_split``) are dropped."""
+    from mirage.optimizer.softmax_chain import warp_split
+
+    rows = []
+    axes = ((4, 8, 16, 32), (1, 2, 4, 8), (64, 128), (128, 256))
+    for kv_splits, q_splits, keys, threads in itertools.product(*axes):
+        iters = KEYS // (kv_splits * keys)
+        if iters < 1 or warp_split(QUERIES // q_splits, keys, threads) is None:
+            continue
+        arguments = (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
+                     ("row_sums", True), ("combine_rows", 16))
+        rows.append(Variant(arguments, (2,)))
+    return rows
+
+
 def attention_fused(
     b: int, qknorm: bool, row_sums: bool = False, combine_rows: int | None = None, **splits
 ) -> KernelGraph:
@@ -149,10 +167,20 @@ FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
 }
 
 
-def family(case_name: str) -> list[tuple[Variant, KernelGraph]]:
-    """The valid members of ``case_name``'s family with their µGraphs."""
+# wider families for explorations (``python -m benchmarks.explore --family wide``)
+WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
+    "gqa": _wide_attention_rows,
+    "qknorm": _wide_attention_rows,
+}
+
+
+def family(case_name: str, wide: bool = False) -> list[tuple[Variant, KernelGraph]]:
+    """The valid members of ``case_name``'s family with their µGraphs (``wide``: the exploration's
+    wider family, where the program has one)."""
     case = CASES[case_name]
     rows, build = FAMILIES[case.program]
+    if wide and case.program in WIDE_ROWS:
+        rows = WIDE_ROWS[case.program]()
     out = []
     for row in rows:
         try:

@@ -72,6 +72,10 @@ class KernelLowering:
         self.matmuls: dict[int, ctx.MatmulType] = {}
         self._tiles: dict[tuple[int, int], ctx.Tile] = {}
         self._check_nodes()
+        self.softmax = kernel.softmax_chain
+        self.softmax_scratch = 0  # bytes of the key-group merge scratch after the plan
+        if self.softmax is not None:
+            self._place_softmax(smem_limit)
         self.iterators = tuple(self._iterator(k, i) for k, i in enumerate(self.graph.input_nodes))
         pipelined = {it.stages for it in self.iterators if it.pipelined}
         if len(pipelined) > 1:
@@ -106,6 +110,7 @@ class KernelLowering:
                 functor(node.op)
 
     # ---- tiles -------------------------------------------------------------------------------
+
 
     def element(self, i: int) -> str:
         node = self.graph.nodes[i]
@@ -361,12 +366,53 @@ class KernelLowering:
             index_layout,
         )
 
+    # ---- the register-resident online-softmax chain --------------------------------------------
+
+    def softmax_type(self) -> ctx.OnlineSoftmaxType:
+        chain = self.softmax
+        assert chain is not None
+        q, k = (self.operand(r) for r in self.graph.nodes[chain.qk].inputs)
+        v = self.operand(self.graph.nodes[chain.pv].inputs[1])
+        score = self.function(chain.score) if chain.score is not None else "mirage::dev::Identity"
+        return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, score)
+
+    def _place_softmax(self, smem_limit: int | None) -> None:
+        """The chain's merge scratch goes after the plan (and the reduction scratch)."""
+        chain = self.softmax
+        assert chain is not None
+        self.softmax_scratch = chain.scratch_bytes
+        end = self._softmax_scratch_offset() + self.softmax_scratch
+        if smem_limit is not None and end > smem_limit:
+            raise LoweringError(
+                f"{self.name}: the online-softmax chain's merge scratch ends at {end} bytes of shared "
+                f"memory, past the target's {smem_limit}; use fewer threads per query tile or prepare "
+                "with OptimizerOptions(register_softmax=False)"
+            )
+        self.in_registers -= {chain.out}
+
+    def softmax_write_back(self) -> ctx.OnlineSoftmaxWriteBack:
+        chain = self.softmax
+        assert chain is not None
+        tiles = tuple(
+            None if i is None else self.tile(i)
+            for i in (chain.maximum, chain.running, chain.sum, chain.out)
+        )
+        return ctx.OnlineSoftmaxWriteBack(self.softmax_type(), self._softmax_scratch_offset(), tiles)
+
+    def _softmax_scratch_offset(self) -> int:
+        """After the plan and the reduction scratch (whose size is known up front)."""
+        base = -(-self.kernel.smem_bytes // 16) * 16
+        return base + -(-4 * max(self.threads // 32, 1) // 16) * 16
+
     # ---- the walk ------------------------------------------------------------------------------
 
     def loop_state(self) -> list[ctx.Step]:
         """Clear accumulators (0, or −inf for max) and running maxima (−inf) before the loop."""
         fills: list[ctx.Step] = []
+        computed = self.softmax.computed if self.softmax is not None else frozenset()
         for i, node in enumerate(self.graph.nodes):
+            if i in computed:
+                continue  # the chain's registers start cleared
             if (
                 node.op in (Op.ACCUM, Op.ACCUM_RESCALE)
                 and i not in self.in_registers
@@ -410,6 +456,12 @@ class KernelLowering:
                 out[Phase.PRE_LOOP].append(ctx.BarrierStep("loop state cleared", False, 0))
         pending_copies = False
         emitted = False
+        computed = self.softmax.computed if self.softmax is not None else frozenset()
+        if self.softmax is not None:
+            out[Phase.POST_LOOP] += [
+                self.softmax_write_back(),
+                ctx.BarrierStep("online-softmax results in shared memory", False),
+            ]
         for k, item in enumerate(items):
             steps = out[item.phase]
             if isinstance(item, Barrier):
@@ -424,6 +476,12 @@ class KernelLowering:
                 continue
             if item.epilogue_of is not None:
                 continue  # runs inside its producer's chain
+            if item.node in computed and item.action is not Action.LOAD:
+                if self.softmax is not None and item.node == self.softmax.qk:
+                    # registers only: the step writes no shared memory, and the tiles it reads (Q,
+                    # K, V) are alive the whole loop, so it needs no barrier after it
+                    steps.append(ctx.OnlineSoftmaxStep(item.node, self.softmax_type()))
+                continue  # computed by the chain's step (or written back after the loop)
             match item.action:
                 case Action.LOAD:
                     if not iterators[item.node].pipelined:
@@ -441,6 +499,8 @@ class KernelLowering:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory of the kernel: the plan, and the reduction scratch if a step uses it."""
+        if self.softmax_scratch:
+            return self._softmax_scratch_offset() + self.softmax_scratch
         if self.scratch_used and self.scratch is not None:
             return self.scratch + 4 * max(self.threads // 32, 1)
         return self.kernel.smem_bytes
@@ -462,6 +522,7 @@ class KernelLowering:
             tiles=tuple(bound[n] for n in sorted(bound, key=_tile_order)),
             iterators=self.iterators,
             registers=self.registers,
+            softmax=(self.softmax_type(),) if self.softmax is not None else (),
             pre_loop=tuple(steps[Phase.PRE_LOOP]),
             loop=tuple(steps[Phase.LOOP]),
             post_loop=tuple(steps[Phase.POST_LOOP]),

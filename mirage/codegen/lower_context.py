@@ -222,6 +222,42 @@ class RegisterChainStep:
 
 
 @dataclass(frozen=True)
+class OnlineSoftmaxType:
+    """``using name = mirage::gen::OnlineSoftmax<threads, element, Q, K, V, score>`` and its state
+    ``typename name::State name_state`` (gen/softmax.cuh)."""
+
+    name: str
+    element: str
+    q: Tile
+    k: Tile
+    v: Tile
+    score: str  # functor applied to Q·K (a ThreadFunction name, or mirage::dev::Identity)
+
+    @property
+    def state(self) -> str:
+        return f"{self.name}_state"
+
+
+@dataclass(frozen=True)
+class OnlineSoftmaxStep:
+    """One iteration of a register-resident online-softmax chain (lower_softmax)."""
+
+    kind: ClassVar[str] = "online_softmax"
+    node: int  # the chain's first matmul
+    chain: OnlineSoftmaxType
+
+
+@dataclass(frozen=True)
+class OnlineSoftmaxWriteBack:
+    """After the loop: the chain's maximum, running max, sum and output into their shared tiles."""
+
+    kind: ClassVar[str] = "online_softmax_write_back"
+    chain: OnlineSoftmaxType
+    scratch: int  # byte offset of the key-group merge scratch (unused with one group)
+    tiles: tuple[Tile | None, Tile | None, Tile | None, Tile | None]  # maximum, running, sum, out
+
+
+@dataclass(frozen=True)
 class LoadStep:
     """Issue the cp.async copies of a non-pipelined input iterator."""
 
@@ -281,6 +317,8 @@ class PrologueStep:
 Step = (
     ChainStep
     | RegisterChainStep
+    | OnlineSoftmaxStep
+    | OnlineSoftmaxWriteBack
     | LoadStep
     | FillStep
     | FinalizeStep
@@ -314,6 +352,7 @@ class KernelContext:
     tiles: tuple[Tile, ...]  # tiles bound once (offset >= 0)
     iterators: tuple[InputIteratorContext, ...]
     registers: tuple[RegisterAccumulator, ...]
+    softmax: tuple[OnlineSoftmaxType, ...]  # register-resident online-softmax chains
     pre_loop: tuple[Step, ...]
     loop: tuple[Step, ...]
     post_loop: tuple[Step, ...]

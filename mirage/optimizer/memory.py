@@ -107,8 +107,10 @@ def timeline(schedule: Schedule) -> tuple[dict[int, int], dict[int, int], dict[P
 
 def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
               layouts: dict[int, TensorLayout] | None = None, stages: int = 2,
-              accumulator_dtype: DType = DType.FLOAT32) -> tuple[list[Buffer], int]:
-    """The buffers of ``graph`` with their lifetimes (unplaced), and the timeline length."""
+              accumulator_dtype: DType = DType.FLOAT32,
+              in_registers_only: frozenset[int] = frozenset()) -> tuple[list[Buffer], int]:
+    """The buffers of ``graph`` with their lifetimes (unplaced), and the timeline length.
+    ``in_registers_only``: nodes computed in registers by a chain step (no buffer)."""
     main, finalize, spans = timeline(schedule)
     loop = spans.get(Phase.LOOP)
     # loop state is cleared, and pipelined inputs are first fetched, in the last pre-loop level
@@ -117,7 +119,7 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
     in_registers = set(registers.accumulators)
     buffers: list[Buffer] = []
     for i, node in enumerate(graph.nodes):
-        if node.op is Op.OUTPUT or i in registers.register_only:
+        if node.op is Op.OUTPUT or i in registers.register_only or i in in_registers_only:
             continue
         t = node.outputs[0]
         elements = layouts[i].physical_elements if layouts and i in layouts else t.numel
@@ -184,11 +186,35 @@ def place(buffers: Sequence[Buffer], fit: Fit, order: Callable[[Buffer], tuple])
     return placed
 
 
+def pipeline_depth(graph: BlockGraph, layouts: dict[int, TensorLayout] | None, stages: int,
+                   small_bytes: int, deepest: int) -> int:
+    """Pipeline stages for ``graph``'s pipelined inputs: ``stages``, or more, up to ``deepest`` and
+    never past the for-loop range, when one iteration's tiles total at most ``small_bytes`` — a
+    loop over small tiles (a split-KV combine reads a few KB per split) waits on memory latency
+    every iteration unless the copies of many iterations are in flight at once."""
+    pipelined = [
+        i for i, node in enumerate(graph.nodes)
+        if node.op is Op.INPUT and node.attrs.forloop_dim >= 0 and graph.forloop_range > 1
+    ]
+    if not pipelined or stages <= 1:
+        return stages  # no pipeline asked for
+    per_iteration = 0
+    for i in pipelined:
+        t = graph.nodes[i].outputs[0]
+        elements = layouts[i].physical_elements if layouts and i in layouts else t.numel
+        per_iteration += elements * t.dtype.itemsize
+    if per_iteration > small_bytes:
+        return stages
+    return max(stages, min(deepest, graph.forloop_range))
+
+
 def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
                 layouts: dict[int, TensorLayout] | None = None, target: Target = DEFAULT_TARGET,
-                stages: int = 2, accumulator_dtype: DType = DType.FLOAT32) -> MemoryPlan:
+                stages: int = 2, accumulator_dtype: DType = DType.FLOAT32,
+                in_registers_only: frozenset[int] = frozenset()) -> MemoryPlan:
     """Place every buffer of ``graph`` in shared memory (see the module docstring)."""
-    buffers, levels = lifetimes(graph, schedule, registers, layouts, stages, accumulator_dtype)
+    buffers, levels = lifetimes(graph, schedule, registers, layouts, stages, accumulator_dtype,
+                                in_registers_only)
     best: tuple[int, str, list[Buffer]] | None = None
     candidates = []
     for fit_name, fit in FITS.items():

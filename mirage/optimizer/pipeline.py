@@ -41,10 +41,12 @@ from mirage.mugraph.target import DEFAULT_TARGET, Target
 from mirage.optimizer.fusion import FusionResult, fuse_thread_graphs
 from mirage.optimizer.graphs import customized_nodes
 from mirage.optimizer.layout import LayoutCosts, LayoutPlan, TensorLayout, select_layouts
-from mirage.optimizer.memory import MemoryPlan, plan_memory
+from mirage.optimizer.memory import MemoryPlan, pipeline_depth, plan_memory
 from mirage.optimizer.registers import RegisterOptions, RegisterPlan, plan_registers
 from mirage.optimizer.schedule import Schedule, build_schedule
 from mirage.optimizer.softmax import SoftmaxResult, online_softmax
+from mirage.optimizer.softmax_chain import SoftmaxChain
+from mirage.optimizer.softmax_chain import match as match_softmax_chain
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,10 @@ class OptimizerOptions:
     fusion: bool = True  # fuse element-wise chains into thread graphs
     wrap_single: bool = True  # wrap single element-wise ops into FUSED nodes too
     hoist_invariants: bool = True  # run loop-invariant ops before the for-loop
+    register_softmax: bool = True  # attention chains in registers (softmax_chain), not op by op
     stages: int = 2  # copies of each pipelined input tile (2 = double, 3 = triple buffering)
+    prefetch_small_bytes: int = 8192  # loops loading at most this per iteration prefetch deeper...
+    prefetch_stages: int = 8  # ...up to this many stages (memory.pipeline_depth)
     accumulator_dtype: DType = DType.FLOAT32  # element type of accumulators and running maxima
     registers: RegisterOptions = field(default_factory=RegisterOptions)
     layout_costs: LayoutCosts = field(default_factory=LayoutCosts)
@@ -76,6 +81,7 @@ class PreparedKernel:
     layouts: tuple[TensorLayout | None, ...]  # per block node (None for output savers)
     input_layouts: tuple[TensorLayout, ...]  # device tensors read, in input-iterator order
     output_layouts: tuple[TensorLayout, ...]  # device tensors written, in output-saver order
+    softmax_chain: SoftmaxChain | None = None  # an online-softmax chain run in registers
 
     @property
     def smem_bytes(self) -> int:
@@ -177,11 +183,21 @@ def _schedule(k: int, block: BlockGraph, state: PassState) -> Schedule:
     return build_schedule(block, registers, state.options.hoist_invariants)
 
 
+def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain | None:
+    if not state.options.register_softmax:
+        return None
+    layouts = state.records["select_layouts"].of_kernel(k)
+    return match_softmax_chain(block, dict(state.records["schedule"])[k], layouts)
+
+
 def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
     o = state.options
     layouts = state.records["select_layouts"].of_kernel(k)
+    stages = pipeline_depth(block, layouts, o.stages, o.prefetch_small_bytes, o.prefetch_stages)
+    chain = dict(state.records["plan_softmax_chain"])[k]
     return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
-                       layouts, state.target, o.stages, o.accumulator_dtype)
+                       layouts, state.target, stages, o.accumulator_dtype,
+                       chain.register_only if chain is not None else frozenset())
 
 
 PIPELINE: tuple[Pass, ...] = (
@@ -190,6 +206,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("select_layouts", _layouts, "innermost dim and swizzles of every tensor (z3)"),
     Pass("plan_registers", _per_kernel(_registers), "epilogues and register-resident accumulators"),
     Pass("schedule", _per_kernel(_schedule), "steps by depth, barriers between depths"),
+    Pass("plan_softmax_chain", _per_kernel(_softmax_chain), "attention chains kept in registers"),
     Pass("plan_memory", _per_kernel(_memory), "shared-memory offsets from lifetimes"),
 )
 
@@ -219,7 +236,8 @@ def prepare(graph, target: Target = DEFAULT_TARGET,
     # shared memory is checked by the memory plan, with real lifetimes, not check's estimate
     check(result, dataclasses.replace(target, smem_per_block=1 << 40))
     layouts: LayoutPlan = state.records["select_layouts"]
-    plans = {name: dict(state.records[name]) for name in ("plan_registers", "schedule", "plan_memory")}
+    plans = {name: dict(state.records[name])
+             for name in ("plan_registers", "schedule", "plan_softmax_chain", "plan_memory")}
     kernels = []
     for k in customized_nodes(result):
         node = result.nodes[k]
@@ -230,7 +248,8 @@ def prepare(graph, target: Target = DEFAULT_TARGET,
             memory=plans["plan_memory"][k],
             layouts=tuple(shared.get(i) for i in range(len(block.nodes))),
             input_layouts=tuple(layouts.of_device(r) for r in node.inputs),
-            output_layouts=tuple(layouts.of_device(Ref(k, j)) for j in range(len(node.outputs)))))
+            output_layouts=tuple(layouts.of_device(Ref(k, j)) for j in range(len(node.outputs))),
+            softmax_chain=plans["plan_softmax_chain"][k]))
     total = sum(r.seconds for r in records)
     log.info("prepared %s: %d kernels in %.2f s", source.name or "graph", len(kernels), total)
     return PreparedProgram(source, result, tuple(kernels), layouts, target, options, tuple(records))

@@ -67,8 +67,22 @@ def test_options_switch_passes_off():
 
 def test_pipeline_stages_grow_shared_memory():
     graph = matmul_chain(k=256)
-    sizes = [prepare(graph, options=OptimizerOptions(stages=s)).kernels[0].smem_bytes for s in (1, 2, 3)]
+    options = [OptimizerOptions(stages=s, prefetch_small_bytes=0) for s in (1, 2, 3)]
+    sizes = [prepare(graph, options=o).kernels[0].smem_bytes for o in options]
     assert sizes[0] < sizes[1] < sizes[2]
+
+
+@pytest.mark.parametrize(
+    ("stages", "small_bytes", "expected"), [(2, 1 << 20, 4), (3, 1 << 20, 4), (2, 0, 2), (1, 1 << 20, 1)]
+)
+def test_loops_of_small_tiles_prefetch_every_iteration(stages, small_bytes, expected):
+    """matmul_chain's tiles total a few KB per iteration: with a pipeline asked for, all 4 of its
+    iterations are in flight at once (never more stages than iterations; stages=1 stays unpipelined)."""
+    graph = matmul_chain(k=256)
+    options = OptimizerOptions(stages=stages, prefetch_small_bytes=small_bytes)
+    (kernel,) = prepare(graph, options=options).kernels
+    slots = {b.slots for b in kernel.memory.buffers if b.kind.value == "input_stages"}
+    assert slots == {expected}
 
 
 def test_prepare_rejects_invalid_graphs_and_oversized_plans():

@@ -11,7 +11,7 @@ struct small_linear_k2_f4 {
 };
 }  // namespace
 
-// graph-defined op %2: grid (4, 1, 1), 128 threads, 11776 bytes of shared memory
+// graph-defined op %2: grid (4, 1, 1), 128 threads, 23552 bytes of shared memory
 extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
     __half* __restrict__ output0,
     const __half* __restrict__ input0,
@@ -23,12 +23,12 @@ extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
   const mirage::dev::SharedTile<float, mirage::dev::Layout<1, 1, 16, 64, 64>> t3{mirage::dev::shared_at<float>(shared, 0)};
   const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 64, 64>> t4{mirage::dev::shared_at<__half>(shared, 4096)};
   const mirage::dev::Strides in0_strides = mirage::dev::row_major_strides(1, 1, 16, 128);
-  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 16, 32, 40>, 2, kThreads> in0(
+  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 16, 32, 40>, 4, kThreads> in0(
       input0, in0_strides,
       mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 16, 32, 40>>(in0_strides, mirage::dev::DimMap{-1, -1, -1}, 3, kForloopRange, blockIdx),
-      kForloopRange, mirage::dev::shared_at<__half>(shared, 9216));
+      kForloopRange, mirage::dev::shared_at<__half>(shared, 18432));
   const mirage::dev::Strides in1_strides = mirage::dev::row_major_strides(1, 1, 128, 256);
-  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 32, 64, 72>, 2, kThreads> in1(
+  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 32, 64, 72>, 4, kThreads> in1(
       input1, in1_strides,
       mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 32, 64, 72>>(in1_strides, mirage::dev::DimMap{3, -1, -1}, 2, kForloopRange, blockIdx),
       kForloopRange, mirage::dev::shared_at<__half>(shared, 0));
@@ -36,18 +36,18 @@ extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
   mm2::fill(registers3, 0.0f);
 
   // ---- before the for-loop
-  for (int stage = 0; stage < 1; ++stage) {
+  for (int stage = 0; stage < 3; ++stage) {
     in0.load(stage);
     in1.load(stage);
-    mirage::dev::Pipeline<2>::commit();
+    mirage::dev::Pipeline<4>::commit();
   }
 
   // ---- the for-loop
   for (int iteration = 0; iteration < kForloopRange; ++iteration) {
-    in0.load(iteration + 1);
-    in1.load(iteration + 1);
-    mirage::dev::Pipeline<2>::commit();
-    mirage::dev::Pipeline<2>::wait();
+    in0.load(iteration + 3);
+    in1.load(iteration + 3);
+    mirage::dev::Pipeline<4>::commit();
+    mirage::dev::Pipeline<4>::wait();
     const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 32, 40>> t0 = in0.stage(iteration);
     const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 32, 64, 72>> t1 = in1.stage(iteration);
     {  // %2 → registers of %3

@@ -1,0 +1,105 @@
+"""Explore a case's family on the GPU: every member, compiled in parallel, timed, float-checked.
+
+    python -m benchmarks.explore --cases gqa_b1,qknorm_b8 --family wide --out DIR [--op-by-op]
+
+Unlike selection (``benchmarks.run --ours select``), which float-checks only the fastest builds,
+every member here is checked against the float64 reference, so that a new lowering is tested on
+every split of the family it may be chosen from.  ``--op-by-op`` also builds each member with the
+register-resident online-softmax chain switched off (``OptimizerOptions(register_softmax=False)``),
+for a before/after comparison in one run.  Writes ``explore_<date>.json`` under ``--out``: per
+member the label, pipeline depth, chain on/off, grids, shared memory, median µs and the error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from mirage.errors import MirageError
+
+log = logging.getLogger("benchmarks.explore")
+
+
+def explore_case(case_name: str, wide: bool, op_by_op: bool, replays: int) -> list[dict]:
+    from benchmarks.mugraphs import CASES
+    from benchmarks.variants import family
+    from mirage.codegen.gpu_check import check_on_gpu, random_inputs
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.codegen.profile import time_graph
+    from mirage.codegen.runtime import build_many
+    from mirage.mugraph.interpret import interpret
+    from mirage.optimizer import OptimizerOptions
+
+    reference = CASES[case_name].reference()
+    inputs = random_inputs(reference, seed=0)
+    expected = interpret(reference, [x.detach().cpu() for x in inputs], dtype=np.float64)
+    rows, programs = [], []
+    for variant, graph in family(case_name, wide=wide):
+        for stages in variant.stages:
+            for chain in (True, False) if op_by_op else (True,):
+                options = dataclasses.replace(OptimizerOptions(), stages=stages, register_softmax=chain)
+                row = {"case": case_name, "label": variant.label, "stages": stages, "register_softmax": chain,
+                       "grids": [b.grid_dim for b in graph.block_graphs()]}
+                try:
+                    program = generate_cuda_program(graph, None, options=options)
+                except MirageError as error:
+                    row["failure"] = f"generate: {type(error).__name__}: {str(error).splitlines()[0]}"
+                    rows.append(row)
+                    continue
+                row["smem_bytes"] = [k.smem_bytes for k in program.kernels]
+                row["chain_kernels"] = program.code.count("mirage::gen::OnlineSoftmax<")
+                rows.append(row)
+                programs.append((row, program))
+    log.info("%s: %d builds", case_name, len(programs))
+    built = build_many([p for _, p in programs])
+    for (row, _), program in zip(programs, built, strict=True):
+        if isinstance(program, Exception):
+            row["failure"] = f"compile: {str(program).splitlines()[0]}"
+            continue
+        try:
+            program.load()
+            row["median_us"] = time_graph(lambda p=program: p.launch(inputs), replays=replays).median_us
+            result = check_on_gpu(reference, program, inputs=inputs, reference=expected)
+            row["relative_error"], row["passed"] = result.worst_error, result.passed
+        except Exception as error:  # noqa: BLE001 - recorded and reported, never hidden
+            message = str(error).splitlines()[0] if str(error) else ""
+            row["failure"] = f"run: {type(error).__name__}: {message}"
+    timed = sorted((r for r in rows if r.get("passed")), key=lambda r: r["median_us"])
+    for r in timed[:5]:
+        log.info("%s  %.2f µs  %s s%d chain=%s", case_name, r["median_us"], r["label"], r["stages"],
+                 r["register_softmax"])
+    wrong = [r for r in rows if "passed" in r and not r["passed"]]
+    failed = [r for r in rows if "failure" in r]
+    log.info("%s: %d passed, %d wrong, %d failed", case_name, len(timed), len(wrong), len(failed))
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", required=True, help="comma-separated case names")
+    parser.add_argument("--family", choices=["tuned", "wide"], default="tuned")
+    parser.add_argument("--op-by-op", action="store_true", help="also build every member without the chain")
+    parser.add_argument("--replays", type=int, default=100)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from mirage.codegen.profile import device_facts
+
+    facts = device_facts()
+    result = {"facts": facts, "family": args.family, "cases": {}}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for case in args.cases.split(","):
+        result["cases"][case] = explore_case(case, args.family == "wide", args.op_by_op, args.replays)
+        (out / f"explore_{facts['date']}.json").write_text(json.dumps(result, indent=1))
+    bad = [r for rows in result["cases"].values() for r in rows if "passed" in r and not r["passed"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

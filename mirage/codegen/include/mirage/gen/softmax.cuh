@@ -1,0 +1,299 @@
+// The online-softmax chain of an attention µGraph, kept in registers (FlashAttention-2's scheme).
+//
+// The online-softmax rewrite (mirage/optimizer/softmax.py) turns the loop body of an attention
+// block graph into this chain over a query tile Q [R, D], a key tile K [D, N] (keys contiguous, as
+// the benchmark stores them) and a value tile V [N, E]:
+//
+//   S = score(Q · K)                         score: the fused element-wise ops on the product
+//   m = running_max(reduction_max(S))        the row maximum over the keys seen so far
+//   P = exp(S − m)
+//   l = l · exp(m_prev − m) + Σ_keys P        accum_rescale (sum), optional
+//   O = O · exp(m_prev − m) + P · V           accum_rescale of the second matmul
+//   M = max over iterations of reduction_max(S)   accum (max), optional
+//
+// Op by op, S and P go through shared memory with a barrier between every two ops. Here they stay
+// in the tensor-core fragments: S is the C fragment of `mma.sync` m16n8k16, the row maxima and sums
+// are quad shuffles (a row of a fragment lives in four lanes), P is converted in registers into the
+// A fragments of P · V. Warps split the rows in 16-row tiles and, when there are more warps than
+// row tiles, the keys of every tile in `kGroups` groups; each group keeps its own m, l and O, merged
+// once after the loop (write_back, through `scratch`).
+//
+//   using Chain = OnlineSoftmax<NumThreads, __half, QLayout, KLayout, VLayout, Score>;
+//   typename Chain::State state;  Chain::clear(state);         before the loop
+//   Chain::step(state, q, k, v);                               every iteration (no barrier inside)
+//   Chain::write_back(state, scratch, max_tile, running_tile, sum_tile, out_tile);  after the loop;
+//                                                              a barrier must follow before others read
+#pragma once
+
+#include <cute/arch/copy_sm75.hpp>
+
+#include "../mirage.cuh"
+#include "kernel.cuh"
+
+namespace mirage::gen {
+
+// A result the chain does not write (its node is absent from the µGraph).
+struct NoTile {};
+
+namespace softmax_detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+MIRAGE_DEVICE float quad_max(float value) {
+  value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));
+  return fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 2));
+}
+
+MIRAGE_DEVICE float quad_sum(float value) {
+  value += __shfl_xor_sync(0xffffffffu, value, 1);
+  return value + __shfl_xor_sync(0xffffffffu, value, 2);
+}
+
+// Two fp32 values as one 32-bit register of two 16-bit elements (the A-fragment packing).
+template <class T>
+MIRAGE_DEVICE uint32_t pack(float low, float high) {
+  return dev::Numeric<T>::bits(dev::from_float<T>(low)) | (dev::Numeric<T>::bits(dev::from_float<T>(high)) << 16);
+}
+
+// exp(previous − current), 0 when nothing was seen before (previous = −inf).
+MIRAGE_DEVICE float rescale(float previous, float current) {
+  return previous == current ? 1.0f : exp2f((previous - current) * kLog2e);
+}
+
+template <class T, class L>
+MIRAGE_DEVICE void store(dev::SharedTile<T, L> tile, int linear, float value) {
+  tile.store(linear, value);
+}
+MIRAGE_DEVICE void store(NoTile, int, float) {}
+
+}  // namespace softmax_detail
+
+template <int NumThreads, class T, class QLayout, class KLayout, class VLayout, class Score>
+struct OnlineSoftmax {
+  using Atom = dev::detail::MmaAtom<T>;
+  static constexpr int R = QLayout::rows;
+  static constexpr int D = QLayout::cols;
+  static constexpr int N = KLayout::cols;
+  static constexpr int E = VLayout::cols;
+  static constexpr int kWarps = NumThreads / dev::kWarpSize;
+  static constexpr int kRowTiles = R / 16;
+  static constexpr int kGroups = kWarps >= kRowTiles && kRowTiles > 0 ? kWarps / kRowTiles : 1;
+  static constexpr int kTilesPerWarp = kWarps >= kRowTiles ? 1 : kRowTiles / kWarps;
+  static constexpr int kKeys = N / kGroups;  // keys of every tile that one warp takes
+  static constexpr int kKeyTiles = kKeys / 8;
+  static constexpr int kOutTiles = E / 8;
+  static_assert(Atom::kLdmatrix, "the register chain runs on fp16 / bf16 tensor cores");
+  static_assert(R % 16 == 0 && D % 16 == 0 && E % 16 == 0 && kKeys % 16 == 0 && N % kGroups == 0,
+                "tile shapes the register chain does not cover (the lowering checks them first)");
+  static_assert(kWarps % kRowTiles == 0 || kRowTiles % kWarps == 0,
+                "the warps must divide the row tiles or be a multiple of them (every warp works)");
+  static_assert(KLayout::rows == D && VLayout::rows == N, "Q [R, D], K [D, N], V [N, E]");
+  static_assert((QLayout::pitch * sizeof(T)) % 16 == 0 && (KLayout::pitch * sizeof(T)) % 16 == 0 &&
+                    (VLayout::pitch * sizeof(T)) % 16 == 0,
+                "ldmatrix needs 16-byte aligned rows");
+
+  // Scratch floats for write_back's merge of the key groups (0 with one group).
+  static constexpr int kScratchFloats = kGroups > 1 ? kGroups * R * (E + 2) : 0;
+
+  struct State {
+    float out[kTilesPerWarp][kOutTiles][4];
+    float maximum[kTilesPerWarp][2];  // rows group and group + 8 of each row tile, in log2 units
+    float sum[kTilesPerWarp][2];      // this thread's columns only (quad-summed at write-back)
+  };
+
+  static MIRAGE_DEVICE int warp() { return dev::thread_index() / dev::kWarpSize; }
+  static MIRAGE_DEVICE int lane() { return dev::thread_index() % dev::kWarpSize; }
+  static MIRAGE_DEVICE int key_group() { return kWarps >= kRowTiles ? warp() / kRowTiles : 0; }
+  static MIRAGE_DEVICE int row_tile(int t) {
+    return kWarps >= kRowTiles ? warp() % kRowTiles : warp() * kTilesPerWarp + t;
+  }
+
+  static MIRAGE_DEVICE void clear(State& state) {
+#pragma unroll
+    for (int t = 0; t < kTilesPerWarp; ++t) {
+#pragma unroll
+      for (int j = 0; j < kOutTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) state.out[t][j][e] = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        state.maximum[t][h] = negative_infinity();
+        state.sum[t][h] = 0.0f;
+      }
+    }
+  }
+
+  // One iteration of the chain over this iteration's K and V tiles.
+  static MIRAGE_DEVICE void step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
+                                 dev::SharedTile<T, VLayout> v) {
+    const int key0 = key_group() * kKeys;
+#pragma unroll
+    for (int t = 0; t < kTilesPerWarp; ++t) {
+      const int row0 = row_tile(t) * 16;
+      float score[kKeyTiles][4];
+      scores(q, k, row0, key0, score);
+      // S in log2 units: exp(S − m) = 2^(S·log2e − m·log2e)
+      float tile_max[2] = {negative_infinity(), negative_infinity()};
+#pragma unroll
+      for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          score[j][e] = Score{}(score[j][e]) * softmax_detail::kLog2e;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], score[j][e]);
+        }
+      float factor[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float current = fmaxf(state.maximum[t][h], softmax_detail::quad_max(tile_max[h]));
+        const float previous = state.maximum[t][h];
+        factor[h] = previous == current ? 1.0f : exp2f(previous - current);
+        state.maximum[t][h] = current;
+      }
+      float row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          score[j][e] = exp2f(score[j][e] - state.maximum[t][e / 2]);
+          row_sum[e / 2] += score[j][e];
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) state.sum[t][h] = state.sum[t][h] * factor[h] + row_sum[h];
+#pragma unroll
+      for (int j = 0; j < kOutTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) state.out[t][j][e] *= factor[e / 2];
+      accumulate(state.out[t], score, v, key0);
+    }
+  }
+
+  // The merged results into shared tiles (any may be NoTile): the row maximum M (in the units of
+  // S) into `max_tile` and `running_tile`, l into `sum_tile`, O into `out_tile`; accumulator tiles
+  // are R x 1 and R x E. Collective; has a barrier inside when the key groups are merged.
+  template <class MaxTile, class RunningTile, class SumTile, class OutTile>
+  static MIRAGE_DEVICE void write_back(State& state, float* scratch, MaxTile max_tile, RunningTile running_tile,
+                                       SumTile sum_tile, OutTile out_tile) {
+    using softmax_detail::store;
+    const int group = lane() / 4;
+    const int pair = (lane() % 4) * 2;
+    if constexpr (kGroups == 1) {
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = row_tile(t) * 16 + group + h * 8;
+          const float sum = softmax_detail::quad_sum(state.sum[t][h]);
+          if (lane() % 4 == 0) {
+            const float maximum = state.maximum[t][h] / softmax_detail::kLog2e;
+            store(max_tile, row, maximum);
+            store(running_tile, row, maximum);
+            store(sum_tile, row, sum);
+          }
+#pragma unroll
+          for (int j = 0; j < kOutTiles; ++j) {
+            store(out_tile, row * E + j * 8 + pair, state.out[t][j][2 * h]);
+            store(out_tile, row * E + j * 8 + pair + 1, state.out[t][j][2 * h + 1]);
+          }
+        }
+    } else {
+      // scratch: maxima [kGroups][R], sums [kGroups][R], outputs [kGroups][R][E]
+      float* maxima = scratch;
+      float* sums = scratch + kGroups * R;
+      float* outs = scratch + 2 * kGroups * R;
+      {
+        const int g = key_group();
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = row_tile(0) * 16 + group + h * 8;
+          const float sum = softmax_detail::quad_sum(state.sum[0][h]);
+          if (lane() % 4 == 0) {
+            maxima[g * R + row] = state.maximum[0][h];
+            sums[g * R + row] = sum;
+          }
+#pragma unroll
+          for (int j = 0; j < kOutTiles; ++j) {
+            float* target = outs + (g * R + row) * E + j * 8 + pair;
+            target[0] = state.out[0][j][2 * h];
+            target[1] = state.out[0][j][2 * h + 1];
+          }
+        }
+      }
+      __syncthreads();
+      for (int linear = dev::thread_index(); linear < R * E; linear += NumThreads) {
+        const int row = linear / E;
+        float maximum = negative_infinity();
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) maximum = fmaxf(maximum, maxima[g * R + row]);
+        float out = 0.0f;
+        float sum = 0.0f;
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          const float m = maxima[g * R + row];
+          const float factor = m == negative_infinity() ? 0.0f : exp2f(m - maximum);
+          out += outs[(g * R + row) * E + linear % E] * factor;
+          sum += sums[g * R + row] * factor;
+        }
+        store(out_tile, linear, out);
+        if (linear % E == 0) {
+          store(max_tile, row, maximum / softmax_detail::kLog2e);
+          store(running_tile, row, maximum / softmax_detail::kLog2e);
+          store(sum_tile, row, sum);
+        }
+      }
+    }
+  }
+
+ private:
+  using Mma = typename Atom::Operation;
+
+  // score[j] = Q[row0 : row0 + 16, :] · K[:, key0 + 8 j : key0 + 8 j + 8]
+  static MIRAGE_DEVICE void scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int row0, int key0,
+                                   float (&score)[kKeyTiles][4]) {
+#pragma unroll
+    for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) score[j][e] = 0.0f;
+#pragma unroll
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      uint32_t a[4];
+      const T* a_address = q.data + (row0 + lane() % 16) * QLayout::pitch + k0 + (lane() / 16) * 8;
+      cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(a_address), a[0], a[1], a[2], a[3]);
+#pragma unroll
+      for (int j = 0; j < kKeyTiles; j += 2) {
+        uint32_t b[4];
+        const T* b_address = k.data + (k0 + lane() % 16) * KLayout::pitch + key0 + j * 8 + (lane() / 16) * 8;
+        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2], b[3]);
+        mma(score[j], a, b[0], b[1]);
+        mma(score[j + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // out += P · V[key0 : key0 + kKeys, :], P given as C fragments (converted to A fragments).
+  static MIRAGE_DEVICE void accumulate(float (&out)[kOutTiles][4], const float (&p)[kKeyTiles][4],
+                                       dev::SharedTile<T, VLayout> v, int key0) {
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+      const uint32_t a[4] = {
+          softmax_detail::pack<T>(p[2 * kk][0], p[2 * kk][1]),
+          softmax_detail::pack<T>(p[2 * kk][2], p[2 * kk][3]),
+          softmax_detail::pack<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+          softmax_detail::pack<T>(p[2 * kk + 1][2], p[2 * kk + 1][3]),
+      };
+#pragma unroll
+      for (int j = 0; j < kOutTiles; j += 2) {
+        uint32_t b[4];
+        const T* b_address = v.data + (key0 + kk * 16 + lane() % 16) * VLayout::pitch + j * 8 + (lane() / 16) * 8;
+        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2], b[3]);
+        mma(out[j], a, b[0], b[1]);
+        mma(out[j + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  static MIRAGE_DEVICE void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    Mma::fma(c[0], c[1], c[2], c[3], a[0], a[1], a[2], a[3], b0, b1, c[0], c[1], c[2], c[3]);
+  }
+};
+
+}  // namespace mirage::gen

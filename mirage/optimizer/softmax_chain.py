@@ -1,0 +1,226 @@
+"""The register-resident online-softmax chain: which block graphs run it (``gen/softmax.cuh``).
+
+After the online-softmax rewrite (:mod:`mirage.optimizer.softmax`) the loop body of an attention
+block graph is a chain of seven ops::
+
+    %qk   = matmul(Q, K)                       Q [1, R, D], K [1, D, N]; fp16 or bf16
+    %s    = fused(%qk)                         optional: element-wise ops of one input (the scale)
+    %rmax = reduction_max(%s, last dim)
+    %m    = running_max(%rmax)
+    %p    = fused(%s, %m) = exp(%s − %m)
+    %l    = accum_rescale(%p, %m), kind sum    optional: Σ over the keys, rescaled
+    %pv   = matmul(%p, V)                      V [1, N, E]
+    %o    = accum_rescale(%pv, %m), kind none
+    %max  = accum(%rmax), kind max             optional (split-KV partials save the maximum)
+
+Lowered op by op, S and P make a round trip through shared memory with a barrier between every two
+ops; :func:`match` recognises the chain so that the memory plan gives its intermediates no buffer
+and the lowering emits one ``mirage::gen::OnlineSoftmax`` step for it instead (S, P, m, l and O in
+registers, merged into the shared tiles of ``%m``, ``%l``, ``%o`` and ``%max`` once after the loop).
+Anything that does not fit the pattern exactly (another reader of an intermediate, a different
+accumulator kind, tile shapes the tensor-core fragments do not cover) returns ``None`` with the
+reason logged, and the kernel is lowered op by op as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mirage.mugraph.dtypes import DType
+from mirage.mugraph.graph import AccumKind, BlockGraph, Node, Ref
+from mirage.mugraph.ops import Op
+from mirage.optimizer.layout import TensorLayout
+from mirage.optimizer.schedule import Action, Phase, Schedule, Step
+
+log = logging.getLogger(__name__)
+
+TENSOR_CORE_TYPES = frozenset({DType.FLOAT16, DType.BFLOAT16})
+
+
+@dataclass(frozen=True)
+class SoftmaxChain:
+    """Node indices of a matched chain (``None`` for the optional ones)."""
+
+    qk: int
+    score: int | None
+    row_max: int
+    running: int
+    prob: int
+    pv: int
+    out: int
+    sum: int | None
+    maximum: int | None
+    groups: int  # key groups per row tile (gen/softmax.cuh's kGroups)
+    scratch_bytes: int  # shared scratch of the key groups' merge after the loop (0 for one group)
+
+    @property
+    def computed(self) -> frozenset[int]:
+        """Every node the chain step computes (the op-by-op walk skips them)."""
+        nodes = (self.qk, self.score, self.row_max, self.running, self.prob, self.pv, self.out, self.sum,
+                 self.maximum)
+        return frozenset(n for n in nodes if n is not None)
+
+    @property
+    def register_only(self) -> frozenset[int]:
+        """Intermediates that never reach shared memory (no buffer in the memory plan)."""
+        return frozenset(n for n in (self.qk, self.score, self.row_max, self.prob, self.pv) if n is not None)
+
+    @property
+    def accumulators(self) -> tuple[int, ...]:
+        """Nodes whose shared tiles the write-back fills after the loop."""
+        return tuple(n for n in (self.maximum, self.running, self.sum, self.out) if n is not None)
+
+
+class _NoMatch(Exception):
+    pass
+
+
+def _require(condition: bool, reason: str) -> None:
+    if not condition:
+        raise _NoMatch(reason)
+
+
+def _only(uses: dict[Ref, list[int]], i: int) -> list[int]:
+    return sorted(set(uses.get(Ref(i, 0), [])))
+
+
+def _is_exp_of_difference(node: Node, s: int, m: int) -> bool:
+    """``node`` is fused(s, m) = exp(s − m) (the thread graph the online-softmax rewrite builds)."""
+    if node.op is not Op.FUSED or len(node.inputs) != 2:
+        return False
+    position = {r.node: k for k, r in enumerate(node.inputs)}
+    if set(position) != {s, m}:
+        return False
+    thread = node.attrs
+    computed = [(k, n) for k, n in enumerate(thread.nodes) if n.op is not Op.INPUT]
+    if [n.op for _, n in computed] != [Op.SUB, Op.EXP] or len(thread.outputs) != 1:
+        return False
+    (sub_index, sub), (exp_index, exp) = computed
+    inputs = {k: n.attrs.index for k, n in enumerate(thread.nodes) if n.op is Op.INPUT}
+    operands = [inputs.get(r.node) for r in sub.inputs]
+    return (
+        operands == [position[s], position[m]]
+        and exp.inputs == (Ref(sub_index),)
+        and thread.outputs[0] == Ref(exp_index)
+    )
+
+
+def warp_split(rows: int, keys: int, threads: int) -> int | None:
+    """Key groups per 16-row tile for ``threads`` (as gen/softmax.cuh), or None when not covered."""
+    warps, row_tiles = threads // 32, rows // 16
+    if threads % 32 or rows % 16 or row_tiles == 0:
+        return None
+    if warps >= row_tiles:
+        if warps % row_tiles:
+            return None
+        groups = warps // row_tiles
+    else:
+        if row_tiles % warps:
+            return None
+        groups = 1
+    if keys % groups or (keys // groups) % 16:
+        return None
+    return groups
+
+
+def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int]) -> SoftmaxChain:
+    uses = graph.consumers()
+    loop = {item.node for item in schedule.items if isinstance(item, Step) and item.phase is Phase.LOOP
+            and item.action is not Action.LOAD}
+    maxima = [i for i, n in enumerate(graph.nodes) if n.op is Op.RUNNING_MAX]
+    _require(len(maxima) == 1, f"{len(maxima)} running maxima")
+    running = maxima[0]
+    row_max = graph.nodes[running].inputs[0].node
+    _require(graph.nodes[row_max].op is Op.REDUCTION_MAX, "the running max is not of a reduction_max")
+    s = graph.nodes[row_max].inputs[0].node
+    s_type = graph.type_of(Ref(s))
+    _require(graph.nodes[row_max].attrs.dim == s_type.rank - 1, "the row maximum is not over the last dim")
+    score: int | None = None
+    qk = s
+    if graph.nodes[s].op is Op.FUSED:
+        _require(len(graph.nodes[s].inputs) == 1, "the score has more than one operand")
+        score, qk = s, graph.nodes[s].inputs[0].node
+        _require(_only(uses, qk) == [s], "the product Q·K has other readers")
+    _require(graph.nodes[qk].op is Op.MATMUL, "the scores are not a matmul")
+    q_ref, k_ref = graph.nodes[qk].inputs
+    probs = [c for c in _only(uses, s) if c != row_max]
+    _require(len(probs) == 1 and _is_exp_of_difference(graph.nodes[probs[0]], s, running),
+             "the scores' other reader is not exp(S − m)")
+    prob = probs[0]
+    accumulators = [c for c in _only(uses, prob)]
+    pvs = [c for c in accumulators if graph.nodes[c].op is Op.MATMUL]
+    _require(len(pvs) == 1, "P feeds no single matmul")
+    pv = pvs[0]
+    _require(graph.nodes[pv].inputs[0] == Ref(prob), "P is not the left operand of P·V")
+    sums = [c for c in accumulators if c != pv]
+    _require(len(sums) <= 1, "P has several other readers")
+    total = sums[0] if sums else None
+    if total is not None:
+        node = graph.nodes[total]
+        _require(node.op is Op.ACCUM_RESCALE and node.attrs.kind is AccumKind.SUM
+                 and node.inputs == (Ref(prob), Ref(running)), "P's sum is not a rescaled row sum")
+    outs = _only(uses, pv)
+    _require(len(outs) == 1, "P·V has other readers")
+    out = outs[0]
+    node = graph.nodes[out]
+    _require(node.op is Op.ACCUM_RESCALE and node.attrs.kind is AccumKind.NONE
+             and node.inputs == (Ref(pv), Ref(running)), "P·V is not accumulated with a rescale")
+    maximum = None
+    for c in _only(uses, row_max):
+        if c == running:
+            continue
+        node = graph.nodes[c]
+        _require(node.op is Op.ACCUM and node.attrs.kind is AccumKind.MAX and maximum is None,
+                 "the row maximum has another reader")
+        maximum = c
+    allowed = {prob, out} | ({total} if total is not None else set())
+    _require(set(_only(uses, running)) <= allowed, "the running max has other readers")
+    chain_nodes = [qk, score, row_max, running, prob, pv, out, total, maximum]
+    _require(all(n in loop for n in chain_nodes if n is not None), "part of the chain is not in the loop")
+    # shapes and element types the fragments cover
+    q, k, v = graph.type_of(q_ref), graph.type_of(k_ref), graph.type_of(graph.nodes[pv].inputs[1])
+    _require(q.dtype in TENSOR_CORE_TYPES and k.dtype == q.dtype and v.dtype == q.dtype,
+             f"operands {q.dtype.value}/{k.dtype.value}/{v.dtype.value}, not one 16-bit type")
+    _require(all(math.prod(t.shape[:-2]) == 1 for t in (q, k, v)), "batched tiles")
+    rows, depth, keys, width = q.shape[-2], q.shape[-1], k.shape[-1], v.shape[-1]
+    _require(k.shape[-2] == depth and v.shape[-2] == keys, "operand shapes")
+    _require(depth % 16 == 0 and width % 16 == 0, f"head dims {depth}, {width} not multiples of 16")
+    _require(all(row_bytes(r.node) % 16 == 0 for r in (q_ref, k_ref, graph.nodes[pv].inputs[1])),
+             "operand rows not 16-byte aligned")
+    groups = warp_split(rows, keys, math.prod(graph.block_dim))
+    _require(groups is not None, f"{rows} rows × {keys} keys do not split over the warps")
+    scratch = 4 * groups * rows * (width + 2) if groups > 1 else 0
+    return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch)
+
+
+def row_bytes_of(graph: BlockGraph, layouts: dict[int, TensorLayout] | None) -> Callable[[int], int]:
+    """Bytes per row of node ``i``'s shared tile under ``layouts`` (1 when not row-major)."""
+
+    def row_bytes(i: int) -> int:
+        t = graph.nodes[i].outputs[0]
+        layout = (layouts or {}).get(i)
+        if layout is None:
+            return t.shape[-1] * t.dtype.itemsize
+        if layout.innermost_dim != t.rank - 1:
+            return 1
+        pitch = next((layout.strides[d] for d in range(t.rank - 2, -1, -1) if t.shape[d] > 1), t.shape[-1])
+        return pitch * t.dtype.itemsize
+
+    return row_bytes
+
+
+def match(graph: BlockGraph, schedule: Schedule,
+          layouts: dict[int, TensorLayout] | None = None) -> SoftmaxChain | None:
+    """The online-softmax chain of ``graph`` (see the module docstring), or None.
+
+    ``layouts``: the shared tiles' planned layouts (operand rows must be 16-byte aligned)."""
+    if not any(n.op is Op.RUNNING_MAX for n in graph.nodes):
+        return None
+    try:
+        return _match(graph, schedule, row_bytes_of(graph, layouts))
+    except _NoMatch as reason:
+        log.debug("online-softmax chain lowered op by op: %s", reason)
+        return None
