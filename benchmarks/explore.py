@@ -25,12 +25,14 @@ from mirage.errors import MirageError
 log = logging.getLogger("benchmarks.explore")
 
 
-def explore_case(case_name: str, wide: bool, op_by_op: bool, replays: int) -> list[dict]:
+def explore_case(
+    case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3
+) -> list[dict]:
     from benchmarks.mugraphs import CASES
     from benchmarks.variants import family
     from mirage.codegen.gpu_check import check_on_gpu, random_inputs
     from mirage.codegen.lower_program import generate_cuda_program
-    from mirage.codegen.profile import time_graph
+    from mirage.codegen.profile import kernel_times, time_graph
     from mirage.codegen.runtime import build_many
     from mirage.mugraph.interpret import interpret
     from mirage.optimizer import OptimizerOptions
@@ -70,9 +72,13 @@ def explore_case(case_name: str, wide: bool, op_by_op: bool, replays: int) -> li
             message = str(error).splitlines()[0] if str(error) else ""
             row["failure"] = f"run: {type(error).__name__}: {message}"
     timed = sorted((r for r in rows if r.get("passed")), key=lambda r: r["median_us"])
+    loaded = {id(row): program for (row, _), program in zip(programs, built, strict=True)}
+    for r in timed[:profile_top]:  # where the fastest spend their time, kernel by kernel
+        program = loaded[id(r)]
+        r["kernel_us"] = kernel_times(lambda p=program: p.launch(inputs))
     for r in timed[:5]:
-        log.info("%s  %.2f µs  %s s%d chain=%s", case_name, r["median_us"], r["label"], r["stages"],
-                 r["register_softmax"])
+        log.info("%s  %.2f µs  %s s%d chain=%s %s", case_name, r["median_us"], r["label"], r["stages"],
+                 r["register_softmax"], r.get("kernel_us", ""))
     wrong = [r for r in rows if "passed" in r and not r["passed"]]
     failed = [r for r in rows if "failure" in r]
     log.info("%s: %d passed, %d wrong, %d failed", case_name, len(timed), len(wrong), len(failed))

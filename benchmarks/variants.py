@@ -92,26 +92,27 @@ def _attention_rows(program: str) -> list[Variant]:
     return rows
 
 
-def _wide_attention_rows() -> list[Variant]:
+def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = ()) -> list[Variant]:
     """Every split of the register-resident attention kernel worth timing: key splits across blocks,
     query rows per block (``256 / q_splits``), keys per iteration (64 or 128) and 4 or 8 warps; rows
     whose warps do not split the tile (``softmax_chain.warp_split``) are dropped."""
     from mirage.optimizer.softmax_chain import warp_split
 
     rows = []
-    axes = ((4, 8, 16, 32), (1, 2, 4, 8), (64, 128), (128, 256))
+    axes = ((4, 8, 16, 32), (2, 4, 8, 16), (64, 128), (128, 256))
     for kv_splits, q_splits, keys, threads in itertools.product(*axes):
         iters = KEYS // (kv_splits * keys)
         if iters < 1 or warp_split(QUERIES // q_splits, keys, threads) is None:
             continue
         arguments = (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
-                     ("row_sums", True), ("combine_rows", 16))
+                     ("row_sums", True), ("combine_rows", 16), *extra)
         rows.append(Variant(arguments, (2,)))
     return rows
 
 
 def attention_fused(
-    b: int, qknorm: bool, row_sums: bool = False, combine_rows: int | None = None, **splits
+    b: int, qknorm: bool, row_sums: bool = False, combine_rows: int | None = None, normalize_k: bool = False,
+    **splits,
 ) -> KernelGraph:
     """Mirage's attention µGraph (``attention.fused``), or with ``row_sums`` its variant that sums
     ``exp(S)`` over the keys inside the first kernel (``forloop_accum(..., acc="sum")``): the partial
@@ -133,12 +134,15 @@ def attention_fused(
         forloop_range=iters,
         reduction_dimx=64,
     )
+    if qknorm and normalize_k:
+        k = _normalized_keys(g, k, heads)
     bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)  # [1, 256 / q_splits, 64]
     bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)  # [1, 64, keys]
     bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)  # [1, keys, 64]
     if qknorm:
         bq = tb.rms_norm(bq, eps=attention.EPS)
-        bk = attention._rms_k(tb, bk)
+        if not normalize_k:
+            bk = attention._rms_k(tb, bk)
     e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), attention.SCALE))
     sums = tb.forloop_accum(e, acc="sum")  # [1, rows, 1]
     numerators = tb.forloop_accum(tb.matmul(e, bv))  # [1, rows, 64]
@@ -156,6 +160,15 @@ def attention_fused(
     return g.freeze()
 
 
+def _normalized_keys(g, k, heads: int, key_blocks: int = 32):
+    """K / rms(K) over dim 1, as one graph-defined kernel of ``heads × key_blocks`` blocks."""
+    tb = mi.new_threadblock_graph(grid_dim=(heads, key_blocks, 1), block_dim=(128, 1, 1), forloop_range=1)
+    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=-1)  # [1, 64, keys / key_blocks]
+    tb.new_output(tb.forloop_accum(attention._rms_k(tb, bk)), output_map=(0, 2, -1))
+    (normalized,) = g.customized([k], tb)
+    return normalized
+
+
 # program → (family rows, builder(size, **arguments))
 FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
     "rmsnorm": (_rows((3,), grid=(128,), iters=(8, 16), threads=(256, 512)), mlp.rmsnorm_fused),
@@ -170,7 +183,7 @@ FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
 # wider families for explorations (``python -m benchmarks.explore --family wide``)
 WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
     "gqa": _wide_attention_rows,
-    "qknorm": _wide_attention_rows,
+    "qknorm": lambda: _wide_attention_rows((("normalize_k", True),)),
 }
 
 

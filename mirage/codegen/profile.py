@@ -59,6 +59,26 @@ def time_graph(fn: Callable[[], object], calls: int = 10, replays: int = 200, wa
     return Timing(statistics.median(per_call), q[0], q[-1], replays, calls)
 
 
+def kernel_times(fn: Callable[[], object], calls: int = 50, warmup: int = 3) -> dict[str, float]:
+    """Mean device time per call of every kernel ``fn`` launches (µs), from the profiler's CUDA
+    activity: where a multi-kernel program spends its time (the sum leaves out launch gaps)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time
+    return {name: total / calls for name, total in totals.items()}
+
+
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     import torch
