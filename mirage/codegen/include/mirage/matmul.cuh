@@ -18,7 +18,11 @@
 // the output as WarpsM x WarpsN (chosen at compile time); needs N % 8 == 0, K % 16 (fp16, bf16)
 // or % 8 (fp32), and 16-byte aligned rows for ldmatrix. M is padded to a multiple of 16: the
 // missing rows of A are read as copies of its last row and their results are never written, so
-// a GEMV-like tile (M = 1 ... 15) still runs on tensor cores.
+// a GEMV-like tile (M = 1 ... 15) still runs on tensor cores. Its last template argument picks
+// the warp grid: DefaultWarpGrid (the most warps), SplitKWarpGrid (warp groups also split K where
+// a cost model expects it to pay: weight-streaming tiles with few output tiles per warp and long
+// dependent HMMA chains; write_back then adds the groups' partial sums through C's memory, with
+// barriers), or FixedWarpGrid<WarpsM, WarpsN, WarpsK>.
 // SimtMatmul: one thread per output element, fp32 FMA; for tiny or odd shapes.
 #pragma once
 
@@ -32,14 +36,17 @@ namespace mirage::dev {
 
 namespace detail {
 
+// The warps of a tensor-core matmul: m x n warps tile the output; k groups of such m x n warps
+// split the K range, each group's accumulators holding a partial sum (k = 1: no split).
 struct WarpGrid {
   int m;
   int n;
+  int k;
 };
 
-// The warp grid that uses the most warps, then loads the fewest operand rows per warp.
+// The warp grid that uses the most warps, then loads the fewest operand rows per warp (no K split).
 constexpr WarpGrid choose_warp_grid(int rows, int cols, int warps, int atom_m, int atom_n) {
-  WarpGrid best{0, 0};
+  WarpGrid best{0, 0, 1};
   int best_cost = 0;
   for (int wm = 1; wm <= warps; ++wm) {
     for (int wn = 1; wm * wn <= warps; ++wn) {
@@ -47,8 +54,82 @@ constexpr WarpGrid choose_warp_grid(int rows, int cols, int warps, int atom_m, i
       const int cost = rows / wm + cols / wn;
       const int used = wm * wn;
       if (used > best.m * best.n || (used == best.m * best.n && cost < best_cost)) {
-        best = WarpGrid{wm, wn};
+        best = WarpGrid{wm, wn, 1};
         best_cost = cost;
+      }
+    }
+  }
+  return best;
+}
+
+// A model of one run() of an m16n8 tensor-core matmul on one SM, in cycles, to decide on a K
+// split. Three bounds: a warp's HMMAs into one accumulator tile form a dependent chain (one link
+// per k-step; the tiles a warp owns are independent chains); the warps of one sub-partition share
+// its tensor pipe; all warps share the shared-memory bandwidth that the ldmatrix fragment loads
+// use. The estimate is the largest bound plus a quarter of the two others (overlap is not
+// perfect), plus the split's write-back, k − 1 barriered rounds once per accumulator lifetime,
+// spread over kCallsPerWriteBack runs (the for-loops that keep accumulators in registers run
+// 8–32 iterations in the benchmark families). Latency and issue figures: mma.sync m16n8k16 with
+// fp32 accumulation on sm_80–sm_90 (about 1/8 HMMA per cycle per sub-partition at peak).
+struct MmaCostModel {
+  static constexpr int kLatency = 32;          // cycles from an HMMA to the HMMA that reads its result
+  static constexpr int kIssue = 8;             // cycles between two HMMAs of one sub-partition
+  static constexpr int kSubPartitions = 4;     // warp schedulers (and tensor pipes) per SM
+  static constexpr int kSharedBytesPerCycle = 128;
+  static constexpr int kWriteBackRoundCycles = 100;  // a barrier, a shared load and store per round
+  static constexpr int kCallsPerWriteBack = 8;
+  static constexpr int kRegistersPerSm = 65536;      // 32-bit registers per SM (sm_80 … sm_90)
+  static constexpr int kMaxRegistersPerThread = 255;
+  // A split's accumulators stay live through the whole for-loop, beside everything else the kernel
+  // keeps there: they may take an eighth of a thread's registers at the block's size (31 values
+  // for up to 256 threads, 16 for 512).
+  static constexpr int split_value_limit(int warps) {
+    const int registers = kRegistersPerSm / (warps * kWarpSize);
+    return (registers < kMaxRegistersPerThread ? registers : kMaxRegistersPerThread) / 8;
+  }
+
+  // grid: the warps; rows (a multiple of 16), cols (of 8); k_steps: atoms along K; step_bytes: bytes
+  // of one atom's K extent of one operand row (16 · 2 for fp16 and bf16, 8 · 4 for TF32).
+  static constexpr int cycles(WarpGrid grid, int rows, int cols, int k_steps, int step_bytes) {
+    const int tiles_m = rows / (16 * grid.m);
+    const int tiles_n = cols / (8 * grid.n);
+    const int steps = ceil_div(k_steps, grid.k);
+    const int warps = grid.m * grid.n * grid.k;
+    const int chain = steps * kLatency;
+    const int tensor_pipe = ceil_div(warps, kSubPartitions) * tiles_m * tiles_n * steps * kIssue;
+    const int fragment_bytes = warps * steps * (tiles_m * 16 + tiles_n * 8) * step_bytes;
+    const int shared = ceil_div(fragment_bytes, kSharedBytesPerCycle);
+    const int pair = chain > tensor_pipe ? chain : tensor_pipe;
+    const int largest = pair > shared ? pair : shared;
+    const int write_back = (grid.k - 1) * kWriteBackRoundCycles / kCallsPerWriteBack;
+    return largest + (chain + tensor_pipe + shared - largest) / 4 + write_back;
+  }
+};
+
+// The warp grid with a K split that MmaCostModel expects to be fastest; choose_warp_grid's when no
+// split beats it. Ties: the smaller k (fewer partial sums to add), then the most warps. A split holds
+// at most MmaCostModel::split_value_limit accumulator values per thread (`batch` fragments each)
+// unless the unsplit grid already holds more.
+constexpr WarpGrid choose_split_warp_grid(int rows, int cols, int k_steps, int warps, int batch, int step_bytes) {
+  const WarpGrid base = choose_warp_grid(rows, cols, warps, 16, 8);
+  if (base.m == 0 || k_steps < 2) return base;
+  const int base_values = batch * (rows / (16 * base.m)) * (cols / (8 * base.n)) * 4;
+  const int split_limit = MmaCostModel::split_value_limit(warps);
+  const int value_limit = base_values > split_limit ? base_values : split_limit;
+  WarpGrid best = base;
+  int best_cycles = MmaCostModel::cycles(base, rows, cols, k_steps, step_bytes);
+  for (int wk = 2; wk <= warps && wk <= k_steps; ++wk) {
+    for (int wm = 1; wm * wk <= warps; ++wm) {
+      for (int wn = 1; wm * wn * wk <= warps; ++wn) {
+        if (rows % (16 * wm) != 0 || cols % (8 * wn) != 0) continue;
+        if (batch * (rows / (16 * wm)) * (cols / (8 * wn)) * 4 > value_limit) continue;
+        const WarpGrid grid{wm, wn, wk};
+        const int estimate = MmaCostModel::cycles(grid, rows, cols, k_steps, step_bytes);
+        const bool more_warps = wm * wn * wk > best.m * best.n * best.k;
+        if (estimate < best_cycles || (estimate == best_cycles && wk == best.k && more_warps)) {
+          best = grid;
+          best_cycles = estimate;
+        }
       }
     }
   }
@@ -87,7 +168,47 @@ struct MmaAtom<float> {
 
 }  // namespace detail
 
-template <class T, class ALayout, class BLayout, int NumThreads>
+// Warp grids of TensorCoreMatmul (its last template argument).
+struct DefaultWarpGrid {};  // detail::choose_warp_grid: the most warps, no K split
+struct SplitKWarpGrid {};   // detail::choose_split_warp_grid: a K split where the cost model expects a gain
+template <int WarpsM, int WarpsN, int WarpsK>
+struct FixedWarpGrid {};    // exactly this grid (the caller chose it, e.g. for several products)
+
+namespace detail {
+
+template <class Policy>
+struct ResolveWarpGrid;
+
+template <>
+struct ResolveWarpGrid<DefaultWarpGrid> {
+  static constexpr WarpGrid grid(int rows, int cols, int, int warps, int) {
+    return choose_warp_grid(rows, cols, warps, 16, 8);
+  }
+};
+
+template <>
+struct ResolveWarpGrid<SplitKWarpGrid> {
+  static constexpr WarpGrid grid(int rows, int cols, int k_steps, int warps, int step_bytes) {
+    return choose_split_warp_grid(rows, cols, k_steps, warps, 1, step_bytes);
+  }
+};
+
+template <int WarpsM, int WarpsN, int WarpsK>
+struct ResolveWarpGrid<FixedWarpGrid<WarpsM, WarpsN, WarpsK>> {
+  static constexpr WarpGrid grid(int rows, int cols, int k_steps, int warps, int) {
+    const bool valid = WarpsM >= 1 && WarpsN >= 1 && WarpsK >= 1 && WarpsM * WarpsN * WarpsK <= warps &&
+                       rows % (16 * WarpsM) == 0 && cols % (8 * WarpsN) == 0 && WarpsK <= k_steps;
+    return valid ? WarpGrid{WarpsM, WarpsN, WarpsK} : WarpGrid{0, 0, 1};
+  }
+};
+
+}  // namespace detail
+
+// With a K split (kWarpsK > 1), warp group g (warps g·WarpsM·WarpsN, ...) runs the k-steps
+// [g·S/kWarpsK, (g+1)·S/kWarpsK) of every run() and holds a partial sum; group 0's fragments hold
+// the result once sum_partials has added the others (write_back does it). Linear updates
+// (rescale_rows, scale_rows) apply to every partial; for_each and for_each_pair see group 0 only.
+template <class T, class ALayout, class BLayout, int NumThreads, class Grid = DefaultWarpGrid>
 struct TensorCoreMatmul {
   using Atom = detail::MmaAtom<T>;
   static constexpr int M = ALayout::rows;
@@ -96,15 +217,22 @@ struct TensorCoreMatmul {
   static constexpr int kWarps = NumThreads / kWarpSize;
   // M rounded up to whole 16-row atoms.
   static constexpr int kRows = round_up(M, 16);
-  static constexpr detail::WarpGrid kGrid = detail::choose_warp_grid(kRows, N, kWarps, 16, 8);
+  static constexpr int kSteps = K / Atom::kK;
+  static constexpr detail::WarpGrid kGrid =
+      detail::ResolveWarpGrid<Grid>::grid(kRows, N, kSteps, kWarps, Atom::kK * static_cast<int>(sizeof(T)));
   static constexpr bool kAlignedRows = !Atom::kLdmatrix || ((ALayout::pitch * sizeof(T)) % kVectorBytes == 0 &&
                                                             (BLayout::pitch * sizeof(T)) % kVectorBytes == 0);
   static constexpr bool kSupported =
       BLayout::rows == K && kGrid.m > 0 && K % Atom::kK == 0 && kAlignedRows && NumThreads % kWarpSize == 0;
   static constexpr int kWarpsM = kGrid.m > 0 ? kGrid.m : 1;
   static constexpr int kWarpsN = kGrid.n > 0 ? kGrid.n : 1;
+  static constexpr int kWarpsK = kGrid.m > 0 ? kGrid.k : 1;
+  static constexpr int kGroupWarps = kWarpsM * kWarpsN;
   static constexpr int kTilesM = kRows / (16 * kWarpsM) > 0 ? kRows / (16 * kWarpsM) : 1;
   static constexpr int kTilesN = N / (8 * kWarpsN) > 0 ? N / (8 * kWarpsN) : 1;
+  // k-steps of the busiest group, and how far to unroll them (a split's slices are short).
+  static constexpr int kGroupSteps = ceil_div(kSteps, kWarpsK);
+  static constexpr int kUnroll = kWarpsK > 1 && kGroupSteps <= 8 ? (kGroupSteps > 0 ? kGroupSteps : 1) : 2;
 
   struct Accumulator {
     float value[kTilesM][kTilesN][4];
@@ -120,55 +248,61 @@ struct TensorCoreMatmul {
 
   static MIRAGE_DEVICE int warp() { return thread_index() / kWarpSize; }
   static MIRAGE_DEVICE int lane() { return thread_index() % kWarpSize; }
-  static MIRAGE_DEVICE bool active() { return warp() < kWarpsM * kWarpsN; }
-  static MIRAGE_DEVICE int warp_row() { return (warp() % kWarpsM) * (kRows / kWarpsM); }
+  // The warp's place in its K group, and its K group.
+  static MIRAGE_DEVICE int group_warp() { return warp() % kGroupWarps; }
+  static MIRAGE_DEVICE int k_group() { return warp() / kGroupWarps; }
+  // Warps that multiply, and those (group 0) that hold the result.
+  static MIRAGE_DEVICE bool active() { return warp() < kGroupWarps * kWarpsK; }
+  static MIRAGE_DEVICE bool owner() { return warp() < kGroupWarps; }
+  static MIRAGE_DEVICE int warp_row() { return (group_warp() % kWarpsM) * (kRows / kWarpsM); }
   // A row of A to read: padding rows read the last real row.
   static MIRAGE_DEVICE int a_row(int row) { return M % 16 == 0 ? row : min(row, M - 1); }
-  static MIRAGE_DEVICE int warp_col() { return (warp() / kWarpsM) * (N / kWarpsN); }
+  static MIRAGE_DEVICE int warp_col() { return (group_warp() / kWarpsM) * (N / kWarpsN); }
 
+  // acc += A · B over this warp's K slice (all of K without a split).
   static MIRAGE_DEVICE void run(Accumulator& acc, SharedTile<T, ALayout> a, SharedTile<T, BLayout> b) {
     static_assert(kSupported, "shape not supported by tensor cores: use SimtMatmul (or Matmul)");
     if (!active()) return;
+    if constexpr (kWarpsK == 1) {
 #pragma unroll 2
-    for (int k0 = 0; k0 < K; k0 += Atom::kK) {
-      uint32_t a_fragment[kTilesM][4];
-      uint32_t b_fragment[kTilesN][2];
-      load_a(a, k0, a_fragment);
-      load_b(b, k0, b_fragment);
-#pragma unroll
-      for (int i = 0; i < kTilesM; ++i) {
-#pragma unroll
-        for (int j = 0; j < kTilesN; ++j) {
-          float* c = acc.value[i][j];
-          Atom::Operation::fma(c[0], c[1], c[2], c[3], a_fragment[i][0], a_fragment[i][1], a_fragment[i][2],
-                               a_fragment[i][3], b_fragment[j][0], b_fragment[j][1], c[0], c[1], c[2], c[3]);
-        }
+      for (int k0 = 0; k0 < K; k0 += Atom::kK) step(acc, a, b, k0);
+    } else {
+      const int first = k_group() * kSteps / kWarpsK;
+      const int last = (k_group() + 1) * kSteps / kWarpsK;
+#pragma unroll kUnroll
+      for (int s = 0; s < kGroupSteps; ++s) {
+        if (kSteps % kWarpsK != 0 && first + s >= last) break;
+        step(acc, a, b, (first + s) * Atom::kK);
       }
     }
   }
 
-  // f(row, col, value&) for every accumulator element this thread holds.
+  // acc += A · B over all of K in group 0 (its fragments then hold a whole product, as non-linear
+  // epilogues need); the other groups do nothing. The same as run without a split.
+  static MIRAGE_DEVICE void run_whole(Accumulator& acc, SharedTile<T, ALayout> a, SharedTile<T, BLayout> b) {
+    static_assert(kSupported, "shape not supported by tensor cores: use SimtMatmul (or Matmul)");
+    if (!owner()) return;
+#pragma unroll 2
+    for (int k0 = 0; k0 < K; k0 += Atom::kK) step(acc, a, b, k0);
+  }
+
+  // f(row, col, value&) for every accumulator element this thread holds in group 0.
   template <class Function>
   static MIRAGE_DEVICE void for_each(Accumulator& acc, Function function) {
-    if (!active()) return;
-    const int group = lane() / 4;
-    const int pair = (lane() % 4) * 2;
-#pragma unroll
-    for (int i = 0; i < kTilesM; ++i)
-#pragma unroll
-      for (int j = 0; j < kTilesN; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = warp_row() + i * 16 + group + (e / 2) * 8;
-          if (M % 16 == 0 || row < M) function(row, warp_col() + j * 8 + pair + e % 2, acc.value[i][j][e]);
-        }
+    if (owner()) visit(acc, function);
+  }
+
+  // f(row, col, value&) for every element of this thread's partial sum, in every K group.
+  template <class Function>
+  static MIRAGE_DEVICE void for_each_partial(Accumulator& acc, Function function) {
+    if (active()) visit(acc, function);
   }
 
   // f(row, col, value0&, value1&) for every pair of accumulator elements (row, col), (row, col + 1)
-  // this thread holds (col even): a fragment's elements come in such pairs.
+  // this thread holds in group 0 (col even): a fragment's elements come in such pairs.
   template <class Function>
   static MIRAGE_DEVICE void for_each_pair(Accumulator& acc, Function function) {
-    if (!active()) return;
+    if (!owner()) return;
     const int group = lane() / 4;
     const int pair = (lane() % 4) * 2;
 #pragma unroll
@@ -183,7 +317,7 @@ struct TensorCoreMatmul {
         }
   }
 
-  // acc[m][:] *= factor(m), calling factor once per row this thread holds.
+  // acc[m][:] *= factor(m), calling factor once per row this thread holds (every partial: linear).
   template <class RowFactor>
   static MIRAGE_DEVICE void scale_rows(Accumulator& acc, RowFactor factor) {
     if (!active()) return;
@@ -203,9 +337,76 @@ struct TensorCoreMatmul {
     }
   }
 
+  // Adds the other K groups' partial sums of `count` accumulators into group 0's, through `buffer`
+  // (shared floats nobody else touches meanwhile): slot(index, row, col) is an element's place in
+  // it, or −1 to leave the element out (a later round). Group g = 1, 2, ... adds in turn (the sum
+  // is p0 + ((p1 + p2) + ...), the same on every run), a barrier after each: kWarpsK − 1 barriers.
+  // Group 0 reads last, with no barrier after: sync before the buffer is written again, unless
+  // each group-0 thread writes only its own slots. Collective; nothing to do without a split.
+  template <int Count, class Slot>
+  static MIRAGE_DEVICE void sum_partials(Accumulator (&accs)[Count], float* buffer, Slot slot) {
+    if constexpr (kWarpsK > 1) {
+      const int group = active() ? k_group() : -1;
+#pragma unroll
+      for (int adder = 1; adder < kWarpsK; ++adder) {
+        if (group == adder) {
+#pragma unroll
+          for (int index = 0; index < Count; ++index)
+            visit(accs[index], [&](int row, int col, float& value) {
+              const int place = slot(index, row, col);
+              if (place >= 0) buffer[place] = adder == 1 ? value : buffer[place] + value;
+            });
+        }
+        __syncthreads();
+      }
+      if (group == 0) {
+#pragma unroll
+        for (int index = 0; index < Count; ++index)
+          visit(accs[index], [&](int row, int col, float& value) {
+            const int place = slot(index, row, col);
+            if (place >= 0) value += buffer[place];
+          });
+      }
+    }
+  }
+
+  // sum_partials with `tile`'s own memory as the buffer; accs[index] element (row, col) is the
+  // tile's element (index·M + row)·N + col. An fp32 tile is summed in place (one round, each
+  // element at its own position, so group 0 may store its results right after); a 16-bit tile
+  // holds half as many floats as elements and is summed in rounds, a barrier after each.
+  template <int Count, class Out, class OutLayout>
+  static MIRAGE_DEVICE void sum_partials_through(Accumulator (&accs)[Count], SharedTile<Out, OutLayout> tile) {
+    static_assert(OutLayout::size == Count * M * N, "the tile must hold every accumulator's result");
+    if constexpr (kWarpsK > 1) {
+      float* buffer = reinterpret_cast<float*>(tile.data);
+      if constexpr (std::is_same_v<Out, float>) {
+        sum_partials(accs, buffer, [](int index, int row, int col) {
+          return OutLayout::offset_of((index * M + row) * N + col);
+        });
+      } else {
+        constexpr int kCapacity = OutLayout::storage * static_cast<int>(sizeof(Out)) / static_cast<int>(sizeof(float));
+        constexpr int kRounds = ceil_div(OutLayout::size, kCapacity);
+#pragma unroll
+        for (int round = 0; round < kRounds; ++round) {
+          sum_partials(accs, buffer, [&](int index, int row, int col) {
+            const int place = (index * M + row) * N + col - round * kCapacity;
+            return place >= 0 && place < kCapacity ? place : -1;
+          });
+          __syncthreads();
+        }
+      }
+    }
+  }
+
+  // C = epilogue(A · B); with a split, C's memory first serves to add the partial sums (collective).
   template <class Out, class OutLayout, class Epilogue = Identity>
   static MIRAGE_DEVICE void write_back(Accumulator& acc, SharedTile<Out, OutLayout> c, Epilogue epilogue = {}) {
     static_assert(OutLayout::rows == M && OutLayout::cols == N, "the output tile must be M x N");
+    if constexpr (kWarpsK > 1) {
+      Accumulator parts[1] = {acc};
+      sum_partials_through(parts, c);
+      acc = parts[0];
+    }
     for_each(acc, [&](int row, int col, float& value) {
       c.data[row * OutLayout::pitch + col] = from_float<Out>(epilogue(value));
     });
@@ -214,20 +415,54 @@ struct TensorCoreMatmul {
   template <class Out, class OutLayout, class Epilogue = Identity>
   static MIRAGE_DEVICE void accumulate_into(Accumulator& acc, SharedTile<Out, OutLayout> c, Epilogue epilogue = {}) {
     static_assert(OutLayout::rows == M && OutLayout::cols == N, "the output tile must be M x N");
+    static_assert(kWarpsK == 1, "C += epilogue(A · B) needs whole sums: use write_back, or a grid without a K split");
     for_each(acc, [&](int row, int col, float& value) {
       Out& target = c.data[row * OutLayout::pitch + col];
       target = from_float<Out>(to_float(target) + epilogue(value));
     });
   }
 
-  // acc[m][n] *= scale[m] for a tile `scale` of M rows and one column.
+  // acc[m][n] *= scale[m] for a tile `scale` of M rows and one column (every partial).
   template <class S, class ScaleLayout>
   static MIRAGE_DEVICE void rescale_rows(Accumulator& acc, SharedTile<S, ScaleLayout> scale) {
     static_assert(ScaleLayout::rows == M && ScaleLayout::cols == 1, "the scale tile must be M x 1");
-    for_each(acc, [&](int row, int, float& value) { value *= to_float(scale.data[row * ScaleLayout::pitch]); });
+    for_each_partial(acc, [&](int row, int, float& value) { value *= to_float(scale.data[row * ScaleLayout::pitch]); });
   }
 
  private:
+  // f(row, col, value&) for every real element (row < M) of this thread's fragments.
+  template <class Function>
+  static MIRAGE_DEVICE void visit(Accumulator& acc, Function function) {
+    const int group = lane() / 4;
+    const int pair = (lane() % 4) * 2;
+#pragma unroll
+    for (int i = 0; i < kTilesM; ++i)
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = warp_row() + i * 16 + group + (e / 2) * 8;
+          if (M % 16 == 0 || row < M) function(row, warp_col() + j * 8 + pair + e % 2, acc.value[i][j][e]);
+        }
+  }
+
+  // One k-step (k0 … k0 + Atom::kK) of this warp's tiles.
+  static MIRAGE_DEVICE void step(Accumulator& acc, SharedTile<T, ALayout> a, SharedTile<T, BLayout> b, int k0) {
+    uint32_t a_fragment[kTilesM][4];
+    uint32_t b_fragment[kTilesN][2];
+    load_a(a, k0, a_fragment);
+    load_b(b, k0, b_fragment);
+#pragma unroll
+    for (int i = 0; i < kTilesM; ++i) {
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j) {
+        float* c = acc.value[i][j];
+        Atom::Operation::fma(c[0], c[1], c[2], c[3], a_fragment[i][0], a_fragment[i][1], a_fragment[i][2],
+                             a_fragment[i][3], b_fragment[j][0], b_fragment[j][1], c[0], c[1], c[2], c[3]);
+      }
+    }
+  }
+
   static MIRAGE_DEVICE void load_a(SharedTile<T, ALayout> a, int k0, uint32_t (&fragment)[kTilesM][4]) {
     if constexpr (Atom::kLdmatrix) {
       const int row = warp_row() + lane() % 16;

@@ -25,6 +25,13 @@
 #include "../mirage.cuh"
 #include "chunk.cuh"
 
+// Register accumulators of block matmuls split K across warp groups where the cost model expects a
+// gain (BlockMatmul); build with -DMIRAGE_SPLIT_K=0 to keep every matmul on its unsplit warp grid
+// (the layout before the split, for comparisons).
+#ifndef MIRAGE_SPLIT_K
+#define MIRAGE_SPLIT_K 1
+#endif
+
 namespace mirage::gen {
 
 // ---- functors of IR ops that the device library does not define -------------------------------
@@ -357,6 +364,14 @@ struct Product {
 // Σ_i A_i · B_i over the products (one for matmul, two for concat_matmul), batch by batch, on
 // tensor cores when every product can use them, else on SIMT cores. All products share one
 // accumulator type (the same M, N and engine give the same fragment layout).
+//
+// A register accumulator (Registers: accumulate, write_back) may split K across warp groups
+// (dev::detail::choose_split_warp_grid over the products' k-steps together): each group keeps a
+// partial sum in its registers for the whole for-loop, and write_back adds the partials once,
+// through the write-back tile's memory. That is exact for `accumulate` and for `scale` (a linear
+// factor); `accumulate_with` (a non-linear transform of each term) runs every term whole in group
+// 0, whose registers then hold the value while the other groups' stay zero. One Registers value
+// takes either accumulate or accumulate_with updates, not both (one register chain per accumulator).
 template <int NumThreads, class... Products>
 struct BlockMatmul {
   using First = std::tuple_element_t<0, std::tuple<Products...>>;
@@ -376,26 +391,56 @@ struct BlockMatmul {
   using Accumulator = typename Engine<First>::Accumulator;
   static constexpr int kValues = sizeof(Accumulator) / sizeof(float);
 
+  // The register accumulator's warp grid, for all products together.
+  template <class P>
+  static constexpr int atom_k() {
+    return dev::detail::MmaAtom<typename P::A>::kK;
+  }
+  static constexpr int kSteps = ((Products::K / atom_k<Products>()) + ...);
+  static constexpr dev::detail::WarpGrid kRegisterGrid =
+      kTensorCores ? dev::detail::choose_split_warp_grid(dev::round_up(M, 16), N, kSteps, NumThreads / dev::kWarpSize,
+                                                         kBatch, atom_k<First>() * int(sizeof(typename First::A)))
+                   : dev::detail::WarpGrid{1, 1, 1};
+  static constexpr bool kSplitK = MIRAGE_SPLIT_K && kTensorCores && kRegisterGrid.k > 1;
+  template <class P>
+  using RegisterEngine = std::conditional_t<
+      kSplitK,
+      dev::TensorCoreMatmul<typename P::A, typename P::ASlice, typename P::BSlice, NumThreads,
+                            dev::FixedWarpGrid<kRegisterGrid.m, kRegisterGrid.n, kRegisterGrid.k>>,
+      Engine<P>>;
+  using RegisterAccumulator = typename RegisterEngine<First>::Accumulator;
+  static constexpr int kRegisterValues = sizeof(RegisterAccumulator) / sizeof(float);
+
   // A matmul accumulator kept in registers: one fragment per batch.
   struct Registers {
-    Accumulator part[kBatch];
+    RegisterAccumulator part[kBatch];
   };
 
+  // How multiply runs each product: one block matmul (apply), the register grid's slice of K
+  // (accumulate), the register grid's group 0 over all of K (accumulate_with).
+  enum class Pass { kApply, kPartial, kWhole };
+
   // acc += Σ_i A_i · B_i for one batch; tiles are a_0, b_0, a_1, b_1, ...
-  template <int I = 0, class TA, class AL, class TB, class BL, class... Rest>
-  static MIRAGE_DEVICE void multiply(Accumulator& acc, int batch, dev::SharedTile<TA, AL> a, dev::SharedTile<TB, BL> b,
+  template <Pass Mode, int I = 0, class Acc, class TA, class AL, class TB, class BL, class... Rest>
+  static MIRAGE_DEVICE void multiply(Acc& acc, int batch, dev::SharedTile<TA, AL> a, dev::SharedTile<TB, BL> b,
                                      Rest... rest) {
     using P = std::tuple_element_t<I, std::tuple<Products...>>;
-    using E = Engine<P>;
-    static_assert(sizeof(typename E::Accumulator) == sizeof(Accumulator), "products need one fragment layout");
-    E::run(reinterpret_cast<typename E::Accumulator&>(acc), P::a_slice(a, batch), P::b_slice(b, batch));
-    if constexpr (sizeof...(Rest) > 0) multiply<I + 1>(acc, batch, rest...);
+    using E = std::conditional_t<Mode == Pass::kApply, Engine<P>, RegisterEngine<P>>;
+    static_assert(sizeof(typename E::Accumulator) == sizeof(Acc), "products need one fragment layout");
+    auto& target = reinterpret_cast<typename E::Accumulator&>(acc);
+    if constexpr (Mode == Pass::kWhole && kSplitK) {
+      E::run_whole(target, P::a_slice(a, batch), P::b_slice(b, batch));
+    } else {
+      E::run(target, P::a_slice(a, batch), P::b_slice(b, batch));
+    }
+    if constexpr (sizeof...(Rest) > 0) multiply<Mode, I + 1>(acc, batch, rest...);
   }
 
-  // function(linear, value&) for every element of one batch's fragment this thread holds.
-  template <class Function>
-  static MIRAGE_DEVICE void for_each(Accumulator& acc, int batch, Function function) {
-    Engine<First>::for_each(acc, [&](int row, int col, float& value) { function((batch * M + row) * N + col, value); });
+  // function(linear, value&) for every element of one batch's fragment this thread holds (for a
+  // register accumulator with a K split: its group-0 elements).
+  template <class E = Engine<First>, class Function>
+  static MIRAGE_DEVICE void for_each(typename E::Accumulator& acc, int batch, Function function) {
+    E::for_each(acc, [&](int row, int col, float& value) { function((batch * M + row) * N + col, value); });
   }
 
   // emit(linear, chunk) for every element of Σ_i A_i · B_i: chunks of the two consecutive elements of
@@ -405,7 +450,7 @@ struct BlockMatmul {
     for (int batch = 0; batch < kBatch; ++batch) {
       Accumulator acc;
       acc.clear();
-      multiply(acc, batch, tiles...);
+      multiply<Pass::kApply>(acc, batch, tiles...);
       if constexpr (kTensorCores) {
         Engine<First>::for_each_pair(acc, [&](int row, int col, float& first, float& second) {
           float values[2] = {first, second};
@@ -420,61 +465,77 @@ struct BlockMatmul {
     }
   }
 
-  // ---- register accumulators (per thread, no barrier needed) ----
+  // ---- register accumulators (per thread, no barrier needed, except in write_back) ----
 
+  // Group 0 (all threads without a split) starts at `value`, the other groups' partial sums at 0.
   static MIRAGE_DEVICE void fill(Registers& registers, float value) {
+    const float start = !kSplitK || RegisterEngine<First>::owner() ? value : 0.0f;
 #pragma unroll
     for (int batch = 0; batch < kBatch; ++batch) {
       float* values = reinterpret_cast<float*>(&registers.part[batch]);
 #pragma unroll
-      for (int k = 0; k < kValues; ++k) values[k] = value;
+      for (int k = 0; k < kRegisterValues; ++k) values[k] = start;
     }
   }
 
-  // registers += Σ_i A_i · B_i (the products run into the registers directly).
+  // registers += Σ_i A_i · B_i (the products run into the registers directly; with a K split, each
+  // warp group into its partial sum).
   template <class... Tiles>
   static MIRAGE_DEVICE void accumulate(Registers& registers, Tiles... tiles) {
 #pragma unroll
-    for (int batch = 0; batch < kBatch; ++batch) multiply(registers.part[batch], batch, tiles...);
+    for (int batch = 0; batch < kBatch; ++batch) multiply<Pass::kPartial>(registers.part[batch], batch, tiles...);
   }
 
   // registers = combine(registers, transform(linear, Σ_i A_i · B_i)).
   template <class Transform, class Combine, class... Tiles>
   static MIRAGE_DEVICE void accumulate_with(Registers& registers, Transform transform, Combine combine, Tiles... tiles) {
+    using E = RegisterEngine<First>;
+    if constexpr (kSplitK) {
+      if (!E::owner()) return;
+    }
 #pragma unroll
     for (int batch = 0; batch < kBatch; ++batch) {
-      Accumulator term;
+      RegisterAccumulator term;
       term.clear();
-      multiply(term, batch, tiles...);
-      for_each(term, batch, [&](int linear, float& value) { value = transform(linear, value); });
+      multiply<Pass::kWhole>(term, batch, tiles...);
+      for_each<E>(term, batch, [&](int linear, float& value) { value = transform(linear, value); });
       float* total = reinterpret_cast<float*>(&registers.part[batch]);
       const float* values = reinterpret_cast<const float*>(&term);
 #pragma unroll
-      for (int k = 0; k < kValues; ++k) total[k] = combine(total[k], values[k]);
+      for (int k = 0; k < kRegisterValues; ++k) total[k] = combine(total[k], values[k]);
     }
   }
 
   // registers[linear] *= factor(linear) (online-softmax rescale); a factor that is one per row
-  // (Factor::kPerRow) is computed once per row a thread holds.
+  // (Factor::kPerRow) is computed once per row a thread holds. Every partial sum is scaled.
   template <class Factor>
   static MIRAGE_DEVICE void scale(Registers& registers, Factor factor) {
+    using E = RegisterEngine<First>;
 #pragma unroll
     for (int batch = 0; batch < kBatch; ++batch) {
       if constexpr (Factor::kPerRow) {
-        Engine<First>::scale_rows(registers.part[batch], [&](int row) { return factor((batch * M + row) * N); });
+        E::scale_rows(registers.part[batch], [&](int row) { return factor((batch * M + row) * N); });
+      } else if constexpr (kSplitK) {
+        E::for_each_partial(registers.part[batch], [&](int row, int col, float& value) {
+          value *= factor((batch * M + row) * N + col);
+        });
       } else {
-        for_each(registers.part[batch], batch, [&](int linear, float& value) { value *= factor(linear); });
+        for_each<E>(registers.part[batch], batch, [&](int linear, float& value) { value *= factor(linear); });
       }
     }
   }
 
-  // tile[linear] = registers[linear] (collective only in that every thread writes its elements).
+  // tile[linear] = registers[linear]. Without a K split each thread writes its elements (no
+  // barrier); with one, the groups' partial sums are first added through the tile's memory
+  // (collective, kRegisterGrid.k − 1 barriers, more for a 16-bit tile; no extra shared memory).
   template <class T, class L>
   static MIRAGE_DEVICE void write_back(Registers& registers, dev::SharedTile<T, L> tile) {
     static_assert(L::size == kBatch * M * N, "the write-back tile must hold the whole result");
+    using E = RegisterEngine<First>;
+    if constexpr (kSplitK) E::sum_partials_through(registers.part, tile);
 #pragma unroll
     for (int batch = 0; batch < kBatch; ++batch)
-      for_each(registers.part[batch], batch, [&](int linear, float& value) { tile.store(linear, value); });
+      for_each<E>(registers.part[batch], batch, [&](int linear, float& value) { tile.store(linear, value); });
   }
 };
 
