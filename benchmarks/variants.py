@@ -106,7 +106,7 @@ def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = ()) -> list
             continue
         arguments = (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
                      ("row_sums", True), ("combine_rows", 16), *extra)
-        rows.append(Variant(arguments, (2,)))
+        rows.append(Variant(arguments, (2, 3)))
     return rows
 
 

@@ -13,8 +13,11 @@
 //
 // Copies are 16-byte cp.async (LDGSTS.128 in SASS), consecutive threads taking consecutive
 // 16-byte chunks of a row, when the tile rows are whole vectors and the tensor is suitably
-// aligned (checked once per block at run time). Otherwise each element is loaded and stored
-// synchronously: correct for any shape and stride, without overlap.
+// aligned (checked once per block at run time). Otherwise each element is loaded on its own:
+// small tiles (at most kStagedPerThread elements per thread, such as a split-KV combine's [rows, 1]
+// slices) through registers, the loads of `load(r)` landing in shared memory at the next `load`
+// call (one iteration later, still before the stage's wait), so that they overlap the loop like
+// cp.async does; larger tiles synchronously: correct for any shape and stride, without overlap.
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -68,6 +71,10 @@ class InputIterator {
   // Each stage starts 16-byte aligned.
   static constexpr int kStageElements = round_up(L::storage, kVector);
   static constexpr int kSharedBytes = Stages * kStageElements * static_cast<int>(sizeof(T));
+  // elements per thread of a tile that the element path stages through registers
+  static constexpr int kStagedPerThread = 4;
+  static constexpr int kStaged = ceil_div(L::size, NumThreads);
+  static constexpr bool kRegisterStaged = Stages > 1 && kStaged <= kStagedPerThread;
 
   MIRAGE_DEVICE InputIterator(const T* global, const Strides& strides, TileCoordinate coordinate,
                               int forloop_range, T* shared)
@@ -84,6 +91,7 @@ class InputIterator {
 
   // Issue the copy of the tile of `iteration` into its stage; nothing past the forloop range.
   MIRAGE_DEVICE void load(int iteration) const {
+    if constexpr (kRegisterStaged) land();
     if (iteration >= forloop_range_) return;
     const T* source = global_ + coordinate_.at(iteration);
     T* target = stage(iteration).data;
@@ -93,7 +101,11 @@ class InputIterator {
         return;
       }
     }
-    copy_elements(source, target);
+    if constexpr (kRegisterStaged) {
+      issue_elements(source, iteration);
+    } else {
+      copy_elements(source, target);
+    }
   }
 
   MIRAGE_DEVICE bool vectorized() const { return vectorized_; }
@@ -132,6 +144,29 @@ class InputIterator {
     }
   }
 
+  // Register staging of small element-wise tiles: loads now, shared-memory stores at land().
+  MIRAGE_DEVICE void issue_elements(const T* source, int iteration) const {
+#pragma unroll
+    for (int k = 0; k < kStaged; ++k) {
+      const int element = thread_index() + k * NumThreads;
+      if (L::size % NumThreads == 0 || element < L::size)
+        staged_[k] = source[row_offset(element / L::cols) + (element % L::cols) * strides_.stride[3]];
+    }
+    staged_iteration_ = iteration;
+  }
+
+  MIRAGE_DEVICE void land() const {
+    if (staged_iteration_ < 0) return;
+    T* target = stage(staged_iteration_).data;
+#pragma unroll
+    for (int k = 0; k < kStaged; ++k) {
+      const int element = thread_index() + k * NumThreads;
+      if (L::size % NumThreads == 0 || element < L::size)
+        target[(element / L::cols) * L::pitch + element % L::cols] = staged_[k];
+    }
+    staged_iteration_ = -1;
+  }
+
   MIRAGE_DEVICE void copy_elements(const T* source, T* target) const {
     for (int element = thread_index(); element < L::size; element += NumThreads) {
       const int row = element / L::cols;
@@ -146,6 +181,8 @@ class InputIterator {
   int forloop_range_;
   T* shared_;
   bool vectorized_;
+  mutable T staged_[kRegisterStaged ? kStaged : 1];
+  mutable int staged_iteration_ = -1;  // the iteration whose elements wait in staged_, or -1
 };
 
 }  // namespace mirage::dev

@@ -148,10 +148,15 @@ MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, 
         const In* row = in.data + InLayout::offset(index[0], index[1], index[2], 0);
         value = reduce_row_slice<kExtent, kLanes, InLayout::pitch, Reduce>(row, lane, prologue);
       } else {
-        for (int element = lane; element < kExtent; element += kLanes) {
+        // four independent partials: a column of 64 is four chains of 16, not one of 64
+        float partial[4] = {Reduce::identity(), Reduce::identity(), Reduce::identity(), Reduce::identity()};
+#pragma unroll 4
+        for (int element = lane, k = 0; element < kExtent; element += kLanes, ++k) {
           index[Dim] = element;
-          value = reduce(value, prologue(to_float(in.data[InLayout::offset(index[0], index[1], index[2], index[3])])));
+          partial[k % 4] = reduce(partial[k % 4],
+                                  prologue(to_float(in.data[InLayout::offset(index[0], index[1], index[2], index[3])])));
         }
+        value = reduce(reduce(partial[0], partial[1]), reduce(partial[2], partial[3]));
       }
     }
     value = combine_lanes<kGroup, Reduce>(value);
