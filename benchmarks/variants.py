@@ -99,14 +99,14 @@ def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = ()) -> list
     from mirage.optimizer.softmax_chain import warp_split
 
     rows = []
-    axes = ((4, 8, 16, 32), (2, 4, 8, 16), (64, 128), (128, 256))
+    axes = ((4, 8, 16, 32), (1, 2, 4, 8, 16), (64, 128), (128, 256))
     for kv_splits, q_splits, keys, threads in itertools.product(*axes):
         iters = KEYS // (kv_splits * keys)
         if iters < 1 or warp_split(QUERIES // q_splits, keys, threads) is None:
             continue
         arguments = (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
                      ("row_sums", True), ("combine_rows", 16), *extra)
-        rows.append(Variant(arguments, (2, 3)))
+        rows.append(Variant(arguments, (2,)))
     return rows
 
 
@@ -136,7 +136,8 @@ def attention_fused(
     )
     if qknorm and normalize_k:
         k = _normalized_keys(g, k, heads)
-    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)  # [1, 256 / q_splits, 64]
+    rows_axis = 1 if q_splits > 1 else -1  # grid z splits the query rows (a grid of 1 maps nothing)
+    bq = tb.new_input(q, input_map=(0, -1, rows_axis), forloop_dim=-1)  # [1, 256 / q_splits, 64]
     bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)  # [1, 64, keys]
     bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)  # [1, keys, 64]
     if qknorm:
@@ -146,8 +147,8 @@ def attention_fused(
     e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), attention.SCALE))
     sums = tb.forloop_accum(e, acc="sum")  # [1, rows, 1]
     numerators = tb.forloop_accum(tb.matmul(e, bv))  # [1, rows, 64]
-    tb.new_output(sums, output_map=(0, 2, 1))  # [2b, 256, kv_splits]
-    tb.new_output(numerators, output_map=(0, 2, 1))  # [2b, 256, 64 kv_splits]
+    tb.new_output(sums, output_map=(0, 2, rows_axis))  # [2b, 256, kv_splits]
+    tb.new_output(numerators, output_map=(0, 2, rows_axis))  # [2b, 256, 64 kv_splits]
     partial_sums, partial_numerators = g.customized([q, k, v], tb)
     tb2 = mi.new_threadblock_graph(
         grid_dim=(heads, combine_splits, 1), block_dim=(128, 1, 1), forloop_range=1, reduction_dimx=64

@@ -35,6 +35,7 @@ from mirage.codegen.lower_ops import (
     rank4_map,
     tile_layout,
 )
+from mirage.codegen.lower_rowloop import RowLoopLowering
 from mirage.mugraph.graph import AccumKind, BlockGraph, Node, Ref, ThreadGraph
 from mirage.mugraph.ops import ELEMENTWISE, Op
 from mirage.optimizer.memory import BufferKind
@@ -76,6 +77,7 @@ class KernelLowering:
         self.softmax_scratch = 0  # bytes of the key-group merge scratch after the plan
         if self.softmax is not None:
             self._place_softmax(smem_limit)
+        self.row_loop = RowLoopLowering(self, kernel.row_loop) if kernel.row_loop is not None else None
         self.iterators = tuple(self._iterator(k, i) for k, i in enumerate(self.graph.input_nodes))
         pipelined = {it.stages for it in self.iterators if it.pipelined}
         if len(pipelined) > 1:
@@ -409,7 +411,7 @@ class KernelLowering:
     def loop_state(self) -> list[ctx.Step]:
         """Clear accumulators (0, or −inf for max) and running maxima (−inf) before the loop."""
         fills: list[ctx.Step] = []
-        computed = self.softmax.computed if self.softmax is not None else frozenset()
+        computed = self._in_registers_loop()
         for i, node in enumerate(self.graph.nodes):
             if i in computed:
                 continue  # the chain's registers start cleared
@@ -429,6 +431,14 @@ class KernelLowering:
         if pipelined:
             fills.append(ctx.PrologueStep(self.stages, pipelined))
         return fills
+
+    def _in_registers_loop(self) -> frozenset[int]:
+        """Loop nodes computed by a register step (softmax chain or row-local loop)."""
+        if self.softmax is not None:
+            return self.softmax.computed
+        if self.row_loop is not None:
+            return frozenset(self.row_loop.plan.nodes)
+        return frozenset()
 
     def finalize(self, i: int) -> ctx.Step:
         node = self.graph.nodes[i]
@@ -456,11 +466,18 @@ class KernelLowering:
                 out[Phase.PRE_LOOP].append(ctx.BarrierStep("loop state cleared", False, 0))
         pending_copies = False
         emitted = False
-        computed = self.softmax.computed if self.softmax is not None else frozenset()
+        computed = self._in_registers_loop()
         if self.softmax is not None:
             out[Phase.POST_LOOP] += [
                 self.softmax_write_back(),
                 ctx.BarrierStep("online-softmax results in shared memory", False),
+            ]
+        row_loop_pending = self.row_loop is not None
+        if self.row_loop is not None:
+            out[Phase.PRE_LOOP].insert(0, self.row_loop.setup())
+            out[Phase.POST_LOOP] += [
+                self.row_loop.write_back(),
+                ctx.BarrierStep("row-local loop results in shared memory", False),
             ]
         for k, item in enumerate(items):
             steps = out[item.phase]
@@ -477,6 +494,9 @@ class KernelLowering:
             if item.epilogue_of is not None:
                 continue  # runs inside its producer's chain
             if item.node in computed and item.action is not Action.LOAD:
+                if self.row_loop is not None and row_loop_pending and item.phase is Phase.LOOP:
+                    steps.append(self.row_loop.step())  # registers only: no barrier after it
+                    row_loop_pending = False
                 if self.softmax is not None and item.node == self.softmax.qk:
                     # registers only: the step writes no shared memory, and the tiles it reads (Q,
                     # K, V) are alive the whole loop, so it needs no barrier after it

@@ -43,6 +43,8 @@ from mirage.optimizer.graphs import customized_nodes
 from mirage.optimizer.layout import LayoutCosts, LayoutPlan, TensorLayout, select_layouts
 from mirage.optimizer.memory import MemoryPlan, pipeline_depth, plan_memory
 from mirage.optimizer.registers import RegisterOptions, RegisterPlan, plan_registers
+from mirage.optimizer.row_loop import RowLoop
+from mirage.optimizer.row_loop import match as match_row_loop
 from mirage.optimizer.schedule import Schedule, build_schedule
 from mirage.optimizer.softmax import SoftmaxResult, online_softmax
 from mirage.optimizer.softmax_chain import SoftmaxChain
@@ -58,6 +60,7 @@ class OptimizerOptions:
     wrap_single: bool = True  # wrap single element-wise ops into FUSED nodes too
     hoist_invariants: bool = True  # run loop-invariant ops before the for-loop
     register_softmax: bool = True  # attention chains in registers (softmax_chain), not op by op
+    row_loops: bool = True  # row-local loop bodies run per thread in registers (row_loop)
     stages: int = 2  # copies of each pipelined input tile (2 = double, 3 = triple buffering)
     prefetch_small_bytes: int = 8192  # loops loading at most this per iteration prefetch deeper...
     prefetch_stages: int = 8  # ...up to this many stages (memory.pipeline_depth)
@@ -82,6 +85,7 @@ class PreparedKernel:
     input_layouts: tuple[TensorLayout, ...]  # device tensors read, in input-iterator order
     output_layouts: tuple[TensorLayout, ...]  # device tensors written, in output-saver order
     softmax_chain: SoftmaxChain | None = None  # an online-softmax chain run in registers
+    row_loop: RowLoop | None = None  # a loop body run per thread in registers
 
     @property
     def smem_bytes(self) -> int:
@@ -190,14 +194,22 @@ def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain 
     return match_softmax_chain(block, dict(state.records["schedule"])[k], layouts)
 
 
+def _row_loop(k: int, block: BlockGraph, state: PassState) -> RowLoop | None:
+    if not state.options.row_loops or dict(state.records["plan_softmax_chain"])[k] is not None:
+        return None
+    return match_row_loop(block, dict(state.records["schedule"])[k])
+
+
 def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
     o = state.options
     layouts = state.records["select_layouts"].of_kernel(k)
     stages = pipeline_depth(block, layouts, o.stages, o.prefetch_small_bytes, o.prefetch_stages)
-    chain = dict(state.records["plan_softmax_chain"])[k]
+    in_registers: frozenset[int] = frozenset()
+    for plan in (dict(state.records["plan_softmax_chain"])[k], dict(state.records["plan_row_loop"])[k]):
+        if plan is not None:
+            in_registers |= plan.register_only
     return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
-                       layouts, state.target, stages, o.accumulator_dtype,
-                       chain.register_only if chain is not None else frozenset())
+                       layouts, state.target, stages, o.accumulator_dtype, in_registers)
 
 
 PIPELINE: tuple[Pass, ...] = (
@@ -207,6 +219,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("plan_registers", _per_kernel(_registers), "epilogues and register-resident accumulators"),
     Pass("schedule", _per_kernel(_schedule), "steps by depth, barriers between depths"),
     Pass("plan_softmax_chain", _per_kernel(_softmax_chain), "attention chains kept in registers"),
+    Pass("plan_row_loop", _per_kernel(_row_loop), "row-local loop bodies kept in registers"),
     Pass("plan_memory", _per_kernel(_memory), "shared-memory offsets from lifetimes"),
 )
 
@@ -237,7 +250,7 @@ def prepare(graph, target: Target = DEFAULT_TARGET,
     check(result, dataclasses.replace(target, smem_per_block=1 << 40))
     layouts: LayoutPlan = state.records["select_layouts"]
     plans = {name: dict(state.records[name])
-             for name in ("plan_registers", "schedule", "plan_softmax_chain", "plan_memory")}
+             for name in ("plan_registers", "schedule", "plan_softmax_chain", "plan_row_loop", "plan_memory")}
     kernels = []
     for k in customized_nodes(result):
         node = result.nodes[k]
@@ -249,7 +262,7 @@ def prepare(graph, target: Target = DEFAULT_TARGET,
             layouts=tuple(shared.get(i) for i in range(len(block.nodes))),
             input_layouts=tuple(layouts.of_device(r) for r in node.inputs),
             output_layouts=tuple(layouts.of_device(Ref(k, j)) for j in range(len(node.outputs))),
-            softmax_chain=plans["plan_softmax_chain"][k]))
+            softmax_chain=plans["plan_softmax_chain"][k], row_loop=plans["plan_row_loop"][k]))
     total = sum(r.seconds for r in records)
     log.info("prepared %s: %d kernels in %.2f s", source.name or "graph", len(kernels), total)
     return PreparedProgram(source, result, tuple(kernels), layouts, target, options, tuple(records))

@@ -149,14 +149,20 @@ MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, 
         value = reduce_row_slice<kExtent, kLanes, InLayout::pitch, Reduce>(row, lane, prologue);
       } else {
         // four independent partials: a column of 64 is four chains of 16, not one of 64
-        float partial[4] = {Reduce::identity(), Reduce::identity(), Reduce::identity(), Reduce::identity()};
-#pragma unroll 4
-        for (int element = lane, k = 0; element < kExtent; element += kLanes, ++k) {
+        const auto at = [&](int element) {
           index[Dim] = element;
-          partial[k % 4] = reduce(partial[k % 4],
-                                  prologue(to_float(in.data[InLayout::offset(index[0], index[1], index[2], index[3])])));
+          return prologue(to_float(in.data[InLayout::offset(index[0], index[1], index[2], index[3])]));
+        };
+        float p0 = Reduce::identity(), p1 = Reduce::identity(), p2 = Reduce::identity(), p3 = Reduce::identity();
+        int element = lane;
+        for (; element + 3 * kLanes < kExtent; element += 4 * kLanes) {
+          p0 = reduce(p0, at(element));
+          p1 = reduce(p1, at(element + kLanes));
+          p2 = reduce(p2, at(element + 2 * kLanes));
+          p3 = reduce(p3, at(element + 3 * kLanes));
         }
-        value = reduce(reduce(partial[0], partial[1]), reduce(partial[2], partial[3]));
+        for (; element < kExtent; element += kLanes) p0 = reduce(p0, at(element));
+        value = reduce(reduce(p0, p1), reduce(p2, p3));
       }
     }
     value = combine_lanes<kGroup, Reduce>(value);

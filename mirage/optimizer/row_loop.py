@@ -1,0 +1,140 @@
+"""Row-local loops: for-loop bodies that every thread can run on its own elements, in registers.
+
+A split-KV combine walks the key splits one per iteration: a running maximum of the splits' maxima
+(one value per query row), rescale factors, a row sum and a [rows, 64] output accumulator.  Op by
+op that is five shared-memory passes with a barrier between each two, for a few hundred values per
+iteration.  But no value of such a body depends on another row, nor (beyond a broadcast of one value
+per row) on another column: a thread that owns a chunk of consecutive columns of one row can run
+the whole body for its elements, keep the accumulators and running maxima in registers, and leave
+the shared tiles to the input iterators.  The loop then has no barrier besides the pipeline's.
+
+:func:`match` accepts a block graph whose loop body has only
+
+* element-wise ops (FUSED thread graphs or single ops) of operands of one of two shapes, the
+  *wide* ``[.., R, W]`` and the *narrow* ``[.., R, 1]`` (broadcast along the row), leading dims 1;
+* running maxima, and accumulators of kinds none, sum, mean and max whose sums run over a last dim
+  of extent 1 (so that they are element-wise), rescaled (``accum_rescale``) or not;
+* reductions over a dim of extent 1 (copies);
+
+and whose loop values are read after the loop only through those accumulators and maxima.  The
+accumulators' shared tiles are written once after the loop (:class:`RowLoop.states`); every other
+loop value lives in registers only (:attr:`RowLoop.register_only`: no buffer in the memory plan).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from mirage.mugraph.graph import AccumKind, BlockGraph, Ref
+from mirage.mugraph.ops import ELEMENTWISE, Op
+from mirage.optimizer.schedule import Action, Phase, Schedule, Step
+
+log = logging.getLogger(__name__)
+
+ELEMENTWISE_KINDS = frozenset({AccumKind.NONE, AccumKind.SUM, AccumKind.MEAN, AccumKind.MAX})
+
+
+@dataclass(frozen=True)
+class RowLoop:
+    """The loop body of a block graph as per-thread code (see the module docstring)."""
+
+    rows: int  # R
+    width: int  # W
+    chunk: int  # consecutive columns of a wide value per thread
+    nodes: tuple[int, ...]  # loop nodes in execution order
+    states: tuple[int, ...]  # accumulators and running maxima (registers across iterations)
+
+    @property
+    def register_only(self) -> frozenset[int]:
+        return frozenset(self.nodes) - frozenset(self.states)
+
+    @property
+    def row_threads(self) -> int:
+        """Threads per row."""
+        return self.width // self.chunk
+
+
+class _NoMatch(Exception):
+    pass
+
+
+def _require(condition: bool, reason: str) -> None:
+    if not condition:
+        raise _NoMatch(reason)
+
+
+def _rows_and_width(shape: tuple[int, ...]) -> tuple[int, int]:
+    _require(len(shape) >= 2 and math.prod(shape[:-2]) == 1,
+             f"shape {list(shape)} is not one [rows, cols] tile")
+    return shape[-2], shape[-1]
+
+
+def _chunk(rows: int, width: int, threads: int) -> int | None:
+    """Columns per thread: the fewest that let every (row, chunk) have a thread of its own."""
+    for chunk in (1, 2, 4, 8, 16, 32, 64):
+        if width % chunk == 0 and rows * (width // chunk) <= threads:
+            return chunk
+    return None
+
+
+def _match(graph: BlockGraph, schedule: Schedule) -> RowLoop:
+    _require(graph.forloop_range > 1, "a one-iteration loop")
+    loop = [item.node for item in schedule.items
+            if isinstance(item, Step) and item.phase is Phase.LOOP and item.epilogue_of is None
+            and item.action in (Action.COMPUTE, Action.ACCUMULATE)]
+    loop += [item.node for item in schedule.items
+             if isinstance(item, Step) and item.phase is Phase.LOOP and item.epilogue_of is not None]
+    order = sorted(set(loop))  # node order is a topological order
+    _require(bool(order), "an empty loop body")
+    members = set(order)
+    shapes = {graph.type_of(Ref(i)).shape for i in order}
+    shapes |= {graph.type_of(r).shape for i in order for r in graph.nodes[i].inputs}
+    dims = {_rows_and_width(s) for s in shapes}
+    rows = {r for r, _ in dims}
+    widths = {w for _, w in dims} - {1}
+    _require(len(rows) == 1 and len(widths) <= 1, f"tiles of shapes {sorted(dims)}: not rows × (1 or W)")
+    (r,) = rows
+    width = widths.pop() if widths else 1
+    states = []
+    for i in order:
+        node = graph.nodes[i]
+        op = node.op
+        if op is Op.FUSED or op in ELEMENTWISE:
+            continue
+        if op is Op.RUNNING_MAX:
+            _require(graph.type_of(node.inputs[0]).shape[-1] == 1, "a running max of a wide value")
+            states.append(i)
+        elif op in (Op.ACCUM, Op.ACCUM_RESCALE):
+            kind = node.attrs.kind
+            source = graph.type_of(node.inputs[0])
+            elementwise = kind in ELEMENTWISE_KINDS and (
+                kind in (AccumKind.NONE, AccumKind.MAX) or source.shape[-1] == 1
+            )
+            _require(elementwise, f"%{i}: a {kind.value} accumulator that is not element-wise")
+            if op is Op.ACCUM_RESCALE:
+                _require(node.inputs[1].node in members, f"%{i} rescales by a maximum outside the loop")
+            states.append(i)
+        elif op in (Op.REDUCTION, Op.REDUCTION_MAX):
+            _require(graph.type_of(node.inputs[0]).shape[node.attrs.dim] == 1, f"%{i} reduces a real dim")
+        else:
+            raise _NoMatch(f"%{i}: {op.value} in the loop body")
+    uses = graph.consumers()
+    for i in order:
+        if i in states:
+            continue
+        readers = set(uses.get(Ref(i, 0), []))
+        _require(readers <= members, f"%{i} is read after the loop")
+    chunk = _chunk(r, width, math.prod(graph.block_dim))
+    _require(chunk is not None, f"{r} rows × {width} columns need more threads than the block has")
+    return RowLoop(r, width, chunk, tuple(order), tuple(states))
+
+
+def match(graph: BlockGraph, schedule: Schedule) -> RowLoop | None:
+    """The row-local loop of ``graph`` (see the module docstring), or None."""
+    try:
+        return _match(graph, schedule)
+    except _NoMatch as reason:
+        log.debug("loop body lowered op by op: %s", reason)
+        return None
