@@ -53,8 +53,8 @@ __device__ void split_matmul(Out* c, const T* a, const T* b, int forloop_range, 
 SPLIT_MATMUL(split_f16_2x48x512_auto, __half, float, 2, 48, 512, 256, SplitKWarpGrid)
 // fp16 output: the partial sums go through the 16-bit tile in two rounds.
 SPLIT_MATMUL(split_f16_16x48x256_auto_f16out, __half, __half, 16, 48, 256, 256, SplitKWarpGrid)
-// bf16, 16 warps (register-capped split).
-SPLIT_MATMUL(split_bf16_8x48x256_auto, __nv_bfloat16, float, 8, 48, 256, 512, SplitKWarpGrid)
+// bf16, 16 warps (16 accumulator values at most per thread).
+SPLIT_MATMUL(split_bf16_8x48x128_auto, __nv_bfloat16, float, 8, 48, 128, 512, SplitKWarpGrid)
 // TF32 (fp32 inputs), two row tiles, an uneven split: 3 groups over 8 k-steps (2 + 3 + 3).
 using TwoByOneByThree = FixedWarpGrid<2, 1, 3>;
 SPLIT_MATMUL(split_f32_32x16x64_3groups, float, float, 32, 16, 64, 256, TwoByOneByThree)
@@ -71,7 +71,10 @@ static_assert(TensorCoreMatmul<__half, WithPitch<RowMajor<2, 512>, 520>, WithPit
                                SplitKWarpGrid>::kWarpsN == 1);
 static_assert(TensorCoreMatmul<__half, WithPitch<RowMajor<2, 512>, 520>, WithPitch<RowMajor<512, 48>, 56>, 256>::kWarpsK == 1);
 static_assert(TensorCoreMatmul<__half, WithPitch<RowMajor<2, 512>, 520>, WithPitch<RowMajor<512, 48>, 56>, 256>::kWarpsN == 6);
-static_assert(!TensorCoreMatmul<__half, RowMajor<16, 64>, WithPitch<RowMajor<64, 32>, 40>, 128, FixedWarpGrid<1, 1, 5>>::kSupported,
-              "more groups than k-steps");
+// A fixed grid must fit the block and the tile; it may have more groups than k-steps (idle groups).
 static_assert(!TensorCoreMatmul<__half, RowMajor<16, 64>, WithPitch<RowMajor<64, 32>, 40>, 128, FixedWarpGrid<1, 2, 4>>::kSupported,
               "more warps than the block has");
+static_assert(!TensorCoreMatmul<__half, RowMajor<16, 64>, WithPitch<RowMajor<64, 32>, 40>, 128, FixedWarpGrid<2, 1, 1>>::kSupported,
+              "two row tiles of 16 rows");
+static_assert(TensorCoreMatmul<__half, RowMajor<16, 16>, WithPitch<RowMajor<16, 32>, 40>, 128, FixedWarpGrid<1, 2, 2>>::kSupported,
+              "one k-step, two groups");

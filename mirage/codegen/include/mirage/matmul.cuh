@@ -78,15 +78,6 @@ struct MmaCostModel {
   static constexpr int kSharedBytesPerCycle = 128;
   static constexpr int kWriteBackRoundCycles = 100;  // a barrier, a shared load and store per round
   static constexpr int kCallsPerWriteBack = 8;
-  static constexpr int kRegistersPerSm = 65536;      // 32-bit registers per SM (sm_80 … sm_90)
-  static constexpr int kMaxRegistersPerThread = 255;
-  // A split's accumulators stay live through the whole for-loop, beside everything else the kernel
-  // keeps there: they may take an eighth of a thread's registers at the block's size (31 values
-  // for up to 256 threads, 16 for 512).
-  static constexpr int split_value_limit(int warps) {
-    const int registers = kRegistersPerSm / (warps * kWarpSize);
-    return (registers < kMaxRegistersPerThread ? registers : kMaxRegistersPerThread) / 8;
-  }
 
   // grid: the warps; rows (a multiple of 16), cols (of 8); k_steps: atoms along K; step_bytes: bytes
   // of one atom's K extent of one operand row (16 · 2 for fp16 and bf16, 8 · 4 for TF32).
@@ -106,25 +97,54 @@ struct MmaCostModel {
   }
 };
 
+// A split's accumulators stay live through the whole for-loop, beside what the rest of the kernel
+// keeps there, of which the input iterators' copies are the part a matmul can see: registers that
+// remain after kRegistersPerCopyChunk per 16-byte chunk of its operand tiles that a thread copies
+// per stage; the split's accumulator values may take an eighth of them (31 values at 256 threads
+// and few chunks, 16 at 512 threads).
+struct RegisterBudget {
+  static constexpr int kRegistersPerSm = 65536;  // 32-bit registers per SM (sm_80 … sm_90)
+  static constexpr int kMaxRegistersPerThread = 255;
+  static constexpr int kRegistersPerCopyChunk = 3;  // a source offset (64-bit) and a target offset
+
+  static constexpr int split_values(int warps, int copy_chunks) {
+    const int registers = kRegistersPerSm / (warps * kWarpSize);
+    const int left = (registers < kMaxRegistersPerThread ? registers : kMaxRegistersPerThread) -
+                     kRegistersPerCopyChunk * copy_chunks;
+    return left > 0 ? left / 8 : 0;
+  }
+};
+
+// What the choice of a warp grid with a K split looks at.
+struct SplitQuery {
+  int rows;         // M rounded up to whole 16-row atoms
+  int cols;         // N
+  int k_steps;      // atoms along K, every product of the accumulator together
+  int warps;        // of the block
+  int batch;        // fragments a thread holds per output tile it owns (batched block matmuls)
+  int step_bytes;   // of one atom's K extent of one operand row
+  int copy_chunks;  // 16-byte chunks of the operand tiles one thread copies per stage
+};
+
 // The warp grid with a K split that MmaCostModel expects to be fastest; choose_warp_grid's when no
 // split beats it. Ties: the smaller k (fewer partial sums to add), then the most warps. A split holds
-// at most MmaCostModel::split_value_limit accumulator values per thread (`batch` fragments each)
+// at most RegisterBudget::split_values accumulator values per thread (`batch` fragments each)
 // unless the unsplit grid already holds more.
-constexpr WarpGrid choose_split_warp_grid(int rows, int cols, int k_steps, int warps, int batch, int step_bytes) {
-  const WarpGrid base = choose_warp_grid(rows, cols, warps, 16, 8);
-  if (base.m == 0 || k_steps < 2) return base;
-  const int base_values = batch * (rows / (16 * base.m)) * (cols / (8 * base.n)) * 4;
-  const int split_limit = MmaCostModel::split_value_limit(warps);
+constexpr WarpGrid choose_split_warp_grid(SplitQuery q) {
+  const WarpGrid base = choose_warp_grid(q.rows, q.cols, q.warps, 16, 8);
+  if (base.m == 0 || q.k_steps < 2) return base;
+  const int base_values = q.batch * (q.rows / (16 * base.m)) * (q.cols / (8 * base.n)) * 4;
+  const int split_limit = RegisterBudget::split_values(q.warps, q.copy_chunks);
   const int value_limit = base_values > split_limit ? base_values : split_limit;
   WarpGrid best = base;
-  int best_cycles = MmaCostModel::cycles(base, rows, cols, k_steps, step_bytes);
-  for (int wk = 2; wk <= warps && wk <= k_steps; ++wk) {
-    for (int wm = 1; wm * wk <= warps; ++wm) {
-      for (int wn = 1; wm * wn * wk <= warps; ++wn) {
-        if (rows % (16 * wm) != 0 || cols % (8 * wn) != 0) continue;
-        if (batch * (rows / (16 * wm)) * (cols / (8 * wn)) * 4 > value_limit) continue;
+  int best_cycles = MmaCostModel::cycles(base, q.rows, q.cols, q.k_steps, q.step_bytes);
+  for (int wk = 2; wk <= q.warps && wk <= q.k_steps; ++wk) {
+    for (int wm = 1; wm * wk <= q.warps; ++wm) {
+      for (int wn = 1; wm * wn * wk <= q.warps; ++wn) {
+        if (q.rows % (16 * wm) != 0 || q.cols % (8 * wn) != 0) continue;
+        if (q.batch * (q.rows / (16 * wm)) * (q.cols / (8 * wn)) * 4 > value_limit) continue;
         const WarpGrid grid{wm, wn, wk};
-        const int estimate = MmaCostModel::cycles(grid, rows, cols, k_steps, step_bytes);
+        const int estimate = MmaCostModel::cycles(grid, q.rows, q.cols, q.k_steps, q.step_bytes);
         const bool more_warps = wm * wn * wk > best.m * best.n * best.k;
         if (estimate < best_cycles || (estimate == best_cycles && wk == best.k && more_warps)) {
           best = grid;
@@ -181,23 +201,20 @@ struct ResolveWarpGrid;
 
 template <>
 struct ResolveWarpGrid<DefaultWarpGrid> {
-  static constexpr WarpGrid grid(int rows, int cols, int, int warps, int) {
-    return choose_warp_grid(rows, cols, warps, 16, 8);
-  }
+  static constexpr WarpGrid grid(SplitQuery q) { return choose_warp_grid(q.rows, q.cols, q.warps, 16, 8); }
 };
 
 template <>
 struct ResolveWarpGrid<SplitKWarpGrid> {
-  static constexpr WarpGrid grid(int rows, int cols, int k_steps, int warps, int step_bytes) {
-    return choose_split_warp_grid(rows, cols, k_steps, warps, 1, step_bytes);
-  }
+  static constexpr WarpGrid grid(SplitQuery q) { return choose_split_warp_grid(q); }
 };
 
 template <int WarpsM, int WarpsN, int WarpsK>
 struct ResolveWarpGrid<FixedWarpGrid<WarpsM, WarpsN, WarpsK>> {
-  static constexpr WarpGrid grid(int rows, int cols, int k_steps, int warps, int) {
-    const bool valid = WarpsM >= 1 && WarpsN >= 1 && WarpsK >= 1 && WarpsM * WarpsN * WarpsK <= warps &&
-                       rows % (16 * WarpsM) == 0 && cols % (8 * WarpsN) == 0 && WarpsK <= k_steps;
+  static constexpr WarpGrid grid(SplitQuery q) {
+    // Groups may outnumber k-steps (a short product among several): the extra groups' sums stay 0.
+    const bool valid = WarpsM >= 1 && WarpsN >= 1 && WarpsK >= 1 && WarpsM * WarpsN * WarpsK <= q.warps &&
+                       q.rows % (16 * WarpsM) == 0 && q.cols % (8 * WarpsN) == 0;
     return valid ? WarpGrid{WarpsM, WarpsN, WarpsK} : WarpGrid{0, 0, 1};
   }
 };
@@ -218,8 +235,9 @@ struct TensorCoreMatmul {
   // M rounded up to whole 16-row atoms.
   static constexpr int kRows = round_up(M, 16);
   static constexpr int kSteps = K / Atom::kK;
-  static constexpr detail::WarpGrid kGrid =
-      detail::ResolveWarpGrid<Grid>::grid(kRows, N, kSteps, kWarps, Atom::kK * static_cast<int>(sizeof(T)));
+  static constexpr detail::WarpGrid kGrid = detail::ResolveWarpGrid<Grid>::grid(detail::SplitQuery{
+      kRows, N, kSteps, kWarps, 1, Atom::kK * static_cast<int>(sizeof(T)),
+      ceil_div((ALayout::storage + BLayout::storage) * static_cast<int>(sizeof(T)), kVectorBytes * NumThreads)});
   static constexpr bool kAlignedRows = !Atom::kLdmatrix || ((ALayout::pitch * sizeof(T)) % kVectorBytes == 0 &&
                                                             (BLayout::pitch * sizeof(T)) % kVectorBytes == 0);
   static constexpr bool kSupported =

@@ -396,10 +396,16 @@ struct BlockMatmul {
   static constexpr int atom_k() {
     return dev::detail::MmaAtom<typename P::A>::kK;
   }
+  template <class P>
+  static constexpr int operand_bytes() {
+    return kBatch * (P::ASlice::storage * int(sizeof(typename P::A)) + P::BSlice::storage * int(sizeof(typename P::B)));
+  }
   static constexpr int kSteps = ((Products::K / atom_k<Products>()) + ...);
   static constexpr dev::detail::WarpGrid kRegisterGrid =
-      kTensorCores ? dev::detail::choose_split_warp_grid(dev::round_up(M, 16), N, kSteps, NumThreads / dev::kWarpSize,
-                                                         kBatch, atom_k<First>() * int(sizeof(typename First::A)))
+      kTensorCores ? dev::detail::choose_split_warp_grid(dev::detail::SplitQuery{
+                         dev::round_up(M, 16), N, kSteps, NumThreads / dev::kWarpSize, kBatch,
+                         atom_k<First>() * int(sizeof(typename First::A)),
+                         dev::ceil_div((operand_bytes<Products>() + ...), dev::kVectorBytes * NumThreads)})
                    : dev::detail::WarpGrid{1, 1, 1};
   static constexpr bool kSplitK = MIRAGE_SPLIT_K && kTensorCores && kRegisterGrid.k > 1;
   template <class P>
