@@ -14,8 +14,9 @@
 //   BlockMatmul<NumThreads, Product...>::apply(emit, a, b, ...)   Σ_i A_i · B_i, batched
 //
 // Sinks: StoreSink, AddSink, MaxSink, RunningMaxSink, RescaleSink. BlockMatmul::Registers keeps a
-// matmul accumulator in registers across the forloop. All functions below are collective (every
-// thread of the block calls them) unless their comment says otherwise.
+// matmul accumulator in registers across the forloop (for GEMV-like tiles split over K across warp
+// groups; its write_back then adds the partial sums, with barriers). All functions below are
+// collective (every thread of the block calls them) unless their comment says otherwise.
 #pragma once
 
 #include <tuple>
@@ -423,7 +424,7 @@ struct BlockMatmul {
   };
 
   // How multiply runs each product: one block matmul (apply), the register grid's slice of K
-  // (accumulate), the register grid's group 0 over all of K (accumulate_with).
+  // (accumulate), the register grid's group 0 over all of K (accumulate_with: whole products).
   enum class Pass { kApply, kPartial, kWhole };
 
   // acc += Σ_i A_i · B_i for one batch; tiles are a_0, b_0, a_1, b_1, ...
