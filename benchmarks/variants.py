@@ -92,27 +92,38 @@ def _attention_rows(program: str) -> list[Variant]:
     return rows
 
 
-def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = ()) -> list[Variant]:
+def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = (),
+                         kv_splits: tuple[int, ...] = (4, 8, 16, 32),
+                         q_splits: tuple[int, ...] = (1, 2, 4, 8, 16)) -> list[Variant]:
     """Every split of the register-resident attention kernel worth timing: key splits across blocks,
     query rows per block (``256 / q_splits``), keys per iteration (64 or 128) and 4 or 8 warps; rows
     whose warps do not split the tile (``softmax_chain.warp_split``) are dropped."""
     from mirage.optimizer.softmax_chain import warp_split
 
     rows = []
-    axes = ((4, 8, 16, 32), (1, 2, 4, 8, 16), (64, 128), (128, 256))
-    for kv_splits, q_splits, keys, threads in itertools.product(*axes):
-        iters = KEYS // (kv_splits * keys)
-        if iters < 1 or warp_split(QUERIES // q_splits, keys, threads) is None:
+    for kv, qs, keys, threads in itertools.product(kv_splits, q_splits, (64, 128), (128, 256)):
+        iters = KEYS // (kv * keys)
+        if iters < 1 or warp_split(QUERIES // qs, keys, threads) is None:
             continue
-        arguments = (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
+        arguments = (("kv_splits", kv), ("q_splits", qs), ("iters", iters), ("threads", threads),
                      ("row_sums", True), ("combine_rows", 16), *extra)
         rows.append(Variant(arguments, (2,)))
     return rows
 
 
+def _wide_qknorm_rows() -> list[Variant]:
+    """QKNorm: K normalized in a kernel of its own (tiles of 128 or 64 keys), or in the attention
+    kernel when each key is read by one or two blocks only (``q_splits`` 1 or 2)."""
+    rows = []
+    for norm_blocks in (32, 64):
+        rows += _wide_attention_rows((("normalize_k", True), ("norm_blocks", norm_blocks)),
+                                     kv_splits=(4, 8, 16, 32), q_splits=(2, 4, 8))
+    return rows + _wide_attention_rows(q_splits=(1, 2))
+
+
 def attention_fused(
     b: int, qknorm: bool, row_sums: bool = False, combine_rows: int | None = None, normalize_k: bool = False,
-    **splits,
+    norm_blocks: int = 32, **splits,
 ) -> KernelGraph:
     """Mirage's attention µGraph (``attention.fused``), or with ``row_sums`` its variant that sums
     ``exp(S)`` over the keys inside the first kernel (``forloop_accum(..., acc="sum")``): the partial
@@ -135,7 +146,7 @@ def attention_fused(
         reduction_dimx=64,
     )
     if qknorm and normalize_k:
-        k = _normalized_keys(g, k, heads)
+        k = _normalized_keys(g, k, heads, norm_blocks)
     rows_axis = 1 if q_splits > 1 else -1  # grid z splits the query rows (a grid of 1 maps nothing)
     bq = tb.new_input(q, input_map=(0, -1, rows_axis), forloop_dim=-1)  # [1, 256 / q_splits, 64]
     bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)  # [1, 64, keys]
@@ -184,7 +195,7 @@ FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
 # wider families for explorations (``python -m benchmarks.explore --family wide``)
 WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
     "gqa": _wide_attention_rows,
-    "qknorm": lambda: _wide_attention_rows((("normalize_k", True),)),
+    "qknorm": _wide_qknorm_rows,
 }
 
 

@@ -14,10 +14,10 @@
 // Copies are 16-byte cp.async (LDGSTS.128 in SASS), consecutive threads taking consecutive
 // 16-byte chunks of a row, when the tile rows are whole vectors and the tensor is suitably
 // aligned (checked once per block at run time). Otherwise each element is loaded on its own:
-// small tiles (at most kStagedPerThread elements per thread, such as a split-KV combine's [rows, 1]
-// slices) through registers, the loads of `load(r)` landing in shared memory at the next `load`
-// call (one iteration later, still before the stage's wait), so that they overlap the loop like
-// cp.async does; larger tiles synchronously: correct for any shape and stride, without overlap.
+// small tiles (such as a split-KV combine's [rows, 1] slices) through a ring of registers: the
+// loads of `load(r)` land in shared memory at the call `load(r + Stages - 1)`, just before the
+// stage's wait, so that Stages - 1 iterations of loads are in flight like cp.async groups; larger
+// tiles synchronously: correct for any shape and stride, without overlap.
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -72,9 +72,10 @@ class InputIterator {
   static constexpr int kStageElements = round_up(L::storage, kVector);
   static constexpr int kSharedBytes = Stages * kStageElements * static_cast<int>(sizeof(T));
   // elements per thread of a tile that the element path stages through registers
-  static constexpr int kStagedPerThread = 4;
   static constexpr int kStaged = ceil_div(L::size, NumThreads);
-  static constexpr bool kRegisterStaged = Stages > 1 && kStaged <= kStagedPerThread;
+  static constexpr int kRing = Stages > 1 ? Stages - 1 : 1;  // iterations of loads in flight
+  static constexpr int kStagedRegisters = 32;                 // at most this many per thread
+  static constexpr bool kRegisterStaged = !kVectorizableShape && Stages > 1 && kStaged * kRing <= kStagedRegisters;
 
   MIRAGE_DEVICE InputIterator(const T* global, const Strides& strides, TileCoordinate coordinate,
                               int forloop_range, T* shared)
@@ -91,7 +92,7 @@ class InputIterator {
 
   // Issue the copy of the tile of `iteration` into its stage; nothing past the forloop range.
   MIRAGE_DEVICE void load(int iteration) const {
-    if constexpr (kRegisterStaged) land();
+    if constexpr (kRegisterStaged) land(iteration - kRing);
     if (iteration >= forloop_range_) return;
     const T* source = global_ + coordinate_.at(iteration);
     T* target = stage(iteration).data;
@@ -144,27 +145,38 @@ class InputIterator {
     }
   }
 
-  // Register staging of small element-wise tiles: loads now, shared-memory stores at land().
+  // Register staging of small element-wise tiles: loads now into the ring slot of `iteration`,
+  // shared-memory stores at land(iteration), kRing load calls later. Slots are picked by unrolled
+  // compare-and-select so that the ring stays in registers (a runtime index would put it in local
+  // memory, whose stores wait for the loads).
   MIRAGE_DEVICE void issue_elements(const T* source, int iteration) const {
+    const int ring = iteration % kRing;
 #pragma unroll
-    for (int k = 0; k < kStaged; ++k) {
-      const int element = thread_index() + k * NumThreads;
-      if (L::size % NumThreads == 0 || element < L::size)
-        staged_[k] = source[row_offset(element / L::cols) + (element % L::cols) * strides_.stride[3]];
+    for (int slot = 0; slot < kRing; ++slot) {
+      if (slot != ring) continue;
+#pragma unroll
+      for (int k = 0; k < kStaged; ++k) {
+        const int element = thread_index() + k * NumThreads;
+        if (L::size % NumThreads == 0 || element < L::size)
+          staged_[slot][k] = source[row_offset(element / L::cols) + (element % L::cols) * strides_.stride[3]];
+      }
     }
-    staged_iteration_ = iteration;
   }
 
-  MIRAGE_DEVICE void land() const {
-    if (staged_iteration_ < 0) return;
-    T* target = stage(staged_iteration_).data;
+  MIRAGE_DEVICE void land(int iteration) const {
+    if (iteration < 0 || iteration >= forloop_range_) return;
+    const int ring = iteration % kRing;
+    T* target = stage(iteration).data;
 #pragma unroll
-    for (int k = 0; k < kStaged; ++k) {
-      const int element = thread_index() + k * NumThreads;
-      if (L::size % NumThreads == 0 || element < L::size)
-        target[(element / L::cols) * L::pitch + element % L::cols] = staged_[k];
+    for (int slot = 0; slot < kRing; ++slot) {
+      if (slot != ring) continue;
+#pragma unroll
+      for (int k = 0; k < kStaged; ++k) {
+        const int element = thread_index() + k * NumThreads;
+        if (L::size % NumThreads == 0 || element < L::size)
+          target[(element / L::cols) * L::pitch + element % L::cols] = staged_[slot][k];
+      }
     }
-    staged_iteration_ = -1;
   }
 
   MIRAGE_DEVICE void copy_elements(const T* source, T* target) const {
@@ -181,8 +193,7 @@ class InputIterator {
   int forloop_range_;
   T* shared_;
   bool vectorized_;
-  mutable T staged_[kRegisterStaged ? kStaged : 1];
-  mutable int staged_iteration_ = -1;  // the iteration whose elements wait in staged_, or -1
+  mutable T staged_[kRegisterStaged ? kRing : 1][kRegisterStaged ? kStaged : 1];
 };
 
 }  // namespace mirage::dev

@@ -80,11 +80,13 @@ struct OnlineSoftmax {
   static constexpr int kGroups = kWarps >= kRowTiles && kRowTiles > 0 ? kWarps / kRowTiles : 1;
   static constexpr int kTilesPerWarp = kWarps >= kRowTiles ? 1 : kRowTiles / kWarps;
   static constexpr int kKeys = N / kGroups;  // keys of every tile that one warp takes
-  static constexpr int kKeyTiles = kKeys / 8;
+  static constexpr int kSubKeys = kKeys > 64 ? 64 : kKeys;  // keys of one S sub-tile per warp
+  static constexpr int kKeyTiles = kSubKeys / 8;
   static constexpr int kOutTiles = E / 8;
   static_assert(Atom::kLdmatrix, "the register chain runs on fp16 / bf16 tensor cores");
   static_assert(R % 16 == 0 && D % 16 == 0 && E % 16 == 0 && kKeys % 16 == 0 && N % kGroups == 0,
                 "tile shapes the register chain does not cover (the lowering checks them first)");
+  static_assert(kKeys % kSubKeys == 0, "a warp's keys must be whole sub-tiles");
   static_assert(kWarps % kRowTiles == 0 || kRowTiles % kWarps == 0,
                 "the warps must divide the row tiles or be a multiple of them (every warp works)");
   static_assert(KLayout::rows == D && VLayout::rows == N, "Q [R, D], K [D, N], V [N, E]");
@@ -123,47 +125,16 @@ struct OnlineSoftmax {
     }
   }
 
-  // One iteration of the chain over this iteration's K and V tiles.
+  // One iteration of the chain over this iteration's K and V tiles, in sub-tiles of at most
+  // kSubKeys keys per warp (each a step of the online softmax: the registers of S and P stay
+  // bounded however many keys a warp takes per iteration).
   static MIRAGE_DEVICE void step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
                                  dev::SharedTile<T, VLayout> v) {
     const int key0 = key_group() * kKeys;
+#pragma unroll 1
+    for (int sub = 0; sub < kKeys / kSubKeys; ++sub) {
 #pragma unroll
-    for (int t = 0; t < kTilesPerWarp; ++t) {
-      const int row0 = row_tile(t) * 16;
-      float score[kKeyTiles][4];
-      scores(q, k, row0, key0, score);
-      // S in log2 units: exp(S − m) = 2^(S·log2e − m·log2e)
-      float tile_max[2] = {negative_infinity(), negative_infinity()};
-#pragma unroll
-      for (int j = 0; j < kKeyTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          score[j][e] = Score{}(score[j][e]) * softmax_detail::kLog2e;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], score[j][e]);
-        }
-      float factor[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float current = fmaxf(state.maximum[t][h], softmax_detail::quad_max(tile_max[h]));
-        const float previous = state.maximum[t][h];
-        factor[h] = previous == current ? 1.0f : exp2f(previous - current);
-        state.maximum[t][h] = current;
-      }
-      float row_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int j = 0; j < kKeyTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          score[j][e] = exp2f(score[j][e] - state.maximum[t][e / 2]);
-          row_sum[e / 2] += score[j][e];
-        }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) state.sum[t][h] = state.sum[t][h] * factor[h] + row_sum[h];
-#pragma unroll
-      for (int j = 0; j < kOutTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) state.out[t][j][e] *= factor[e / 2];
-      accumulate(state.out[t], score, v, key0);
+      for (int t = 0; t < kTilesPerWarp; ++t) sub_step(state, t, q, k, v, key0 + sub * kSubKeys);
     }
   }
 
@@ -245,6 +216,45 @@ struct OnlineSoftmax {
 
  private:
   using Mma = typename Atom::Operation;
+
+  static MIRAGE_DEVICE void sub_step(State& state, int t, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
+                                     dev::SharedTile<T, VLayout> v, int key0) {
+    const int row0 = row_tile(t) * 16;
+    float score[kKeyTiles][4];
+    scores(q, k, row0, key0, score);
+    // S in log2 units: exp(S − m) = 2^(S·log2e − m·log2e)
+    float tile_max[2] = {negative_infinity(), negative_infinity()};
+#pragma unroll
+    for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        score[j][e] = Score{}(score[j][e]) * softmax_detail::kLog2e;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], score[j][e]);
+      }
+    float factor[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float current = fmaxf(state.maximum[t][h], softmax_detail::quad_max(tile_max[h]));
+      const float previous = state.maximum[t][h];
+      factor[h] = previous == current ? 1.0f : exp2f(previous - current);
+      state.maximum[t][h] = current;
+    }
+    float row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        score[j][e] = exp2f(score[j][e] - state.maximum[t][e / 2]);
+        row_sum[e / 2] += score[j][e];
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) state.sum[t][h] = state.sum[t][h] * factor[h] + row_sum[h];
+#pragma unroll
+    for (int j = 0; j < kOutTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) state.out[t][j][e] *= factor[e / 2];
+    accumulate(state.out[t], score, v, key0);
+  }
 
   // score[j] = Q[row0 : row0 + 16, :] · K[:, key0 + 8 j : key0 + 8 j + 8]
   static MIRAGE_DEVICE void scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int row0, int key0,
