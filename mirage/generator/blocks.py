@@ -17,7 +17,8 @@ registered by users) are applied per state.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from mirage.generator.candidates import first_order, input_tuples, order_key
@@ -43,10 +44,18 @@ def search_bodies(
     terms: tuple,
     cap: int | None,
     outputs: tuple[int, int] | None = None,
+    values: tuple[int | None, ...] | None = None,
+    on_body: Callable[[Body], int] | None = None,
 ) -> tuple[list[Body], int, bool]:
     """The closable bodies (with ``outputs[0]`` to ``outputs[1]`` outputs), the number of block states
-    visited, and whether ``cap`` cut the search."""
-    search = _BlockSearch(explorer, forloop_range, cap, outputs or (1, explorer.space.max_block_outputs))
+    visited, and whether ``cap`` cut the search.
+
+    ``values`` are the reference values of the inputs (``guide.py``; they order the children).
+    ``on_body`` is called on each body as soon as it is found and returns the number of (kernel)
+    states it visited: they count against ``cap`` as if they followed the body's state."""
+    search = _BlockSearch(
+        explorer, forloop_range, cap, outputs or (1, explorer.space.max_block_outputs), on_body
+    )
     evaluator = explorer.context.evaluator
     root = BlockState(
         (),
@@ -59,9 +68,10 @@ def search_bodies(
         tuple(evaluator.intern(t) for t in tiles),
         len(tiles),
         len(tiles),
+        values if values is not None else (None,) * len(tiles),
     )
     try:
-        search.visit(root, sorted(search.proposals(root, None)), 0)
+        search.run(root, sorted(search.proposals(root, None)))
     except Truncated:
         return search.bodies, search.count, True
     except Exception:  # a budget stop (time, interruption) inside: count the states visited
@@ -99,6 +109,14 @@ def _concat_matmul_tuples(types: tuple[TensorType, ...], newest_only: bool) -> l
     return sorted(found)
 
 
+def _visit_order(count: int, first: dict[int, int]):
+    """Indices of the children in visiting order: ``first`` (in canonical order), then the rest."""
+    if not first:
+        return range(count)
+    ahead = sorted(first)
+    return itertools.chain(ahead, (k for k in range(count) if k not in first))
+
+
 @functools.cache
 def _containing(num_tensors: int, arity: int) -> tuple[tuple[int, ...], ...]:
     newest = num_tensors - 1
@@ -107,7 +125,12 @@ def _containing(num_tensors: int, arity: int) -> tuple[tuple[int, ...], ...]:
 
 class _BlockSearch:
     def __init__(
-        self, explorer: Explorer, forloop_range: int, cap: int | None, outputs: tuple[int, int]
+        self,
+        explorer: Explorer,
+        forloop_range: int,
+        cap: int | None,
+        outputs: tuple[int, int],
+        on_body: Callable[[Body], int] | None = None,
     ) -> None:
         self.least_outputs, self.most_outputs = outputs
         self.explorer = explorer
@@ -115,12 +138,18 @@ class _BlockSearch:
         self.forloop_range = forloop_range
         self.cap = cap
         self.count = 0
+        self.extra = 0  # states visited by ``on_body`` (they follow their body's state)
+        self.on_body = on_body
         self.bodies: list[Body] = []
+        self.guide = explorer.block_guide  # None: children in canonical order
+        self.limit = self.space.max_block_ops  # tensors (inputs included) of the deepest states
+        self.shallowest = 0  # report the bodies of states with at least this many tensors
+        self.deeper = False  # a state at ``limit`` has children
         rules = explorer.rules
         self.order = rules.enabled("canonical_order")
         self.memory = rules.enabled("memory")
         self.lookahead = rules.enabled("block_lookahead")
-        self.extra = bool(rules.extra)
+        self.extra_rules = bool(rules.extra)
         self.complete = self.space.order == "complete"
         # with the complete order, a commutative op may take its operands in one order only
         commutative = self.complete and rules.enabled("commutative_operands")
@@ -136,27 +165,45 @@ class _BlockSearch:
         ]
         self.arity = max((c[2] for c in self.choices), default=1)
 
+    def run(self, root: BlockState, proposals: list[Proposal]) -> None:
+        """Depth first; with the guide on and nothing of the reference among the inputs (the
+        guide cannot order anything), shallowest bodies first: iterative deepening on the number
+        of ops, each pass reporting the bodies one op deeper than the last."""
+        if self.guide is None or any(v is not None for v in root.values):
+            self.visit(root, proposals, 0)
+            return
+        for limit in range(len(root.types), self.space.max_block_ops + 1):
+            self.limit, self.shallowest, self.deeper = limit, limit, False
+            self.visit(root, proposals, 0)
+            if not self.deeper:
+                return
+
     def visit(self, state: BlockState, proposals: list[Proposal], depth: int) -> None:
-        if self.cap is not None and self.count >= self.cap:
+        if self.cap is not None and self.count + self.extra >= self.cap:
             raise Truncated
         position = self.count
         self.count += 1
         explorer = self.explorer
         explorer.stats.states_per_depth[f"block:{depth}"] += 1
         explorer.tick()
-        sinks = self._closable(state)
+        sinks = self._closable(state) if len(state.types) >= self.shallowest else None
         if sinks is not None:
-            self.bodies.append(Body(state.nodes, sinks, tuple(state.terms[i] for i in sinks), position))
-        if len(state.types) >= self.space.max_block_ops:
+            body = Body(state.nodes, sinks, tuple(state.terms[i] for i in sinks), position)
+            self.bodies.append(body)
+            if self.on_body is not None:
+                self.extra += self.on_body(body)
+        if len(state.types) >= self.limit:
+            self.deeper = self.deeper or (bool(proposals) and self.limit < self.space.max_block_ops)
             return
         pruned = explorer.stats.pruned
         if self.memory:
             limit, before = self.space.shared_memory_bytes, len(proposals)
             proposals = [p for p in proposals if state.memory_bytes + p[6] <= limit]
             pruned["memory"] += before - len(proposals)
-        for k, proposal in enumerate(proposals):
-            order, rank, inputs, out, out_id, term, nbytes = proposal
-            if self.extra:
+        first = {} if self.guide is None else self.guide.first(state.values, proposals, self.complete)
+        for k in _visit_order(len(proposals), first):
+            order, rank, inputs, out, out_id, term, nbytes = proposals[k]
+            if self.extra_rules:
                 failed = explorer.extra_verdict(
                     self.space.block_ops[rank],
                     rank,
@@ -196,6 +243,7 @@ class _BlockSearch:
                 state.type_ids + (out_id,),
                 sink_count,
                 open_sinks,
+                state.values + (first.get(k),),
             )
             inherited = proposals[k + 1 :] if self.order else proposals
             self.visit(child, sorted(inherited + self.proposals(child, order)), depth + 1)

@@ -39,9 +39,10 @@ from mirage.generator.candidates import (
 )
 from mirage.generator.checks import SearchRules
 from mirage.generator.evaluate import KERNEL, OpEvaluator
+from mirage.generator.guide import ReferenceGuide
 from mirage.generator.pruning import Candidate
 from mirage.generator.space import OpChoice, SearchSpace
-from mirage.generator.state import BlockHeader, Body, BodyList, KernelState
+from mirage.generator.state import BlockHeader, Body, KernelState
 from mirage.generator.verification import CandidateChecker
 from mirage.mugraph import build
 from mirage.mugraph.graph import BlockGraph, InputIterator, KernelGraph, Level, Node, Ref, TensorType
@@ -71,9 +72,16 @@ class SearchContext:
     memo: dict = field(default_factory=dict, repr=False)
     memo_limit: int = 20_000
     _evaluator: OpEvaluator | None = field(default=None, repr=False)
+    _guide: ReferenceGuide | None = field(default=None, repr=False)
 
     def __getstate__(self):
-        return {**self.__dict__, "memo": {}, "_evaluator": None}
+        return {**self.__dict__, "memo": {}, "_evaluator": None, "_guide": None}
+
+    @property
+    def guide(self) -> ReferenceGuide:
+        if self._guide is None:
+            self._guide = ReferenceGuide.of(self.reference)
+        return self._guide
 
     @property
     def evaluator(self) -> OpEvaluator:
@@ -113,6 +121,7 @@ def root_state(reference: KernelGraph, complete_order: bool = True) -> KernelSta
         first_order(complete_order),
         0,
         sum(n.outputs[0].nbytes for n in nodes),
+        values=tuple(reference.input_nodes),
     )
 
 
@@ -145,6 +154,8 @@ class Explorer:
         self._kernel_lookahead = self.rules.enabled("kernel_lookahead")
         self._complete = self.space.order == "complete"
         self._commutative = self.rules.enabled("commutative_operands")
+        guide = context.guide
+        self.block_guide = guide.for_ops(self.space.block_ops) if self.space.guided_order else None
 
     # ---- bookkeeping ------------------------------------------------------------------------------
 
@@ -253,6 +264,7 @@ class Explorer:
         pruned = self.stats.pruned
         evaluator = self.context.evaluator
         type_ids, terms = state.type_ids, state.terms
+        values = state.values or (None,) * len(terms)
         ops_left = self.space.max_kernel_ops - len(state.graph.nodes) - 1
         graph_defined_left = self.space.max_graph_defined - state.graph_defined
         for rank, choice in enumerate(self.space.kernel_ops):
@@ -291,6 +303,7 @@ class Explorer:
                 graph, index = build.append(
                     state.graph, choice.op, tuple(state.tensors[i] for i in inputs), choice.attrs, (out,)
                 )
+                value = self.context.guide.value(choice, [values[i] for i in inputs])
                 yield KernelState(
                     graph,
                     state.tensors + (Ref(index, 0),),
@@ -300,6 +313,7 @@ class Explorer:
                     state.graph_defined,
                     memory,
                     type_ids + (out_id,),
+                    values + (None if value in values else value,),
                 )
 
     def _headers(self, state: KernelState) -> Iterator[BlockHeader]:
@@ -308,7 +322,10 @@ class Explorer:
         ops_left = self.space.max_kernel_ops - len(state.graph.nodes) - 1
         graph_defined_left = self.space.max_graph_defined - state.graph_defined - 1
         sinks = set(state.sinks())
-        for inputs in input_sets(len(types)):
+        sets = input_sets(len(types))
+        if self.space.guided_order:  # sets of unconsumed tensors first: a µGraph must consume them
+            sets = tuple(sorted(sets, key=lambda inputs: sum(i not in sinks for i in inputs)))
+        for inputs in sets:
             if self._order and order_key(self._complete, inputs, self._customized_rank) <= state.last:
                 pruned["canonical_order"] += 1
                 continue
@@ -332,48 +349,62 @@ class Explorer:
     # ---- graph-defined ops ------------------------------------------------------------------------
 
     def run_header(self, state: KernelState, header: BlockHeader, depth: int) -> None:
-        """The block-level search under one header, and the kernel subtrees of its closed graphs."""
+        """The block-level search under one header, and the kernel subtrees of its closed graphs.
+
+        Each closable body is closed as soon as the block search finds it (its kernel subtree is
+        searched before the block search goes on); a finished block search is memoized, and a
+        memoized one replays its bodies.  Either way the states are numbered alike: a body's kernel
+        subtree follows the body's block state."""
+        values = state.values or (None,) * len(state.terms)
+        inputs_values = tuple(values[i] for i in header.inputs)
         key = (
             header.tiles,
             header.forloop_range,
             tuple(state.terms[i] for i in header.inputs),
             header.outputs,
+            inputs_values if self.block_guide is not None else None,
         )
         base = self.position
         cap = None if self.state_cap is None else self.state_cap - base
-        bodies, truncated = self._bodies(key, cap)
-        self.stats.block_states += bodies.states
-        extra = 0
         final_check = header.final and self.rules.enabled("output_expression")
-        for body in bodies.bodies:
+        extra = 0
+
+        def close(body: Body) -> int:
+            """Search the kernel subtrees of ``body``; the number of states they visited."""
+            nonlocal extra
             if final_check and not self.rules.outputs_match_target(body.terms):
                 self.stats.pruned["output_expression"] += 1  # the outputs of the µGraph: must match
-                continue
+                return 0
             self.position = base + body.position + 1 + extra
             before = self.position
             for child in self._close(state, header, body):
                 self.run_kernel(child, depth + 1)
             extra += self.position - before
-        self.position = base + bodies.states + extra
-        if truncated:
-            raise StopSearch(StopReason.STATES)
+            return self.position - before
 
-    def _bodies(self, key, cap: int | None) -> tuple[BodyList, bool]:
         memo = self.context.memo
         cached = memo.get(key)
         if cached is not None:
+            states, truncated = cached.states, False
+            bodies = cached.bodies
             if cap is not None and cached.states > cap:
-                return BodyList(tuple(b for b in cached.bodies if b.position < cap), cap), True
-            return cached, False
-        tiles, forloop_range, terms, outputs = key
-        bodies, states, truncated = search_bodies(self, tiles, forloop_range, terms, cap, outputs)
-        self.stats.block_states_searched += states
-        result = body_list(bodies, states)
-        if not truncated:
-            if len(memo) >= self.context.memo_limit:
-                memo.clear()
-            memo[key] = result
-        return result, truncated
+                bodies, states, truncated = tuple(b for b in bodies if b.position < cap), cap, True
+            for body in bodies:
+                close(body)
+        else:
+            tiles, forloop_range, terms = key[:3]
+            found, states, truncated = search_bodies(
+                self, tiles, forloop_range, terms, cap, header.outputs, inputs_values, close
+            )
+            self.stats.block_states_searched += states
+            if not truncated:
+                if len(memo) >= self.context.memo_limit:
+                    memo.clear()
+                memo[key] = body_list(found, states)
+        self.stats.block_states += states
+        self.position = base + states + extra
+        if truncated:
+            raise StopSearch(StopReason.STATES)
 
     def _close(self, state: KernelState, header: BlockHeader, body: Body) -> Iterator[KernelState]:
         """The kernel states made by closing ``body`` under ``header`` with each output map."""
@@ -421,4 +452,5 @@ class Explorer:
                 state.graph_defined + 1,
                 memory,
                 type_ids,
+                (state.values or (None,) * len(state.terms)) + (None,) * len(outputs),
             )

@@ -160,6 +160,7 @@ class SearchSpace:
     block_matmul_batch_one: bool = True  # block matmuls need leading dims of 1 (as Mirage's)
     add_reference_ops: bool = True  # also explore the reference's own ops (see ``resolve``)
     graph_defined_first: bool = True  # try graph-defined ops before pre-defined ones (same result set)
+    guided_order: bool = True  # visit first the children likely to complete a µGraph (same result set)
     order: str = "complete"  # canonical order: "complete", or "mirage" (Mirage's lexicographic Order)
 
     def __post_init__(self) -> None:
@@ -397,7 +398,13 @@ def _normalize(name: str, value: Any, from_json: bool = False) -> Any:
             if value not in ("complete", "mirage"):
                 raise SearchSpaceError(f"order must be 'complete' or 'mirage', not {value!r}")
             return str(value)
-        case "attention_grids" | "block_matmul_batch_one" | "add_reference_ops" | "graph_defined_first":
+        case (
+            "attention_grids"
+            | "block_matmul_batch_one"
+            | "add_reference_ops"
+            | "graph_defined_first"
+            | "guided_order"
+        ):
             return bool(value)
     number = int(value)
     if number < 0:

@@ -31,6 +31,7 @@ class KernelState:
     graph_defined: int  # graph-defined ops so far
     memory_bytes: int  # device memory of all tensors
     type_ids: tuple[int, ...] = ()  # interned tensor types (a per-process cache key)
+    values: tuple[int | None, ...] = ()  # the reference node each tensor recomputes (``guide.py``)
 
     @property
     def types(self) -> tuple[TensorType, ...]:
@@ -70,6 +71,7 @@ class BlockState:
     type_ids: tuple[int, ...] = ()  # interned tensor types (a per-process cache key)
     sink_count: int = 0  # tensors nobody consumes
     open_count: int = 0  # sinks that cannot be outputs yet (inputs, or not accumulated)
+    values: tuple[int | None, ...] = ()  # the reference node each tensor recomputes (``guide.py``)
 
     def sinks(self) -> list[int]:
         return [i for i, n in enumerate(self.uses) if n == 0]

@@ -204,20 +204,64 @@ def _naive_states(context, tiles, forloop_range, terms):
         (5, ["matmul", "exp", "add", "mul", "div", "accum", "accum_sum", "accum_rms"], "mirage"),
     ],
 )
-def test_incremental_block_search_visits_what_a_naive_one_visits(max_block_ops, block_ops, order):
+@pytest.mark.parametrize("guided", [False, True])
+def test_incremental_block_search_visits_what_a_naive_one_visits(max_block_ops, block_ops, order, guided):
+    """Also with the guided order (the inputs recompute the reference's X and W): the same states."""
     from mirage.generator import abstract_expr as ae
     from mirage.generator.blocks import search_bodies
 
-    space = SearchSpace(block_ops=block_ops, max_block_ops=max_block_ops, order=order)
+    space = SearchSpace(block_ops=block_ops, max_block_ops=max_block_ops, order=order, guided_order=guided)
     context = _context(tiny_reference(), space, disabled=("block_lookahead",))
     tiles = (TensorType((8, 16), float16), TensorType((16, 8), float16))
     terms = (ae.variable(0), ae.variable(1))
-    bodies, count, truncated = search_bodies(Explorer(context), tiles, 4, terms, None)
+    values = (0, 1) if guided else None
+    bodies, count, truncated = search_bodies(Explorer(context), tiles, 4, terms, None, values=values)
     naive_states, naive_bodies = _naive_states(context, tiles, 4, terms)
     assert not truncated
     assert count == len(naive_states) > 50
     assert {b.nodes for b in bodies} == naive_bodies
     assert len(bodies) == len({b.nodes for b in bodies})
+
+
+@pytest.mark.parametrize("order", ["mirage", "complete"])
+def test_guided_order_visits_reference_ops_first(order):
+    """Tiles that hold whole rows of X and columns of W (no for-loop): matmul then exp recompute the
+    reference, so the first body found starts with them; the canonical order finds others first."""
+    from mirage.generator import abstract_expr as ae
+    from mirage.generator.blocks import search_bodies
+
+    found = {}
+    for guided in (False, True):
+        space = SearchSpace(
+            block_ops=["matmul", "exp", "accum", "accum_sum"],
+            max_block_ops=6,
+            order=order,
+            guided_order=guided,
+        )
+        context = _context(tiny_reference(), space)
+        tiles = (TensorType((2, 64), float16), TensorType((64, 8), float16))
+        terms = (ae.variable(0), ae.variable(1))
+        bodies, _, _ = search_bodies(Explorer(context), tiles, 1, terms, None, values=(0, 1))
+        found[guided] = [[n.op.value for n in b.nodes] for b in bodies]
+    assert sorted(map(str, found[True])) == sorted(map(str, found[False]))
+    assert found[True][0][:2] == ["matmul", "exp"] != found[False][0][:2]
+
+
+def test_unguided_block_search_reports_shallowest_bodies_first():
+    """Inputs that recompute nothing of the reference: iterative deepening; each body reported once."""
+    from mirage.generator import abstract_expr as ae
+    from mirage.generator.blocks import search_bodies
+
+    space = SearchSpace(block_ops=["matmul", "exp", "add", "mul", "accum", "accum_sum"], max_block_ops=6)
+    context = _context(tiny_reference(), space, disabled=("block_lookahead",))
+    tiles = (TensorType((8, 16), float16), TensorType((16, 8), float16))
+    terms = (ae.variable(0), ae.variable(1))
+    bodies, count, truncated = search_bodies(Explorer(context), tiles, 4, terms, None, values=(None, None))
+    naive_states, naive_bodies = _naive_states(context, tiles, 4, terms)
+    sizes = [len(b.nodes) for b in bodies]
+    assert not truncated and sizes == sorted(sizes) and sizes[0] < sizes[-1]
+    assert {b.nodes for b in bodies} == naive_bodies and len(bodies) == len(naive_bodies)
+    assert len(naive_states) < count < 2 * len(naive_states)  # the shallower passes are repeated
 
 
 def test_memoized_block_search_counts_states_as_if_repeated():
