@@ -80,7 +80,7 @@ struct OnlineSoftmax {
   static constexpr int kGroups = kWarps >= kRowTiles && kRowTiles > 0 ? kWarps / kRowTiles : 1;
   static constexpr int kTilesPerWarp = kWarps >= kRowTiles ? 1 : kRowTiles / kWarps;
   static constexpr int kKeys = N / kGroups;  // keys of every tile that one warp takes
-  static constexpr int kSubKeys = kKeys > 64 ? 64 : kKeys;  // keys of one S sub-tile per warp
+  static constexpr int kSubKeys = kKeys > 128 ? 128 : kKeys;  // keys of one S sub-tile per warp
   static constexpr int kKeyTiles = kSubKeys / 8;
   static constexpr int kOutTiles = E / 8;
   static_assert(Atom::kLdmatrix, "the register chain runs on fp16 / bf16 tensor cores");
