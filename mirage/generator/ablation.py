@@ -2,6 +2,7 @@
 with every pruning rule, and with abstract-expression pruning switched off.
 
     python -m mirage.generator.ablation --ops 5 6 7 8 9 10 11 --cap 300 --out table5.json
+    python -m mirage.generator.ablation --ops 11 --modes "all rules" --cap 900 --out table5.json --append
 
 Each run searches the whole default space (config ``mlp``) of ``rms_norm(X) * G @ W`` with
 ``max_block_ops`` = 5 ... 11 (input iterators counted, as in Mirage) under a wall-time cap; a run
@@ -80,6 +81,7 @@ def run(max_block_ops: int, disabled: tuple[str, ...], cap_s: float, workers: in
         "first_fused_s": fused,
         "pruned": result.stats.pruned,
         "workers": result.stats.workers,
+        "machine": result.stats.machine,
     }
 
 
@@ -118,13 +120,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=0, help="worker processes (0: every core)")
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the rows already in --out (a new run of a row replaces it)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("egglog").setLevel(logging.WARNING)
     rows: list[dict[str, Any]] = []
+    if args.append and args.out is not None and args.out.exists():
+        rows = json.loads(args.out.read_text())["rows"]
     for ops in args.ops:
         for mode in args.modes:
             row = run(ops, MODES[mode], args.cap, args.workers or None)
+            rows = [r for r in rows if (r["max_block_ops"], r["disabled_rules"]) != (ops, list(MODES[mode]))]
             logger.info(
                 "max_block_ops=%d %s: %s",
                 ops,
@@ -142,8 +152,8 @@ def main(argv: list[str] | None = None) -> None:
                     json.dumps(
                         {
                             "machine": machine_description(),
-                            "cap_s": args.cap,
-                            "rows": rows,
+                            "cap_s": max(r["cap_s"] for r in rows),
+                            "rows": sorted(rows, key=lambda r: (r["max_block_ops"], r["disabled_rules"])),
                             "table": table(rows),
                         },
                         indent=2,
