@@ -24,17 +24,31 @@ from mirage.codegen.profile import copy_bandwidth, device_facts, launch_floor, t
 log = logging.getLogger("benchmarks")
 
 
-def ours(workload: Workload, inputs, mode: str):
-    """Our callable for ``workload``: through ``mi.superoptimize`` on the PyTorch program, or none."""
-    if mode == "none":
-        return None
-    import mirage as mi
+def ours(workload: Workload, inputs, mode: str, search: bool = True) -> dict:
+    """Our callables for ``workload`` by name: ``mirage`` through the builder path (profile-guided
+    selection among the case's family) and/or ``mirage_torch`` through ``mi.superoptimize`` on the
+    PyTorch program (search cached; the family given as candidates, so that both paths can pick the
+    same kernels)."""
+    out = {}
+    if mode in ("select", "both"):
+        out["mirage"] = select_builder(workload, inputs)
+    if mode in ("superoptimize", "both"):
+        import mirage as mi
+        from benchmarks.variants import variants
 
-    if mode == "superoptimize":
-        return mi.superoptimize(workload.function, inputs)
-    if mode == "select":
-        return select_builder(workload, inputs)
-    raise ValueError(f"unknown --ours mode {mode!r}")
+        module = mi.superoptimize(workload.function, inputs, candidates=variants(workload.name),
+                                  search=search)
+        CHOICES[workload.name] = {
+            name: {"source": c.source, "detail": c.detail, "graph_hash": c.graph.content_hash()}
+            for spec in module.specializations for name, c in spec.choices.items()
+        }
+        out["mirage" if mode == "superoptimize" else "mirage_torch"] = module
+    if mode not in ("select", "superoptimize", "both", "none"):
+        raise ValueError(f"unknown --ours mode {mode!r}")
+    return out
+
+
+CHOICES: dict[str, dict] = {}
 
 
 def select_builder(workload: Workload, inputs):
@@ -70,7 +84,7 @@ def check(fn, expected, name) -> float:
     return error
 
 
-def run_case(workload: Workload, mode: str, floor: float, bandwidth: float) -> dict:
+def run_case(workload: Workload, mode: str, floor: float, bandwidth: float, search: bool = True) -> dict:
     inputs = workload.inputs()
     fn = workload.function
     expected = fn(*[x.double() for x in inputs])
@@ -81,11 +95,12 @@ def run_case(workload: Workload, mode: str, floor: float, bandwidth: float) -> d
         variants[name] = run
     row: dict = {"case": workload.name, "times_us": {}, "errors": {}, "failures": {}}
     try:
-        mine = ours(workload, inputs, mode)
+        for name, mine in ours(workload, inputs, mode, search).items():
+            variants[name] = lambda mine=mine: mine(*inputs)
         if workload.name in SELECTIONS:
             row["selection"] = SELECTIONS[workload.name]
-        if mine is not None:
-            variants["mirage"] = lambda: mine(*inputs)
+        if workload.name in CHOICES:
+            row["torch_path_choices"] = CHOICES[workload.name]
     except Exception as error:  # noqa: BLE001 - recorded, never hidden
         row["failures"]["mirage"] = f"{type(error).__name__}: {error}"
         log.warning("%s: mirage failed: %s", workload.name, traceback.format_exc())
@@ -95,7 +110,7 @@ def run_case(workload: Workload, mode: str, floor: float, bandwidth: float) -> d
             row["times_us"][name] = time_graph(variant).as_dict()
         except Exception as error:  # noqa: BLE001
             row["failures"][name] = f"{type(error).__name__}: {str(error)[:300]}"
-    baselines = {k: v["median_us"] for k, v in row["times_us"].items() if k != "mirage"}
+    baselines = {k: v["median_us"] for k, v in row["times_us"].items() if not k.startswith("mirage")}
     row["best_baseline"] = min(baselines, key=baselines.get) if baselines else None
     row["best_us"] = min(baselines.values()) if baselines else None
     roofline = workload.min_bytes() / bandwidth * 1e6
@@ -113,6 +128,8 @@ def write_reports(result: dict, out: Path) -> None:
     stem = f"suite_{result['facts']['date']}"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     names = ["eager", "torch_compile", "sdpa_flash", "mirage"]
+    if any("mirage_torch" in r["times_us"] for r in result["cases"]):
+        names.append("mirage_torch")
     lines = [f"Device {result['facts']['device']}, driver {result['facts']['driver']}, torch "
              f"{result['facts']['torch']}, {result['facts']['date']}; copy bandwidth "
              f"{result['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, launch floor "
@@ -168,7 +185,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
-    parser.add_argument("--ours", default="superoptimize", choices=["superoptimize", "select", "none"])
+    parser.add_argument("--ours", default="superoptimize",
+                        choices=["superoptimize", "select", "both", "none"],
+                        help="both: the builder path (mirage) and the PyTorch path (mirage_torch) in one run")
+    parser.add_argument("--no-search", action="store_true",
+                        help="PyTorch path: no search, only the family given as candidates")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     chosen = [w for w in WORKLOADS if not args.cases or w.name in args.cases.split(",")]
@@ -177,7 +198,7 @@ def main(argv=None) -> int:
               "cases": []}
     for workload in chosen:
         log.info("case %s", workload.name)
-        result["cases"].append(run_case(workload, args.ours, floor, bandwidth))
+        result["cases"].append(run_case(workload, args.ours, floor, bandwidth, not args.no_search))
         write_reports(result, Path(args.out))
     print((Path(args.out) / f"suite_{result['facts']['date']}.md").read_text())
     return 0

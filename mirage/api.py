@@ -56,7 +56,9 @@ def superoptimize(program: Any, example_inputs: Any = None, **options: Any) -> n
     ``max_subprogram_ops`` (default 16), ``executor`` ("auto", "interpret", "cuda"), ``use_cache``,
     ``cache_dir``, ``progress``, ``sass_tune`` (default False: on a GPU, reorder each generated
     kernel's SASS with :mod:`mirage.sass` and keep a schedule only when it is verified and faster
-    beyond the timing noise; a few minutes per kernel).
+    beyond the timing noise; a few minutes per kernel), ``candidates`` (µGraphs of your own, e.g.
+    from an earlier search or written by hand: each is verified against every subprogram of its
+    signature and, when equivalent, ranked and profiled with the search's results).
     """
     opts = Options.parse(**options)
     if isinstance(program, (KNGraph, KernelGraph)):

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,10 +39,11 @@ class SearchSettings:
     time_limit_s: float = 30.0
     overrides: tuple[tuple[str, str], ...] = ()  # (name, JSON of the value), sorted
     max_results: int | None = None  # stop after this many verified µGraphs
+    candidates: tuple[str, ...] = ()  # content hashes of the user's candidate µGraphs, sorted
 
     def to_dict(self) -> dict:
         return {"config": self.config, "time_limit_s": self.time_limit_s, "overrides": list(self.overrides),
-                "max_results": self.max_results}
+                "max_results": self.max_results, "candidates": list(self.candidates)}
 
 
 @dataclass(frozen=True)
@@ -180,12 +182,35 @@ def profile_choice(reference: KernelGraph, candidates: list[KernelGraph]) -> tup
                                 f"(pipeline stages {best.variant.stages})")
 
 
+def verified_candidates(reference: KernelGraph, candidates: Sequence[KernelGraph]) -> list[KernelGraph]:
+    """The user's candidate µGraphs that have ``reference``'s signature and pass the verifier (finite
+    fields, or the float check for graphs the fingerprint cannot interpret) and the float check."""
+    from mirage.verifier import NotVerifiableError, verify
+
+    out = []
+    for k, candidate in enumerate(candidates):
+        if _signature(candidate) != _signature(reference):
+            continue
+        try:
+            equivalent = verify(reference, candidate, seed=k).equivalent
+        except NotVerifiableError:
+            equivalent = True  # the float check below decides
+        if equivalent and _float_checked(reference, candidate):
+            out.append(candidate)
+        elif not equivalent:
+            logger.warning("mirage: candidate %d is not equivalent to %s; ignoring it", k,
+                           reference.name or "the subprogram")
+    return out
+
+
 def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = True,
-           cache_dir: Path | None = None, progress: bool = True, profile_on: str | None = None) -> Choice:
+           cache_dir: Path | None = None, progress: bool = True, profile_on: str | None = None,
+           candidates: Sequence[KernelGraph] = ()) -> Choice:
     """The µGraph to run for ``reference``: from the cache, from a new search, or the reference.
     Without a named search space, the one that suits ``reference`` (:func:`auto_config`).
     ``profile_on``: the name of the current GPU; the verified µGraphs are then timed on it and the
-    fastest is kept (the cache entry is per GPU)."""
+    fastest is kept (the cache entry is per GPU).  ``candidates``: µGraphs of the user's, verified
+    against ``reference`` and then ranked with the search's (those of another signature are skipped)."""
     if settings.config is None:
         settings = dataclasses.replace(settings, config=auto_config(reference))
     key = cache_key(reference, settings)
@@ -196,24 +221,37 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         if entry is not None and _fits(entry["graph"], reference, f"cache entry {key[:16]}"):
             return Choice(_rename(entry["graph"], reference), "cache", key,
                           f"cached {entry['source']} result from {entry.get('created', '?')}")
-    if not search:
-        return Choice(reference, "reference", key, "search disabled (search=False)")
     start = time.perf_counter()
-    try:
-        found, note, graphs = run_search(reference, settings, progress)
-    except SearchUnavailable as error:
-        return Choice(reference, "reference", key, f"fallback: {error}")
-    except Exception as error:  # a failed search must not lose the (correct) reference program
-        logger.warning("mirage: the search for %s failed (%s: %s); running the reference graph",
-                       reference.name or "a subprogram", type(error).__name__, error)
-        return Choice(reference, "reference", key, f"fallback: search failed: {type(error).__name__}")
+    given = verified_candidates(reference, candidates)
+    if not search and not given:
+        return Choice(reference, "reference", key, "search disabled (search=False)")
+    found, note, graphs = None, "search disabled (search=False)", []
+    if search:
+        try:
+            found, note, graphs = run_search(reference, settings, progress)
+        except SearchUnavailable as error:
+            if not given:
+                return Choice(reference, "reference", key, f"fallback: {error}")
+            note = f"no search: {error}"
+        except Exception as error:  # a failed search must not lose the (correct) reference program
+            logger.warning("mirage: the search for %s failed (%s: %s); running the reference graph",
+                           reference.name or "a subprogram", type(error).__name__, error)
+            return Choice(reference, "reference", key, f"fallback: search failed: {type(error).__name__}")
+    if given:
+        note = f"{note}; {len(given)} of {len(candidates)} given candidate(s) verified"
+        graphs = list(graphs) + given
+        found = found if found is not None else given[0]
     seconds = time.perf_counter() - start
     if found is not None and not _fits(found, reference, "the searched µGraph"):
         return Choice(reference, "reference", key, "fallback: the search returned another signature")
     if found is not None and not _float_checked(reference, found):
         return Choice(reference, "reference", key, "fallback: the searched µGraph failed the float check")
     if found is not None and profile_on:
-        ranked = [found] + [g for g in graphs if g is not found and _fits(g, reference, "a searched µGraph")]
+        searched = []
+        for g in [found, *graphs]:
+            if g not in given and g not in searched and _fits(g, reference, "a searched µGraph"):
+                searched.append(g)
+        ranked = searched[:max(PROFILE_CANDIDATES - len(given), 1)] + given
         try:
             found, profiled = profile_choice(reference, ranked)
             note = f"{note}; {profiled}"
@@ -223,7 +261,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     if found is None:
         choice = Choice(reference, "reference", key, f"search found nothing better ({note})", seconds)
     else:
-        choice = Choice(_rename(found, reference), "search", key, note, seconds)
+        source = "candidate" if any(found is g for g in given) else "search"
+        choice = Choice(_rename(found, reference), source, key, note, seconds)
     if cache_dir is not None:
         write_entry(cache_dir, key, reference, choice, settings)
     return choice

@@ -33,6 +33,7 @@ class Options:
     cache_dir: Path | None = None  # default: $MIRAGE_CACHE_DIR/search
     progress: bool = True
     sass_tune: bool = False  # on CUDA: tune each generated kernel's SASS schedule (minutes per kernel)
+    candidates: tuple = ()  # µGraphs to consider besides the search's (verified per subprogram first)
 
     @classmethod
     def parse(cls, **options: Any) -> Options:
@@ -56,6 +57,7 @@ class Options:
                 raise OptionError(f"search_overrides values must be JSON data (numbers, strings, lists): "
                                   f"{error}") from None
         values["search_overrides"] = tuple(overrides)
+        values["candidates"] = _candidate_graphs(values.get("candidates", ()))
         if values.get("cache_dir") is not None:
             values["cache_dir"] = Path(values["cache_dir"]).expanduser()
         options_ = cls(**values)
@@ -84,10 +86,27 @@ class Options:
 
     @property
     def search_settings(self) -> SearchSettings:
-        return SearchSettings(self.config, float(self.time_limit_s), self.search_overrides, self.max_results)
+        return SearchSettings(self.config, float(self.time_limit_s), self.search_overrides, self.max_results,
+                              tuple(sorted(g.content_hash() for g in self.candidates)))
 
     @property
     def search_cache_dir(self) -> Path | None:
         if not self.use_cache:
             return None
         return self.cache_dir if self.cache_dir is not None else config.settings().search_cache_dir
+
+
+def _candidate_graphs(candidates: Any) -> tuple:
+    """``candidates`` as frozen kernel graphs (builders are frozen); anything else is an error."""
+    from mirage.mugraph.builder import KNGraph
+    from mirage.mugraph.graph import KernelGraph
+
+    graphs = []
+    for k, candidate in enumerate(candidates or ()):
+        if isinstance(candidate, KNGraph):
+            candidate = candidate.freeze()
+        if not isinstance(candidate, KernelGraph):
+            raise OptionError(f"candidates[{k}] is a {type(candidate).__name__}, not a kernel graph: pass "
+                              "µGraphs built with mirage.new_kernel_graph() (or frozen KernelGraphs)")
+        graphs.append(candidate)
+    return tuple(graphs)

@@ -164,7 +164,7 @@ def choose_all(subprograms: Sequence[Subprogram], options: Options,
         bar.set_postfix_str(s.name)
         choices[s.name] = choose(s.graph, options.search_settings, search=options.search,
                                  cache_dir=options.search_cache_dir, progress=options.progress,
-                                 profile_on=profile_on)
+                                 profile_on=profile_on, candidates=options.candidates)
         c = choices[s.name]
         logger.info("mirage: %s (%d ops): µGraph from %s: %s", s.name, s.num_ops, c.source, c.detail)
     return choices
@@ -172,7 +172,7 @@ def choose_all(subprograms: Sequence[Subprogram], options: Options,
 
 def profile_device(args: tuple, kwargs: dict, options: Options) -> str | None:
     """The GPU to profile candidates on: that of the first CUDA input, when kernels will run there."""
-    if options.executor == "interpret" or not options.search:
+    if options.executor == "interpret" or not (options.search or options.candidates):
         return None
     for x in torch.utils._pytree.tree_leaves((args, kwargs)):
         if isinstance(x, torch.Tensor) and x.is_cuda:

@@ -239,3 +239,33 @@ def test_profiling_picks_among_all_verified_graphs_and_keys_the_cache_per_gpu(mo
     assert seen and len(seen[0]) == 2
     assert profiled.graph == optimize._rename(other, reference) and "GPU builds" in profiled.detail
     assert plain.key != profiled.key  # the fastest graph depends on the GPU
+
+
+def _wrong(reference):
+    """Same signature, another function (silu(x·w) without the factor 2)."""
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(4, 8), dtype=mi.float32)
+    w = g.new_input(dims=(8, 6), dtype=mi.float32)
+    g.mark_output(g.silu(g.matmul(x, w)))
+    return g.freeze()
+
+
+def test_given_candidates_are_verified_and_used_without_a_search(isolated_cache):
+    fast = mi.superoptimize(program, INPUTS, search=False, candidates=[_rewritten(None)])
+    choice = fast.specializations[0].choices["sp0"]
+    assert choice.source == "candidate" and "1 of 1 given candidate(s) verified" in choice.detail
+    assert choice.graph.nodes[-1].op is Op.ADD
+    torch.testing.assert_close(fast(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
+
+
+def test_a_wrong_candidate_is_refused(isolated_cache, caplog):
+    with caplog.at_level(logging.WARNING, logger="mirage"):
+        fast = mi.superoptimize(program, INPUTS, search=False, candidates=[_wrong(None)])
+    assert fast.specializations[0].choices["sp0"].source == "reference"
+    assert "not equivalent" in caplog.text
+    torch.testing.assert_close(fast(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
+
+
+def test_candidates_must_be_kernel_graphs():
+    with pytest.raises(mi.MirageError, match=r"candidates\[0\] is a str"):
+        mi.superoptimize(program, INPUTS, candidates=["not a graph"])
