@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from mirage.generator.candidates import order_key
 from mirage.generator.space import OpChoice
-from mirage.mugraph.graph import BlockGraph, KernelGraph
+from mirage.mugraph.graph import Accum, Clamp, KernelGraph, Reduce, RmsNorm, Scalar
 from mirage.mugraph.ops import COMMUTATIVE, Op
 
 Value = int | None  # the reference node a search tensor recomputes
@@ -63,13 +63,15 @@ class ReferenceGuide:
         """The values of a reference's pre-defined ops (its graph-defined kernels are not followed)."""
         signatures = []
         for index, node in enumerate(reference.nodes):
-            skipped = node.op in (Op.INPUT, Op.OUTPUT) or isinstance(node.attrs, BlockGraph)
-            if skipped or len(node.outputs) != 1:
+            attrs = node.attrs
+            if attrs is not None and not isinstance(attrs, (Accum, Clamp, Reduce, RmsNorm, Scalar)):
+                continue  # inputs, graph-defined kernels, fused thread graphs
+            if node.op is Op.OUTPUT or len(node.outputs) != 1:
                 continue
             operands = tuple(r.node for r in node.inputs)
             if node.op in COMMUTATIVE:
                 operands = tuple(sorted(operands))
-            signatures.append(Signature(OpChoice(node.op, node.attrs), operands, index))
+            signatures.append(Signature(OpChoice(node.op, attrs), operands, index))
         return cls(tuple(reference.input_nodes), tuple(signatures))
 
     def value(self, choice: OpChoice, operands: Sequence[Value]) -> Value:
