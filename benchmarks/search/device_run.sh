@@ -11,7 +11,7 @@
 # Everything fits in MIRAGE_DEVICE_BUDGET_S seconds (default 540, 9 minutes) from the start of
 # the script.  MIRAGE_DEVICE_SCALE (default 1) scales every budget and cap, for a quick check of
 # the script itself (0.1: about a minute).  MIRAGE_DEVICE_WORKERS: worker processes (default: the
-# number of CPUs this process may use).  JSON (and the logs) land in OUT_DIR:
+# CPUs this process may use, at most 16).  JSON (and the logs) land in OUT_DIR:
 #   search_rediscover.json, search_<case>.json, table5.json, device_run.log, machine.txt
 #
 # Python packages the machine lacks (egglog and what importing it needs) travel as wheels in .whl/
@@ -81,7 +81,7 @@ OUT=$(cd "$OUT" && pwd)
 START=$(date +%s)
 SCALE=${MIRAGE_DEVICE_SCALE:-1}
 BUDGET=$(python3 -c "print(int(float('${MIRAGE_DEVICE_BUDGET_S:-540}') * float('$SCALE')))")
-WORKERS=${MIRAGE_DEVICE_WORKERS:-$(python3 -c "import os; print(len(os.sched_getaffinity(0)))")}
+WORKERS=${MIRAGE_DEVICE_WORKERS:-$(python3 -c "import os; print(min(16, len(os.sched_getaffinity(0))))")}
 LOG="$OUT/device_run.log"
 
 seconds() { python3 -c "print(max(1, round(float('$1') * float('$SCALE'))))"; }
