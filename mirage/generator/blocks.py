@@ -12,13 +12,20 @@ their verdicts on shape and on the op-local rules are the same.  So every state 
 list of accepted candidates down: a child keeps the part after its own op and evaluates only the
 candidates that use its newest tensor.  Rules that depend on the state (memory, lookahead, rules
 registered by users) are applied per state.
+
+**Visiting order** (``SearchSpace.guided_order``).  The candidates stay sorted in canonical order
+(which the inheritance above needs); the children are *visited* in another order: first those that
+recompute a value of the reference (``guide.py``), then the rest.  When no input recomputes
+anything of the reference, the search deepens iteratively, shallowest bodies first.  Each body
+found is handed to ``on_body`` at once (the caller closes it and searches on from it), so a large
+block search need not end before its first bodies are used.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from mirage.generator.candidates import first_order, input_tuples, order_key
@@ -109,7 +116,7 @@ def _concat_matmul_tuples(types: tuple[TensorType, ...], newest_only: bool) -> l
     return sorted(found)
 
 
-def _visit_order(count: int, first: dict[int, int]):
+def _visit_order(count: int, first: dict[int, int]) -> Iterable[int]:
     """Indices of the children in visiting order: ``first`` (in canonical order), then the rest."""
     if not first:
         return range(count)
