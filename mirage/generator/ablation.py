@@ -99,16 +99,19 @@ def table(rows: list[dict[str, Any]]) -> str:
         return "> 10 h" if value is None else f"{value} s"
 
     lines = [
-        "| max block ops | all rules | paper | w/o abstract expressions | paper | states (all rules) |",
-        "|---|---|---|---|---|---|",
+        "| max block ops | all rules | paper | w/o abstract expressions | paper | states (all rules) "
+        "| workers |",
+        "|---|---|---|---|---|---|---|",
     ]
     for ops in sorted({r["max_block_ops"] for r in rows}):
         on = next((r for r in rows if r["max_block_ops"] == ops and not r["disabled_rules"]), None)
         off = next((r for r in rows if r["max_block_ops"] == ops and r["disabled_rules"]), None)
         reference = PAPER.get(ops, (None, None))
         states = f"{on['states']:,}" if on else "-"
+        workers = "/".join(str(r["workers"]) for r in (on, off) if r is not None)
         lines.append(
-            f"| {ops} | {cell(on)} | {paper(reference[0])} | {cell(off)} | {paper(reference[1])} | {states} |"
+            f"| {ops} | {cell(on)} | {paper(reference[0])} | {cell(off)} | {paper(reference[1])} | {states} "
+            f"| {workers} |"
         )
     return "\n".join(lines)
 
