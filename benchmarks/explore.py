@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -26,7 +27,7 @@ log = logging.getLogger("benchmarks.explore")
 
 
 def explore_case(
-    case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3
+    case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False
 ) -> list[dict]:
     from benchmarks.mugraphs import CASES
     from benchmarks.variants import family
@@ -43,10 +44,12 @@ def explore_case(
     rows, programs = [], []
     for variant, graph in family(case_name, wide=wide):
         for stages in variant.stages:
-            for chain in (True, False) if op_by_op else (True,):
-                options = dataclasses.replace(OptimizerOptions(), stages=stages, register_softmax=chain)
+            for chain, two in itertools.product((True, False) if op_by_op else (True,),
+                                                (True, False) if one_block else (True,)):
+                options = dataclasses.replace(OptimizerOptions(), stages=stages, register_softmax=chain,
+                                              two_blocks_per_sm=two)
                 row = {"case": case_name, "label": variant.label, "stages": stages, "register_softmax": chain,
-                       "grids": [b.grid_dim for b in graph.block_graphs()]}
+                       "two_blocks_per_sm": two, "grids": [b.grid_dim for b in graph.block_graphs()]}
                 try:
                     program = generate_cuda_program(graph, None, options=options)
                 except MirageError as error:
@@ -77,8 +80,8 @@ def explore_case(
         program = loaded[id(r)]
         r["kernel_us"] = kernel_times(lambda p=program: p.launch(inputs))
     for r in timed[:5]:
-        log.info("%s  %.2f µs  %s s%d chain=%s %s", case_name, r["median_us"], r["label"], r["stages"],
-                 r["register_softmax"], r.get("kernel_us", ""))
+        log.info("%s  %.2f µs  %s s%d chain=%s two_blocks=%s %s", case_name, r["median_us"], r["label"],
+                 r["stages"], r["register_softmax"], r["two_blocks_per_sm"], r.get("kernel_us", ""))
     wrong = [r for r in rows if "passed" in r and not r["passed"]]
     failed = [r for r in rows if "failure" in r]
     log.info("%s: %d passed, %d wrong, %d failed", case_name, len(timed), len(wrong), len(failed))
@@ -90,6 +93,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", required=True, help="comma-separated case names")
     parser.add_argument("--family", choices=["tuned", "wide"], default="tuned")
     parser.add_argument("--op-by-op", action="store_true", help="also build every member without the chain")
+    parser.add_argument("--one-block", action="store_true",
+                        help="also build every member without OptimizerOptions.two_blocks_per_sm")
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
@@ -101,7 +106,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for case in args.cases.split(","):
-        result["cases"][case] = explore_case(case, args.family == "wide", args.op_by_op, args.replays)
+        result["cases"][case] = explore_case(case, args.family == "wide", args.op_by_op, args.replays,
+                                             one_block=args.one_block)
         (out / f"explore_{facts['date']}.json").write_text(json.dumps(result, indent=1))
     bad = [r for rows in result["cases"].values() for r in rows if "passed" in r and not r["passed"]]
     return 1 if bad else 0

@@ -55,9 +55,12 @@ class KernelLowering:
         name: str,
         accumulator_element: str = "float",
         smem_limit: int | None = None,
+        two_blocks_per_sm: bool = True,
     ) -> None:
         self.kernel = kernel
         self.name = name
+        self.smem_limit = smem_limit
+        self.two_blocks_per_sm = two_blocks_per_sm
         self.graph: BlockGraph = kernel.block_graph
         self.accumulator_element = accumulator_element
         self.threads = math.prod(self.graph.block_dim)
@@ -525,6 +528,17 @@ class KernelLowering:
             return self.scratch + 4 * max(self.threads // 32, 1)
         return self.kernel.smem_bytes
 
+    def min_blocks(self) -> int:
+        """Blocks per SM to ask registers for (``__launch_bounds__``'s second argument): 2 for a
+        softmax-chain kernel when two blocks' shared memory fits an SM, so that the compiler keeps
+        each thread within half the register file (the chain's latency needs a second block to
+        hide); 1 otherwise."""
+        per_sm = (self.smem_limit or 0) + 1024  # an SM's shared memory: the block limit + 1 KB reserved
+        fits = 2 * (self.smem_bytes + 1024) <= per_sm
+        if self.two_blocks_per_sm and self.softmax is not None and self.threads >= 256 and fits:
+            return 2
+        return 1
+
     def context(self) -> ctx.KernelContext:
         steps = self.steps()
         bound = {t.name: t for t in self._tiles.values() if t.offset >= 0}
@@ -532,6 +546,7 @@ class KernelLowering:
             name=self.name,
             node=self.kernel.node,
             threads=self.threads,
+            min_blocks=self.min_blocks(),
             grid=self.graph.grid_dim,
             smem_bytes=self.smem_bytes,
             forloop_range=self.graph.forloop_range,

@@ -342,6 +342,7 @@ class KernelContext:
     name: str
     node: int  # the graph-defined op in the prepared graph
     threads: int
+    min_blocks: int  # blocks per SM the registers must allow (__launch_bounds__)
     grid: tuple[int, int, int]
     smem_bytes: int  # the memory plan's bytes plus the reduction scratch after them
     forloop_range: int

@@ -191,7 +191,8 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
     launches = []
     for kernel in prepared.kernels:
         name = f"{prefix}_k{kernel.node}"
-        context = KernelLowering(kernel, name, accumulator, prepared.target.smem_per_block).context()
+        context = KernelLowering(kernel, name, accumulator, prepared.target.smem_per_block,
+                                 prepared.options.two_blocks_per_sm).context()
         contexts.append(context)
         node = graph.nodes[kernel.node]
         launches.append(
