@@ -55,7 +55,7 @@ class KernelLowering:
         name: str,
         accumulator_element: str = "float",
         smem_limit: int | None = None,
-        two_blocks_per_sm: bool = True,
+        two_blocks_per_sm: bool = False,
     ) -> None:
         self.kernel = kernel
         self.name = name

@@ -61,7 +61,7 @@ class OptimizerOptions:
     hoist_invariants: bool = True  # run loop-invariant ops before the for-loop
     register_softmax: bool = True  # attention chains in registers (softmax_chain), not op by op
     row_loops: bool = True  # row-local loop bodies run per thread in registers (row_loop)
-    two_blocks_per_sm: bool = True  # softmax-chain kernels of 256+ threads: registers for 2 blocks per SM
+    two_blocks_per_sm: bool = False  # softmax-chain kernels of 256+ threads: registers for 2 blocks per SM
     stages: int = 2  # copies of each pipelined input tile (2 = double, 3 = triple buffering)
     prefetch_small_bytes: int = 8192  # loops loading at most this per iteration prefetch deeper...
     prefetch_stages: int = 8  # ...up to this many stages (memory.pipeline_depth)
