@@ -150,31 +150,30 @@ class InputIterator {
   // compare-and-select so that the ring stays in registers (a runtime index would put it in local
   // memory, whose stores wait for the loads).
   MIRAGE_DEVICE void issue_elements(const T* source, int iteration) const {
-    const int ring = iteration % kRing;
-#pragma unroll
-    for (int slot = 0; slot < kRing; ++slot) {
-      if (slot != ring) continue;
-#pragma unroll
-      for (int k = 0; k < kStaged; ++k) {
-        const int element = thread_index() + k * NumThreads;
-        if (L::size % NumThreads == 0 || element < L::size)
-          staged_[slot][k] = source[row_offset(element / L::cols) + (element % L::cols) * strides_.stride[3]];
-      }
-    }
+    for_staged(iteration, [&](T& value, int element) {
+      value = source[row_offset(element / L::cols) + (element % L::cols) * strides_.stride[3]];
+    });
   }
 
   MIRAGE_DEVICE void land(int iteration) const {
     if (iteration < 0 || iteration >= forloop_range_) return;
-    const int ring = iteration % kRing;
     T* target = stage(iteration).data;
+    for_staged(iteration, [&](T& value, int element) {
+      target[(element / L::cols) * L::pitch + element % L::cols] = value;
+    });
+  }
+
+  // f(register, element) for this thread's elements of the ring slot of `iteration`.
+  template <class F>
+  MIRAGE_DEVICE void for_staged(int iteration, F f) const {
+    const int ring = iteration % kRing;
 #pragma unroll
     for (int slot = 0; slot < kRing; ++slot) {
       if (slot != ring) continue;
 #pragma unroll
       for (int k = 0; k < kStaged; ++k) {
         const int element = thread_index() + k * NumThreads;
-        if (L::size % NumThreads == 0 || element < L::size)
-          target[(element / L::cols) * L::pitch + element % L::cols] = staged_[slot][k];
+        if (L::size % NumThreads == 0 || element < L::size) f(staged_[slot][k], element);
       }
     }
   }
