@@ -476,7 +476,8 @@ struct BlockMatmul {
 
   // Group 0 (all threads without a split) starts at `value`, the other groups' partial sums at 0.
   static MIRAGE_DEVICE void fill(Registers& registers, float value) {
-    const float start = !kSplitK || RegisterEngine<First>::owner() ? value : 0.0f;
+    float start = value;
+    if constexpr (kSplitK) start = RegisterEngine<First>::owner() ? value : 0.0f;
 #pragma unroll
     for (int batch = 0; batch < kBatch; ++batch) {
       float* values = reinterpret_cast<float*>(&registers.part[batch]);
