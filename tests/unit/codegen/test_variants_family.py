@@ -20,7 +20,8 @@ def test_every_case_has_a_family_of_valid_members(name):
     assert members and len(members) == len(rows)
     assert variants(name) == [graph for _, graph in members]
     for row, graph in members:
-        (first, *_) = graph.block_graphs()
+        # the main kernel (QKNorm's family normalizes K in a smaller kernel first)
+        first = max(graph.block_graphs(), key=lambda block: len(block.nodes))
         arguments = row.kwargs()
         if "threads" in arguments:
             assert first.block_dim[0] == arguments["threads"]
