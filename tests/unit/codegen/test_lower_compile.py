@@ -44,9 +44,17 @@ def _search_graph(name: str):
     return graph_from_dict(next(r["graph"] for r in records if r["name"] == name))
 
 
+def _register_attention():
+    """The tuned QKNorm member: K-normalize kernel, softmax chain in registers, row-local combine."""
+    from benchmarks.variants import family
+
+    return family("qknorm_b1")[0][1]
+
+
 @pytest.fixture(scope="module")
 def built():
     graphs = {name: CASES[name].fused() for name in BENCHMARKS}
+    graphs["qknorm_registers"] = _register_attention()
     graphs.update({f"random_{s}": random_graph(s).graph for s in RANDOM_SEEDS})
     graphs.update({name: _search_graph(name) for name in SEARCH_NAMES})
     programs = {name: generate_cuda_program(g, 90) for name, g in graphs.items()}
@@ -59,7 +67,8 @@ def built():
     return {name: (programs[name], result) for name, result in zip(programs, results, strict=True)}
 
 
-@pytest.mark.parametrize("name", BENCHMARKS + [f"random_{s}" for s in RANDOM_SEEDS] + SEARCH_NAMES)
+@pytest.mark.parametrize("name", BENCHMARKS + ["qknorm_registers"] + [f"random_{s}" for s in RANDOM_SEEDS]
+                         + SEARCH_NAMES)
 def test_generated_cuda_compiles_for_sm90a(built, name):
     program, result = built[name]
     assert not isinstance(result, Exception), str(result)
@@ -75,6 +84,15 @@ def test_tensor_core_and_async_copy_paths_are_taken(built):
     _, result = built["gqa_b1"]
     sass = result.sass()
     assert "LDGSTS" in sass and "HMMA" in sass
+
+
+def test_register_attention_runs_on_tensor_cores_without_local_memory(built):
+    """The softmax chain's S and P stay in registers: HMMA, quad shuffles, no spills."""
+    program, result = built["qknorm_registers"]
+    assert "mirage::gen::OnlineSoftmax<" in program.code and "row-local loop body" in program.code
+    sass = result.sass()
+    assert "HMMA" in sass and "SHFL.BFLY" in sass
+    assert "LDL" not in sass and "STL" not in sass
 
 
 def test_elementwise_chains_use_vector_shared_accesses(built):
