@@ -11,8 +11,12 @@
 # Everything fits in MIRAGE_DEVICE_BUDGET_S seconds (default 540, 9 minutes) from the start of
 # the script.  MIRAGE_DEVICE_SCALE (default 1) scales every budget and cap, for a quick check of
 # the script itself (0.1: about a minute).  MIRAGE_DEVICE_WORKERS: worker processes (default: the
-# CPUs this process may use, at most 16).  JSON (and the logs) land in OUT_DIR:
-#   search_rediscover.json, search_<case>.json, table5.json, device_run.log, machine.txt
+# CPUs this process may use, at most 16).  What runs: MIRAGE_DEVICE_CASES (default the six;
+# empty: none), MIRAGE_DEVICE_SHORT_OPS (rows without abstract expressions, default "5 6"),
+# MIRAGE_DEVICE_OPS (rows with every rule, default "5 6 7 8 9 10 11"); e.g. a second run with
+# MIRAGE_DEVICE_CASES= MIRAGE_DEVICE_SHORT_OPS= MIRAGE_DEVICE_OPS="10" gives row 10 the whole budget.
+# Five files land in OUT_DIR: search_rediscover.json, search_cases.tar.gz (search_<case>.json of
+# each case), table5.json, device_run.log, machine.txt.
 #
 # Python packages the machine lacks (egglog and what importing it needs) travel as wheels in .whl/
 # at the repository root; the script installs them into /tmp/site when `import egglog` fails.
@@ -98,10 +102,23 @@ export PYTHONUNBUFFERED=1
 { uname -a; python3 --version; nproc; echo "workers: $WORKERS"; } >"$OUT/machine.txt"
 say "budget ${BUDGET} s, ${WORKERS} workers, scale ${SCALE}"
 
-# 1. The six rediscoveries, each stopping when it finds the hand-built structure.
-say "rediscoveries"
-python3 -m benchmarks.search.rediscover --time "$(seconds 60)" --workers "$WORKERS" \
-    --out "$OUT/search_rediscover.json" >>"$LOG" 2>&1 || say "rediscover failed (exit $?)"
+# What comes back from such a machine is limited to a few files: the per-case statistics travel as
+# one archive, search_cases.tar.gz.
+CASES=${MIRAGE_DEVICE_CASES-rmsnorm_b1 gatedmlp_m1 lora_m16 ntrans_b1 gqa_b1 qknorm_b1}
+SHORT_OPS=${MIRAGE_DEVICE_SHORT_OPS-5 6}
+OPS=${MIRAGE_DEVICE_OPS-5 6 7 8 9 10 11}
+say "cases: ${CASES:-none}; table 5 rows without abstract expressions: ${SHORT_OPS:-none}; all rules: ${OPS:-none}"
+
+# 1. The rediscoveries, each stopping when it finds the hand-built structure.
+if [[ -n "$CASES" ]]; then
+    say "rediscoveries"
+    CASE_DIR=$(mktemp -d)
+    # shellcheck disable=SC2086  # the case names are words
+    python3 -m benchmarks.search.rediscover --cases $CASES --time "$(seconds 60)" --workers "$WORKERS" \
+        --out "$CASE_DIR/search_rediscover.json" >>"$LOG" 2>&1 || say "rediscover failed (exit $?)"
+    cp "$CASE_DIR/search_rediscover.json" "$OUT/" 2>/dev/null || true
+    tar -czf "$OUT/search_cases.tar.gz" -C "$CASE_DIR" . && rm -rf "$CASE_DIR"
+fi
 
 # 2. Table 5: without abstract-expression pruning under a short cap, then every rule while time is left.
 table5() {  # OPS MODE CAP
@@ -109,13 +126,13 @@ table5() {  # OPS MODE CAP
         --out "$OUT/table5.json" --append >>"$LOG" 2>&1 || say "table 5 row $1 ($2) failed (exit $?)"
 }
 SHORT=$(seconds 30)
-for ops in 5 6; do
+for ops in $SHORT_OPS; do
     if (($(left) > SHORT + 30)); then
         say "table 5: $ops block ops, no abstract expressions, cap ${SHORT} s"
         table5 "$ops" "no abstract expressions" "$SHORT"
     fi
 done
-for ops in 5 6 7 8 9 10 11; do
+for ops in $OPS; do
     cap=$(($(left) - 30))
     if ((cap < $(seconds 15))); then
         say "no time left for $ops block ops and more"
