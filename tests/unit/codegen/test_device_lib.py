@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from codegen_static_checks import assert_each_is_rejected
 
 from mirage.codegen import toolchain
 from mirage.codegen.compile import CompileError, CompileOptions, Stage, compile_source, compile_sources
@@ -179,15 +180,7 @@ STATIC_CHECKS = [
 
 
 def test_static_checks_reject_bad_instantiations() -> None:
-    bodies = "\n".join(
-        f'extern "C" __global__ void bad_{i}(float* f, __half* h) {{ {code} }}'
-        for i, (code, _) in enumerate(STATIC_CHECKS)
-    )
-    source = f"#include <mirage/mirage.cuh>\nusing namespace mirage::dev;\n{bodies}\n"
-    with pytest.raises(CompileError) as caught:
-        compile_source(source, OPTIONS)
-    for _, message in STATIC_CHECKS:
-        assert message in caught.value.output, message
+    assert_each_is_rejected(STATIC_CHECKS, OPTIONS)
 
 
 def test_the_documented_kernel_compiles() -> None:
