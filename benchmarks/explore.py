@@ -27,7 +27,8 @@ log = logging.getLogger("benchmarks.explore")
 
 
 def explore_case(
-    case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False
+    case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False,
+    also: dict | None = None,
 ) -> list[dict]:
     from benchmarks.mugraphs import CASES
     from benchmarks.variants import family
@@ -44,12 +45,14 @@ def explore_case(
     rows, programs = [], []
     for variant, graph in family(case_name, wide=wide):
         for stages in variant.stages:
-            for chain, two in itertools.product((True, False) if op_by_op else (True,),
-                                                (True, False) if one_block else (True,)):
+            for chain, two, extra in itertools.product((True, False) if op_by_op else (True,),
+                                                       (True, False) if one_block else (False,),
+                                                       ({}, also) if also else ({},)):
                 options = dataclasses.replace(OptimizerOptions(), stages=stages, register_softmax=chain,
-                                              two_blocks_per_sm=two)
+                                              two_blocks_per_sm=two, **extra)
                 row = {"case": case_name, "label": variant.label, "stages": stages, "register_softmax": chain,
-                       "two_blocks_per_sm": two, "grids": [b.grid_dim for b in graph.block_graphs()]}
+                       "two_blocks_per_sm": two, "options": extra,
+                       "grids": [b.grid_dim for b in graph.block_graphs()]}
                 try:
                     program = generate_cuda_program(graph, None, options=options)
                 except MirageError as error:
@@ -80,12 +83,24 @@ def explore_case(
         program = loaded[id(r)]
         r["kernel_us"] = kernel_times(lambda p=program: p.launch(inputs))
     for r in timed[:5]:
-        log.info("%s  %.2f µs  %s s%d chain=%s two_blocks=%s %s", case_name, r["median_us"], r["label"],
-                 r["stages"], r["register_softmax"], r["two_blocks_per_sm"], r.get("kernel_us", ""))
+        log.info("%s  %.2f µs  %s s%d chain=%s two_blocks=%s %s %s", case_name, r["median_us"],
+                 r["label"], r["stages"], r["register_softmax"], r["two_blocks_per_sm"], r["options"],
+                 r.get("kernel_us", ""))
     wrong = [r for r in rows if "passed" in r and not r["passed"]]
     failed = [r for r in rows if "failure" in r]
     log.info("%s: %d passed, %d wrong, %d failed", case_name, len(timed), len(wrong), len(failed))
     return rows
+
+
+def _options(text: str) -> dict:
+    """``name=value,...`` as OptimizerOptions overrides (values: ints, floats or true/false)."""
+    out: dict = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        lowered = value.strip().lower()
+        out[name.strip()] = lowered == "true" if lowered in ("true", "false") else (
+            float(value) if "." in value else int(value))
+    return out
 
 
 def main(argv=None) -> int:
@@ -95,6 +110,8 @@ def main(argv=None) -> int:
     parser.add_argument("--op-by-op", action="store_true", help="also build every member without the chain")
     parser.add_argument("--one-block", action="store_true",
                         help="also build every member without OptimizerOptions.two_blocks_per_sm")
+    parser.add_argument("--also", default="",
+                        help="also build every member with these OptimizerOptions, e.g. prefetch_stages=4")
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
@@ -107,7 +124,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for case in args.cases.split(","):
         result["cases"][case] = explore_case(case, args.family == "wide", args.op_by_op, args.replays,
-                                             one_block=args.one_block)
+                                             one_block=args.one_block, also=_options(args.also))
         (out / f"explore_{facts['date']}.json").write_text(json.dumps(result, indent=1))
     bad = [r for rows in result["cases"].values() for r in rows if "passed" in r and not r["passed"]]
     return 1 if bad else 0
