@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 from mirage.codegen import lower_context as ctx
+from mirage.codegen.lower_context import NEGATIVE_INFINITY
 from mirage.codegen.lower_ops import (
     LoweringError,
     element_type,
@@ -43,7 +44,6 @@ from mirage.optimizer.pipeline import PreparedKernel
 from mirage.optimizer.schedule import Action, Barrier, Phase, Step
 
 MATMULS = frozenset({Op.MATMUL, Op.CONCAT_MATMUL})
-NEGATIVE_INFINITY = "mirage::gen::negative_infinity()"
 
 
 class KernelLowering:
@@ -224,7 +224,7 @@ class KernelLowering:
                 f"starts at {self.graph.nodes[root].op.value}, not a matmul"
             )
         node = self.graph.nodes[i]
-        initial = NEGATIVE_INFINITY if node.op is Op.ACCUM and node.attrs.kind is AccumKind.MAX else "0.0f"
+        initial = ctx.initial_value(node.op is Op.ACCUM and node.attrs.kind is AccumKind.MAX)
         return ctx.RegisterAccumulator(f"registers{i}", i, self.matmul(root)[0], initial)
 
     def register_accumulator(self, i: int) -> ctx.RegisterAccumulator:
@@ -423,8 +423,7 @@ class KernelLowering:
                 and i not in self.in_registers
                 and not self.stores_once(i)
             ):
-                value = NEGATIVE_INFINITY if node.attrs.kind is AccumKind.MAX else "0.0f"
-                fills.append(ctx.FillStep(self.tile(i), value))
+                fills.append(ctx.FillStep(self.tile(i), ctx.initial_value(node.attrs.kind is AccumKind.MAX)))
             elif node.op is Op.RUNNING_MAX:
                 fills += [
                     ctx.FillStep(self.tile(i), NEGATIVE_INFINITY),

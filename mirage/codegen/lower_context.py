@@ -19,6 +19,13 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
+NEGATIVE_INFINITY = "mirage::gen::negative_infinity()"  # the initial value of maxima
+
+
+def initial_value(is_max: bool) -> str:
+    """The C++ value an accumulator starts from: −inf for a maximum, else 0."""
+    return NEGATIVE_INFINITY if is_max else "0.0f"
+
 
 @dataclass(frozen=True)
 class TileLayout:
@@ -257,6 +264,72 @@ class OnlineSoftmaxWriteBack:
     tiles: tuple[Tile | None, Tile | None, Tile | None, Tile | None]  # maximum, running, sum, out
 
 
+# ---- row-local loop bodies (mirage.codegen.lower_rowloop) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Value:
+    """A value of a row-local loop body in a thread's registers (lower_rowloop)."""
+
+    name: str
+    wide: bool
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One statement of the loop body (``kind`` picks the template's spelling):
+
+    * ``load``: ``result = tile[row, col + e]`` (or ``tile[row, 0]`` when narrow, broadcast)
+    * ``map``: ``result = function(arguments...)`` element by element
+    * ``copy``: ``result = arguments[0]``
+    * ``running_max``: ``previous = state; state = max(state, arguments[0])``
+    * ``accumulate``: ``state = state · factor + arguments[0]`` (``combine`` add) or
+      ``max(state, arguments[0])``; ``factor = exp(previous − current)`` of ``rescale``, else 1
+    """
+
+    kind: str
+    result: Value
+    arguments: tuple[Value, ...] = ()
+    function: str = ""
+    tile: Tile | None = None
+    combine: str = "add"
+    rescale: tuple[str, str] | None = None  # (current, previous) names of a running max
+
+
+@dataclass(frozen=True)
+class State:
+    """A register accumulator or running max: declared before the loop, written back after it."""
+
+    value: Value
+    initial: str
+    tile: Tile
+    previous: str | None = None  # running maxima keep their value before this iteration
+
+
+@dataclass(frozen=True)
+class RowLoopSetup:
+    """Before the loop: the thread's row and columns, and its states."""
+
+    kind: ClassVar[str] = "row_loop_setup"
+    rows: int
+    row_threads: int
+    chunk: int
+    states: tuple[State, ...]
+
+
+@dataclass(frozen=True)
+class RowLoopStep:
+    kind: ClassVar[str] = "row_loop"
+    nodes: tuple[int, ...]
+    statements: tuple[Statement, ...]
+
+
+@dataclass(frozen=True)
+class RowLoopWriteBack:
+    kind: ClassVar[str] = "row_loop_write_back"
+    states: tuple[State, ...]
+
+
 @dataclass(frozen=True)
 class LoadStep:
     """Issue the cp.async copies of a non-pipelined input iterator."""
@@ -319,6 +392,9 @@ Step = (
     | RegisterChainStep
     | OnlineSoftmaxStep
     | OnlineSoftmaxWriteBack
+    | RowLoopSetup
+    | RowLoopStep
+    | RowLoopWriteBack
     | LoadStep
     | FillStep
     | FinalizeStep

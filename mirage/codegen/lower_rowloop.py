@@ -2,17 +2,26 @@
 
 Each thread owns row ``tid / row_threads`` and the ``chunk`` consecutive columns starting at
 ``(tid % row_threads) · chunk`` of the wide ``[R, W]`` values; narrow ``[R, 1]`` values are computed
-by every thread of the row (a few redundant flops instead of a barrier).  The statements below are
-rendered by ``templates/steps.j2`` (``row_loop``) as straight-line code over fp32 registers: a
-wide value is ``float name[kChunk]``, a narrow one ``float name``.
+by every thread of the row (a few redundant flops instead of a barrier).  The statements
+(:class:`~mirage.codegen.lower_context.Statement`) are rendered by ``templates/steps.j2``
+(``row_loop``) as straight-line code over fp32 registers: a wide value is ``float name[kChunk]``,
+a narrow one ``float name``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
-from mirage.codegen import lower_context as ctx
+from mirage.codegen.lower_context import (
+    NEGATIVE_INFINITY,
+    RowLoopSetup,
+    RowLoopStep,
+    RowLoopWriteBack,
+    State,
+    Statement,
+    Value,
+    initial_value,
+)
 from mirage.codegen.lower_ops import LoweringError
 from mirage.mugraph.graph import AccumKind, Ref
 from mirage.mugraph.ops import ELEMENTWISE, Op
@@ -22,71 +31,9 @@ if TYPE_CHECKING:
     from mirage.codegen.lower import KernelLowering
 
 
-@dataclass(frozen=True)
-class Value:
-    name: str
-    wide: bool
-
-
-@dataclass(frozen=True)
-class Statement:
-    """One statement of the loop body (``kind`` picks the template's spelling):
-
-    * ``load``: ``result = tile[row, col + e]`` (or ``tile[row, 0]`` when narrow, broadcast)
-    * ``map``: ``result = function(arguments...)`` element by element
-    * ``copy``: ``result = arguments[0]``
-    * ``running_max``: ``previous = state; state = max(state, arguments[0])``
-    * ``accumulate``: ``state = state · factor + arguments[0]`` (``combine`` add) or
-      ``max(state, arguments[0])``; ``factor = exp(previous − current)`` of ``rescale``, else 1
-    """
-
-    kind: str
-    result: Value
-    arguments: tuple[Value, ...] = ()
-    function: str = ""
-    tile: ctx.Tile | None = None
-    combine: str = "add"
-    rescale: tuple[str, str] | None = None  # (current, previous) names of a running max
-
-
-@dataclass(frozen=True)
-class State:
-    """A register accumulator or running max: declared before the loop, written back after it."""
-
-    value: Value
-    initial: str
-    tile: ctx.Tile
-    previous: str | None = None  # running maxima keep their value before this iteration
-
-
-@dataclass(frozen=True)
-class RowLoopSetup:
-    """Before the loop: the thread's row and columns, and its states."""
-
-    kind: ClassVar[str] = "row_loop_setup"
-    rows: int
-    row_threads: int
-    chunk: int
-    states: tuple[State, ...]
-
-
-@dataclass(frozen=True)
-class RowLoopStep:
-    kind: ClassVar[str] = "row_loop"
-    nodes: tuple[int, ...]
-    statements: tuple[Statement, ...]
-
-
-@dataclass(frozen=True)
-class RowLoopWriteBack:
-    kind: ClassVar[str] = "row_loop_write_back"
-    states: tuple[State, ...]
-
-
-NEGATIVE_INFINITY = "mirage::gen::negative_infinity()"
-
-
 class RowLoopLowering:
+    """The records of one kernel's row-local loop: states, the per-iteration statements, write-back."""
+
     def __init__(self, lowering: KernelLowering, plan: RowLoop) -> None:
         self.lowering = lowering
         self.plan = plan
@@ -116,7 +63,7 @@ class RowLoopLowering:
             if node.op is Op.RUNNING_MAX:
                 out.append(State(value, NEGATIVE_INFINITY, self.lowering.tile(i), f"s{i}_previous"))
             else:
-                initial = NEGATIVE_INFINITY if node.attrs.kind is AccumKind.MAX else "0.0f"
+                initial = initial_value(node.attrs.kind is AccumKind.MAX)
                 out.append(State(value, initial, self.lowering.tile(i)))
         return tuple(out)
 

@@ -1,4 +1,5 @@
-"""Small helpers that passes share: rebuilding block graphs node by node, and walking graphs."""
+"""Small helpers that passes share: rebuilding block graphs node by node, walking graphs, and the
+early exit of pattern matchers (:class:`NoMatch`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ from collections.abc import Callable, Iterable
 from mirage.mugraph import build
 from mirage.mugraph.graph import BlockGraph, KernelGraph, Node, Ref, TensorType
 from mirage.mugraph.ops import Op
+
+
+class NoMatch(Exception):
+    """A pattern matcher's early exit: the block graph does not have the pattern (the reason says why)."""
+
+
+def require(condition: bool, reason: str) -> None:
+    """Raise :class:`NoMatch` with ``reason`` unless ``condition`` holds."""
+    if not condition:
+        raise NoMatch(reason)
 
 
 class BlockRewriter:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from mirage.mugraph.graph import AccumKind, BlockGraph, Ref
 from mirage.mugraph.ops import ELEMENTWISE, Op
+from mirage.optimizer.graphs import NoMatch, require
 from mirage.optimizer.schedule import Action, Phase, Schedule, Step
 
 log = logging.getLogger(__name__)
@@ -56,17 +57,10 @@ class RowLoop:
         return self.width // self.chunk
 
 
-class _NoMatch(Exception):
-    pass
-
-
-def _require(condition: bool, reason: str) -> None:
-    if not condition:
-        raise _NoMatch(reason)
 
 
 def _rows_and_width(shape: tuple[int, ...]) -> tuple[int, int]:
-    _require(len(shape) >= 2 and math.prod(shape[:-2]) == 1,
+    require(len(shape) >= 2 and math.prod(shape[:-2]) == 1,
              f"shape {list(shape)} is not one [rows, cols] tile")
     return shape[-2], shape[-1]
 
@@ -80,21 +74,21 @@ def _chunk(rows: int, width: int, threads: int) -> int | None:
 
 
 def _match(graph: BlockGraph, schedule: Schedule) -> RowLoop:
-    _require(graph.forloop_range > 1, "a one-iteration loop")
+    require(graph.forloop_range > 1, "a one-iteration loop")
     loop = [item.node for item in schedule.items
             if isinstance(item, Step) and item.phase is Phase.LOOP and item.epilogue_of is None
             and item.action in (Action.COMPUTE, Action.ACCUMULATE)]
     loop += [item.node for item in schedule.items
              if isinstance(item, Step) and item.phase is Phase.LOOP and item.epilogue_of is not None]
     order = sorted(set(loop))  # node order is a topological order
-    _require(bool(order), "an empty loop body")
+    require(bool(order), "an empty loop body")
     members = set(order)
     shapes = {graph.type_of(Ref(i)).shape for i in order}
     shapes |= {graph.type_of(r).shape for i in order for r in graph.nodes[i].inputs}
     dims = {_rows_and_width(s) for s in shapes}
     rows = {r for r, _ in dims}
     widths = {w for _, w in dims} - {1}
-    _require(len(rows) == 1 and len(widths) <= 1, f"tiles of shapes {sorted(dims)}: not rows × (1 or W)")
+    require(len(rows) == 1 and len(widths) <= 1, f"tiles of shapes {sorted(dims)}: not rows × (1 or W)")
     (r,) = rows
     width = widths.pop() if widths else 1
     states = []
@@ -104,7 +98,7 @@ def _match(graph: BlockGraph, schedule: Schedule) -> RowLoop:
         if op is Op.FUSED or op in ELEMENTWISE:
             continue
         if op is Op.RUNNING_MAX:
-            _require(graph.type_of(node.inputs[0]).shape[-1] == 1, "a running max of a wide value")
+            require(graph.type_of(node.inputs[0]).shape[-1] == 1, "a running max of a wide value")
             states.append(i)
         elif op in (Op.ACCUM, Op.ACCUM_RESCALE):
             kind = node.attrs.kind
@@ -112,22 +106,22 @@ def _match(graph: BlockGraph, schedule: Schedule) -> RowLoop:
             elementwise = kind in ELEMENTWISE_KINDS and (
                 kind in (AccumKind.NONE, AccumKind.MAX) or source.shape[-1] == 1
             )
-            _require(elementwise, f"%{i}: a {kind.value} accumulator that is not element-wise")
+            require(elementwise, f"%{i}: a {kind.value} accumulator that is not element-wise")
             if op is Op.ACCUM_RESCALE:
-                _require(node.inputs[1].node in members, f"%{i} rescales by a maximum outside the loop")
+                require(node.inputs[1].node in members, f"%{i} rescales by a maximum outside the loop")
             states.append(i)
         elif op in (Op.REDUCTION, Op.REDUCTION_MAX):
-            _require(graph.type_of(node.inputs[0]).shape[node.attrs.dim] == 1, f"%{i} reduces a real dim")
+            require(graph.type_of(node.inputs[0]).shape[node.attrs.dim] == 1, f"%{i} reduces a real dim")
         else:
-            raise _NoMatch(f"%{i}: {op.value} in the loop body")
+            raise NoMatch(f"%{i}: {op.value} in the loop body")
     uses = graph.consumers()
     for i in order:
         if i in states:
             continue
         readers = set(uses.get(Ref(i, 0), []))
-        _require(readers <= members, f"%{i} is read after the loop")
+        require(readers <= members, f"%{i} is read after the loop")
     chunk = _chunk(r, width, math.prod(graph.block_dim))
-    _require(chunk is not None, f"{r} rows × {width} columns need more threads than the block has")
+    require(chunk is not None, f"{r} rows × {width} columns need more threads than the block has")
     return RowLoop(r, width, chunk, tuple(order), tuple(states))
 
 
@@ -135,6 +129,6 @@ def match(graph: BlockGraph, schedule: Schedule) -> RowLoop | None:
     """The row-local loop of ``graph`` (see the module docstring), or None."""
     try:
         return _match(graph, schedule)
-    except _NoMatch as reason:
+    except NoMatch as reason:
         log.debug("loop body lowered op by op: %s", reason)
         return None

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import AccumKind, BlockGraph, Node, Ref
 from mirage.mugraph.ops import Op
+from mirage.optimizer.graphs import NoMatch, require
 from mirage.optimizer.layout import TensorLayout
 from mirage.optimizer.schedule import Action, Phase, Schedule, Step
 
@@ -74,13 +75,6 @@ class SoftmaxChain:
         return tuple(n for n in (self.maximum, self.running, self.sum, self.out) if n is not None)
 
 
-class _NoMatch(Exception):
-    pass
-
-
-def _require(condition: bool, reason: str) -> None:
-    if not condition:
-        raise _NoMatch(reason)
 
 
 def _only(uses: dict[Ref, list[int]], i: int) -> list[int]:
@@ -131,67 +125,67 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
     loop = {item.node for item in schedule.items if isinstance(item, Step) and item.phase is Phase.LOOP
             and item.action is not Action.LOAD}
     maxima = [i for i, n in enumerate(graph.nodes) if n.op is Op.RUNNING_MAX]
-    _require(len(maxima) == 1, f"{len(maxima)} running maxima")
+    require(len(maxima) == 1, f"{len(maxima)} running maxima")
     running = maxima[0]
     row_max = graph.nodes[running].inputs[0].node
-    _require(graph.nodes[row_max].op is Op.REDUCTION_MAX, "the running max is not of a reduction_max")
+    require(graph.nodes[row_max].op is Op.REDUCTION_MAX, "the running max is not of a reduction_max")
     s = graph.nodes[row_max].inputs[0].node
     s_type = graph.type_of(Ref(s))
-    _require(graph.nodes[row_max].attrs.dim == s_type.rank - 1, "the row maximum is not over the last dim")
+    require(graph.nodes[row_max].attrs.dim == s_type.rank - 1, "the row maximum is not over the last dim")
     score: int | None = None
     qk = s
     if graph.nodes[s].op is Op.FUSED:
-        _require(len(graph.nodes[s].inputs) == 1, "the score has more than one operand")
+        require(len(graph.nodes[s].inputs) == 1, "the score has more than one operand")
         score, qk = s, graph.nodes[s].inputs[0].node
-        _require(_only(uses, qk) == [s], "the product Q·K has other readers")
-    _require(graph.nodes[qk].op is Op.MATMUL, "the scores are not a matmul")
+        require(_only(uses, qk) == [s], "the product Q·K has other readers")
+    require(graph.nodes[qk].op is Op.MATMUL, "the scores are not a matmul")
     q_ref, k_ref = graph.nodes[qk].inputs
     probs = [c for c in _only(uses, s) if c != row_max]
-    _require(len(probs) == 1 and _is_exp_of_difference(graph.nodes[probs[0]], s, running),
+    require(len(probs) == 1 and _is_exp_of_difference(graph.nodes[probs[0]], s, running),
              "the scores' other reader is not exp(S − m)")
     prob = probs[0]
     accumulators = [c for c in _only(uses, prob)]
     pvs = [c for c in accumulators if graph.nodes[c].op is Op.MATMUL]
-    _require(len(pvs) == 1, "P feeds no single matmul")
+    require(len(pvs) == 1, "P feeds no single matmul")
     pv = pvs[0]
-    _require(graph.nodes[pv].inputs[0] == Ref(prob), "P is not the left operand of P·V")
+    require(graph.nodes[pv].inputs[0] == Ref(prob), "P is not the left operand of P·V")
     sums = [c for c in accumulators if c != pv]
-    _require(len(sums) <= 1, "P has several other readers")
+    require(len(sums) <= 1, "P has several other readers")
     total = sums[0] if sums else None
     if total is not None:
         node = graph.nodes[total]
-        _require(node.op is Op.ACCUM_RESCALE and node.attrs.kind is AccumKind.SUM
+        require(node.op is Op.ACCUM_RESCALE and node.attrs.kind is AccumKind.SUM
                  and node.inputs == (Ref(prob), Ref(running)), "P's sum is not a rescaled row sum")
     outs = _only(uses, pv)
-    _require(len(outs) == 1, "P·V has other readers")
+    require(len(outs) == 1, "P·V has other readers")
     out = outs[0]
     node = graph.nodes[out]
-    _require(node.op is Op.ACCUM_RESCALE and node.attrs.kind is AccumKind.NONE
+    require(node.op is Op.ACCUM_RESCALE and node.attrs.kind is AccumKind.NONE
              and node.inputs == (Ref(pv), Ref(running)), "P·V is not accumulated with a rescale")
     maximum = None
     for c in _only(uses, row_max):
         if c == running:
             continue
         node = graph.nodes[c]
-        _require(node.op is Op.ACCUM and node.attrs.kind is AccumKind.MAX and maximum is None,
+        require(node.op is Op.ACCUM and node.attrs.kind is AccumKind.MAX and maximum is None,
                  "the row maximum has another reader")
         maximum = c
     allowed = {prob, out} | ({total} if total is not None else set())
-    _require(set(_only(uses, running)) <= allowed, "the running max has other readers")
+    require(set(_only(uses, running)) <= allowed, "the running max has other readers")
     chain_nodes = [qk, score, row_max, running, prob, pv, out, total, maximum]
-    _require(all(n in loop for n in chain_nodes if n is not None), "part of the chain is not in the loop")
+    require(all(n in loop for n in chain_nodes if n is not None), "part of the chain is not in the loop")
     # shapes and element types the fragments cover
     q, k, v = graph.type_of(q_ref), graph.type_of(k_ref), graph.type_of(graph.nodes[pv].inputs[1])
-    _require(q.dtype in TENSOR_CORE_TYPES and k.dtype == q.dtype and v.dtype == q.dtype,
+    require(q.dtype in TENSOR_CORE_TYPES and k.dtype == q.dtype and v.dtype == q.dtype,
              f"operands {q.dtype.value}/{k.dtype.value}/{v.dtype.value}, not one 16-bit type")
-    _require(all(math.prod(t.shape[:-2]) == 1 for t in (q, k, v)), "batched tiles")
+    require(all(math.prod(t.shape[:-2]) == 1 for t in (q, k, v)), "batched tiles")
     rows, depth, keys, width = q.shape[-2], q.shape[-1], k.shape[-1], v.shape[-1]
-    _require(k.shape[-2] == depth and v.shape[-2] == keys, "operand shapes")
-    _require(depth % 16 == 0 and width % 16 == 0, f"head dims {depth}, {width} not multiples of 16")
-    _require(all(row_bytes(r.node) % 16 == 0 for r in (q_ref, k_ref, graph.nodes[pv].inputs[1])),
+    require(k.shape[-2] == depth and v.shape[-2] == keys, "operand shapes")
+    require(depth % 16 == 0 and width % 16 == 0, f"head dims {depth}, {width} not multiples of 16")
+    require(all(row_bytes(r.node) % 16 == 0 for r in (q_ref, k_ref, graph.nodes[pv].inputs[1])),
              "operand rows not 16-byte aligned")
     groups = warp_split(rows, keys, math.prod(graph.block_dim))
-    _require(groups is not None, f"{rows} rows × {keys} keys do not split over the warps")
+    require(groups is not None, f"{rows} rows × {keys} keys do not split over the warps")
     scratch = 4 * groups * rows * (width + 2) if groups > 1 else 0
     return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch)
 
@@ -221,6 +215,6 @@ def match(graph: BlockGraph, schedule: Schedule,
         return None
     try:
         return _match(graph, schedule, row_bytes_of(graph, layouts))
-    except _NoMatch as reason:
+    except NoMatch as reason:
         log.debug("online-softmax chain lowered op by op: %s", reason)
         return None

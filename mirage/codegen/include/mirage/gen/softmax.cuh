@@ -52,7 +52,10 @@ MIRAGE_DEVICE float quad_sum(float value) {
 // Two fp32 values as one 32-bit register of two 16-bit elements (the A-fragment packing).
 template <class T>
 MIRAGE_DEVICE uint32_t pack(float low, float high) {
-  return dev::Numeric<T>::bits(dev::from_float<T>(low)) | (dev::Numeric<T>::bits(dev::from_float<T>(high)) << 16);
+  const float values[2] = {low, high};
+  uint32_t word[1];
+  dev::pack_words<T>(values, word);
+  return word[0];
 }
 
 // 2^x by the SFU's approximation (MUFU.EX2, flushing denormal results to 0): one instruction where
