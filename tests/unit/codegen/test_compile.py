@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from codegen_helpers import needs_nvcc
 
 from mirage.codegen import compile as compile_module
 from mirage.codegen import toolchain
@@ -52,15 +53,7 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cubins"
 
 
-def _have_nvcc() -> bool:
-    try:
-        toolchain.find_nvcc()
-    except ToolchainError:
-        return False
-    return True
 
-
-needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not installed")
 
 
 # ---- targets ------------------------------------------------------------------------------

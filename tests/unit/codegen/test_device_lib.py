@@ -16,11 +16,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from codegen_static_checks import assert_each_is_rejected
+from codegen_helpers import assert_each_is_rejected, needs_nvcc
 
 from mirage.codegen import toolchain
 from mirage.codegen.compile import CompileError, CompileOptions, Stage, compile_source, compile_sources
-from mirage.codegen.toolchain import ToolchainError
 from mirage.mugraph.target import TARGETS
 
 KERNEL_DIR = Path(__file__).parent
@@ -28,15 +27,8 @@ KERNEL_FILES = ("io", "matmul", "elementwise", "accumulator", "reduction")
 OPTIONS = CompileOptions(target=TARGETS["H100"])
 
 
-def _have_nvcc() -> bool:
-    try:
-        toolchain.find_nvcc()
-    except ToolchainError:
-        return False
-    return True
 
-
-pytestmark = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not installed")
+pytestmark = needs_nvcc
 
 
 def sass_by_function(sass: str) -> dict[str, str]:

@@ -13,12 +13,12 @@ import re
 from pathlib import Path
 
 import pytest
+from codegen_helpers import needs_nvcc
 
 from benchmarks.mugraphs import CASES
 from mirage.codegen.compile import CompileOptions, Stage, compile_sources
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.codegen.random_graphs import random_graph
-from mirage.codegen.toolchain import ToolchainError, find_nvcc
 from mirage.mugraph.serialize import graph_from_dict
 from mirage.mugraph.target import TARGETS
 
@@ -28,15 +28,8 @@ RANDOM_SEEDS = [0, 1, 2, 5, 98]  # 98: a SIMT register accumulator (no K split)
 SEARCH_NAMES = ["search_gated_0", "search_softmax_rows_0"]
 
 
-def _have_nvcc() -> bool:
-    try:
-        find_nvcc()
-    except ToolchainError:
-        return False
-    return True
 
-
-pytestmark = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not installed")
+pytestmark = needs_nvcc
 
 
 def _search_graph(name: str):

@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from codegen_static_checks import assert_each_is_rejected
+from codegen_helpers import assert_each_is_rejected, needs_nvcc
 
 from benchmarks.mugraphs import CASES
 from benchmarks.variants import family
 from mirage.codegen import toolchain
 from mirage.codegen.compile import CompileOptions, Stage, compile_source, compile_sources
 from mirage.codegen.lower_program import generate_cuda_program
-from mirage.codegen.toolchain import ToolchainError
 from mirage.errors import MirageError
 from mirage.mugraph.target import TARGETS
 from mirage.optimizer.pipeline import OptimizerOptions
@@ -38,15 +37,8 @@ UNSPLIT = CompileOptions(target=TARGETS["H100"], defines=(("MIRAGE_SPLIT_K", "0"
 STEP_BYTES = 32  # one k-step of one operand row: 16 fp16/bf16 or 8 fp32 elements
 
 
-def _have_nvcc() -> bool:
-    try:
-        toolchain.find_nvcc()
-    except ToolchainError:
-        return False
-    return True
 
-
-pytestmark = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not installed")
+pytestmark = needs_nvcc
 
 
 def build_host_program(directory: Path, source: str) -> Path:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from codegen_helpers import needs_nvcc
 
 import mirage as mi
 from mirage.codegen.compile import CompileError, CompileOptions
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.codegen.runtime import LaunchError, Program, build, compile_program
-from mirage.codegen.toolchain import ToolchainError, find_nvcc
 from mirage.mugraph.target import TARGETS
 
 
@@ -81,15 +81,7 @@ def test_program_checks_its_inputs():
         program(x, np.zeros((16, 8), np.float32))
 
 
-def _have_nvcc() -> bool:
-    try:
-        find_nvcc()
-    except ToolchainError:
-        return False
-    return True
 
-
-needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not installed")
 
 
 def tiny() -> mi.KernelGraph:

@@ -1,11 +1,23 @@
-"""Shared by the device-library tests: declarations that must not compile, and the messages the
-library's static_asserts give for them."""
+"""Shared by the codegen tests: the skip for machines without nvcc, and the check that declarations
+the device library must reject fail to compile with the library's messages."""
 
 from __future__ import annotations
 
 import pytest
 
 from mirage.codegen.compile import CompileError, CompileOptions, compile_source
+from mirage.codegen.toolchain import ToolchainError, find_nvcc
+
+
+def _have_nvcc() -> bool:
+    try:
+        find_nvcc()
+    except ToolchainError:
+        return False
+    return True
+
+
+needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not installed")
 
 
 def assert_each_is_rejected(checks: list[tuple[str, str]], options: CompileOptions) -> None:
