@@ -153,6 +153,21 @@ class KernelLowering:
     def _iterator(self, k: int, i: int) -> ctx.InputIteratorContext:
         node = self.graph.nodes[i]
         it = node.attrs
+        if self.row_loop is not None and i in self.row_loop.plan.direct:
+            shape = node.outputs[0].shape
+            element = self.element(i)
+            return ctx.InputIteratorContext(
+                name=f"in{i}",
+                node=i,
+                parameter=f"input{k}",
+                tile=ctx.Tile(f"t{i}", element, tile_layout(shape, element, 1 << 30, False), -1),  # dense rows
+                source_dims=rank4(it.source.shape),
+                input_map=rank4_map(it.source.rank, it.input_map, self.graph.grid_dim),
+                forloop_dim=rank4_dim(it.source.rank, it.forloop_dim),
+                stages=1,
+                pipelined=False,
+                direct=True,
+            )
         buffer = self.kernel.memory.buffer_of(i)
         rank = it.source.rank
         pipelined = buffer.kind is BufferKind.INPUT_STAGES
@@ -434,6 +449,12 @@ class KernelLowering:
             fills.append(ctx.PrologueStep(self.stages, pipelined))
         return fills
 
+    @property
+    def barrier_free_loop(self) -> bool:
+        """The loop is a row-local loop reading every per-iteration input from global memory: it
+        touches no shared memory, so it needs no barrier (and may be unrolled)."""
+        return self.row_loop is not None and bool(self.row_loop.plan.direct)
+
     def _in_registers_loop(self) -> frozenset[int]:
         """Loop nodes computed by a register step (softmax chain or row-local loop)."""
         if self.softmax is not None:
@@ -484,6 +505,8 @@ class KernelLowering:
         for k, item in enumerate(items):
             steps = out[item.phase]
             if isinstance(item, Barrier):
+                if item.phase is Phase.LOOP and self.barrier_free_loop:
+                    continue
                 in_flight = 0
                 if item.phase is Phase.PRE_LOOP and k == last_barrier[Phase.PRE_LOOP]:
                     steps += self.loop_state()
@@ -506,7 +529,7 @@ class KernelLowering:
                 continue  # computed by the chain's step (or written back after the loop)
             match item.action:
                 case Action.LOAD:
-                    if not iterators[item.node].pipelined:
+                    if not (iterators[item.node].pipelined or iterators[item.node].direct):
                         steps.append(ctx.LoadStep(iterators[item.node]))
                         pending_copies = emitted = True
                 case Action.COMPUTE | Action.ACCUMULATE:
@@ -538,6 +561,13 @@ class KernelLowering:
             return 2
         return 1
 
+    def _direct_loop(self, loop: list[ctx.Step]) -> ctx.DirectLoop | None:
+        if not self.barrier_free_loop:
+            return None
+        (step,) = loop  # the row-local loop is all the loop has: its loads are its reads
+        assert isinstance(step, ctx.RowLoopStep) and self.row_loop is not None
+        return self.row_loop.direct_loop(step)
+
     def context(self) -> ctx.KernelContext:
         steps = self.steps()
         bound = {t.name: t for t in self._tiles.values() if t.offset >= 0}
@@ -550,6 +580,7 @@ class KernelLowering:
             smem_bytes=self.smem_bytes,
             forloop_range=self.graph.forloop_range,
             stages=self.stages,
+            direct_loop=self._direct_loop(steps[Phase.LOOP]),
             parameters=self.parameters(),
             functions=tuple(self.functions[i] for i in sorted(self.functions)),
             matmuls=tuple(self.matmuls[i] for i in sorted(self.matmuls)),

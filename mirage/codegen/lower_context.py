@@ -70,6 +70,7 @@ class InputIteratorContext:
     forloop_dim: int  # rank-4 dim, or -1
     stages: int  # 1 unless pipelined
     pipelined: bool  # loaded stage by stage across the for-loop (cp.async pipeline)
+    direct: bool = False  # no shared tile: a row-local loop reads its elements from global memory
 
 
 @dataclass(frozen=True)
@@ -280,6 +281,7 @@ class Statement:
     """One statement of the loop body (``kind`` picks the template's spelling):
 
     * ``load``: ``result = tile[row, col + e]`` (or ``tile[row, 0]`` when narrow, broadcast)
+    * ``read``: the same elements of this iteration's tile of input ``iterator``, from global memory
     * ``map``: ``result = function(arguments...)`` element by element
     * ``copy``: ``result = arguments[0]``
     * ``running_max``: ``previous = state; state = max(state, arguments[0])``
@@ -292,6 +294,7 @@ class Statement:
     arguments: tuple[Value, ...] = ()
     function: str = ""
     tile: Tile | None = None
+    iterator: str = ""
     combine: str = "add"
     rescale: tuple[str, str] | None = None  # (current, previous) names of a running max
 
@@ -315,6 +318,7 @@ class RowLoopSetup:
     row_threads: int
     chunk: int
     states: tuple[State, ...]
+    threads: int  # of the block (all active when rows · row_threads equals it)
 
 
 @dataclass(frozen=True)
@@ -322,6 +326,21 @@ class RowLoopStep:
     kind: ClassVar[str] = "row_loop"
     nodes: tuple[int, ...]
     statements: tuple[Statement, ...]
+
+
+@dataclass(frozen=True)
+class DirectLoop:
+    """A row-local loop whose per-iteration inputs are read from global memory (no barrier).
+
+    Rendered as batches of ``batch`` iterations: first every read of the batch (all loads in flight
+    at once), then the batch's statements, where each ``read`` names its batch slot.  The loop is
+    compiled twice, with vector loads when every iterator of ``vector_checks`` is aligned for them
+    and without."""
+
+    batch: int
+    reads: tuple[Statement, ...]
+    vector_checks: tuple[str, ...]  # iterators read as wide values
+    step: RowLoopStep
 
 
 @dataclass(frozen=True)
@@ -423,6 +442,7 @@ class KernelContext:
     smem_bytes: int  # the memory plan's bytes plus the reduction scratch after them
     forloop_range: int
     stages: int  # pipeline depth of the pipelined inputs (1: no pipeline)
+    direct_loop: DirectLoop | None  # the for-loop as a barrier-free row-local loop of direct reads
     parameters: tuple[Parameter, ...]  # outputs, then inputs (the launch's argument order)
     functions: tuple[ThreadFunction, ...]
     matmuls: tuple[MatmulType, ...]

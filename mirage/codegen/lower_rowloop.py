@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from mirage.codegen.lower_context import (
     NEGATIVE_INFINITY,
+    DirectLoop,
     RowLoopSetup,
     RowLoopStep,
     RowLoopWriteBack,
@@ -29,6 +30,8 @@ from mirage.optimizer.row_loop import RowLoop
 
 if TYPE_CHECKING:
     from mirage.codegen.lower import KernelLowering
+
+READ_REGISTERS = 160  # registers per thread for the reads of one batch of a direct loop
 
 
 class RowLoopLowering:
@@ -51,7 +54,10 @@ class RowLoopLowering:
             return self.values[ref.node]
         if ref.node not in self._loaded:
             value = Value(f"x{ref.node}", self._wide(self.graph.type_of(ref).shape))
-            self.statements.append(Statement("load", value, tile=self.lowering.operand(ref)))
+            if ref.node in self.plan.direct:
+                self.statements.append(Statement("read", value, iterator=f"in{ref.node}"))
+            else:
+                self.statements.append(Statement("load", value, tile=self.lowering.operand(ref)))
             self._loaded[ref.node] = value
         return self._loaded[ref.node]
 
@@ -68,7 +74,8 @@ class RowLoopLowering:
         return tuple(out)
 
     def setup(self) -> RowLoopSetup:
-        return RowLoopSetup(self.plan.rows, self.plan.row_threads, self.plan.chunk, self.states())
+        return RowLoopSetup(self.plan.rows, self.plan.row_threads, self.plan.chunk, self.states(),
+                            self.lowering.threads)
 
     def step(self) -> RowLoopStep:
         for i in self.plan.nodes:
@@ -98,6 +105,14 @@ class RowLoopLowering:
                 raise LoweringError(f"%{i} ({node.op.value}) has no row-local lowering")
             self.values[i] = value
         return RowLoopStep(self.plan.nodes, tuple(self.statements))
+
+    def direct_loop(self, step: RowLoopStep) -> DirectLoop:
+        """The loop in batches whose reads fill at most :data:`READ_REGISTERS` registers."""
+        reads = tuple(t for t in step.statements if t.kind == "read")
+        per_iteration = sum(self.plan.chunk if t.result.wide else 1 for t in reads)
+        batch = min(self.graph.forloop_range, max(1, READ_REGISTERS // max(per_iteration, 1)))
+        wide = tuple(sorted({t.iterator for t in reads if t.result.wide}))
+        return DirectLoop(batch, reads, wide, step)
 
     def write_back(self) -> RowLoopWriteBack:
         return RowLoopWriteBack(self.states())

@@ -61,6 +61,7 @@ class OptimizerOptions:
     hoist_invariants: bool = True  # run loop-invariant ops before the for-loop
     register_softmax: bool = True  # attention chains in registers (softmax_chain), not op by op
     row_loops: bool = True  # row-local loop bodies run per thread in registers (row_loop)
+    direct_row_loads: bool = True  # ...reading their per-iteration inputs from global memory
     two_blocks_per_sm: bool = False  # softmax-chain kernels of 256+ threads: registers for 2 blocks per SM
     stages: int = 2  # copies of each pipelined input tile (2 = double, 3 = triple buffering)
     prefetch_small_bytes: int = 8192  # loops loading at most this per iteration prefetch deeper...
@@ -198,7 +199,7 @@ def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain 
 def _row_loop(k: int, block: BlockGraph, state: PassState) -> RowLoop | None:
     if not state.options.row_loops or dict(state.records["plan_softmax_chain"])[k] is not None:
         return None
-    return match_row_loop(block, dict(state.records["schedule"])[k])
+    return match_row_loop(block, dict(state.records["schedule"])[k], state.options.direct_row_loads)
 
 
 def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:

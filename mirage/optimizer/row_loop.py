@@ -19,6 +19,13 @@ the shared tiles to the input iterators.  The loop then has no barrier besides t
 and whose loop values are read after the loop only through those accumulators and maxima.  The
 accumulators' shared tiles are written once after the loop (:class:`RowLoop.states`); every other
 loop value lives in registers only (:attr:`RowLoop.register_only`: no buffer in the memory plan).
+
+Direct reads (:attr:`RowLoop.direct`).  An input tile that changes every iteration and that only the
+loop body reads need not pass through shared memory at all: each thread reads its own elements of
+it from global memory (16-byte vectors where the chunk allows).  When every such input is read
+directly, the loop touches no shared memory, so it needs no barrier and no copy pipeline; unrolled,
+the loads of all its iterations are in flight at once.  A split-KV combine then costs about one
+memory round trip, where the staged loop paid a barrier and a pipeline wait per key split.
 """
 
 from __future__ import annotations
@@ -46,10 +53,12 @@ class RowLoop:
     chunk: int  # consecutive columns of a wide value per thread
     nodes: tuple[int, ...]  # loop nodes in execution order
     states: tuple[int, ...]  # accumulators and running maxima (registers across iterations)
+    direct: tuple[int, ...] = ()  # per-iteration inputs read from global memory by each thread
 
     @property
     def register_only(self) -> frozenset[int]:
-        return frozenset(self.nodes) - frozenset(self.states)
+        """Nodes with no shared-memory buffer: loop values in registers and the direct inputs."""
+        return (frozenset(self.nodes) - frozenset(self.states)) | frozenset(self.direct)
 
     @property
     def row_threads(self) -> int:
@@ -73,7 +82,17 @@ def _chunk(rows: int, width: int, threads: int) -> int | None:
     return None
 
 
-def _match(graph: BlockGraph, schedule: Schedule) -> RowLoop:
+def _direct_inputs(graph: BlockGraph, members: set[int]) -> tuple[int, ...]:
+    """The inputs that change every iteration, if the loop body is their only reader (all or
+    none: one staged input would bring back the pipeline and its barriers)."""
+    uses = graph.consumers()
+    varying = tuple(i for i in graph.input_nodes if graph.nodes[i].attrs.forloop_dim >= 0)
+    if all(reader in members for i in varying for reader in uses.get(Ref(i, 0), [])):
+        return varying
+    return ()
+
+
+def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool) -> RowLoop:
     require(graph.forloop_range > 1, "a one-iteration loop")
     loop = [item.node for item in schedule.items
             if isinstance(item, Step) and item.phase is Phase.LOOP and item.epilogue_of is None
@@ -122,13 +141,15 @@ def _match(graph: BlockGraph, schedule: Schedule) -> RowLoop:
         require(readers <= members, f"%{i} is read after the loop")
     chunk = _chunk(r, width, math.prod(graph.block_dim))
     require(chunk is not None, f"{r} rows × {width} columns need more threads than the block has")
-    return RowLoop(r, width, chunk, tuple(order), tuple(states))
+    direct = _direct_inputs(graph, members) if direct_loads else ()
+    return RowLoop(r, width, chunk, tuple(order), tuple(states), direct)
 
 
-def match(graph: BlockGraph, schedule: Schedule) -> RowLoop | None:
-    """The row-local loop of ``graph`` (see the module docstring), or None."""
+def match(graph: BlockGraph, schedule: Schedule, direct_loads: bool = True) -> RowLoop | None:
+    """The row-local loop of ``graph`` (see the module docstring), or None.  ``direct_loads``: read
+    the per-iteration inputs that only the body uses straight from global memory."""
     try:
-        return _match(graph, schedule)
+        return _match(graph, schedule, direct_loads)
     except NoMatch as reason:
         log.debug("loop body lowered op by op: %s", reason)
         return None

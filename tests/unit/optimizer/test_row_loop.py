@@ -32,8 +32,13 @@ def test_split_kv_combine_runs_row_local():
     assert ops == {Op.RUNNING_MAX, Op.ACCUM_RESCALE}
     buffered = {b.node for b in combine.memory.buffers}
     assert not plan.register_only & buffered and set(plan.states) <= buffered
+    assert set(plan.direct) == set(combine.block_graph.input_nodes)  # all three read per split
+    (_, staged) = _kernels(graph, direct_row_loads=False)
+    assert staged.row_loop.direct == () and set(staged.block_graph.input_nodes) <= {
+        b.node for b in staged.memory.buffers}
     (_, op_by_op) = _kernels(graph, row_loops=False)
-    assert op_by_op.row_loop is None and combine.smem_bytes < op_by_op.smem_bytes
+    assert op_by_op.row_loop is None and staged.smem_bytes < op_by_op.smem_bytes
+    assert combine.smem_bytes < staged.smem_bytes
 
 
 def test_loops_with_matmuls_or_real_reductions_stay_op_by_op():
@@ -61,14 +66,20 @@ def test_elementwise_accumulation_runs_row_local():
     g.mark_output(o)
     (kernel,) = _kernels(g.freeze())
     assert kernel.row_loop is not None and kernel.row_loop.width == 64
+    assert kernel.row_loop.direct == (0,)  # x changes every iteration; y is read once, staged
 
 
 @pytest.mark.parametrize("qknorm", [False, True])
-def test_generated_combine_loop_has_no_barrier_but_the_iterations(qknorm):
+def test_generated_combine_loop_reads_directly_without_barriers(qknorm):
     graph = attention_fused(1, qknorm, row_sums=True, combine_rows=16, **SPLITS)
     code = generate_cuda_program(graph).code
     combine = code.split('extern "C"')[-1]
     loop = combine.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
+    assert loop.count("row-local loop body") == 1 and "__syncthreads()" not in loop
+    assert "Pipeline" not in combine and ".read<kVectors>(" in loop
+    staged = generate_cuda_program(
+        graph, options=dataclasses.replace(OptimizerOptions(), direct_row_loads=False)).code
+    loop = staged.split('extern "C"')[-1].split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
     assert loop.count("row-local loop body") == 1 and loop.count("__syncthreads()") == 1
 
 

@@ -22,6 +22,8 @@
 
 #include <cute/arch/copy_sm80.hpp>
 
+#include <type_traits>
+
 #include "layout.cuh"
 #include "tile_map.cuh"
 
@@ -110,6 +112,38 @@ class InputIterator {
   }
 
   MIRAGE_DEVICE bool vectorized() const { return vectorized_; }
+
+  // Direct reads, for a loop body that each thread runs on its own elements (a row-local loop):
+  // element (row, col) of the tile of `iteration`, or N consecutive ones from (row, col), read
+  // from global memory as floats, no shared stage (the iterator's `shared` may be null). With
+  // Vectors (the caller checked vectorized() once, outside its loop, so that the loop has no
+  // branch and the compiler may hoist its loads), the N elements are loaded as 16- or 8-byte
+  // vectors where N · sizeof(T) allows (col a multiple of N).
+  MIRAGE_DEVICE float read(int iteration, int row, int col) const {
+    return to_float(global_[coordinate_.at(iteration) + row_offset(row) + col * strides_.stride[3]]);
+  }
+
+  template <bool Vectors, int N>
+  MIRAGE_DEVICE void read(int iteration, int row, int col, float (&out)[N]) const {
+    const T* source = global_ + coordinate_.at(iteration) + row_offset(row) + col * strides_.stride[3];
+    constexpr int kBytes = N * static_cast<int>(sizeof(T));
+    if constexpr (Vectors && kVectorizableShape && kBytes % 8 == 0) {
+      using Word = std::conditional_t<kBytes % 16 == 0, uint4, uint2>;
+      constexpr int kPerWord = static_cast<int>(sizeof(Word) / sizeof(T));
+#pragma unroll
+      for (int w = 0; w < N / kPerWord; ++w) {
+        const Word word = __ldg(reinterpret_cast<const Word*>(source) + w);
+        T elements[kPerWord];
+        memcpy(elements, &word, sizeof(Word));
+#pragma unroll
+        for (int e = 0; e < kPerWord; ++e) out[w * kPerWord + e] = to_float(elements[e]);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e) out[e] = to_float(source[e * strides_.stride[3]]);
+    }
+  }
+
 
  private:
   static MIRAGE_DEVICE bool aligned(const T* global, const Strides& strides, TileCoordinate coordinate) {
