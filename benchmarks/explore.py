@@ -6,7 +6,8 @@ Unlike selection (``benchmarks.run --ours select``), which float-checks only the
 every member here is checked against the float64 reference, so that a new lowering is tested on
 every split of the family it may be chosen from.  ``--op-by-op`` also builds each member with the
 register-resident online-softmax chain switched off (``OptimizerOptions(register_softmax=False)``),
-for a before/after comparison in one run.  Writes ``explore_<date>.json`` under ``--out``: per
+for a before/after comparison in one run; ``--plain-launch`` also times every build with ordinary
+launches instead of programmatic dependent ones.  Writes ``explore_<date>.json`` under ``--out``: per
 member the label, pipeline depth, chain on/off, grids, shared memory, median µs and the error.
 """
 
@@ -28,7 +29,7 @@ log = logging.getLogger("benchmarks.explore")
 
 def explore_case(
     case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False,
-    also: dict | None = None,
+    also: dict | None = None, plain_launch: bool = False,
 ) -> list[dict]:
     from benchmarks.mugraphs import CASES
     from benchmarks.variants import family
@@ -72,6 +73,10 @@ def explore_case(
         try:
             program.load()
             row["median_us"] = time_graph(lambda p=program: p.launch(inputs), replays=replays).median_us
+            if plain_launch:  # the same kernels launched the ordinary way (no programmatic overlap)
+                plain = dataclasses.replace(program, dependent_launch=False)
+                row["median_us_plain_launch"] = time_graph(lambda p=plain: p.launch(inputs),
+                                                           replays=replays).median_us
             result = check_on_gpu(reference, program, inputs=inputs, reference=expected)
             row["relative_error"], row["passed"] = result.worst_error, result.passed
         except Exception as error:  # noqa: BLE001 - recorded and reported, never hidden
@@ -112,6 +117,8 @@ def main(argv=None) -> int:
                         help="also build every member without OptimizerOptions.two_blocks_per_sm")
     parser.add_argument("--also", default="",
                         help="also build every member with these OptimizerOptions, e.g. prefetch_stages=4")
+    parser.add_argument("--plain-launch", action="store_true",
+                        help="also time every build with ordinary launches (no programmatic dependent launch)")
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
@@ -124,7 +131,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for case in args.cases.split(","):
         result["cases"][case] = explore_case(case, args.family == "wide", args.op_by_op, args.replays,
-                                             one_block=args.one_block, also=_options(args.also))
+                                             one_block=args.one_block, also=_options(args.also),
+                                             plain_launch=args.plain_launch)
         (out / f"explore_{facts['date']}.json").write_text(json.dumps(result, indent=1))
     bad = [r for rows in result["cases"].values() for r in rows if "passed" in r and not r["passed"]]
     return 1 if bad else 0

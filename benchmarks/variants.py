@@ -104,17 +104,18 @@ def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = (),
                          kv_splits: tuple[int, ...] = (4, 8, 16, 32),
                          q_splits: tuple[int, ...] = (1, 2, 4, 8, 16)) -> list[Variant]:
     """Every split of the register-resident attention kernel worth timing: key splits across blocks,
-    query rows per block (``256 / q_splits``), keys per iteration (64 or 128) and 4 or 8 warps; rows
+    query rows per block (``256 / q_splits``), keys per iteration (64 or 128), 4 or 8 warps, and 8 or
+    16 query rows per block of the combine; rows
     whose warps do not split the tile (``softmax_chain.warp_split``) are dropped."""
     from mirage.optimizer.softmax_chain import warp_split
 
     rows = []
-    for kv, qs, keys, threads in itertools.product(kv_splits, q_splits, (64, 128), (128, 256)):
+    for kv, qs, keys, threads, combine in itertools.product(kv_splits, q_splits, (64, 128), (128, 256), (8, 16)):
         iters = KEYS // (kv * keys)
         if iters < 1 or warp_split(QUERIES // qs, keys, threads) is None:
             continue
         arguments = (("kv_splits", kv), ("q_splits", qs), ("iters", iters), ("threads", threads),
-                     ("row_sums", True), ("combine_rows", 16), *extra)
+                     ("row_sums", True), ("combine_rows", combine), *extra)
         rows.append(Variant(arguments, (2,)))
     return rows
 
@@ -123,7 +124,7 @@ def _wide_qknorm_rows() -> list[Variant]:
     """QKNorm: K normalized in a kernel of its own (tiles of 128 or 64 keys), or in the attention
     kernel when each key is read by one or two blocks only (``q_splits`` 1 or 2)."""
     rows = []
-    for norm_blocks in (32, 64):
+    for norm_blocks in (64,):  # 32 measured slower on every split (explore_h100_2026-11-22_run7.json)
         rows += _wide_attention_rows((("normalize_k", True), ("norm_blocks", norm_blocks)),
                                      kv_splits=(4, 8, 16, 32), q_splits=(2, 4, 8))
     return rows + _wide_attention_rows(q_splits=(1, 2))

@@ -22,6 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mirage.codegen import dependent_launch
 from mirage.errors import MirageError
 from mirage.mugraph.graph import KernelGraph, Ref
 from mirage.mugraph.ops import REGISTRY, Op
@@ -115,6 +116,7 @@ class Program:
     cuda: CudaProgram
     cubin: Path | None  # None when the graph has no graph-defined op
     poison: bool = False
+    dependent_launch: bool = True  # overlap each launch with the kernel before it (dependent_launch)
     _functions: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -209,6 +211,11 @@ class Program:
         device = tensors[0].device
         pointers = tuple(np.uint64(t.data_ptr()) for t in tensors)
         stream = torch.cuda.current_stream(device)
+        if self.dependent_launch and dependent_launch.available(device.index):
+            with cupy.cuda.Device(device.index):
+                dependent_launch.launch(fn.ptr, launch.grid, launch.block, launch.smem_bytes,
+                                        stream.cuda_stream, [int(p) for p in pointers])
+            return
         with warnings.catch_warnings():
             # CuPy 14 deprecates ExternalStream for objects with __cuda_stream__; a raw handle still needs it
             warnings.simplefilter("ignore", DeprecationWarning)

@@ -348,3 +348,17 @@ def test_reductions_get_a_scratch_after_the_planned_buffers():
     lora = generate_cuda_program(CASES["lora_m16"].fused(), 90)  # no reduction: no scratch
     assert lora.kernels[0].smem_bytes == lora.prepared.kernels[0].smem_bytes
     assert "ReductionScratch" not in lora.code
+
+
+@pytest.mark.parametrize("case", ["gqa_b1", "rmsnorm_b8", "ntrans_b1"])
+def test_kernels_overlap_their_neighbours_only_before_global_memory(case):
+    """Programmatic dependent launch: each kernel lets the next launch first thing, and waits for
+    the previous one before its first step (every global load and store comes after the wait)."""
+    code = generate_cuda_program(CASES[case].fused()).code
+    for kernel in code.split('extern "C"')[1:]:
+        body = kernel.split(") {", 1)[1]
+        launch = body.index("launch_dependent_grids();")
+        wait = body.index("wait_for_prerequisite_grids();")
+        assert launch < wait < body.index("// ---- before the for-loop")
+        before = body[:wait]
+        assert ".load(" not in before and "save(" not in before and ".read" not in before

@@ -84,6 +84,25 @@ MIRAGE_HOST_DEVICE constexpr int round_up(int a, int b) { return ceil_div(a, b) 
 // library's collective functions assume).
 MIRAGE_DEVICE int thread_index() { return static_cast<int>(threadIdx.x); }
 
+// Programmatic dependent launch (sm_90): a kernel launched with the programmatic stream
+// serialization attribute may start while the kernel before it in the stream still runs.
+// Every generated kernel lets the next one launch as soon as all its own blocks have started
+// (the next kernel's blocks then take SM slots as they free up), and waits for the previous
+// kernel to complete, with its writes visible, before it touches global memory. Without the
+// attribute both are no-ops. (CUTLASS's grid_dependency_control.h has the same two
+// instructions, behind headers that would triple the compile time of a generated kernel.)
+MIRAGE_DEVICE void launch_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+MIRAGE_DEVICE void wait_for_prerequisite_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // A typed pointer into dynamic shared memory at a byte offset chosen by the memory planner.
 template <class T>
 MIRAGE_DEVICE T* shared_at(char* shared_base, int byte_offset) {

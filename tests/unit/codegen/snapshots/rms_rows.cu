@@ -25,6 +25,7 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
   constexpr int kThreads = 128;
   constexpr int kForloopRange = 2;
   extern __shared__ __align__(128) char shared[];
+  mirage::dev::launch_dependent_grids();
   const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 128, 128>> t1{mirage::dev::shared_at<__half>(shared, 8960)};
   const mirage::dev::SharedTile<float, mirage::dev::Layout<1, 1, 16, 1, 1>> t2{mirage::dev::shared_at<float>(shared, 8704)};
   const mirage::dev::SharedTile<float, mirage::dev::Layout<1, 1, 16, 1, 1>> t3{mirage::dev::shared_at<float>(shared, 8832)};
@@ -34,6 +35,8 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
       input0, in0_strides,
       mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 16, 128, 136>>(in0_strides, mirage::dev::DimMap{2, -1, -1}, 3, kForloopRange, blockIdx),
       kForloopRange, mirage::dev::shared_at<__half>(shared, 0));
+
+  mirage::dev::wait_for_prerequisite_grids();  // no global memory access before this line
 
   // ---- before the for-loop
   mirage::gen::fill<kThreads>(t2, 0.0f);

@@ -19,6 +19,7 @@ extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
   constexpr int kThreads = 128;
   constexpr int kForloopRange = 4;
   extern __shared__ __align__(128) char shared[];
+  mirage::dev::launch_dependent_grids();
   using mm2 = mirage::gen::BlockMatmul<kThreads, mirage::gen::Product<__half, __half, mirage::dev::Layout<1, 1, 16, 32, 40>, mirage::dev::Layout<1, 1, 32, 64, 72>>>;
   const mirage::dev::SharedTile<float, mirage::dev::Layout<1, 1, 16, 64, 64>> t3{mirage::dev::shared_at<float>(shared, 0)};
   const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 64, 64>> t4{mirage::dev::shared_at<__half>(shared, 4096)};
@@ -34,6 +35,8 @@ extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
       kForloopRange, mirage::dev::shared_at<__half>(shared, 0));
   typename mm2::Registers registers3;
   mm2::fill(registers3, 0.0f);
+
+  mirage::dev::wait_for_prerequisite_grids();  // no global memory access before this line
 
   // ---- before the for-loop
   for (int stage = 0; stage < 3; ++stage) {

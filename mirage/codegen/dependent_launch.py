@@ -1,0 +1,63 @@
+"""Kernel launches with programmatic dependent launch (PDL), through the CUDA driver's
+``cuLaunchKernelEx`` (the ``cuda-bindings`` package).
+
+A kernel launched with the programmatic stream serialization attribute may start while the kernel
+before it in the stream is still running: its blocks take SM slots as the previous kernel's blocks
+finish, and its first global memory access waits (``griddepcontrol.wait``) until the previous kernel
+has completed and its writes are visible.  Every generated kernel also lets the next one launch as
+soon as all its own blocks have started (``griddepcontrol.launch_dependents``; the device library's
+``launch_dependent_grids``).  What this saves is the gap between two kernels of a program (or of two
+consecutive calls): the launch of the next grid overlaps the tail of the previous one.  Results are
+unchanged; without the attribute (no ``cuda-bindings``, a GPU older than sm_90,
+``Program(dependent_launch=False)``) the same kernels launch the ordinary way through CuPy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+
+from mirage.errors import MirageError
+
+
+class DependentLaunchError(MirageError):
+    """The driver refused a kernel launch."""
+
+
+@functools.cache
+def available(device_index: int) -> bool:
+    """Whether launches on this device can carry the attribute (sm_90 or newer, cuda-bindings)."""
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError:
+        return False
+    import torch
+
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def launch(function: int, grid: Sequence[int], block: Sequence[int], smem_bytes: int, stream: int,
+           pointers: Sequence[int]) -> None:
+    """Launch the kernel ``function`` (a ``CUfunction`` handle) on ``stream`` (a ``CUstream``
+    handle) with pointer arguments ``pointers``, allowed to overlap the previous kernel."""
+    from cuda.bindings import driver
+
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = (int(g) for g in grid)
+    config.blockDimX, config.blockDimY, config.blockDimZ = (int(b) for b in block)
+    config.sharedMemBytes = int(smem_bytes)
+    config.hStream = driver.CUstream(stream)
+    attribute = driver.CUlaunchAttribute()
+    attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attribute.value.programmaticStreamSerializationAllowed = 1
+    config.attrs = [attribute]
+    config.numAttrs = 1
+    arguments = (tuple(int(p) for p in pointers), (ctypes.c_void_p,) * len(pointers))
+    result = driver.cuLaunchKernelEx(config, driver.CUfunction(function), arguments, 0)
+    error = result[0] if isinstance(result, tuple) else result
+    if error != driver.CUresult.CUDA_SUCCESS:
+        raise DependentLaunchError(
+            f"cuLaunchKernelEx failed with {error!r} (grid {tuple(grid)}, block {tuple(block)}, "
+            f"{smem_bytes} bytes of shared memory); Program(dependent_launch=False) launches without it"
+        )
