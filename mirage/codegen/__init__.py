@@ -24,6 +24,8 @@ _EXPORTS = {
     "build_many": "mirage.codegen.runtime",
     "compile_program": "mirage.codegen.runtime",
     "compile_graph": "mirage.codegen.runtime",
+    "compile_chosen": "mirage.codegen.runtime",
+    "BuildChoice": "mirage.codegen.runtime",
     "CompileError": "mirage.codegen.compile",
     "CompileOptions": "mirage.codegen.compile",
     "check_on_gpu": "mirage.codegen.gpu_check",

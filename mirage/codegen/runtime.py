@@ -213,7 +213,7 @@ class Program:
         stream = torch.cuda.current_stream(device)
         if self.dependent_launch and dependent_launch.available(device.index):
             with cupy.cuda.Device(device.index):
-                dependent_launch.launch(fn.ptr, launch.grid, launch.block, launch.smem_bytes,
+                dependent_launch.launch(fn.kernel.ptr, launch.grid, launch.block, launch.smem_bytes,
                                         stream.cuda_stream, [int(p) for p in pointers])
             return
         with warnings.catch_warnings():
@@ -284,6 +284,34 @@ def compile_program(
     return build(cuda, compile_options)
 
 
-def compile_graph(graph):
-    """The frontend's entry point: a launcher ``outputs = launch(inputs)`` for the current GPU."""
-    return compile_program(graph).launch
+@dataclass(frozen=True)
+class BuildChoice:
+    """How a chosen µGraph is built and launched, besides the µGraph itself: what profile-guided
+    selection (:mod:`mirage.codegen.select`) picks with it and the search cache keeps."""
+
+    stages: int = 2  # pipeline depth (OptimizerOptions.stages)
+    dependent_launch: bool = True  # Program.dependent_launch
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> BuildChoice:
+        data = data or {}
+        return cls(int(data.get("stages", 2)), bool(data.get("dependent_launch", True)))
+
+
+def compile_chosen(graph, build: BuildChoice | dict | None = None) -> Program:
+    """``graph`` compiled for the current GPU as ``build`` says (a :class:`BuildChoice` or its
+    ``as_dict``; default: its defaults)."""
+    from mirage.optimizer import OptimizerOptions
+
+    build = build if isinstance(build, BuildChoice) else BuildChoice.from_dict(build)
+    program = compile_program(graph, options=dataclasses.replace(OptimizerOptions(), stages=build.stages))
+    return dataclasses.replace(program, dependent_launch=build.dependent_launch)
+
+
+def compile_graph(graph, build: BuildChoice | dict | None = None):
+    """The frontend's entry point: a launcher ``outputs = launch(inputs)`` for the current GPU
+    (see :func:`compile_chosen`)."""
+    return compile_chosen(graph, build).launch

@@ -3,7 +3,8 @@ right.
 
 ``select_fastest(reference, candidates)`` generates CUDA for each candidate µGraph under each
 optimizer variant (pipeline depth), compiles them all in parallel, times every program with
-CUDA-graph replays on the same inputs, then float-checks candidates in order of speed against the
+CUDA-graph replays on the same inputs (with and without programmatic dependent launch, where the
+GPU has it: :mod:`mirage.codegen.dependent_launch`), then float-checks candidates in order of speed against the
 reference (float64 on the CPU, outputs poisoned beforehand) and returns the first that passes.
 Failures are recorded, never hidden.
 """
@@ -43,15 +44,25 @@ class Variant:
 @dataclass
 class Trial:
     variant: Variant
-    median_us: float | None = None
+    median_us: float | None = None  # in the faster launch mode
     error: float | None = None
     failure: str | None = None
+    dependent_launch: bool = True  # the faster launch mode (runtime.Program.dependent_launch)
+    median_us_plain_launch: float | None = None  # ordinary launches, where both modes were timed
 
     def as_dict(self) -> dict:
         return {"variant": self.variant.label, "stages": self.variant.stages,
                 "grids": [b.grid_dim for b in self.variant.graph.block_graphs()],
                 "forloop_ranges": [b.forloop_range for b in self.variant.graph.block_graphs()],
-                "median_us": self.median_us, "relative_error": self.error, "failure": self.failure}
+                "median_us": self.median_us, "dependent_launch": self.dependent_launch,
+                "median_us_plain_launch": self.median_us_plain_launch,
+                "relative_error": self.error, "failure": self.failure}
+
+    @property
+    def build(self):
+        from mirage.codegen.runtime import BuildChoice
+
+        return BuildChoice(self.variant.stages, self.dependent_launch)
 
 
 @dataclass
@@ -76,6 +87,7 @@ def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4
 def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], inputs: Sequence | None = None,
                    stages: Sequence[int] = (2, 3, 4), max_workers: int | None = None,
                    replays: int = 100) -> Selection:
+    from mirage.codegen import dependent_launch
     from mirage.codegen.gpu_check import check_on_gpu, random_inputs
     from mirage.codegen.lower_program import generate_cuda_program
     from mirage.codegen.profile import time_graph
@@ -104,6 +116,14 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
         try:
             program.load()
             trial.median_us = time_graph(lambda p=program: p.launch(inputs), replays=replays).median_us
+            if program.dependent_launch and dependent_launch.available(inputs[0].device.index):
+                # overlapping launches can place a kernel's blocks unevenly: time both modes
+                plain = dataclasses.replace(program, dependent_launch=False)
+                trial.median_us_plain_launch = time_graph(lambda p=plain: p.launch(inputs),
+                                                          replays=replays).median_us
+                if trial.median_us_plain_launch < trial.median_us:
+                    program, trial.dependent_launch = plain, False
+                    trial.median_us = trial.median_us_plain_launch
             trial.program = program  # type: ignore[attr-defined]
         except Exception as error:  # noqa: BLE001 - a failing candidate is recorded and skipped
             trial.failure = f"run: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -121,6 +141,7 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
         reasons = "; ".join(f"{t.variant.label}: {t.failure}" for t in trials[:5])
         raise SelectionError(f"none of {len(trials)} candidate builds compiled, ran and matched the "
                              f"reference ({reasons})")
-    log.info("selected %s: %.2f µs of %d builds in %.1f s", best.variant.label, best.median_us,
+    log.info("selected %s (dependent launch %s): %.2f µs of %d builds in %.1f s", best.variant.label,
+             "on" if best.dependent_launch else "off", best.median_us,
              len(trials), selection.seconds)
     return selection

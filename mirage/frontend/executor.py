@@ -64,16 +64,17 @@ class Compiled:
         return list(self.launch([self._contiguous(i, t) for i, t in enumerate(inputs)]))
 
 
-def codegen_launcher(graph: KernelGraph) -> Callable | None:
-    """The compiled form of ``graph`` from mirage.codegen, or None where it cannot build one."""
+def codegen_launcher(graph: KernelGraph, build: dict | None = None) -> Callable | None:
+    """The compiled form of ``graph`` from mirage.codegen (built as ``build`` says: the pipeline
+    depth and launch mode that profiling chose), or None where it cannot build one."""
     try:
         from mirage import codegen
     except ImportError:
         return None
-    build = getattr(codegen, "compile_graph", None)
-    if build is None:
+    compile_graph = getattr(codegen, "compile_graph", None)
+    if compile_graph is None:
         return None
-    return build(graph)
+    return compile_graph(graph, build) if build else compile_graph(graph)
 
 
 def sass_tuned(program, name: str, options=None):
@@ -101,23 +102,24 @@ def sass_tuned(program, name: str, options=None):
     return tuned
 
 
-def tuned_codegen_launcher(graph: KernelGraph) -> Callable | None:
+def tuned_codegen_launcher(graph: KernelGraph, build: dict | None = None) -> Callable | None:
     """Like :func:`codegen_launcher`, with the kernels' SASS schedules tuned on this GPU."""
     try:
         from mirage import codegen
     except ImportError:
         return None
-    build = getattr(codegen, "compile_program", None)
-    if build is None:
+    compile_chosen = getattr(codegen, "compile_chosen", None)
+    if compile_chosen is None:
         return None
-    return sass_tuned(build(graph), graph.name or "the subprogram").launch
+    return sass_tuned(compile_chosen(graph, build), graph.name or "the subprogram").launch
 
 
 def make_executor(graph: KernelGraph, device: torch.device, mode: str = "auto",
-                  reference: KernelGraph | None = None, *, sass_tune: bool = False):
+                  reference: KernelGraph | None = None, *, sass_tune: bool = False, build: dict | None = None):
     """How to run ``graph`` on ``device``.  On CUDA, when ``graph`` does not compile, ``reference``
     (the subprogram's unfused graph, whose kernel-level ops run as torch calls) is tried next.
-    ``sass_tune``: tune the compiled kernels' SASS schedules (see :func:`sass_tuned`)."""
+    ``sass_tune``: tune the compiled kernels' SASS schedules (see :func:`sass_tuned`).  ``build``:
+    how to build ``graph`` (``codegen.runtime.BuildChoice.as_dict``, from profiling)."""
     if mode == "interpret":
         return Interpreted(graph)
     if device.type != "cuda":
@@ -128,7 +130,8 @@ def make_executor(graph: KernelGraph, device: torch.device, mode: str = "auto",
     name = graph.name or "the subprogram"
     for candidate in dict.fromkeys(g for g in (graph, reference) if g is not None):
         try:
-            launcher = tuned_codegen_launcher(candidate) if sass_tune else codegen_launcher(candidate)
+            chosen = build if candidate is graph else None
+            launcher = (tuned_codegen_launcher if sass_tune else codegen_launcher)(candidate, chosen)
         except Exception as error:  # compilation failures: nvcc errors, ops without a lowering, ...
             if mode == "cuda":
                 raise

@@ -55,6 +55,7 @@ class Choice:
     key: str
     detail: str
     seconds: float = 0.0
+    build: dict | None = None  # how to build it, where profiling chose (codegen.runtime.BuildChoice)
 
 
 def auto_config(graph: KernelGraph) -> str:
@@ -109,7 +110,7 @@ def write_entry(cache_dir: Path, key: str, reference: KernelGraph, choice: Choic
     entry = {
         "format": CACHE_FORMAT, "version": CACHE_VERSION, "key": key, "name": reference.name,
         "reference": dumps(reference), "chosen": dumps(choice.graph), "source": choice.source,
-        "detail": choice.detail, "search_seconds": round(choice.seconds, 3),
+        "detail": choice.detail, "search_seconds": round(choice.seconds, 3), "build": choice.build,
         "settings": settings.to_dict(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -171,15 +172,18 @@ def run_search(reference: KernelGraph, settings: SearchSettings,
 PROFILE_CANDIDATES = 16  # verified µGraphs timed on the GPU per subprogram (best by the cost model first)
 
 
-def profile_choice(reference: KernelGraph, candidates: list[KernelGraph]) -> tuple[KernelGraph, str]:
+def profile_choice(reference: KernelGraph, candidates: list[KernelGraph]) -> tuple[KernelGraph, str, dict]:
     """Profile-guided selection on the current GPU: compile, time and float-check the candidates
-    (mirage.codegen.select) and return the fastest that matches the reference."""
+    (mirage.codegen.select) and return the fastest that matches the reference, a note, and how it
+    was built (``BuildChoice.as_dict``: pipeline depth and launch mode)."""
     from mirage.codegen.select import select_fastest
 
     selection = select_fastest(reference, candidates[:PROFILE_CANDIDATES], stages=(2, 3))
     best = selection.best
+    launch = "on" if best.dependent_launch else "off"
     return best.variant.graph, (f"fastest of {len(selection.trials)} GPU builds: {best.median_us:.2f} µs "
-                                f"(pipeline stages {best.variant.stages})")
+                                f"(pipeline stages {best.variant.stages}, dependent launch {launch})"), \
+        best.build.as_dict()
 
 
 def verified_candidates(reference: KernelGraph, candidates: Sequence[KernelGraph]) -> list[KernelGraph]:
@@ -220,7 +224,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         entry = read_entry(cache_dir, key)
         if entry is not None and _fits(entry["graph"], reference, f"cache entry {key[:16]}"):
             return Choice(_rename(entry["graph"], reference), "cache", key,
-                          f"cached {entry['source']} result from {entry.get('created', '?')}")
+                          f"cached {entry['source']} result from {entry.get('created', '?')}",
+                          build=entry.get("build"))
     start = time.perf_counter()
     given = verified_candidates(reference, candidates)
     if not search and not given:
@@ -246,6 +251,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         return Choice(reference, "reference", key, "fallback: the search returned another signature")
     if found is not None and not _float_checked(reference, found):
         return Choice(reference, "reference", key, "fallback: the searched µGraph failed the float check")
+    build = None
     if found is not None and profile_on:
         searched = []
         for g in [found, *graphs]:
@@ -253,7 +259,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
                 searched.append(g)
         ranked = searched[:max(PROFILE_CANDIDATES - len(given), 1)] + given
         try:
-            found, profiled = profile_choice(reference, ranked)
+            found, profiled, build = profile_choice(reference, ranked)
             note = f"{note}; {profiled}"
         except Exception as error:  # noqa: BLE001 - keep the cost model's pick, say why
             logger.warning("mirage: profiling %s on the GPU failed (%s: %s); keeping the cost model's pick",
@@ -262,7 +268,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         choice = Choice(reference, "reference", key, f"search found nothing better ({note})", seconds)
     else:
         source = "candidate" if any(found is g for g in given) else "search"
-        choice = Choice(_rename(found, reference), source, key, note, seconds)
+        choice = Choice(_rename(found, reference), source, key, note, seconds, build)
     if cache_dir is not None:
         write_entry(cache_dir, key, reference, choice, settings)
     return choice

@@ -60,7 +60,8 @@ class SubprogramModule(nn.Module):
     def executor(self, device: torch.device):
         if device not in self._executors:
             self._executors[device] = make_executor(self.choice.graph, device, self.executor_mode,
-                                                    self.subprogram.graph, sass_tune=self.sass_tune)
+                                                    self.subprogram.graph, sass_tune=self.sass_tune,
+                                                    build=self.choice.build)
         return self._executors[device]
 
     def forward(self, *sources: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -152,3 +152,21 @@ def test_kernel_level_ops_compute_in_fp32():
     assert out.dtype == torch.float16
     (expected,) = mi.interpret(graph, inputs)
     np.testing.assert_allclose(out.float().numpy(), expected, rtol=1e-3)
+
+
+@needs_nvcc
+def test_compile_chosen_builds_as_profiling_chose(monkeypatch):
+    """The pipeline depth and launch mode that selection picked (kept in the search cache as a
+    dict) are what the frontend's program is built with."""
+    import mirage.codegen.lower_program as lower_program
+    from benchmarks.mugraphs import CASES
+    from mirage.codegen.runtime import BuildChoice, compile_chosen
+
+    chosen = BuildChoice.from_dict({"stages": 3, "dependent_launch": False})
+    assert chosen == BuildChoice(3, False) and BuildChoice.from_dict(chosen.as_dict()) == chosen
+    assert BuildChoice.from_dict(None) == BuildChoice()
+    monkeypatch.setattr(lower_program, "target_for", lambda arch, target: TARGETS["H100"])  # no GPU here
+    graph = CASES["rmsnorm_b1"].fused()
+    program, default = compile_chosen(graph, chosen.as_dict()), compile_chosen(graph)
+    assert not program.dependent_launch and default.dependent_launch
+    assert "Pipeline<3>" in program.source and "Pipeline<3>" not in default.source

@@ -229,7 +229,7 @@ def test_profiling_picks_among_all_verified_graphs_and_keys_the_cache_per_gpu(mo
 
     def timed(ref, candidates):
         seen.append(candidates)
-        return candidates[-1], "fastest of 2 GPU builds: 1.00 µs"
+        return candidates[-1], "fastest of 2 GPU builds: 1.00 µs", {"stages": 3, "dependent_launch": False}
 
     monkeypatch.setattr(optimize, "run_search", search)
     monkeypatch.setattr(optimize, "profile_choice", timed)
@@ -239,6 +239,10 @@ def test_profiling_picks_among_all_verified_graphs_and_keys_the_cache_per_gpu(mo
     assert seen and len(seen[0]) == 2
     assert profiled.graph == optimize._rename(other, reference) and "GPU builds" in profiled.detail
     assert plain.key != profiled.key  # the fastest graph depends on the GPU
+    cached = optimize.choose(reference, settings, cache_dir=tmp_path, profile_on="Some GPU")
+    assert cached.source == "cache" and cached.graph == profiled.graph
+    assert cached.build == profiled.build == {"stages": 3, "dependent_launch": False}  # how it was timed
+    assert plain.build is None
 
 
 def _wrong(reference):

@@ -110,7 +110,7 @@ def _fake_gpu(monkeypatch, program: Program, answer):
             raise answer
         return answer
 
-    monkeypatch.setattr(mirage.codegen, "compile_program", lambda graph: program, raising=False)
+    monkeypatch.setattr(mirage.codegen, "compile_chosen", lambda graph, build=None: program, raising=False)
     monkeypatch.setattr(mirage.sass.mugraph, "tune_cubin", tune_cubin)
     return calls
 
