@@ -13,7 +13,7 @@ The tables keep the members that came out on top of two wider explorations on th
 * lora: the N split of the 4096 output columns, with and without ``concat_matmul``.
 * gqa, qknorm: FlashDecoding-like splits with per-row partial sums (``row_sums``): query rows per
   block (``256 / q_splits``), key splits across blocks (``kv_splits``), keys per for-loop iteration
-  (``4096 / (kv_splits · iters)``), 16 query rows per block of the combine; QKNorm normalizes K
+  (``4096 / (kv_splits · iters)``), 8 or 16 query rows per block of the combine; QKNorm normalizes K
   in a kernel of its own first (``normalize_k``).  The splits are the fastest of explorations of
   the wider families (``WIDE_ROWS``, ``python -m benchmarks.explore --family wide``).
 """
@@ -56,26 +56,26 @@ def _rows(stages: tuple[int, ...], **axes) -> list[Variant]:
     ]
 
 
-# (kv_splits, q_splits, iters, threads): the fastest splits of the explorations with the register-
-# resident softmax chain and the row-local combine (benchmarks/results/explore_*.json), per program
+# (kv_splits, q_splits, iters, threads, combine_rows): the fastest splits of the explorations with
+# the register-resident softmax chain and the direct-read combine (benchmarks/results/
+# explore_h100_2026-11-22_wide_direct.json), per program
 ATTENTION_SPLITS = {
     "gqa": [
-        (16, 4, 2, 128),
-        (16, 4, 4, 128),
-        (8, 8, 4, 256),
-        (8, 4, 4, 128),
-        (4, 16, 8, 256),
-        (4, 2, 8, 256),
-        (4, 4, 8, 128),
-        (8, 1, 4, 256),
+        (16, 2, 2, 256, 8),
+        (16, 4, 2, 128, 8),
+        (16, 4, 2, 128, 16),
+        (8, 4, 4, 128, 16),
+        (4, 2, 8, 256, 8),
+        (8, 2, 8, 256, 8),
+        (4, 4, 8, 128, 8),
     ],
     "qknorm": [
-        (8, 8, 4, 256),
-        (8, 4, 4, 128),
-        (8, 4, 8, 128),
-        (16, 4, 4, 128),
-        (4, 4, 8, 128),
-        (4, 4, 16, 128),
+        (16, 4, 4, 128, 8),
+        (16, 4, 2, 256, 8),
+        (16, 4, 2, 128, 8),
+        (4, 4, 8, 128, 8),
+        (8, 4, 8, 128, 8),
+        (4, 4, 8, 128, 16),
     ],
 }
 # QKNorm normalizes K once, in a kernel of 64 blocks per head, before the attention kernel
@@ -84,16 +84,16 @@ ATTENTION_EXTRA = {"gqa": (), "qknorm": (("normalize_k", True), ("norm_blocks", 
 
 def _attention_rows(program: str) -> list[Variant]:
     """Row-sum µGraphs (Mirage's element-wise sums measured slower on every split, see
-    docs/performance.md), combines of 16 query rows per block."""
+    docs/performance.md)."""
     rows = []
-    for kv_splits, q_splits, iters, threads in ATTENTION_SPLITS[program]:
+    for kv_splits, q_splits, iters, threads, combine_rows in ATTENTION_SPLITS[program]:
         arguments = (
             ("kv_splits", kv_splits),
             ("q_splits", q_splits),
             ("iters", iters),
             ("threads", threads),
             ("row_sums", True),
-            ("combine_rows", 16),
+            ("combine_rows", combine_rows),
             *ATTENTION_EXTRA[program],
         )
         rows.append(Variant(arguments, (2, 3)))
