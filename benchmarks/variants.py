@@ -205,6 +205,9 @@ FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
 WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
     "gqa": _wide_attention_rows,
     "qknorm": _wide_qknorm_rows,
+    # GEMV: K tiles of 64–256 rows with 2–4 stages (smaller tiles, deeper pipelines)
+    "rmsnorm": lambda: _rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(256, 512)),
+    "gatedmlp": lambda: _rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(128, 256)),
 }
 
 
