@@ -118,7 +118,8 @@ def main(argv=None) -> int:
     parser.add_argument("--also", default="",
                         help="also build every member with these OptimizerOptions, e.g. prefetch_stages=4")
     parser.add_argument("--plain-launch", action="store_true",
-                        help="also time every build with ordinary launches (no programmatic dependent launch)")
+                        help="also time every build with ordinary launches (no programmatic dependent "
+                             "launch)")
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)

@@ -110,7 +110,8 @@ def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = (),
     from mirage.optimizer.softmax_chain import warp_split
 
     rows = []
-    for kv, qs, keys, threads, combine in itertools.product(kv_splits, q_splits, (64, 128), (128, 256), (8, 16)):
+    axes = (kv_splits, q_splits, (64, 128), (128, 256), (8, 16))
+    for kv, qs, keys, threads, combine in itertools.product(*axes):
         iters = KEYS // (kv * keys)
         if iters < 1 or warp_split(QUERIES // qs, keys, threads) is None:
             continue

@@ -160,7 +160,7 @@ class KernelLowering:
                 name=f"in{i}",
                 node=i,
                 parameter=f"input{k}",
-                tile=ctx.Tile(f"t{i}", element, tile_layout(shape, element, 1 << 30, False), -1),  # dense rows
+                tile=ctx.Tile(f"t{i}", element, tile_layout(shape, element, 1 << 30, False), -1),  # dense
                 source_dims=rank4(it.source.shape),
                 input_map=rank4_map(it.source.rank, it.input_map, self.graph.grid_dim),
                 forloop_dim=rank4_dim(it.source.rank, it.forloop_dim),

@@ -4,8 +4,9 @@ right.
 ``select_fastest(reference, candidates)`` generates CUDA for each candidate µGraph under each
 optimizer variant (pipeline depth), compiles them all in parallel, times every program with
 CUDA-graph replays on the same inputs (with and without programmatic dependent launch, where the
-GPU has it: :mod:`mirage.codegen.dependent_launch`), then float-checks candidates in order of speed against the
-reference (float64 on the CPU, outputs poisoned beforehand) and returns the first that passes.
+GPU has it: :mod:`mirage.codegen.dependent_launch`), then float-checks candidates in order of speed
+against the reference (float64 on the CPU, outputs poisoned beforehand) and returns the first that
+passes.
 Failures are recorded, never hidden.
 """
 

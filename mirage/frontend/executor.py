@@ -115,7 +115,8 @@ def tuned_codegen_launcher(graph: KernelGraph, build: dict | None = None) -> Cal
 
 
 def make_executor(graph: KernelGraph, device: torch.device, mode: str = "auto",
-                  reference: KernelGraph | None = None, *, sass_tune: bool = False, build: dict | None = None):
+                  reference: KernelGraph | None = None, *, sass_tune: bool = False,
+                  build: dict | None = None):
     """How to run ``graph`` on ``device``.  On CUDA, when ``graph`` does not compile, ``reference``
     (the subprogram's unfused graph, whose kernel-level ops run as torch calls) is tried next.
     ``sass_tune``: tune the compiled kernels' SASS schedules (see :func:`sass_tuned`).  ``build``:

@@ -79,7 +79,8 @@ def test_generated_combine_loop_reads_directly_without_barriers(qknorm):
     assert "Pipeline" not in combine and ".read<kVectors>(" in loop
     staged = generate_cuda_program(
         graph, options=dataclasses.replace(OptimizerOptions(), direct_row_loads=False)).code
-    loop = staged.split('extern "C"')[-1].split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
+    combine = staged.split('extern "C"')[-1]
+    loop = combine.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
     assert loop.count("row-local loop body") == 1 and loop.count("__syncthreads()") == 1
 
 
