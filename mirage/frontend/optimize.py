@@ -239,9 +239,12 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
                 return Choice(reference, "reference", key, f"fallback: {error}")
             note = f"no search: {error}"
         except Exception as error:  # a failed search must not lose the (correct) reference program
-            logger.warning("mirage: the search for %s failed (%s: %s); running the reference graph",
-                           reference.name or "a subprogram", type(error).__name__, error)
-            return Choice(reference, "reference", key, f"fallback: search failed: {type(error).__name__}")
+            fallback = "the verified candidates" if given else "the reference graph"
+            logger.warning("mirage: the search for %s failed (%s: %s); running %s",
+                           reference.name or "a subprogram", type(error).__name__, error, fallback)
+            if not given:
+                return Choice(reference, "reference", key, f"fallback: search failed: {type(error).__name__}")
+            note = f"search failed: {type(error).__name__}"
     if given:
         note = f"{note}; {len(given)} of {len(candidates)} given candidate(s) verified"
         graphs = list(graphs) + given

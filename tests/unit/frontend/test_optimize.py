@@ -273,3 +273,17 @@ def test_a_wrong_candidate_is_refused(isolated_cache, caplog):
 def test_candidates_must_be_kernel_graphs():
     with pytest.raises(mi.MirageError, match=r"candidates\[0\] is a str"):
         mi.superoptimize(program, INPUTS, candidates=["not a graph"])
+
+
+def test_a_failing_search_keeps_the_given_candidates(isolated_cache, monkeypatch, caplog):
+    """A search that raises falls back to the verified candidates, not straight to the reference."""
+    def broken(ref, settings, progress=True):
+        raise RuntimeError("search exploded")
+
+    monkeypatch.setattr(optimize, "run_search", broken)
+    with caplog.at_level(logging.WARNING, logger="mirage"):
+        fast = mi.superoptimize(program, INPUTS, candidates=[_rewritten(None)])
+    choice = fast.specializations[0].choices["sp0"]
+    assert choice.source == "candidate" and "search failed: RuntimeError" in choice.detail
+    assert "running the verified candidates" in caplog.text
+    torch.testing.assert_close(fast(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
