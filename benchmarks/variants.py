@@ -191,9 +191,17 @@ def _normalized_keys(g, k, heads: int, key_blocks: int = 32):
     return normalized
 
 
+def rmsnorm_variant(b: int, two_kernels: bool = False, **splits) -> KernelGraph:
+    """rmsnorm's fused µGraph (``mlp.rmsnorm_fused``), or with ``two_kernels`` the normalization in a
+    kernel of its own before the weight streaming (``mlp.rmsnorm_two_kernels``)."""
+    return (mlp.rmsnorm_two_kernels if two_kernels else mlp.rmsnorm_fused)(b, **splits)
+
+
 # program → (family rows, builder(size, **arguments))
 FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
-    "rmsnorm": (_rows((3,), grid=(128,), iters=(8, 16), threads=(256, 512)), mlp.rmsnorm_fused),
+    "rmsnorm": (_rows((3,), grid=(128,), iters=(8, 16), threads=(256, 512))
+                + _rows((3, 4), two_kernels=(True,), grid=(128,), iters=(16, 32), threads=(128, 256)),
+                rmsnorm_variant),
     "gatedmlp": (_rows((3,), grid=(128,), iters=(16, 32), threads=(128, 256)), mlp.gatedmlp_fused),
     "lora": (_rows((2,), grid=(32, 64), concat=(False, True), threads=(128, 256)), mlp.lora_fused),
     "ntrans": (_rows((2,), threads=(256, 512, 1024)), ntrans.fused),

@@ -38,6 +38,29 @@ def rmsnorm_fused(b: int, grid: int = 64, iters: int = 64, threads: int = 128) -
     return g.freeze()
 
 
+def rmsnorm_two_kernels(b: int, grid: int = 128, iters: int = 16, threads: int = 256,
+                        norm_threads: int = 256) -> mi.KernelGraph:
+    """Two kernels: ``Y = rms(X) · G`` (one block per row), then the weight-streaming ``Y @ W``.  The
+    second kernel's weight tiles depend on nothing the first writes, so, launched while the first
+    runs (programmatic dependent launch), it pulls its first tiles into L2 during it."""
+    g = mi.new_kernel_graph("rmsnorm")
+    x, gain, w = (g.new_input(dims=s, dtype=mi.float16, name=n)
+                  for s, n in zip(rmsnorm_shapes(b), "XGW", strict=True))
+    rows = rmsnorm_shapes(b)[0][0]
+    tn = mi.new_threadblock_graph(grid_dim=(rows, 1, 1), block_dim=(norm_threads, 1, 1), forloop_range=1)
+    bx = tn.new_input(x, input_map=(0, -1, -1), forloop_dim=-1)  # [1, 4096]
+    bg = tn.new_input(gain, input_map=(-1, -1, -1), forloop_dim=-1)  # [1, 4096]
+    tn.new_output(tn.forloop_accum(tn.mul(tn.rms_norm(bx, eps=EPS), bg)), output_map=(0, -1, -1))
+    (y,) = g.customized([x, gain], tn)
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=iters)
+    by = tb.new_input(y, input_map=(-1, -1, -1), forloop_dim=1)
+    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(by, bw)), output_map=(1, -1, -1))
+    (out,) = g.customized([y, w], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
 def gatedmlp_shapes(m: int) -> list[tuple[int, ...]]:
     return [(m, 4096), (4096, 4096), (4096, 4096)]
 

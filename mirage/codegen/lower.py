@@ -56,11 +56,13 @@ class KernelLowering:
         accumulator_element: str = "float",
         smem_limit: int | None = None,
         two_blocks_per_sm: bool = False,
+        l2_prefetch_iterations: int = 0,
     ) -> None:
         self.kernel = kernel
         self.name = name
         self.smem_limit = smem_limit
         self.two_blocks_per_sm = two_blocks_per_sm
+        self.l2_prefetch_iterations = l2_prefetch_iterations
         self.graph: BlockGraph = kernel.block_graph
         self.accumulator_element = accumulator_element
         self.threads = math.prod(self.graph.block_dim)
@@ -561,6 +563,14 @@ class KernelLowering:
             return 2
         return 1
 
+    def _l2_prefetch(self) -> tuple[tuple[str, int], ...]:
+        """(iterator, tiles) pulled into L2 before the dependency wait: the first
+        ``l2_prefetch_iterations`` tiles of each input (one for inputs without a for-loop dim)."""
+        if self.l2_prefetch_iterations <= 0:
+            return ()
+        first = min(self.l2_prefetch_iterations, self.graph.forloop_range)
+        return tuple((it.name, first if it.forloop_dim >= 0 else 1) for it in self.iterators)
+
     def _direct_loop(self, loop: list[ctx.Step]) -> ctx.DirectLoop | None:
         if not self.barrier_free_loop:
             return None
@@ -581,6 +591,7 @@ class KernelLowering:
             forloop_range=self.graph.forloop_range,
             stages=self.stages,
             direct_loop=self._direct_loop(steps[Phase.LOOP]),
+            l2_prefetch=self._l2_prefetch(),
             parameters=self.parameters(),
             functions=tuple(self.functions[i] for i in sorted(self.functions)),
             matmuls=tuple(self.matmuls[i] for i in sorted(self.matmuls)),

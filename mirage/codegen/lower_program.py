@@ -192,7 +192,8 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
     for kernel in prepared.kernels:
         name = f"{prefix}_k{kernel.node}"
         context = KernelLowering(kernel, name, accumulator, prepared.target.smem_per_block,
-                                 prepared.options.two_blocks_per_sm).context()
+                                 prepared.options.two_blocks_per_sm,
+                                 prepared.options.l2_prefetch_iterations).context()
         contexts.append(context)
         node = graph.nodes[kernel.node]
         launches.append(

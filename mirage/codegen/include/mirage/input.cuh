@@ -113,6 +113,29 @@ class InputIterator {
 
   MIRAGE_DEVICE bool vectorized() const { return vectorized_; }
 
+  // A hint: pull the tile of `iteration` into L2, one bulk prefetch per row (rows of contiguous
+  // elements only; nothing otherwise). No shared memory, nothing to wait for, and safe anywhere,
+  // before the kernel's dependency wait too: L2 is where every write lands, so a prefetched line
+  // is never stale. A kernel launched early (programmatic dependent launch) so streams its first
+  // tiles while the kernel before it finishes.
+  MIRAGE_DEVICE void prefetch_l2(int iteration) const {
+    if (iteration >= forloop_range_ || strides_.stride[3] != 1) return;
+    constexpr int kRowBytes = L::cols * static_cast<int>(sizeof(T));
+    const T* source = global_ + coordinate_.at(iteration);
+    for (int row = thread_index(); row < L::rows; row += NumThreads) {
+      const char* address = reinterpret_cast<const char*>(source + row_offset(row));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (kRowBytes % 16 == 0 && reinterpret_cast<uintptr_t>(address) % 16 == 0) {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(kRowBytes) : "memory");
+        continue;
+      }
+#endif
+      for (int offset = 0; offset < kRowBytes; offset += 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(address + offset));
+      }
+    }
+  }
+
   // Direct reads, for a loop body that each thread runs on its own elements (a row-local loop):
   // element (row, col) of the tile of `iteration`, or N consecutive ones from (row, col), read
   // from global memory as floats, no shared stage (the iterator's `shared` may be null). With
