@@ -199,9 +199,7 @@ def rmsnorm_variant(b: int, two_kernels: bool = False, **splits) -> KernelGraph:
 
 # program → (family rows, builder(size, **arguments))
 FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
-    "rmsnorm": (_rows((3,), grid=(128,), iters=(8, 16), threads=(256, 512))
-                + _rows((3, 4), two_kernels=(True,), grid=(128,), iters=(16, 32), threads=(128, 256)),
-                rmsnorm_variant),
+    "rmsnorm": (_rows((3,), grid=(128,), iters=(8, 16), threads=(256, 512)), rmsnorm_variant),
     "gatedmlp": (_rows((3,), grid=(128,), iters=(16, 32), threads=(128, 256)), mlp.gatedmlp_fused),
     "lora": (_rows((2,), grid=(32, 64), concat=(False, True), threads=(128, 256)), mlp.lora_fused),
     "ntrans": (_rows((2,), threads=(256, 512, 1024)), ntrans.fused),
@@ -215,7 +213,8 @@ WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
     "gqa": _wide_attention_rows,
     "qknorm": _wide_qknorm_rows,
     # GEMV: K tiles of 64–256 rows with 2–4 stages (smaller tiles, deeper pipelines)
-    "rmsnorm": lambda: _rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(256, 512)),
+    "rmsnorm": lambda: (_rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(256, 512))
+                        + _rows((3, 4), two_kernels=(True,), grid=(128,), iters=(16, 32), threads=(128, 256))),
     "gatedmlp": lambda: _rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(128, 256)),
 }
 

@@ -63,7 +63,7 @@ class OptimizerOptions:
     row_loops: bool = True  # row-local loop bodies run per thread in registers (row_loop)
     direct_row_loads: bool = True  # ...reading their per-iteration inputs from global memory
     two_blocks_per_sm: bool = False  # softmax-chain kernels of 256+ threads: registers for 2 blocks per SM
-    l2_prefetch_iterations: int = 2  # tiles of each input pulled into L2 before the dependency wait
+    l2_prefetch_iterations: int = 0  # tiles of each input pulled into L2 before the dependency wait
     stages: int = 2  # copies of each pipelined input tile (2 = double, 3 = triple buffering)
     prefetch_small_bytes: int = 8192  # loops loading at most this per iteration prefetch deeper...
     prefetch_stages: int = 8  # ...up to this many stages (memory.pipeline_depth)

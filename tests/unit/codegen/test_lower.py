@@ -362,3 +362,15 @@ def test_kernels_overlap_their_neighbours_only_before_global_memory(case):
         assert launch < wait < body.index("// ---- before the for-loop")
         before = body[:wait]
         assert ".load(" not in before and "save(" not in before and ".read" not in before
+
+
+def test_l2_prefetch_comes_before_the_dependency_wait():
+    """``l2_prefetch_iterations`` (off by default: measured slower, docs/performance.md) pulls each
+    input's first tiles into L2 before the wait; loop-invariant inputs have one tile."""
+    options = dataclasses.replace(OptimizerOptions(), l2_prefetch_iterations=2)
+    code = generate_cuda_program(CASES["rmsnorm_b1"].fused(), options=options).code
+    body = code.split('extern "C"')[1]
+    wait = body.index("wait_for_prerequisite_grids();")
+    assert body.count("prefetch_l2(tile)") == 3
+    assert all(body.index(f"in{i}.prefetch_l2") < wait for i in range(3))
+    assert "prefetch_l2" not in generate_cuda_program(CASES["rmsnorm_b1"].fused()).code

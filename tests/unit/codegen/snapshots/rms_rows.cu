@@ -36,7 +36,6 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
       mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 16, 128, 136>>(in0_strides, mirage::dev::DimMap{2, -1, -1}, 3, kForloopRange, blockIdx),
       kForloopRange, mirage::dev::shared_at<__half>(shared, 0));
 
-  for (int tile = 0; tile < 2; ++tile) in0.prefetch_l2(tile);  // a hint, safe before the wait
   mirage::dev::wait_for_prerequisite_grids();  // no global memory access before this line
 
   // ---- before the for-loop

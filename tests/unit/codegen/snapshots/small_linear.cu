@@ -36,8 +36,6 @@ extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
   typename mm2::Registers registers3;
   mm2::fill(registers3, 0.0f);
 
-  for (int tile = 0; tile < 2; ++tile) in0.prefetch_l2(tile);  // a hint, safe before the wait
-  for (int tile = 0; tile < 2; ++tile) in1.prefetch_l2(tile);  // a hint, safe before the wait
   mirage::dev::wait_for_prerequisite_grids();  // no global memory access before this line
 
   // ---- before the for-loop
