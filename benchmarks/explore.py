@@ -29,7 +29,7 @@ log = logging.getLogger("benchmarks.explore")
 
 def explore_case(
     case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False,
-    also: dict | None = None, plain_launch: bool = False,
+    also: dict | None = None, plain_launch: bool = False, spread: bool = False,
 ) -> list[dict]:
     from benchmarks.mugraphs import CASES
     from benchmarks.variants import family
@@ -77,6 +77,10 @@ def explore_case(
                 plain = dataclasses.replace(program, dependent_launch=False)
                 row["median_us_plain_launch"] = time_graph(lambda p=plain: p.launch(inputs),
                                                            replays=replays).median_us
+            if spread:  # dependent launches, grids of one wave kept at one block per SM
+                spread_out = dataclasses.replace(program, spread_blocks=True)
+                row["median_us_spread"] = time_graph(lambda p=spread_out: p.launch(inputs),
+                                                     replays=replays).median_us
             result = check_on_gpu(reference, program, inputs=inputs, reference=expected)
             row["relative_error"], row["passed"] = result.worst_error, result.passed
         except Exception as error:  # noqa: BLE001 - recorded and reported, never hidden
@@ -120,6 +124,8 @@ def main(argv=None) -> int:
     parser.add_argument("--plain-launch", action="store_true",
                         help="also time every build with ordinary launches (no programmatic dependent "
                              "launch)")
+    parser.add_argument("--spread", action="store_true",
+                        help="also time every build with one block per SM for grids of one wave")
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
@@ -133,7 +139,7 @@ def main(argv=None) -> int:
     for case in args.cases.split(","):
         result["cases"][case] = explore_case(case, args.family == "wide", args.op_by_op, args.replays,
                                              one_block=args.one_block, also=_options(args.also),
-                                             plain_launch=args.plain_launch)
+                                             plain_launch=args.plain_launch, spread=args.spread)
         (out / f"explore_{facts['date']}.json").write_text(json.dumps(result, indent=1))
     bad = [r for rows in result["cases"].values() for r in rows if "passed" in r and not r["passed"]]
     return 1 if bad else 0

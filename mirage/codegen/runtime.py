@@ -15,6 +15,8 @@ element the kernel fails to write shows up in the comparison (:mod:`mirage.codeg
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -117,6 +119,7 @@ class Program:
     cubin: Path | None  # None when the graph has no graph-defined op
     poison: bool = False
     dependent_launch: bool = True  # overlap each launch with the kernel before it (dependent_launch)
+    spread_blocks: bool = False  # grids of at most one wave: one block per SM (see _shared_bytes)
     _functions: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -149,10 +152,20 @@ class Program:
                 raise LaunchError("this program was not compiled (no cubin)")
             module = cupy.RawModule(path=str(self.cubin))
             fn = module.get_function(launch.name)
-            if launch.smem_bytes > 0:  # opt in always: dynamic plus static may pass 48 KiB
-                fn.max_dynamic_shared_size_bytes = launch.smem_bytes
+            smem = max(launch.smem_bytes, _one_block_per_sm_bytes())
+            if smem > 0:  # opt in always (dynamic plus static may pass 48 KiB), for the padded size too
+                fn.max_dynamic_shared_size_bytes = smem
             self._functions[launch.name] = fn
         return fn
+
+    def _shared_bytes(self, launch: KernelLaunch) -> int:
+        """The launch's dynamic shared memory.  With ``spread_blocks``, a grid of at most one block
+        per SM asks for more than half an SM's shared memory, so that no two of its blocks share an
+        SM: blocks launched early (dependent launch) are otherwise placed where the previous kernel
+        left room, some SMs get two and others none, and a bandwidth-bound kernel loses SMs."""
+        if not self.spread_blocks or math.prod(launch.grid) > _sm_count():
+            return launch.smem_bytes
+        return max(launch.smem_bytes, _one_block_per_sm_bytes())
 
     def __call__(self, *inputs):
         return self.launch(inputs)
@@ -213,7 +226,7 @@ class Program:
         stream = torch.cuda.current_stream(device)
         if self.dependent_launch and dependent_launch.available(device.index):
             with cupy.cuda.Device(device.index):
-                dependent_launch.launch(fn.kernel.ptr, launch.grid, launch.block, launch.smem_bytes,
+                dependent_launch.launch(fn.kernel.ptr, launch.grid, launch.block, self._shared_bytes(launch),
                                         stream.cuda_stream, [int(p) for p in pointers])
             return
         with warnings.catch_warnings():
@@ -221,7 +234,24 @@ class Program:
             warnings.simplefilter("ignore", DeprecationWarning)
             external = cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
         with cupy.cuda.Device(device.index), external:
-            fn(launch.grid, launch.block, pointers, shared_mem=launch.smem_bytes)
+            fn(launch.grid, launch.block, pointers, shared_mem=self._shared_bytes(launch))
+
+
+@functools.cache
+def _device_attributes() -> dict:
+    import cupy
+
+    return cupy.cuda.Device().attributes
+
+
+def _sm_count() -> int:
+    return int(_device_attributes()["MultiProcessorCount"])
+
+
+def _one_block_per_sm_bytes() -> int:
+    """Dynamic shared memory that leaves no room for a second block on an SM (with the 1 KiB the
+    system reserves per block)."""
+    return int(_device_attributes()["MaxSharedMemoryPerMultiprocessor"]) // 2
 
 
 def _pre_defined(node, graph: KernelGraph, args: list, algebra: TorchAlgebra):

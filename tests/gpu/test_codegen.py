@@ -82,6 +82,8 @@ def test_dependent_launches_give_the_same_results(programs, name):
     plain = dataclasses.replace(program, dependent_launch=False)
     expected = [o.clone() for o in plain(*inputs)]
     assert all(torch.equal(a, b) for a, b in zip(expected, program(*inputs), strict=True))
+    spread = dataclasses.replace(program, spread_blocks=True)  # one block per SM: the same results
+    assert all(torch.equal(a, b) for a, b in zip(expected, spread(*inputs), strict=True))
     program(*inputs)
     torch.cuda.synchronize()
     captured = torch.cuda.CUDAGraph()
