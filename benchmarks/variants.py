@@ -214,7 +214,8 @@ WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
     "qknorm": _wide_qknorm_rows,
     # GEMV: K tiles of 64–256 rows with 2–4 stages (smaller tiles, deeper pipelines)
     "rmsnorm": lambda: (_rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(256, 512))
-                        + _rows((3, 4), two_kernels=(True,), grid=(128,), iters=(16, 32), threads=(128, 256))),
+                        + _rows((3, 4), two_kernels=(True,), grid=(128,), iters=(16, 32),
+                                threads=(128, 256))),
     "gatedmlp": lambda: _rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(128, 256)),
 }
 
