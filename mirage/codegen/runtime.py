@@ -321,6 +321,7 @@ class BuildChoice:
 
     stages: int = 2  # pipeline depth (OptimizerOptions.stages)
     dependent_launch: bool = True  # Program.dependent_launch
+    spread_blocks: bool = False  # Program.spread_blocks
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -328,7 +329,8 @@ class BuildChoice:
     @classmethod
     def from_dict(cls, data: dict | None) -> BuildChoice:
         data = data or {}
-        return cls(int(data.get("stages", 2)), bool(data.get("dependent_launch", True)))
+        return cls(int(data.get("stages", 2)), bool(data.get("dependent_launch", True)),
+                   bool(data.get("spread_blocks", False)))
 
 
 def compile_chosen(graph, build: BuildChoice | dict | None = None) -> Program:
@@ -338,7 +340,8 @@ def compile_chosen(graph, build: BuildChoice | dict | None = None) -> Program:
 
     build = build if isinstance(build, BuildChoice) else BuildChoice.from_dict(build)
     program = compile_program(graph, options=dataclasses.replace(OptimizerOptions(), stages=build.stages))
-    return dataclasses.replace(program, dependent_launch=build.dependent_launch)
+    return dataclasses.replace(program, dependent_launch=build.dependent_launch,
+                               spread_blocks=build.spread_blocks)
 
 
 def compile_graph(graph, build: BuildChoice | dict | None = None):

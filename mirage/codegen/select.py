@@ -3,10 +3,10 @@ right.
 
 ``select_fastest(reference, candidates)`` generates CUDA for each candidate µGraph under each
 optimizer variant (pipeline depth), compiles them all in parallel, times every program with
-CUDA-graph replays on the same inputs (with and without programmatic dependent launch, where the
-GPU has it: :mod:`mirage.codegen.dependent_launch`), then float-checks candidates in order of speed
-against the reference (float64 on the CPU, outputs poisoned beforehand) and returns the first that
-passes.
+CUDA-graph replays on the same inputs (in each launch mode of :data:`LAUNCH_MODES` where the GPU has
+programmatic dependent launch: :mod:`mirage.codegen.dependent_launch`), then float-checks
+candidates in order of speed against the reference (float64 on the CPU, outputs poisoned
+beforehand) and returns the first that passes.
 Failures are recorded, never hidden.
 """
 
@@ -48,22 +48,23 @@ class Trial:
     median_us: float | None = None  # in the faster launch mode
     error: float | None = None
     failure: str | None = None
-    dependent_launch: bool = True  # the faster launch mode (runtime.Program.dependent_launch)
-    median_us_plain_launch: float | None = None  # ordinary launches, where both modes were timed
+    dependent_launch: bool = True  # the fastest launch mode (runtime.Program.dependent_launch...
+    spread_blocks: bool = False  # ...and Program.spread_blocks)
+    launch_us: dict[str, float] = field(default_factory=dict)  # median per launch mode timed
 
     def as_dict(self) -> dict:
         return {"variant": self.variant.label, "stages": self.variant.stages,
                 "grids": [b.grid_dim for b in self.variant.graph.block_graphs()],
                 "forloop_ranges": [b.forloop_range for b in self.variant.graph.block_graphs()],
                 "median_us": self.median_us, "dependent_launch": self.dependent_launch,
-                "median_us_plain_launch": self.median_us_plain_launch,
+                "spread_blocks": self.spread_blocks, "launch_us": self.launch_us,
                 "relative_error": self.error, "failure": self.failure}
 
     @property
     def build(self):
         from mirage.codegen.runtime import BuildChoice
 
-        return BuildChoice(self.variant.stages, self.dependent_launch)
+        return BuildChoice(self.variant.stages, self.dependent_launch, self.spread_blocks)
 
 
 @dataclass
@@ -79,6 +80,10 @@ class Selection:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.as_dict(), indent=1))
+
+
+# (name, Program.dependent_launch, Program.spread_blocks): the launch modes timed per build
+LAUNCH_MODES = (("plain", False, False), ("dependent", True, False), ("dependent_spread", True, True))
 
 
 def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4)) -> list[Variant]:
@@ -116,18 +121,18 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
             continue
         try:
             program.load()
-            trial.median_us = time_graph(lambda p=program: p.launch(inputs), replays=replays).median_us
-            if program.dependent_launch and dependent_launch.available(inputs[0].device.index):
-                # overlapping launches can place a kernel's blocks unevenly: time both modes
-                plain = dataclasses.replace(program, dependent_launch=False)
-                trial.median_us_plain_launch = time_graph(lambda p=plain: p.launch(inputs),
-                                                          replays=replays).median_us
-                if trial.median_us_plain_launch < trial.median_us:
-                    program, trial.dependent_launch = plain, False
-                    trial.median_us = trial.median_us_plain_launch
-            trial.program = program  # type: ignore[attr-defined]
+            overlap_ok = dependent_launch.available(inputs[0].device.index)
+            for name, overlap, spread in LAUNCH_MODES if overlap_ok else LAUNCH_MODES[:1]:
+                # where early-launched blocks land decides what pays: time each mode
+                variant = dataclasses.replace(program, dependent_launch=overlap, spread_blocks=spread)
+                us = time_graph(lambda p=variant: p.launch(inputs), replays=replays).median_us
+                trial.launch_us[name] = us
+                if trial.median_us is None or us < trial.median_us:
+                    trial.median_us, trial.program = us, variant  # type: ignore[attr-defined]
+                    trial.dependent_launch, trial.spread_blocks = overlap, spread
         except Exception as error:  # noqa: BLE001 - a failing candidate is recorded and skipped
             trial.failure = f"run: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            trial.median_us = None  # not ranked
     timed = sorted((t for t in trials if t.median_us is not None), key=lambda t: t.median_us)
     best = None
     for trial in timed:
@@ -142,7 +147,6 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
         reasons = "; ".join(f"{t.variant.label}: {t.failure}" for t in trials[:5])
         raise SelectionError(f"none of {len(trials)} candidate builds compiled, ran and matched the "
                              f"reference ({reasons})")
-    log.info("selected %s (dependent launch %s): %.2f µs of %d builds in %.1f s", best.variant.label,
-             "on" if best.dependent_launch else "off", best.median_us,
-             len(trials), selection.seconds)
+    log.info("selected %s (launch %s): %.2f µs of %d builds in %.1f s", best.variant.label,
+             best.build, best.median_us, len(trials), selection.seconds)
     return selection

@@ -180,7 +180,7 @@ def profile_choice(reference: KernelGraph, candidates: list[KernelGraph]) -> tup
 
     selection = select_fastest(reference, candidates[:PROFILE_CANDIDATES], stages=(2, 3))
     best = selection.best
-    launch = "on" if best.dependent_launch else "off"
+    launch = ("on, one block per SM" if best.spread_blocks else "on") if best.dependent_launch else "off"
     return best.variant.graph, (f"fastest of {len(selection.trials)} GPU builds: {best.median_us:.2f} µs "
                                 f"(pipeline stages {best.variant.stages}, dependent launch {launch})"), \
         best.build.as_dict()

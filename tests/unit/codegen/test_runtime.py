@@ -162,11 +162,13 @@ def test_compile_chosen_builds_as_profiling_chose(monkeypatch):
     from benchmarks.mugraphs import CASES
     from mirage.codegen.runtime import BuildChoice, compile_chosen
 
-    chosen = BuildChoice.from_dict({"stages": 3, "dependent_launch": False})
-    assert chosen == BuildChoice(3, False) and BuildChoice.from_dict(chosen.as_dict()) == chosen
+    chosen = BuildChoice.from_dict({"stages": 3, "dependent_launch": False, "spread_blocks": True})
+    assert chosen == BuildChoice(3, False, True) and BuildChoice.from_dict(chosen.as_dict()) == chosen
+    assert BuildChoice.from_dict({"stages": 3}) == BuildChoice(3)  # entries written before a field existed
     assert BuildChoice.from_dict(None) == BuildChoice()
     monkeypatch.setattr(lower_program, "target_for", lambda arch, target: TARGETS["H100"])  # no GPU here
     graph = CASES["rmsnorm_b1"].fused()
     program, default = compile_chosen(graph, chosen.as_dict()), compile_chosen(graph)
     assert not program.dependent_launch and default.dependent_launch
+    assert program.spread_blocks and not default.spread_blocks
     assert "Pipeline<3>" in program.source and "Pipeline<3>" not in default.source
