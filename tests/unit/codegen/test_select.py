@@ -1,0 +1,92 @@
+"""Profile-guided selection (mirage.codegen.select) on the CPU, with the GPU parts replaced by fakes:
+which build and launch mode wins, what a failing build or a failing float check does."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+import mirage.codegen.dependent_launch as dependent_launch
+import mirage.codegen.gpu_check as gpu_check
+import mirage.codegen.profile as profile
+import mirage.codegen.runtime as runtime
+from benchmarks.mugraphs import CASES
+from benchmarks.variants import variants
+from mirage.codegen.select import LAUNCH_MODES, SelectionError, select_fastest
+
+
+@dataclasses.dataclass
+class FakeProgram:
+    """Stands for a compiled Program: its time per launch mode comes from ``times``."""
+
+    name: str
+    times: dict  # launch-mode name -> µs
+    wrong: bool = False
+    broken: bool = False
+    dependent_launch: bool = True
+    spread_blocks: bool = False
+
+    def load(self) -> None:
+        if self.broken:
+            raise RuntimeError("the kernel failed to launch")
+
+    def launch(self, inputs):
+        return self
+
+    @property
+    def mode(self) -> str:
+        return next(n for n, overlap, spread in LAUNCH_MODES
+                    if (overlap, spread) == (self.dependent_launch, self.spread_blocks))
+
+
+def _select(monkeypatch, programs: list[FakeProgram], overlap: bool = True):
+    monkeypatch.setattr(runtime, "build_many", lambda cuda, max_workers=None: programs)
+    monkeypatch.setattr(profile, "time_graph",
+                        lambda fn, replays=100: SimpleNamespace(median_us=fn().times[fn().mode]))
+    monkeypatch.setattr(dependent_launch, "available", lambda device: overlap)
+    monkeypatch.setattr(gpu_check, "check_on_gpu", lambda reference, program, inputs=None: SimpleNamespace(
+        passed=not program.wrong, worst_error=1.0 if program.wrong else 1e-4))
+    inputs = [SimpleNamespace(device=SimpleNamespace(index=0))]
+    case = CASES["gqa_b1"]
+    candidates = variants("gqa_b1")[: len(programs)]
+    return select_fastest(case.reference(), candidates, inputs, stages=(2,))
+
+
+def _times(plain, dependent, spread):
+    return {"plain": plain, "dependent": dependent, "dependent_spread": spread}
+
+
+def test_the_fastest_build_wins_in_its_fastest_launch_mode(monkeypatch):
+    programs = [FakeProgram("a", _times(9.0, 8.5, 8.8)), FakeProgram("b", _times(9.5, 9.1, 7.9))]
+    selection = _select(monkeypatch, programs)
+    best = selection.best
+    assert selection.program.name == "b" and best.median_us == 7.9
+    assert (best.dependent_launch, best.spread_blocks) == (True, True)
+    assert best.build.as_dict() == {"stages": 2, "dependent_launch": True, "spread_blocks": True}
+    assert selection.trials[0].launch_us == _times(9.0, 8.5, 8.8)
+    assert selection.as_dict()["trials"][0]["dependent_launch"] is True  # a's best mode: dependent
+
+
+def test_without_dependent_launch_only_plain_launches_are_timed(monkeypatch):
+    programs = [FakeProgram("a", _times(9.0, 1.0, 1.0))]
+    selection = _select(monkeypatch, programs, overlap=False)
+    assert selection.best.median_us == 9.0 and selection.best.launch_us == {"plain": 9.0}
+    assert not selection.program.dependent_launch
+
+
+def test_a_wrong_or_broken_build_is_recorded_and_the_next_fastest_kept(monkeypatch):
+    programs = [FakeProgram("fast but wrong", _times(5.0, 5.0, 5.0), wrong=True),
+                FakeProgram("broken", _times(1.0, 1.0, 1.0), broken=True),
+                FakeProgram("right", _times(8.0, 7.0, 7.5))]
+    selection = _select(monkeypatch, programs)
+    assert selection.program.name == "right" and selection.best.median_us == 7.0
+    wrong, broken, _ = selection.trials
+    assert wrong.failure.startswith("float check") and broken.failure.startswith("run: RuntimeError")
+    assert broken.median_us is None
+
+
+def test_no_right_build_is_an_error_that_names_the_failures(monkeypatch):
+    with pytest.raises(SelectionError, match="float check"):
+        _select(monkeypatch, [FakeProgram("wrong", _times(5.0, 5.0, 5.0), wrong=True)])
