@@ -1,10 +1,15 @@
-"""Shared by the codegen tests: the skip for machines without nvcc, and the check that declarations
-the device library must reject fail to compile with the library's messages."""
+"""Shared by the codegen tests: the skip for machines without nvcc, host programs built on the device
+library, and the check that declarations the device library must reject fail to compile with the
+library's messages."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
+from mirage.codegen import toolchain
 from mirage.codegen.compile import CompileError, CompileOptions, compile_source
 from mirage.codegen.toolchain import ToolchainError, find_nvcc
 
@@ -18,6 +23,17 @@ def _have_nvcc() -> bool:
 
 
 needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc is not installed")
+
+
+def build_host_program(directory: Path, source: str, name: str = "program") -> Path:
+    """``source`` (host code using the device library's host-side parts) built by nvcc into
+    ``directory / name``; the path of the executable."""
+    (directory / f"{name}.cu").write_text(source)
+    command = [str(find_nvcc()), "-std=c++17", "--expt-relaxed-constexpr",
+               "-I", str(toolchain.library_include_dir()), "-I", str(toolchain.cutlass_include_dir()),
+               "-o", name, f"{name}.cu"]
+    subprocess.run(command, cwd=directory, check=True, capture_output=True)
+    return directory / name
 
 
 def assert_each_is_rejected(checks: list[tuple[str, str]], options: CompileOptions) -> None:

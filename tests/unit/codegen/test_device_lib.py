@@ -16,9 +16,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from codegen_helpers import assert_each_is_rejected, needs_nvcc
+from codegen_helpers import assert_each_is_rejected, build_host_program, needs_nvcc
 
-from mirage.codegen import toolchain
 from mirage.codegen.compile import CompileError, CompileOptions, Stage, compile_source, compile_sources
 from mirage.mugraph.target import TARGETS
 
@@ -248,24 +247,14 @@ def tile_map_cases() -> list[tuple]:
 
 
 def test_tile_map_matches_the_reference_formula(tmp_path: Path) -> None:
-    (tmp_path / "tile_map.cu").write_text(TILE_MAP_PROGRAM)
-    build = [
-        str(toolchain.find_nvcc()),
-        "-std=c++17",
-        "-I",
-        str(toolchain.library_include_dir()),
-        "-o",
-        "tile_map",
-        "tile_map.cu",
-    ]
-    subprocess.run(build, cwd=tmp_path, check=True, capture_output=True)
+    program = build_host_program(tmp_path, TILE_MAP_PROGRAM, "tile_map")
     cases = tile_map_cases()
     lines = [
         " ".join(str(v) for v in (*strides, *imap, *omap, forloop_dim, range_, *block, iteration))
         for strides, imap, omap, forloop_dim, range_, block, iteration in cases
     ]
     run = subprocess.run(
-        [str(tmp_path / "tile_map")], input="\n".join(lines), capture_output=True, text=True, check=True
+        [str(program)], input="\n".join(lines), capture_output=True, text=True, check=True
     )
     results = [tuple(int(v) for v in line.split()) for line in run.stdout.splitlines()]
     assert len(results) == len(cases) > 500

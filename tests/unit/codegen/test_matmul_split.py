@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from codegen_helpers import assert_each_is_rejected, needs_nvcc
+from codegen_helpers import assert_each_is_rejected, build_host_program, needs_nvcc
 
 from benchmarks.mugraphs import CASES
 from benchmarks.variants import family
-from mirage.codegen import toolchain
 from mirage.codegen.compile import CompileOptions, Stage, compile_source, compile_sources
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.errors import MirageError
@@ -39,24 +38,6 @@ STEP_BYTES = 32  # one k-step of one operand row: 16 fp16/bf16 or 8 fp32 element
 
 
 pytestmark = needs_nvcc
-
-
-def build_host_program(directory: Path, source: str) -> Path:
-    (directory / "program.cu").write_text(source)
-    command = [
-        str(toolchain.find_nvcc()),
-        "-std=c++17",
-        "--expt-relaxed-constexpr",
-        "-I",
-        str(toolchain.library_include_dir()),
-        "-I",
-        str(toolchain.cutlass_include_dir()),
-        "-o",
-        "program",
-        "program.cu",
-    ]
-    subprocess.run(command, cwd=directory, check=True, capture_output=True)
-    return directory / "program"
 
 
 # ---- the chooser --------------------------------------------------------------------------------
