@@ -141,4 +141,19 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             f"torch.export could not capture {name}: {type(error).__name__}: {first[:300]}. Make the "
             "forward traceable (no Python branches on tensor values, no .item(), no in-place updates of "
             "inputs), or superoptimize only the traceable part") from error
-    return exported.module()
+    gm = exported.module()
+    _drop_value_asserts(gm)
+    return gm
+
+
+def _drop_value_asserts(gm: fx.GraphModule) -> None:
+    """Drop the dtype asserts torch.export puts on the operand of each ``.to(dtype)`` when that
+    operand is computed: a subprogram would have to return the value only for the check (and it
+    holds the value in its own dtype).  Those on inputs stay."""
+    assert_metadata = torch.ops.aten._assert_tensor_metadata.default
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is assert_metadata and not node.users:
+            operand = node.args[0] if node.args else None
+            if isinstance(operand, fx.Node) and operand.op != "placeholder":
+                gm.graph.erase_node(node)
+    gm.recompile()

@@ -302,12 +302,28 @@ def _cast(b: RegionBuilder, node, p):
     device = p.get("device")
     if device is not None and torch.device(device) != out.device:
         raise Unlowerable("a device copy")
-    if isinstance(x, Value):
+    if isinstance(x, Value) and not (is_upcast(node) and node not in b.upcasts.kept):
         held = x.tensor.dtype.torch()
         if out.dtype != held and (out.dtype.itemsize >= held.itemsize or held == torch.bfloat16):
             raise Unlowerable(f"a cast from {held} to {out.dtype} (µGraph tensors keep one dtype; a "
                               "subprogram would compute in the lower precision)")
-    return b.relabel(x, _result_shape(node))  # a narrowing cast: computed wider, rounded at the output
+    # a narrowing cast: computed wider, rounded at the output; an upcast: an island (module docstring)
+    return b.relabel(x, _result_shape(node))
+
+
+UPCASTS = frozenset({(torch.float16, torch.float32), (torch.bfloat16, torch.float32)})
+
+
+def is_upcast(node: fx.Node) -> bool:
+    """Is ``node`` a widening float cast (float16 or bfloat16 to float32, on the same device)?"""
+    row = lowering_of(node)
+    source = node.args[0] if node.args else None
+    if row is None or row.rule is not _cast or not isinstance(source, fx.Node):
+        return False
+    before, after = source.meta.get("val"), node.meta.get("val")
+    if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor):
+        return False
+    return (before.dtype, after.dtype) in UPCASTS and before.device == after.device
 
 
 def _expand(b: RegionBuilder, node, p):
@@ -369,8 +385,9 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("alias", L, _identity, "identity"),
         Lowering("detach", L, _identity, "identity"),
         Lowering("lift_fresh_copy", L, _identity, "identity"),
-        Lowering("_to_copy", L, _cast, "narrowing float casts: the value stays wider until the output"),
-        Lowering("to", L, _cast, "narrowing float casts: the value stays wider until the output"),
+        Lowering("_to_copy", L, _cast, "narrowing float casts (the value stays wider until the output) "
+                 "and upcasts (identities: upcast islands)"),
+        Lowering("to", L, _cast, "as _to_copy"),
     ]
 }
 
@@ -391,8 +408,20 @@ def lower_node(builder: RegionBuilder, node: fx.Node) -> Value:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         raise Unlowerable(f"{node.target} does not produce one tensor")
+    first = builder.size
     value = row.rule(builder, node, params(node))
     if tuple(value.shape) != tuple(val.shape):  # a rule bug, not a user error
         raise AssertionError(f"lowering {node.target} gave shape {value.shape}, torch has {tuple(val.shape)}")
     builder.values[node] = value
+    held = value.tensor.dtype.torch()
+    if val.dtype.itemsize > held.itemsize:  # in an upcast island: torch holds the value wider
+        rounded = not value.reciprocal and all(_narrows_to(user, held) for user in node.users)
+        builder.mark_wide(node, first, rounded)
     return value
+
+
+def _narrows_to(node: fx.Node, dtype: torch.dtype) -> bool:
+    """Is ``node`` a cast to ``dtype``?"""
+    row = lowering_of(node)
+    val = node.meta.get("val")
+    return row is not None and row.rule is _cast and isinstance(val, torch.Tensor) and val.dtype == dtype

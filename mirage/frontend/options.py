@@ -17,7 +17,7 @@ from typing import Any
 from mirage import config
 from mirage.frontend.errors import OptionError
 from mirage.frontend.optimize import SearchSettings
-from mirage.frontend.partition import Budget
+from mirage.frontend.partition import UPCAST_MODES, Budget
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class Options:
     progress: bool = True
     sass_tune: bool = False  # on CUDA: tune each generated kernel's SASS schedule (minutes per kernel)
     candidates: tuple = ()  # µGraphs to consider besides the search's (verified per subprogram first)
+    upcasts: str = "exact"  # float16 → float32 casts: "exact" or "input_precision" (frontend.partition)
 
     @classmethod
     def parse(cls, **options: Any) -> Options:
@@ -76,13 +77,18 @@ class Options:
             raise OptionError(f"executor must be one of {', '.join(config.EXECUTORS)}, got {self.executor!r}")
         if self.config is not None and not isinstance(self.config, str):
             raise OptionError(f"config must be a search-space name such as 'mlp', got {self.config!r}")
+        if self.upcasts not in UPCAST_MODES:
+            raise OptionError(
+                f"upcasts must be one of {', '.join(map(repr, UPCAST_MODES))}, got {self.upcasts!r}: 'exact' "
+                "keeps values the program widens to float32 in float32 (cutting subprograms where they "
+                "would be stored narrower), 'input_precision' holds them at the inputs' precision")
         for name in ("search", "use_cache", "progress", "sass_tune"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     @property
     def budget(self) -> Budget:
-        return Budget(max_ops=self.max_subprogram_ops)
+        return Budget(max_ops=self.max_subprogram_ops, upcasts=self.upcasts)
 
     @property
     def search_settings(self) -> SearchSettings:

@@ -10,6 +10,15 @@ operands if that union plus the op still lowers, stays LAX, fits the budget and 
 through PyTorch ops; otherwise the largest single such subprogram; otherwise it starts a new one;
 otherwise it stays in PyTorch.  View-like ops join only the subprogram of their operand (outside
 ones are free views that PyTorch runs).
+
+Upcasts (float16/bfloat16 → float32 casts, :mod:`mirage.frontend.region`) are identities: casts of
+outside tensors are read through, casts of computed values join as views.  With ``upcasts="exact"``
+(the default), a finished subprogram that keeps a widened value live (a value torch holds in
+float32 that the graph would store in float16) is not taken as it is: the upcasts behind that value
+are kept in PyTorch, as plain casts, and the program is partitioned again.  Each round keeps more
+casts, so the rounds end; the last one takes every subprogram as it stands.
+``upcasts="input_precision"`` takes widened values at the inputs' precision (reductions and matrix
+products still accumulate in float32).
 """
 
 from __future__ import annotations
@@ -19,8 +28,16 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from mirage.frontend.lowering import Kind, lower_node, lowering_of
-from mirage.frontend.region import InputBinding, OutputBinding, RegionBuilder, Unlowerable, Value
+from mirage.frontend.lowering import Kind, is_upcast, lower_node, lowering_of
+from mirage.frontend.region import (
+    NO_UPCASTS,
+    InputBinding,
+    OutputBinding,
+    RegionBuilder,
+    Unlowerable,
+    Upcasts,
+    Value,
+)
 from mirage.mugraph.graph import KernelGraph, Node, Ref
 from mirage.mugraph.ops import Op
 from mirage.mugraph.text import to_text, type_text
@@ -32,6 +49,17 @@ class Budget:
 
     max_ops: int = 16  # kernel-graph ops, inputs not counted
     max_exps_per_path: int = 1  # the LAX condition
+    upcasts: str = "exact"  # one of UPCAST_MODES (module docstring)
+
+    def __post_init__(self) -> None:
+        if self.upcasts not in UPCAST_MODES:
+            raise ValueError(f"upcasts must be one of {', '.join(map(repr, UPCAST_MODES))}, "
+                             f"got {self.upcasts!r}")
+
+
+# "exact": widened values stay in float32 (in PyTorch where a subprogram would store them narrower);
+# "input_precision": widened values are held at the inputs' precision, accumulations stay float32
+UPCAST_MODES = ("exact", "input_precision")
 
 
 @dataclass(frozen=True)
@@ -65,9 +93,11 @@ class PyTorchOp:
 class Partition:
     subprograms: tuple[Subprogram, ...]
     pytorch_ops: tuple[PyTorchOp, ...]
+    upcasts: tuple[str, ...] = ()  # upcasts of outside tensors that subprograms read through
+    kept_upcasts: tuple[PyTorchOp, ...] = ()  # upcasts kept in PyTorch so that no value narrows
 
     def notices(self) -> list[str]:
-        return [op.notice() for op in self.pytorch_ops]
+        return [op.notice() for op in self.pytorch_ops + self.kept_upcasts]
 
     def summary(self) -> str:
         ops = sum(len(s.nodes) for s in self.subprograms)
@@ -89,8 +119,10 @@ class Partition:
                 expand = f" expanded to {list(out.expand)}" if out.expand else ""
                 lines.append(f"  output {out.index} -> {out.node} {list(out.shape)}{expand}")
             lines += ["    " + line for line in to_text(s.graph).splitlines()]
-        for op in self.pytorch_ops:
+        for op in self.pytorch_ops + self.kept_upcasts:
             lines.append(f"pytorch: {op.node} = {op.target}: {op.reason}")
+        if self.upcasts:
+            lines.append(f"upcasts read through: {', '.join(self.upcasts)}")
         return "\n".join(lines)
 
 
@@ -100,22 +132,33 @@ class Lowered:
     inputs: tuple[InputBinding, ...]
     outputs: tuple[OutputBinding, ...]
     online_softmax: tuple[int, ...]
+    widened: frozenset[fx.Node] = frozenset()  # the upcasts behind widened values the graph keeps live
 
 
-def lower_region(members: list[fx.Node], budget: Budget, name: str = "") -> Lowered:
+def lower_region(members: list[fx.Node], budget: Budget, name: str = "",
+                 upcasts: Upcasts = NO_UPCASTS) -> Lowered:
     """The kernel graph of ``members`` (topologically ordered), holding outside tensors flat (2-D)
-    or, when that fails, in their own shapes; raises Unlowerable (with the first reason)."""
-    try:
-        return _lower_region(members, budget, name, flat=True)
-    except Unlowerable as first:
+    or, when that fails or keeps widened values live, in their own shapes; raises Unlowerable
+    (with the first reason)."""
+    lowered: list[Lowered] = []
+    first: Unlowerable | None = None
+    for flat in (True, False):
         try:
-            return _lower_region(members, budget, name, flat=False)
-        except Unlowerable:
-            raise first from None
+            result = _lower_region(members, budget, name, flat, upcasts)
+        except Unlowerable as error:
+            first = first or error
+            continue
+        if not result.widened:
+            return result
+        lowered.append(result)
+    if lowered:
+        return lowered[0]
+    assert first is not None
+    raise first
 
 
-def _lower_region(members: list[fx.Node], budget: Budget, name: str, flat: bool) -> Lowered:
-    builder = RegionBuilder(name, flat)
+def _lower_region(members: list[fx.Node], budget: Budget, name: str, flat: bool, upcasts: Upcasts) -> Lowered:
+    builder = RegionBuilder(name, flat, upcasts)
     member_set = set(members)
     for node in members:
         lower_node(builder, node)
@@ -141,7 +184,25 @@ def _lower_region(members: list[fx.Node], budget: Budget, name: str, flat: bool)
         raise Unlowerable(f"{ops} kernel-graph ops, over the budget of {budget.max_ops} per subprogram")
     if max_exps_on_a_path(graph) > budget.max_exps_per_path:
         raise Unlowerable(f"more than {budget.max_exps_per_path} exp on one path (outside the LAX fragment)")
-    return Lowered(graph, inputs, tuple(outputs), exps)
+    live_wide = {node for i, node in builder.widened.items() if i in renumber}
+    return Lowered(graph, inputs, tuple(outputs), exps, _upcasts_behind(live_wide, builder.wide))
+
+
+def _upcasts_behind(nodes: set[fx.Node], wide: set[fx.Node]) -> frozenset[fx.Node]:
+    """The upcasts whose values flow into ``nodes`` through values torch holds wider (``wide``)."""
+    found: set[fx.Node] = set()
+    seen: set[fx.Node] = set()
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if is_upcast(node):
+            found.add(node)
+        else:
+            stack.extend(p for p in node.all_input_nodes if p in wide or is_upcast(p))
+    return frozenset(found)
 
 
 def prune(graph: KernelGraph) -> tuple[KernelGraph, list[int], dict[int, int]]:
@@ -205,17 +266,35 @@ def _is_compute(node: fx.Node) -> bool:
 def partition(gm: fx.GraphModule, budget: Budget | None = None) -> Partition:
     """Partition a captured (aten-level) program."""
     budget = budget or Budget()
+    kept: frozenset[fx.Node] = frozenset()
+    while True:
+        part, widened = _partition(gm, budget, kept)
+        if not widened - kept:
+            return part
+        kept |= widened
+
+
+def _partition(gm: fx.GraphModule, budget: Budget, kept: frozenset[fx.Node]
+               ) -> tuple[Partition, frozenset[fx.Node]]:
+    """One round: the partition keeping the upcasts ``kept`` in PyTorch, and the upcasts behind the
+    widened values its subprograms keep live (to keep in the next round; none with "exact" off)."""
     nodes = list(gm.graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     region_of: dict[fx.Node, int] = {}
     regions: dict[int, list[fx.Node]] = {}
     left: list[PyTorchOp] = []
+    through: list[fx.Node] = []
+    upcasts = Upcasts(kept=kept)
     next_id = 0
     for node in nodes:
         row = lowering_of(node)
         if row is None:
             if _is_compute(node):
                 left.append(PyTorchOp(node.name, str(node.target), "no µGraph lowering"))
+            continue
+        if node not in kept and is_upcast(node) and node.args[0] not in region_of:
+            through.append(node)  # read through by the subprograms of its users
+            upcasts = Upcasts(frozenset(through), kept)
             continue
         candidates: list[int] = []
         for producer in node.all_input_nodes:
@@ -235,7 +314,7 @@ def partition(gm: fx.GraphModule, budget: Budget | None = None) -> Partition:
                 reason = "joining would create a cycle through PyTorch ops"
                 continue
             try:
-                lower_region(members, budget)
+                lower_region(members, budget, upcasts=upcasts)
             except Unlowerable as error:
                 reason = error.reason
                 continue
@@ -251,12 +330,24 @@ def partition(gm: fx.GraphModule, budget: Budget | None = None) -> Partition:
             if row.kind is Kind.COMPUTE:
                 left.append(PyTorchOp(node.name, str(node.target), reason))
     subprograms = []
+    widened: frozenset[fx.Node] = frozenset()
     for k, (_, members) in enumerate(sorted(regions.items(), key=lambda item: order[item[1][0]])):
         name = f"sp{k}"
-        lowered = lower_region(members, budget, name)
+        lowered = lower_region(members, budget, name, upcasts)
+        if budget.upcasts == "exact":
+            widened |= lowered.widened
         if not lowered.outputs:
             continue
         ops = tuple(lowering_of(m).op for m in members)  # type: ignore[union-attr]
         subprograms.append(Subprogram(name, tuple(m.name for m in members), ops, lowered.graph,
                                       lowered.inputs, lowered.outputs, lowered.online_softmax))
-    return Partition(tuple(subprograms), tuple(left))
+    kept_notices = tuple(PyTorchOp(n.name, str(n.target), _kept_reason(n)) for n in nodes if n in kept)
+    read = tuple(n.name for n in through if any(user in region_of for user in n.users))
+    return Partition(tuple(subprograms), tuple(left), read, kept_notices), widened
+
+
+def _kept_reason(cast: fx.Node) -> str:
+    (source,) = cast.all_input_nodes[:1]
+    before, after = (str(n.meta["val"].dtype).removeprefix("torch.") for n in (source, cast))
+    return (f"a subprogram would hold values computed from this {after} upcast in {before} "
+            "(upcasts='input_precision' keeps them there)")

@@ -7,6 +7,13 @@ to view the torch tensor (an optional permutation, then a free row-major reshape
 the building blocks of the lowering table in :mod:`mirage.frontend.lowering`; anything they cannot
 express raises :class:`Unlowerable` with the reason, and the partitioner then cuts the subprogram
 there or leaves the op in PyTorch.
+
+Upcast islands: a program that widens float16 (or bfloat16) values to float32 for an accurate
+computation, ``x.float().pow(2).mean(-1)``, keeps the values in the graph's tensors as they are (a
+µGraph keeps one dtype per tensor).  The builder records which graph nodes compute values that
+torch holds wider than their graph tensor (``widened``); the partitioner accepts a subprogram only
+when none of them is live after pruning (the island was absorbed into an op that computes in
+float32 internally, such as ``rms_norm``), unless the ``upcasts`` option says otherwise.
 """
 
 from __future__ import annotations
@@ -101,6 +108,22 @@ def broadcast_shape(x: Operand) -> Shape:
     return x.broadcast_shape if isinstance(x, Value) else x.shape
 
 
+@dataclass(frozen=True)
+class Upcasts:
+    """How a subprogram takes the widening float casts (float16/bfloat16 → float32) of a program.
+
+    ``through``: casts of tensors from outside that the subprogram reads through (it binds the
+    narrower source, which the cast holds exactly; the cast stays out of every subprogram).
+    ``kept``: casts that run in PyTorch, because a value they widen would stay live in a narrower
+    graph tensor.  Other upcasts of values computed in a subprogram are identities there."""
+
+    through: frozenset[fx.Node] = frozenset()
+    kept: frozenset[fx.Node] = frozenset()
+
+
+NO_UPCASTS = Upcasts()
+
+
 class RegionBuilder:
     """The kernel graph of one subprogram under construction.
 
@@ -108,13 +131,16 @@ class RegionBuilder:
     which suits matrix products with 2-D weights; otherwise in their own shape, which suits
     reductions over inner dims.  The partitioner tries both."""
 
-    def __init__(self, name: str = "", flat: bool = True) -> None:
+    def __init__(self, name: str = "", flat: bool = True, upcasts: Upcasts = NO_UPCASTS) -> None:
         self.flat = flat
+        self.upcasts = upcasts
         self.builder = mg.new_kernel_graph(name)
         self.values: dict[fx.Node, Value] = {}
         self.bindings: list[InputBinding] = []
         self._inputs: dict[InputBinding, DTensor] = {}
         self.softmax_exps: list[int] = []
+        self.wide: set[fx.Node] = set()  # fx nodes whose torch dtype is wider than their graph tensor
+        self.widened: dict[int, fx.Node] = {}  # graph node -> the wide fx node it was emitted for
 
     # ---- operands -----------------------------------------------------------------------------
 
@@ -122,6 +148,8 @@ class RegionBuilder:
         if isinstance(arg, fx.Node):
             if arg in self.values:
                 return self.values[arg]
+            if arg in self.upcasts.through:  # the narrower source holds the same numbers
+                return self.operand(arg.args[0])
             val = arg.meta.get("val")
             if not isinstance(val, torch.Tensor):
                 raise Unlowerable(f"operand {arg.name} is not a tensor")
@@ -171,6 +199,22 @@ class RegionBuilder:
         if isinstance(x, Boundary):
             return self.default_shape(x.shape), x.shape
         return tuple(x.tensor.dims), x.shape
+
+    @property
+    def size(self) -> int:
+        """The number of graph nodes so far."""
+        return len(self.builder.graph.nodes)
+
+    def mark_wide(self, node: fx.Node, first: int, rounded: bool) -> None:
+        """``node``'s torch value is wider than its graph tensor: the graph nodes emitted for it from
+        ``first`` on compute in the narrower dtype.  Inputs hold their tensors exactly and are not
+        marked; nor, when ``rounded`` (every user narrows the value back right away), is the node
+        holding the value, whose storage rounds it just as the user's cast does."""
+        self.wide.add(node)
+        holder = self.values[node].tensor.ref.node
+        for i in range(first, self.size):
+            if self.builder.graph.nodes[i].op is not Op.INPUT and not (rounded and i == holder):
+                self.widened[i] = node
 
     # ---- graph ops with the checks turned into Unlowerable -----------------------------------
 

@@ -121,6 +121,9 @@ def stitch(gm: fx.GraphModule, part: Partition, modules: Mapping[str, Subprogram
                 heapq.heappush(ready, (first_index(user), order_key[user], user))
     if emitted != len(units):  # the partitioner rules cycles out; this is a bug if reached
         raise AssertionError("the partition has a cycle through PyTorch ops")
+    for name in part.upcasts:  # read through by subprograms: dead unless PyTorch ops use it too
+        if not env[by_name[name]].users:
+            graph.erase_node(env[by_name[name]])
     for name, module in modules.items():
         gm.add_submodule(name, module)
     gm.graph = graph
