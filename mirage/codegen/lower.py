@@ -57,6 +57,7 @@ class KernelLowering:
         smem_limit: int | None = None,
         two_blocks_per_sm: bool = False,
         l2_prefetch_iterations: int = 0,
+        register_row_sums: bool = True,
     ) -> None:
         self.kernel = kernel
         self.name = name
@@ -89,6 +90,7 @@ class KernelLowering:
             raise LoweringError(f"pipelined inputs of {name} have different stage counts {sorted(pipelined)}")
         self.stages = pipelined.pop() if pipelined else 1
         self.registers = tuple(self._register_accumulator(i) for i in sorted(self.in_registers))
+        self.row_sums = self._row_sums() if register_row_sums else {}
 
     # ---- checks ------------------------------------------------------------------------------
 
@@ -246,6 +248,24 @@ class KernelLowering:
 
     def register_accumulator(self, i: int) -> ctx.RegisterAccumulator:
         return next(r for r in self.registers if r.node == i)
+
+    def _row_sums(self) -> dict[int, ctx.RowSums]:
+        """Mean and rms accumulators of a tile kept in registers across the loop (``gen::RowSums``):
+        those whose per-iteration input is a shared tile (no epilogue chain into them), in kernels
+        without a register step of their own (softmax chain, row-local loop)."""
+        if self.softmax is not None or self.row_loop is not None or self.graph.forloop_range == 1:
+            return {}
+        out = {}
+        for i, node in enumerate(self.graph.nodes):
+            if (
+                node.op is Op.ACCUM
+                and node.attrs.kind in (AccumKind.MEAN, AccumKind.RMS)
+                and i not in self.in_registers
+                and self.chain_root(i) == i
+            ):
+                prologue = "mirage::dev::Square" if node.attrs.kind is AccumKind.RMS else "mirage::dev::Identity"
+                out[i] = ctx.RowSums(f"row_sums{i}", i, self.operand(node.inputs[0]), prologue)
+        return out
 
     # ---- chains --------------------------------------------------------------------------------
 
@@ -438,6 +458,7 @@ class KernelLowering:
             if (
                 node.op in (Op.ACCUM, Op.ACCUM_RESCALE)
                 and i not in self.in_registers
+                and i not in self.row_sums
                 and not self.stores_once(i)
             ):
                 fills.append(ctx.FillStep(self.tile(i), ctx.initial_value(node.attrs.kind is AccumKind.MAX)))
@@ -472,6 +493,10 @@ class KernelLowering:
                 i, ctx.FinalizeKind.WRITE_BACK, self.tile(i), accumulator=self.register_accumulator(i)
             )
         count = self.graph.forloop_range * self.graph.type_of(node.inputs[0]).shape[-1]
+        if i in self.row_sums:
+            kind = ctx.FinalizeKind.RMS if node.attrs.kind is AccumKind.RMS else ctx.FinalizeKind.MEAN
+            eps = node.attrs.eps if node.attrs.kind is AccumKind.RMS else 0.0
+            return ctx.RowSumsWriteBack(self.row_sums[i], kind, self.tile(i), count, eps)
         if node.attrs.kind is AccumKind.MEAN:
             return ctx.FinalizeStep(i, ctx.FinalizeKind.MEAN, self.tile(i), count)
         if node.attrs.kind is AccumKind.RMS:
@@ -534,6 +559,8 @@ class KernelLowering:
                     if not (iterators[item.node].pipelined or iterators[item.node].direct):
                         steps.append(ctx.LoadStep(iterators[item.node]))
                         pending_copies = emitted = True
+                case Action.COMPUTE | Action.ACCUMULATE if item.node in self.row_sums:
+                    steps.append(ctx.RowSumsStep(self.row_sums[item.node]))  # registers only
                 case Action.COMPUTE | Action.ACCUMULATE:
                     steps.append(self.chain(item.node))
                     emitted = True
@@ -541,6 +568,7 @@ class KernelLowering:
                     steps.append(self.finalize(item.node))
                 case Action.STORE:
                     steps.append(ctx.StoreStep(savers[item.node]))
+        out[Phase.PRE_LOOP][:0] = [ctx.RowSumsSetup(sums) for sums in self.row_sums.values()]
         return out
 
     @property

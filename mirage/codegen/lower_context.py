@@ -406,6 +406,41 @@ class PrologueStep:
     iterators: tuple[InputIteratorContext, ...]
 
 
+@dataclass(frozen=True)
+class RowSums:
+    """A for-loop accumulator of sums over the last dim kept in registers (``gen::RowSums``): each
+    thread adds its slice of every iteration's tile; the row's lanes combine after the loop."""
+
+    name: str  # C++ variable
+    node: int  # the accumulator
+    operand: Tile  # the tile summed each iteration
+    prologue: str  # device functor applied to each element (Identity, Square)
+
+
+@dataclass(frozen=True)
+class RowSumsSetup:
+    kind: ClassVar[str] = "row_sums_setup"
+    sums: RowSums
+
+
+@dataclass(frozen=True)
+class RowSumsStep:
+    kind: ClassVar[str] = "row_sums"
+    sums: RowSums
+
+
+@dataclass(frozen=True)
+class RowSumsWriteBack:
+    """``tile[row] = finish(Σ)`` after the loop, in place of the shared tile's finalize."""
+
+    kind: ClassVar[str] = "row_sums_write_back"
+    sums: RowSums
+    finalize: FinalizeKind  # MEAN or RMS
+    tile: Tile
+    count: int  # elements summed per result
+    eps: float = 0.0
+
+
 Step = (
     ChainStep
     | RegisterChainStep
@@ -414,6 +449,9 @@ Step = (
     | RowLoopSetup
     | RowLoopStep
     | RowLoopWriteBack
+    | RowSumsSetup
+    | RowSumsStep
+    | RowSumsWriteBack
     | LoadStep
     | FillStep
     | FinalizeStep

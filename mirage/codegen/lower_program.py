@@ -193,7 +193,8 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
         name = f"{prefix}_k{kernel.node}"
         context = KernelLowering(kernel, name, accumulator, prepared.target.smem_per_block,
                                  prepared.options.two_blocks_per_sm,
-                                 prepared.options.l2_prefetch_iterations).context()
+                                 prepared.options.l2_prefetch_iterations,
+                                 prepared.options.register_row_sums).context()
         contexts.append(context)
         node = graph.nodes[kernel.node]
         launches.append(

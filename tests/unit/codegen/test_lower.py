@@ -123,6 +123,7 @@ def test_benchmark_contexts_follow_the_plan(name):
         assert registers == set(kernel.registers.accumulators)
         steps = context.pre_loop + context.loop + context.post_loop
         chained = {s.node for s in steps if s.kind in ("chain", "register_chain")}
+        chained |= {s.sums.node for s in steps if s.kind == "row_sums"}
         roots = {
             s.node
             for s in kernel.schedule.steps
@@ -332,7 +333,27 @@ def test_accumulators_of_a_one_iteration_loop_are_stored_without_clearing():
     assert chain.sink.kind is ctx.SinkKind.STORE and chain.producer.kind == "rms_norm"
     rms_rows_context = generate_cuda_program(rms_rows(), 90).contexts[0]  # forloop_range 2: cleared, added
     fills = [s for s in rms_rows_context.pre_loop if s.kind == "fill"]
-    assert len(fills) == 2
+    assert len(fills) == 1  # the exp sum's tile; the rms sums in registers
+    shared = generate_cuda_program(rms_rows(), 90, options=OptimizerOptions(register_row_sums=False))
+    assert len([s for s in shared.contexts[0].pre_loop if s.kind == "fill"]) == 2
+
+
+def test_mean_and_rms_accumulators_sum_in_registers():
+    """An rms accumulator of a tile: declared and cleared before the loop, added per iteration
+    with no shuffle or shared write, finished into its tile after the loop (no fill, no
+    block reduction); with register_row_sums=False it is the shared tile's block reduction."""
+    program = generate_cuda_program(rms_rows(), 90)
+    (context,) = program.contexts
+    (setup,) = [s for s in context.pre_loop if s.kind == "row_sums_setup"]
+    (add,) = [s for s in context.loop if s.kind == "row_sums"]
+    (back,) = [s for s in context.post_loop if s.kind == "row_sums_write_back"]
+    assert setup.sums == add.sums == back.sums and back.finalize is ctx.FinalizeKind.RMS
+    assert back.count == 2 * 128 and back.eps == 1e-6
+    assert not [s for s in context.post_loop if s.kind == "finalize"]
+    assert f"{add.sums.name}.add({add.sums.operand.name});" in program.code
+    assert "mirage::gen::FinishRms{256.0f, 1e-06f}" in program.code
+    shared = generate_cuda_program(rms_rows(), 90, options=OptimizerOptions(register_row_sums=False))
+    assert "RowSums" not in shared.code and "finalize_rms" in shared.code
 
 
 def test_reductions_get_a_scratch_after_the_planned_buffers():

@@ -39,8 +39,9 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
   mirage::dev::wait_for_prerequisite_grids();  // no global memory access before this line
 
   // ---- before the for-loop
+  mirage::gen::RowSums<kThreads, __half, mirage::dev::Layout<1, 1, 16, 128, 136>, mirage::dev::Square> row_sums3;  // %3: sums in registers
+  row_sums3.clear();
   mirage::gen::fill<kThreads>(t2, 0.0f);
-  mirage::gen::fill<kThreads>(t3, 0.0f);
   for (int stage = 0; stage < 1; ++stage) {
     in0.load(stage);
     mirage::dev::Pipeline<2>::commit();
@@ -59,13 +60,7 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
       };
       mirage::gen::map_apply<kThreads, mirage::dev::Layout<1, 1, 16, 128, 128>>(rms_rows_k1_f1{}, emit, t0);
     }
-    {  // %3 → add %3
-      const auto sink = mirage::gen::add_into(t3);
-      const auto emit = [&](int linear, auto& values) {
-        sink.chunk(linear, values);
-      };
-      mirage::dev::reduce_apply<kThreads, 3, mirage::dev::SumReduce>(t0, mirage::dev::Square{}, mirage::gen::single(emit), mirage::dev::ReductionScratch{mirage::dev::shared_at<float>(shared, 13056)});
-    }
+    row_sums3.add(t0);  // %3: registers only
     __syncthreads();  // depth 1 → 2
     {  // %2 → add %2
       const auto sink = mirage::gen::add_into(t2);
@@ -78,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
   }
 
   // ---- after the for-loop
-  mirage::gen::finalize_rms<kThreads>(t3, 256.0f, 1e-06f);  // %3
+  row_sums3.write_back(t3, mirage::gen::FinishRms{256.0f, 1e-06f});  // %3
   __syncthreads();  // depth 0 → 1
   {  // %4 → store %4
     const auto sink = mirage::gen::store_into(t4);

@@ -281,6 +281,88 @@ MIRAGE_DEVICE void finalize_rms(dev::SharedTile<float, L> acc, float count, floa
   for (int i = dev::thread_index(); i < L::size; i += NumThreads) acc.at_linear(i) = sqrtf(acc.at_linear(i) / count + eps);
 }
 
+// What a row-sum accumulator's sum becomes after the loop: itself, a mean, or an rms.
+struct FinishSum {
+  MIRAGE_DEVICE float operator()(float sum) const { return sum; }
+};
+struct FinishMean {
+  float count;
+  MIRAGE_DEVICE float operator()(float sum) const { return sum / count; }
+};
+struct FinishRms {
+  float count, eps;
+  MIRAGE_DEVICE float operator()(float sum) const { return sqrtf(sum / count + eps); }
+};
+
+// Threads per row of a row-sum accumulator: a power of two up to a warp, as many as the block has
+// for every row (rows longer than that take several rounds of the block).
+constexpr int row_sum_lanes(int rows, int cols, int threads) {
+  int lanes = dev::kWarpSize;
+  while (lanes > 1 && (rows * lanes > threads || lanes > cols)) lanes /= 2;
+  return lanes;
+}
+
+// A for-loop accumulator of sums over the last dim (sum, mean, rms) kept in registers: each thread
+// owns a fixed slice of one row of every iteration's tile (kLanes consecutive threads a row, kChunk
+// consecutive elements per shared-memory vector read) and adds it to its partial sum; the lanes of
+// a row combine once, after the loop (write_back). Per iteration there is no shuffle, no barrier
+// and no shared-memory write, where a block reduction per iteration would add into a shared tile.
+template <int NumThreads, class T, class L, class Prologue>
+struct RowSums {
+  static constexpr int kCols = L::cols;
+  static constexpr int kRows = L::rows;
+  static constexpr int kLanes = row_sum_lanes(kRows, kCols, NumThreads);
+  static constexpr int kRowsPerRound = NumThreads / kLanes;
+  static constexpr int kRounds = dev::ceil_div(kRows, kRowsPerRound);
+  static constexpr int kChunk = kCols % (8 * kLanes) == 0   ? 8
+                                : kCols % (4 * kLanes) == 0 ? 4
+                                : kCols % (2 * kLanes) == 0 ? 2
+                                                            : 1;
+  static_assert(dev::kWarpSize % kLanes == 0, "a row's lanes stay within one warp");
+  float partial[kRounds];
+
+  static MIRAGE_DEVICE int lane() { return dev::thread_index() % kLanes; }
+  static MIRAGE_DEVICE int row(int round) { return round * kRowsPerRound + dev::thread_index() / kLanes; }
+
+  MIRAGE_DEVICE void clear() {
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) partial[r] = 0.0f;
+  }
+
+  // partial += Σ prologue(x) over this thread's elements of the tile.
+  MIRAGE_DEVICE void add(dev::SharedTile<T, L> tile) {
+    const Prologue prologue{};
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      if (kRows % kRowsPerRound != 0 && row(r) >= kRows) continue;
+      const T* source = tile.data + row(r) * L::pitch;
+      float sums[kChunk] = {};
+#pragma unroll 4
+      for (int col = lane() * kChunk; col < kCols; col += kLanes * kChunk) {
+        float values[kChunk];
+        read_chunk<L::pitch>(source + col, values);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) sums[e] += prologue(values[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) partial[r] += sums[e];
+    }
+  }
+
+  // out[row] = finish(Σ of the row over the loop): collective (every thread shuffles).
+  template <class Out, class OutLayout, class Finish>
+  MIRAGE_DEVICE void write_back(dev::SharedTile<Out, OutLayout> out, Finish finish) const {
+    static_assert(OutLayout::size == kRows, "one result per row");
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      float value = partial[r];
+#pragma unroll
+      for (int offset = kLanes / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+      if (lane() == 0 && row(r) < kRows) out.store(row(r), finish(value));
+    }
+  }
+};
+
 MIRAGE_DEVICE float negative_infinity() { return dev::MaxReduce::identity(); }
 
 // ---- matmul -------------------------------------------------------------------------------------

@@ -1,0 +1,62 @@
+"""Mean and rms accumulators summed in registers (gen::RowSums) on a GPU: rows that fill a block,
+that do not, and that take several rounds; rows whose length is not a multiple of the lanes'
+vector reads; fp16 and bf16; each against the float64 reference and against the same graph
+built with the shared-tile block reduction (OptimizerOptions(register_row_sums=False))."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cupy")
+
+import mirage as mi  # noqa: E402
+from mirage.codegen.gpu_check import check_on_gpu, random_inputs  # noqa: E402
+from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
+from mirage.codegen.runtime import build_many  # noqa: E402
+from mirage.optimizer import OptimizerOptions  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+# (rows, columns per iteration, iterations, threads, accumulator, dtype)
+CASES = [
+    (16, 512, 8, 256, "rms", mi.float16),  # rmsnorm_b8's shape: 16 lanes a row, one round
+    (2, 256, 16, 256, "rms", mi.float16),  # rmsnorm_b1's: most threads idle
+    (3, 200, 4, 128, "mean", mi.float16),  # odd rows and columns: scalar reads, a partial round
+    (40, 64, 4, 128, "rms", mi.bfloat16),  # more rows than a round: three rounds
+    (1, 96, 3, 64, "mean", mi.bfloat16),
+]
+
+
+def _graph(rows: int, cols: int, iters: int, threads: int, acc: str, dtype) -> mi.KernelGraph:
+    g = mi.new_kernel_graph(f"row_sums_{acc}")
+    x = g.new_input(dims=(rows, cols * iters), dtype=dtype)
+    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), block_dim=(threads, 1, 1), forloop_range=iters)
+    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
+    kwargs = {"eps": 1e-6} if acc == "rms" else {}
+    tb.new_output(tb.forloop_accum(bx, acc=acc, **kwargs), output_map=(-1, -1, -1))
+    (out,) = g.customized([x], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
+@pytest.fixture(scope="module")
+def built() -> dict:
+    graphs = {case: _graph(*case) for case in CASES}
+    programs = [generate_cuda_program(g, None) for g in graphs.values()]
+    shared = [generate_cuda_program(g, None, options=OptimizerOptions(register_row_sums=False))
+              for g in graphs.values()]
+    assert all("RowSums<" in p.code for p in programs)
+    assert not any("RowSums<" in p.code for p in shared)
+    registers, tiles = build_many(programs), build_many(shared)
+    return {case: (graphs[case], registers[k], tiles[k]) for k, case in enumerate(CASES)}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:4])) + f"-{c[4]}-{c[5].short}")
+def test_register_row_sums_match_the_reference(built, case):
+    graph, registers, tiles = built[case]
+    inputs = random_inputs(graph, 3)
+    result = check_on_gpu(graph, registers, inputs=inputs)
+    assert result.passed, result.as_dict()
+    (ours,), (theirs,) = registers(*inputs), tiles(*inputs)
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=2e-3, atol=1e-5)
