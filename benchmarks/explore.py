@@ -18,6 +18,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ log = logging.getLogger("benchmarks.explore")
 
 def explore_case(
     case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False,
-    also: dict | None = None, plain_launch: bool = False, spread: bool = False,
+    also: dict | None = None, plain_launch: bool = False, spread: bool = False, match: str = "",
 ) -> list[dict]:
     from benchmarks.mugraphs import CASES
     from benchmarks.variants import family
@@ -45,6 +46,8 @@ def explore_case(
     expected = interpret(reference, [x.detach().cpu() for x in inputs], dtype=np.float64)
     rows, programs = [], []
     for variant, graph in family(case_name, wide=wide):
+        if match and not re.search(match, variant.label):
+            continue
         for stages in variant.stages:
             for chain, two, extra in itertools.product((True, False) if op_by_op else (True,),
                                                        (True, False) if one_block else (False,),
@@ -126,6 +129,8 @@ def main(argv=None) -> int:
                              "launch)")
     parser.add_argument("--spread", action="store_true",
                         help="also time every build with one block per SM for grids of one wave")
+    parser.add_argument("--match", default="",
+                        help="only the members whose label matches this regular expression, e.g. threads=512")
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
@@ -139,7 +144,8 @@ def main(argv=None) -> int:
     for case in args.cases.split(","):
         result["cases"][case] = explore_case(case, args.family == "wide", args.op_by_op, args.replays,
                                              one_block=args.one_block, also=_options(args.also),
-                                             plain_launch=args.plain_launch, spread=args.spread)
+                                             plain_launch=args.plain_launch, spread=args.spread,
+                                             match=args.match)
         (out / f"explore_{facts['date']}.json").write_text(json.dumps(result, indent=1))
     bad = [r for rows in result["cases"].values() for r in rows if "passed" in r and not r["passed"]]
     return 1 if bad else 0

@@ -58,6 +58,7 @@ class KernelLowering:
         two_blocks_per_sm: bool = False,
         l2_prefetch_iterations: int = 0,
         register_row_sums: bool = True,
+        fold_operand_scale: bool = True,
     ) -> None:
         self.kernel = kernel
         self.name = name
@@ -75,6 +76,9 @@ class KernelLowering:
         self.scratch_used = False
         self.epilogue_consumer = {producer: consumer for consumer, producer in kernel.registers.epilogues}
         self.in_registers = frozenset(kernel.registers.accumulators)
+        # matmul → (A's element-wise product node, the full operand, the row vector scaling its columns)
+        self.scaled_operands = self._scaled_operands() if fold_operand_scale else {}
+        self.folded = frozenset(p for p, _, _ in self.scaled_operands.values())
         self.functions: dict[int, ctx.ThreadFunction] = {}
         self.matmuls: dict[int, ctx.MatmulType] = {}
         self._tiles: dict[tuple[int, int], ctx.Tile] = {}
@@ -225,7 +229,10 @@ class KernelLowering:
 
     def matmul(self, i: int) -> tuple[ctx.MatmulType, tuple[ctx.Tile, ...]]:
         node = self.graph.nodes[i]
-        tiles = tuple(self.operand(r) for r in node.inputs)
+        refs = node.inputs
+        if i in self.scaled_operands:  # A·B with A = X·g: the product reads X, scales its fragments
+            refs = (self.scaled_operands[i][1], refs[1])
+        tiles = tuple(self.operand(r) for r in refs)
         if node.op is Op.CONCAT_MATMUL:  # (W ‖ X) @ (Y ‖ Z) = W @ Y + X @ Z
             w, x, y, z = tiles
             pairs = ((w, y), (x, z))
@@ -234,6 +241,42 @@ class KernelLowering:
         if i not in self.matmuls:
             self.matmuls[i] = ctx.MatmulType(f"mm{i}", pairs)
         return self.matmuls[i], tuple(t for pair in pairs for t in pair)
+
+    def column_scale(self, i: int) -> ctx.Tile | None:
+        """The row vector scaling the columns of matmul ``i``'s A operand, when that is folded."""
+        return self.operand(self.scaled_operands[i][2]) if i in self.scaled_operands else None
+
+    def _scaled_operands(self) -> dict[int, tuple[int, Ref, Ref]]:
+        """Matmuls whose A operand is ``X · g`` (one element-wise product of a tile X and a row
+        vector g broadcast over X's rows) read by nothing else: the tensor-core product scales its
+        A fragments by g (exact: the same fp16 / bf16 rounding of each product), and X · g is
+        never stored. 16-bit operands of one type only (the tensor-core path)."""
+        uses = self.graph.consumers()
+        outputs = {r for i in self.graph.output_nodes for r in self.graph.nodes[i].inputs}
+        out = {}
+        for i, node in enumerate(self.graph.nodes):
+            if node.op is not Op.MATMUL:
+                continue
+            chain = self.chain_nodes(i)  # only a plain register accumulation (accumulate_scaled)
+            last = self.graph.nodes[chain[-1]]
+            if len(chain) != 2 or chain[-1] not in self.in_registers or last.op is not Op.ACCUM or (
+                last.attrs.kind not in (AccumKind.NONE, AccumKind.SUM)
+            ):
+                continue
+            a_ref, b_ref = node.inputs
+            factors = _product_factors(self.graph, a_ref.node)
+            if factors is None or uses.get(a_ref, []) != [i] or a_ref in outputs:
+                continue
+            types = [self.graph.type_of(r) for r in (*factors, b_ref)]
+            if len({t.dtype for t in types}) != 1 or types[0].dtype.itemsize != 2:
+                continue
+            shape = self.graph.type_of(a_ref).shape
+            for full, vector in (factors, factors[::-1]):
+                f, v = self.graph.type_of(full).shape, self.graph.type_of(vector).shape
+                if f == shape and len(v) == len(f) and v[-1] == f[-1] and all(d == 1 for d in v[:-1]):
+                    out[i] = (a_ref.node, full, vector)
+                    break
+        return out
 
     def _register_accumulator(self, i: int) -> ctx.RegisterAccumulator:
         root = self.chain_root(i)
@@ -263,7 +306,8 @@ class KernelLowering:
                 and i not in self.in_registers
                 and self.chain_root(i) == i
             ):
-                prologue = "mirage::dev::Square" if node.attrs.kind is AccumKind.RMS else "mirage::dev::Identity"
+                rms = node.attrs.kind is AccumKind.RMS
+                prologue = "mirage::dev::Square" if rms else "mirage::dev::Identity"
                 out[i] = ctx.RowSums(f"row_sums{i}", i, self.operand(node.inputs[0]), prologue)
         return out
 
@@ -401,7 +445,7 @@ class KernelLowering:
         return ctx.RegisterChainStep(
             root,
             self.register_accumulator(last),
-            ctx.MatmulProducer(matmul, operands),
+            ctx.MatmulProducer(matmul, operands, self.column_scale(root)),
             links,
             combine,
             rescale,
@@ -545,6 +589,8 @@ class KernelLowering:
                 continue
             if item.epilogue_of is not None:
                 continue  # runs inside its producer's chain
+            if item.node in self.folded:
+                continue  # scales its matmul's A operand (accumulate_scaled): never stored
             if item.node in computed and item.action is not Action.LOAD:
                 if self.row_loop is not None and row_loop_pending and item.phase is Phase.LOOP:
                     steps.append(self.row_loop.step())  # registers only: no barrier after it
@@ -650,6 +696,25 @@ LOWERED_OPS = (
     )
     | ELEMENTWISE
 )
+
+
+def _product_factors(graph: BlockGraph, i: int) -> tuple[Ref, Ref] | None:
+    """The two operands of node ``i`` when it is a single element-wise product (MUL, or a thread
+    graph of one MUL of its two inputs), else None."""
+    node = graph.nodes[i]
+    if node.op is Op.MUL:
+        return node.inputs[0], node.inputs[1]
+    if node.op is not Op.FUSED or len(node.inputs) != 2:
+        return None
+    inner = node.attrs.nodes
+    ops = [n for n in inner if n.op is not Op.INPUT]
+    if len(ops) != 1 or ops[0].op is not Op.MUL or len(node.attrs.outputs) != 1:
+        return None
+    sources = {k: node.inputs[n.attrs.index] for k, n in enumerate(inner) if n.op is Op.INPUT}
+    a, b = ops[0].inputs
+    if a.node not in sources or b.node not in sources or a.node == b.node:
+        return None
+    return sources[a.node], sources[b.node]
 
 
 def _tile_order(name: str) -> tuple[int, str]:

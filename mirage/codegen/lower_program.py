@@ -194,7 +194,8 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
         context = KernelLowering(kernel, name, accumulator, prepared.target.smem_per_block,
                                  prepared.options.two_blocks_per_sm,
                                  prepared.options.l2_prefetch_iterations,
-                                 prepared.options.register_row_sums).context()
+                                 prepared.options.register_row_sums,
+                                 prepared.options.fold_operand_scale).context()
         contexts.append(context)
         node = graph.nodes[kernel.node]
         launches.append(

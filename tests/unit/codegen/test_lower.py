@@ -124,11 +124,14 @@ def test_benchmark_contexts_follow_the_plan(name):
         steps = context.pre_loop + context.loop + context.post_loop
         chained = {s.node for s in steps if s.kind in ("chain", "register_chain")}
         chained |= {s.sums.node for s in steps if s.kind == "row_sums"}
+        nodes = kernel.block_graph.nodes
+        folded = {nodes[s.node].inputs[0].node for s in steps
+                  if s.kind == "register_chain" and s.producer.scale is not None}  # A = X·g, never stored
         roots = {
             s.node
             for s in kernel.schedule.steps
             if s.action.value in ("compute", "accumulate") and s.epilogue_of is None
-        }
+        } - folded
         assert chained == roots
         stores = [s.saver.node for s in steps if s.kind == "store"]
         assert sorted(stores) == kernel.block_graph.output_nodes
@@ -395,3 +398,33 @@ def test_l2_prefetch_comes_before_the_dependency_wait():
     assert body.count("prefetch_l2(tile)") == 3
     assert all(body.index(f"in{i}.prefetch_l2") < wait for i in range(3))
     assert "prefetch_l2" not in generate_cuda_program(CASES["rmsnorm_b1"].fused()).code
+
+
+def test_a_row_vector_product_is_folded_into_the_matmul_operand():
+    """rmsnorm's (X·g) @ W: the matmul reads X and scales its A fragments by g; X·g has no step and
+    no tile. With fold_operand_scale=False, X·g is stored and the matmul reads it; an X·g that
+    something else reads too is stored in either case."""
+    program = generate_cuda_program(CASES["rmsnorm_b8"].fused(), 90)
+    (context,) = program.contexts
+    (chain,) = [s for s in context.loop if s.kind == "register_chain"]
+    x, gain, w = (it.tile.name for it in context.iterators)
+    assert chain.producer.scale.name == gain
+    assert [t.name for t in chain.producer.operands] == [x, w]
+    assert f"::accumulate_scaled(registers{chain.accumulator.node}, {gain}, {x}, {w});" in program.code
+    assert not [s for s in context.loop if s.kind == "chain"]
+    stored = generate_cuda_program(CASES["rmsnorm_b8"].fused(), 90,
+                                   options=OptimizerOptions(fold_operand_scale=False))
+    assert "accumulate_scaled" not in stored.code and "map_apply" in stored.code
+    g = mi.new_kernel_graph("reused_product")
+    xs, gs, ws = (g.new_input(dims=s, dtype=mi.float16) for s in ((16, 256), (1, 256), (256, 64)))
+    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=2)
+    bx = tb.new_input(xs, input_map=(-1, -1, -1), forloop_dim=1)
+    bg = tb.new_input(gs, input_map=(-1, -1, -1), forloop_dim=1)
+    bw = tb.new_input(ws, input_map=(-1, -1, -1), forloop_dim=0)
+    scaled = tb.mul(bx, bg)
+    tb.new_output(tb.forloop_accum(tb.matmul(scaled, bw)), output_map=(-1, -1, -1))
+    tb.new_output(tb.forloop_accum(scaled, acc="sum"), output_map=(-1, -1, -1))
+    outs = g.customized([xs, gs, ws], tb)
+    for o in outs:
+        g.mark_output(o)
+    assert "accumulate_scaled" not in generate_cuda_program(g.freeze(), 90).code

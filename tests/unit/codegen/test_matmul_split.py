@@ -178,7 +178,7 @@ def register_matmuls(code: str) -> list[str]:
     threads = int(re.search(r"constexpr int kThreads = (\d+);", code).group(1))
     found = []
     for name, type_name in re.findall(r"using (mm\d+) = (mirage::gen::BlockMatmul<.*?>);\n", code):
-        if re.search(name + r"::accumulate(_with)?\(", code):
+        if re.search(name + r"::accumulate(_with|_scaled)?\(", code):
             found.append(type_name.replace("kThreads", str(threads)))
     return found
 

@@ -156,6 +156,15 @@ constexpr WarpGrid choose_split_warp_grid(SplitQuery q) {
   return best;
 }
 
+// Two packed 16-bit values times two others, each product rounded once to the type (HMUL2).
+template <class T>
+MIRAGE_DEVICE uint32_t multiply_pairs(uint32_t a, uint32_t b) {
+  using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "16-bit pairs only");
+  const Pair product = __hmul2(*reinterpret_cast<const Pair*>(&a), *reinterpret_cast<const Pair*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&product);
+}
+
 MIRAGE_DEVICE uint32_t to_tf32(float value) {
   uint32_t result;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(result) : "f"(value));
@@ -277,20 +286,25 @@ struct TensorCoreMatmul {
   static MIRAGE_DEVICE int a_row(int row) { return M % 16 == 0 ? row : min(row, M - 1); }
   static MIRAGE_DEVICE int warp_col() { return (group_warp() / kWarpsM) * (N / kWarpsN); }
 
-  // acc += A · B over this warp's K slice (all of K without a split).
-  static MIRAGE_DEVICE void run(Accumulator& acc, SharedTile<T, ALayout> a, SharedTile<T, BLayout> b) {
+  // acc += A · B over this warp's K slice (all of K without a split). With Scaled, A's column k
+  // is first multiplied by scale[k] (16-bit types: in its fragments, one rounding per product,
+  // as a stored A · diag(scale) would have).
+  template <bool Scaled = false>
+  static MIRAGE_DEVICE void run(Accumulator& acc, SharedTile<T, ALayout> a, SharedTile<T, BLayout> b,
+                                const T* scale = nullptr) {
     static_assert(kSupported, "shape not supported by tensor cores: use SimtMatmul (or Matmul)");
+    static_assert(!Scaled || Atom::kLdmatrix, "column-scaled A operands need 16-bit tensor-core fragments");
     if (!active()) return;
     if constexpr (kWarpsK == 1) {
 #pragma unroll 2
-      for (int k0 = 0; k0 < K; k0 += Atom::kK) step(acc, a, b, k0);
+      for (int k0 = 0; k0 < K; k0 += Atom::kK) step<Scaled>(acc, a, b, k0, scale);
     } else {
       const int first = k_group() * kSteps / kWarpsK;
       const int last = (k_group() + 1) * kSteps / kWarpsK;
 #pragma unroll kUnroll
       for (int s = 0; s < kGroupSteps; ++s) {
         if (kSteps % kWarpsK != 0 && first + s >= last) break;
-        step(acc, a, b, (first + s) * Atom::kK);
+        step<Scaled>(acc, a, b, (first + s) * Atom::kK, scale);
       }
     }
   }
@@ -465,10 +479,13 @@ struct TensorCoreMatmul {
   }
 
   // One k-step (k0 … k0 + Atom::kK) of this warp's tiles.
-  static MIRAGE_DEVICE void step(Accumulator& acc, SharedTile<T, ALayout> a, SharedTile<T, BLayout> b, int k0) {
+  template <bool Scaled = false>
+  static MIRAGE_DEVICE void step(Accumulator& acc, SharedTile<T, ALayout> a, SharedTile<T, BLayout> b, int k0,
+                                 const T* scale = nullptr) {
     uint32_t a_fragment[kTilesM][4];
     uint32_t b_fragment[kTilesN][2];
     load_a(a, k0, a_fragment);
+    if constexpr (Scaled) scale_a(scale, k0, a_fragment);
     load_b(b, k0, b_fragment);
 #pragma unroll
     for (int i = 0; i < kTilesM; ++i) {
@@ -478,6 +495,21 @@ struct TensorCoreMatmul {
         Atom::Operation::fma(c[0], c[1], c[2], c[3], a_fragment[i][0], a_fragment[i][1], a_fragment[i][2],
                              a_fragment[i][3], b_fragment[j][0], b_fragment[j][1], c[0], c[1], c[2], c[3]);
       }
+    }
+  }
+
+  // Registers 0 and 1 of an A fragment hold columns k0 + 2·(lane % 4) + {0, 1} (rows r, r + 8),
+  // registers 2 and 3 the same columns + 8: two scale pairs cover them.
+  static MIRAGE_DEVICE void scale_a(const T* scale, int k0, uint32_t (&fragment)[kTilesM][4]) {
+    const int col = k0 + (lane() % 4) * 2;
+    const uint32_t low = *reinterpret_cast<const uint32_t*>(scale + col);
+    const uint32_t high = *reinterpret_cast<const uint32_t*>(scale + col + 8);
+#pragma unroll
+    for (int i = 0; i < kTilesM; ++i) {
+      fragment[i][0] = detail::multiply_pairs<T>(fragment[i][0], low);
+      fragment[i][1] = detail::multiply_pairs<T>(fragment[i][1], low);
+      fragment[i][2] = detail::multiply_pairs<T>(fragment[i][2], high);
+      fragment[i][3] = detail::multiply_pairs<T>(fragment[i][3], high);
     }
   }
 

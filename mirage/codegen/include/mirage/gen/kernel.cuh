@@ -576,6 +576,20 @@ struct BlockMatmul {
     for (int batch = 0; batch < kBatch; ++batch) multiply<Pass::kPartial>(registers.part[batch], batch, tiles...);
   }
 
+  // registers += (A · diag(scale)) · B for one product of one batch on tensor cores: A's columns
+  // scaled by the row vector `scale` in the A fragments (no A · diag(scale) tile is stored).
+  template <class TS, class LS, class TA, class AL, class TB, class BL>
+  static MIRAGE_DEVICE void accumulate_scaled(Registers& registers, dev::SharedTile<TS, LS> scale,
+                                              dev::SharedTile<TA, AL> a, dev::SharedTile<TB, BL> b) {
+    static_assert(sizeof...(Products) == 1 && kBatch == 1 && kTensorCores && std::is_same_v<TS, TA>,
+                  "a column-scaled A operand needs one tensor-core product of one batch; prepare with "
+                  "OptimizerOptions(fold_operand_scale=False)");
+    static_assert(LS::size == First::K, "the scale holds one value per column of A");
+    using E = RegisterEngine<First>;
+    E::template run<true>(reinterpret_cast<typename E::Accumulator&>(registers.part[0]), First::a_slice(a, 0),
+                          First::b_slice(b, 0), scale.data);
+  }
+
   // registers = combine(registers, transform(linear, Σ_i A_i · B_i)).
   template <class Transform, class Combine, class... Tiles>
   static MIRAGE_DEVICE void accumulate_with(Registers& registers, Transform transform, Combine combine, Tiles... tiles) {

@@ -1,7 +1,12 @@
-"""Mean and rms accumulators summed in registers (gen::RowSums) on a GPU: rows that fill a block,
-that do not, and that take several rounds; rows whose length is not a multiple of the lanes'
-vector reads; fp16 and bf16; each against the float64 reference and against the same graph
-built with the shared-tile block reduction (OptimizerOptions(register_row_sums=False))."""
+"""Loop work kept in registers, on a GPU.
+
+* Mean and rms accumulators summed in registers (gen::RowSums): rows that fill a block, that do
+  not, and that take several rounds; rows whose length is not a multiple of the lanes' vector
+  reads; fp16 and bf16; each against the float64 reference and against the same graph built with
+  the shared-tile block reduction (OptimizerOptions(register_row_sums=False)).
+* A matmul operand X·g scaled in the A fragments (accumulate_scaled): bit-identical to the same
+  graph that stores X·g first (OptimizerOptions(fold_operand_scale=False)), fp16 and bf16.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 
 import mirage as mi  # noqa: E402
+from benchmarks.mugraphs import mlp  # noqa: E402
 from mirage.codegen.gpu_check import check_on_gpu, random_inputs  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
@@ -60,3 +66,38 @@ def test_register_row_sums_match_the_reference(built, case):
     assert result.passed, result.as_dict()
     (ours,), (theirs,) = registers(*inputs), tiles(*inputs)
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=2e-3, atol=1e-5)
+
+
+def _scaled_linear(rows: int, dtype, threads: int) -> mi.KernelGraph:
+    """(X · g) @ W with X (rows, 1024), g (1, 1024), W (1024, 256): a K loop of 4 tiles."""
+    g = mi.new_kernel_graph("scaled_linear")
+    x, gain, w = (g.new_input(dims=s, dtype=dtype) for s in ((rows, 1024), (1, 1024), (1024, 256)))
+    tb = mi.new_threadblock_graph(grid_dim=(4, 1, 1), block_dim=(threads, 1, 1), forloop_range=4)
+    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
+    bg = tb.new_input(gain, input_map=(-1, -1, -1), forloop_dim=1)
+    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(tb.mul(bx, bg), bw)), output_map=(1, -1, -1))
+    (out,) = g.customized([x, gain, w], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
+SCALED = [
+    ("scaled_fp16_m16", _scaled_linear(16, mi.float16, 128)),
+    ("scaled_bf16_m5", _scaled_linear(5, mi.bfloat16, 256)),
+    ("rmsnorm_b8", mlp.rmsnorm_fused(8, grid=128, iters=8, threads=256)),
+    ("rmsnorm_b1", mlp.rmsnorm_fused(1, grid=128, iters=16, threads=512)),
+]
+
+
+@pytest.mark.parametrize("name,graph", SCALED, ids=[n for n, _ in SCALED])
+def test_scaled_operand_is_bit_identical_to_the_stored_product(name, graph):
+    folded = generate_cuda_program(graph, None)
+    stored = generate_cuda_program(graph, None, options=OptimizerOptions(fold_operand_scale=False))
+    assert "accumulate_scaled(" in folded.code and "accumulate_scaled(" not in stored.code
+    ours, theirs = build_many([folded, stored])
+    inputs = random_inputs(graph, 5)
+    result = check_on_gpu(graph, ours, inputs=inputs)
+    assert result.passed, result.as_dict()
+    (a,), (b,) = ours(*inputs), theirs(*inputs)
+    assert torch.equal(a, b)

@@ -1,0 +1,74 @@
+"""rmsnorm's fused kernel with and without the register forms of its loop work (row sums in
+registers, the gain folded into the matmul's A fragments), against a plain GEMV of the same
+shapes (X @ W, no norm and no gain: a floor, not a correct rmsnorm).  Prints one line per build and
+writes rms_probe.json under $OUT (or /tmp)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import torch
+
+import mirage as mi
+from benchmarks.mugraphs import mlp
+from mirage.codegen.lower_program import generate_cuda_program
+from mirage.codegen.profile import device_facts, time_graph
+from mirage.codegen.runtime import build_many
+from mirage.optimizer import OptimizerOptions
+
+FORMS = {
+    "registers": {},
+    "no_fold": {"fold_operand_scale": False},
+    "no_row_sums": {"register_row_sums": False},
+    "shared": {"fold_operand_scale": False, "register_row_sums": False},
+}
+
+
+def gemv(b: int, grid: int, iters: int, threads: int) -> mi.KernelGraph:
+    g = mi.new_kernel_graph("gemv")
+    x, _, w = (g.new_input(dims=s, dtype=mi.float16) for s in mlp.rmsnorm_shapes(b))
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=iters)
+    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
+    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(bx, bw)), output_map=(1, -1, -1))
+    (out,) = g.customized([x, w], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
+def main() -> None:
+    rows, programs = [], []
+    for b in (1, 8):
+        for iters, threads in ((8, 256), (16, 256), (8, 512), (16, 512)):
+            for stages in (2, 3):
+                builds = [(form, mlp.rmsnorm_fused(b, grid=128, iters=iters, threads=threads), extra)
+                          for form, extra in FORMS.items()]
+                builds.append(("gemv", gemv(b, 128, iters, threads), {}))
+                for form, graph, extra in builds:
+                    options = dataclasses.replace(OptimizerOptions(), stages=stages, **extra)
+                    try:
+                        programs.append(generate_cuda_program(graph, None, options=options))
+                    except mi.MirageError:
+                        continue
+                    rows.append({"b": b, "form": form, "iters": iters, "threads": threads, "stages": stages})
+    for row, program in zip(rows, build_many(programs), strict=True):
+        inputs = [torch.randn(s, device="cuda").half() for s in mlp.rmsnorm_shapes(row["b"])]
+        program.load()
+        row["us"] = time_graph(lambda p=program, x=inputs: p.launch(x), replays=100).median_us
+        print(row, flush=True)
+    best = {}
+    for row in rows:
+        key = (row["b"], row["form"])
+        best[key] = min(best.get(key, 1e9), row["us"])
+    for (b, form), us in sorted(best.items()):
+        print(f"best b={b} {form:12s} {us:.2f} µs")
+    facts = device_facts()
+    out = os.path.join(os.environ.get("OUT", "/tmp"), f"rms_forms_{facts['date']}.json")
+    with open(out, "w") as f:
+        json.dump({"facts": facts, "builds": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
