@@ -38,7 +38,8 @@ class Interpreted:
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         device = inputs[0].device if inputs else torch.device("cpu")
         outs = interpret(self.graph, list(inputs), dtype=np.float64)
-        return [torch.from_numpy(np.ascontiguousarray(o)).to(device=device, dtype=d)
+        # np.array copies: an output may be a read-only view (a broadcast) that torch must not wrap
+        return [torch.from_numpy(np.array(o, order="C")).to(device=device, dtype=d)
                 for o, d in zip(outs, self.dtypes, strict=True)]
 
 
