@@ -30,6 +30,13 @@
 #include "../mirage.cuh"
 #include "kernel.cuh"
 
+// 1: each 16 keys' exponentials, then their P·V products, so the SFU and the tensor cores overlap;
+// 0: all exponentials of a sub-tile, then all its products (build with -DMIRAGE_SOFTMAX_INTERLEAVE=0
+// to compare: the results are the same)
+#ifndef MIRAGE_SOFTMAX_INTERLEAVE
+#define MIRAGE_SOFTMAX_INTERLEAVE 1
+#endif
+
 namespace mirage::gen {
 
 // A result the chain does not write (its node is absent from the µGraph).
@@ -245,7 +252,26 @@ struct OnlineSoftmax {
       factor[h] = previous == current ? 1.0f : softmax_detail::exp2_fast(previous - current);
       state.maximum[t][h] = current;
     }
+#pragma unroll
+    for (int j = 0; j < kOutTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) state.out[t][j][e] *= factor[e / 2];
     float row_sum[2] = {0.0f, 0.0f};
+#if MIRAGE_SOFTMAX_INTERLEAVE
+    // P of 16 keys, then its P·V products: the exponentials of the next 16 keys (SFU) issue while
+    // the tensor cores run these (same operations and sums as the two-pass order, same results)
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+#pragma unroll
+      for (int j = 2 * kk; j < 2 * kk + 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          score[j][e] = softmax_detail::exp2_fast(score[j][e] - state.maximum[t][e / 2]);
+          row_sum[e / 2] += score[j][e];
+        }
+      accumulate_keys(state.out[t], score, v, key0, kk);
+    }
+#else
 #pragma unroll
     for (int j = 0; j < kKeyTiles; ++j)
 #pragma unroll
@@ -254,12 +280,10 @@ struct OnlineSoftmax {
         row_sum[e / 2] += score[j][e];
       }
 #pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) accumulate_keys(state.out[t], score, v, key0, kk);
+#endif
+#pragma unroll
     for (int h = 0; h < 2; ++h) state.sum[t][h] = state.sum[t][h] * factor[h] + row_sum[h];
-#pragma unroll
-    for (int j = 0; j < kOutTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) state.out[t][j][e] *= factor[e / 2];
-    accumulate(state.out[t], score, v, key0);
   }
 
   // score[j] = Q[row0 : row0 + 16, :] · K[:, key0 + 8 j : key0 + 8 j + 8]
@@ -285,25 +309,23 @@ struct OnlineSoftmax {
     }
   }
 
-  // out += P · V[key0 : key0 + kKeys, :], P given as C fragments (converted to A fragments).
-  static MIRAGE_DEVICE void accumulate(float (&out)[kOutTiles][4], const float (&p)[kKeyTiles][4],
-                                       dev::SharedTile<T, VLayout> v, int key0) {
+  // out += P[:, 16 kk : 16 kk + 16] · V[key0 + 16 kk : key0 + 16 kk + 16, :], P given as C fragments
+  // (converted to A fragments).
+  static MIRAGE_DEVICE void accumulate_keys(float (&out)[kOutTiles][4], const float (&p)[kKeyTiles][4],
+                                            dev::SharedTile<T, VLayout> v, int key0, int kk) {
+    const uint32_t a[4] = {
+        softmax_detail::pack<T>(p[2 * kk][0], p[2 * kk][1]),
+        softmax_detail::pack<T>(p[2 * kk][2], p[2 * kk][3]),
+        softmax_detail::pack<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+        softmax_detail::pack<T>(p[2 * kk + 1][2], p[2 * kk + 1][3]),
+    };
 #pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-      const uint32_t a[4] = {
-          softmax_detail::pack<T>(p[2 * kk][0], p[2 * kk][1]),
-          softmax_detail::pack<T>(p[2 * kk][2], p[2 * kk][3]),
-          softmax_detail::pack<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-          softmax_detail::pack<T>(p[2 * kk + 1][2], p[2 * kk + 1][3]),
-      };
-#pragma unroll
-      for (int j = 0; j < kOutTiles; j += 2) {
-        uint32_t b[4];
-        const T* b_address = v.data + (key0 + kk * 16 + lane() % 16) * VLayout::pitch + j * 8 + (lane() / 16) * 8;
-        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2], b[3]);
-        mma(out[j], a, b[0], b[1]);
-        mma(out[j + 1], a, b[2], b[3]);
-      }
+    for (int j = 0; j < kOutTiles; j += 2) {
+      uint32_t b[4];
+      const T* b_address = v.data + (key0 + kk * 16 + lane() % 16) * VLayout::pitch + j * 8 + (lane() / 16) * 8;
+      cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2], b[3]);
+      mma(out[j], a, b[0], b[1]);
+      mma(out[j + 1], a, b[2], b[3]);
     }
   }
 
