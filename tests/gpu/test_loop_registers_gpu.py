@@ -6,9 +6,12 @@
   the shared-tile block reduction (OptimizerOptions(register_row_sums=False)).
 * A matmul operand X·g scaled in the A fragments (accumulate_scaled): bit-identical to the same
   graph that stores X·g first (OptimizerOptions(fold_operand_scale=False)), fp16 and bf16.
+* The online-softmax chain's two instruction orders (MIRAGE_SOFTMAX_INTERLEAVE): bit-identical.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -17,6 +20,7 @@ pytest.importorskip("cupy")
 
 import mirage as mi  # noqa: E402
 from benchmarks.mugraphs import mlp  # noqa: E402
+from benchmarks.variants import family  # noqa: E402
 from mirage.codegen.gpu_check import check_on_gpu, random_inputs  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
@@ -101,3 +105,15 @@ def test_scaled_operand_is_bit_identical_to_the_stored_product(name, graph):
     assert result.passed, result.as_dict()
     (a,), (b,) = ours(*inputs), theirs(*inputs)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["gqa_b8", "qknorm_b1"])
+def test_softmax_orders_are_bit_identical(case):
+    _, graph = family(case)[0]
+    program = generate_cuda_program(graph, None)
+    two_pass = dataclasses.replace(program, code="#define MIRAGE_SOFTMAX_INTERLEAVE 0\n" + program.code)
+    interleaved, separate = build_many([program, two_pass])
+    inputs = random_inputs(graph, 7)
+    result = check_on_gpu(graph, interleaved, inputs=inputs)
+    assert result.passed, result.as_dict()
+    assert torch.equal(interleaved(*inputs)[0], separate(*inputs)[0])

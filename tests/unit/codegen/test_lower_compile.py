@@ -44,6 +44,9 @@ def _register_attention():
     return family("qknorm_b1")[0][1]
 
 
+TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
+
+
 @pytest.fixture(scope="module")
 def built():
     graphs = {name: CASES[name].fused() for name in BENCHMARKS}
@@ -51,8 +54,9 @@ def built():
     graphs.update({f"random_{s}": random_graph(s).graph for s in RANDOM_SEEDS})
     graphs.update({name: _search_graph(name) for name in SEARCH_NAMES})
     programs = {name: generate_cuda_program(g, 90) for name, g in graphs.items()}
+    programs["qknorm_two_pass"] = programs["qknorm_registers"]
     results = compile_sources(
-        [p.code for p in programs.values()],
+        [TWO_PASS + p.code if name.endswith("two_pass") else p.code for name, p in programs.items()],
         CompileOptions(target=TARGETS["H100"]),
         dumps={Stage.SASS},
         return_exceptions=True,
@@ -90,6 +94,18 @@ def test_register_attention_runs_on_tensor_cores_without_local_memory(built):
     combine = functions[program.kernels[-1].name]  # reads its splits straight from global memory
     assert re.search(r"LDG\.E\.(64|128)\.CONSTANT", combine)  # 8- or 16-byte vectors per thread
     assert "LDGSTS" not in combine and "BAR.SYNC" in combine
+
+
+def test_softmax_orders_run_the_same_instructions(built):
+    """The chain's exponentials and P·V products interleaved per 16 keys (the default) or in two
+    passes: the same tensor-core and SFU instructions, in another order, and still no spills."""
+    def counts(sass: str) -> tuple[int, int]:
+        return len(re.findall(r"\bHMMA\.", sass)), len(re.findall(r"\bMUFU\.EX2\b", sass))
+
+    interleaved, two_pass = (built[name][1].sass() for name in ("qknorm_registers", "qknorm_two_pass"))
+    assert interleaved != two_pass
+    assert counts(interleaved) == counts(two_pass) and counts(interleaved)[1] > 0
+    assert "LDL" not in two_pass and "STL" not in two_pass
 
 
 def test_elementwise_chains_use_vector_shared_accesses(built):
