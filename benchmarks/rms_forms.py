@@ -29,12 +29,7 @@ FORMS = {
 def gemv(b: int, grid: int, iters: int, threads: int) -> mi.KernelGraph:
     g = mi.new_kernel_graph("gemv")
     x, _, w = (g.new_input(dims=s, dtype=mi.float16) for s in mlp.rmsnorm_shapes(b))
-    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=iters)
-    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
-    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
-    tb.new_output(tb.forloop_accum(tb.matmul(bx, bw)), output_map=(1, -1, -1))
-    (out,) = g.customized([x, w], tb)
-    g.mark_output(out)
+    g.mark_output(mlp.streamed_matmul(g, x, w, grid, iters, threads))
     return g.freeze()
 
 

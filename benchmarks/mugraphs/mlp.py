@@ -52,13 +52,19 @@ def rmsnorm_two_kernels(b: int, grid: int = 128, iters: int = 16, threads: int =
     bg = tn.new_input(gain, input_map=(-1, -1, -1), forloop_dim=-1)  # [1, 4096]
     tn.new_output(tn.forloop_accum(tn.mul(tn.rms_norm(bx, eps=EPS), bg)), output_map=(0, -1, -1))
     (y,) = g.customized([x, gain], tn)
-    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=iters)
-    by = tb.new_input(y, input_map=(-1, -1, -1), forloop_dim=1)
-    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
-    tb.new_output(tb.forloop_accum(tb.matmul(by, bw)), output_map=(1, -1, -1))
-    (out,) = g.customized([y, w], tb)
-    g.mark_output(out)
+    g.mark_output(streamed_matmul(g, y, w, grid, iters, threads))
     return g.freeze()
+
+
+def streamed_matmul(g, x, w, grid: int, iters: int, threads: int):
+    """``X @ W`` as one weight-streaming kernel: ``grid`` blocks split W's columns, ``iters``
+    for-loop iterations its rows (every block reads all of X)."""
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=iters)
+    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
+    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(bx, bw)), output_map=(1, -1, -1))
+    (out,) = g.customized([x, w], tb)
+    return out
 
 
 def gatedmlp_shapes(m: int) -> list[tuple[int, ...]]:

@@ -76,12 +76,12 @@ class KernelLowering:
         self.scratch_used = False
         self.epilogue_consumer = {producer: consumer for consumer, producer in kernel.registers.epilogues}
         self.in_registers = frozenset(kernel.registers.accumulators)
-        # matmul → (A's element-wise product node, the full operand, the row vector scaling its columns)
-        self.scaled_operands = self._scaled_operands() if fold_operand_scale else {}
-        self.folded = frozenset(p for p, _, _ in self.scaled_operands.values())
         self.functions: dict[int, ctx.ThreadFunction] = {}
         self.matmuls: dict[int, ctx.MatmulType] = {}
         self._tiles: dict[tuple[int, int], ctx.Tile] = {}
+        # matmul → (A's element-wise product node, the full operand, the row vector scaling its columns)
+        self.scaled_operands = self._scaled_operands() if fold_operand_scale else {}
+        self.folded = frozenset(p for p, _, _ in self.scaled_operands.values())
         self._check_nodes()
         self.softmax = kernel.softmax_chain
         self.softmax_scratch = 0  # bytes of the key-group merge scratch after the plan
@@ -274,9 +274,25 @@ class KernelLowering:
             for full, vector in (factors, factors[::-1]):
                 f, v = self.graph.type_of(full).shape, self.graph.type_of(vector).shape
                 if f == shape and len(v) == len(f) and v[-1] == f[-1] and all(d == 1 for d in v[:-1]):
-                    out[i] = (a_ref.node, full, vector)
+                    if self._tensor_core_operands(full, b_ref):
+                        out[i] = (a_ref.node, full, vector)
                     break
         return out
+
+    def _tensor_core_operands(self, a: Ref, b: Ref) -> bool:
+        """Whether ``A · B`` of these shared tiles runs on tensor cores (``TensorCoreMatmul::kSupported``
+        for 16-bit types, one batch): rows of whole 16-byte vectors, K a multiple of 16, N of 8, whole
+        warps."""
+        la, lb = self.operand(a).layout, self.operand(b).layout
+        return (
+            la.dims[0] * la.dims[1] == 1
+            and lb.dims[0] * lb.dims[1] == 1
+            and la.dims[3] % 16 == 0
+            and lb.dims[3] % 8 == 0
+            and (2 * la.pitch) % 16 == 0
+            and (2 * lb.pitch) % 16 == 0
+            and self.threads % 32 == 0
+        )
 
     def _register_accumulator(self, i: int) -> ctx.RegisterAccumulator:
         root = self.chain_root(i)
@@ -537,14 +553,12 @@ class KernelLowering:
                 i, ctx.FinalizeKind.WRITE_BACK, self.tile(i), accumulator=self.register_accumulator(i)
             )
         count = self.graph.forloop_range * self.graph.type_of(node.inputs[0]).shape[-1]
-        if i in self.row_sums:
-            kind = ctx.FinalizeKind.RMS if node.attrs.kind is AccumKind.RMS else ctx.FinalizeKind.MEAN
-            eps = node.attrs.eps if node.attrs.kind is AccumKind.RMS else 0.0
-            return ctx.RowSumsWriteBack(self.row_sums[i], kind, self.tile(i), count, eps)
+        sums = self.row_sums.get(i)
         if node.attrs.kind is AccumKind.MEAN:
-            return ctx.FinalizeStep(i, ctx.FinalizeKind.MEAN, self.tile(i), count)
+            return ctx.FinalizeStep(i, ctx.FinalizeKind.MEAN, self.tile(i), count, row_sums=sums)
         if node.attrs.kind is AccumKind.RMS:
-            return ctx.FinalizeStep(i, ctx.FinalizeKind.RMS, self.tile(i), count, node.attrs.eps)
+            eps = node.attrs.eps
+            return ctx.FinalizeStep(i, ctx.FinalizeKind.RMS, self.tile(i), count, eps, row_sums=sums)
         raise LoweringError(f"accumulator %{i} ({node.attrs.kind.value}) has nothing to finalize")
 
     def steps(self) -> dict[Phase, list[ctx.Step]]:
@@ -614,7 +628,6 @@ class KernelLowering:
                     steps.append(self.finalize(item.node))
                 case Action.STORE:
                     steps.append(ctx.StoreStep(savers[item.node]))
-        out[Phase.PRE_LOOP][:0] = [ctx.RowSumsSetup(sums) for sums in self.row_sums.values()]
         return out
 
     @property
@@ -672,6 +685,7 @@ class KernelLowering:
             tiles=tuple(bound[n] for n in sorted(bound, key=_tile_order)),
             iterators=self.iterators,
             registers=self.registers,
+            row_sums=tuple(self.row_sums.values()),
             softmax=(self.softmax_type(),) if self.softmax is not None else (),
             pre_loop=tuple(steps[Phase.PRE_LOOP]),
             loop=tuple(steps[Phase.LOOP]),

@@ -367,6 +367,17 @@ class FillStep:
     value: str
 
 
+@dataclass(frozen=True)
+class RowSums:
+    """A for-loop accumulator of sums over the last dim kept in registers (``gen::RowSums``): each
+    thread adds its slice of every iteration's tile; the row's lanes combine after the loop."""
+
+    name: str  # C++ variable
+    node: int  # the accumulator
+    operand: Tile  # the tile summed each iteration
+    prologue: str  # device functor applied to each element (Identity, Square)
+
+
 class FinalizeKind(enum.Enum):
     WRITE_BACK = "write_back"  # register accumulator → its shared tile
     MEAN = "mean"
@@ -382,6 +393,7 @@ class FinalizeStep:
     count: int = 1  # elements summed per result (mean, rms)
     eps: float = 0.0
     accumulator: RegisterAccumulator | None = None
+    row_sums: RowSums | None = None  # mean / rms: the sums are in these registers, not in the tile
 
 
 @dataclass(frozen=True)
@@ -408,38 +420,11 @@ class PrologueStep:
 
 
 @dataclass(frozen=True)
-class RowSums:
-    """A for-loop accumulator of sums over the last dim kept in registers (``gen::RowSums``): each
-    thread adds its slice of every iteration's tile; the row's lanes combine after the loop."""
-
-    name: str  # C++ variable
-    node: int  # the accumulator
-    operand: Tile  # the tile summed each iteration
-    prologue: str  # device functor applied to each element (Identity, Square)
-
-
-@dataclass(frozen=True)
-class RowSumsSetup:
-    kind: ClassVar[str] = "row_sums_setup"
-    sums: RowSums
-
-
-@dataclass(frozen=True)
 class RowSumsStep:
+    """``sums.add(tile)``: registers only, no barrier after it."""
+
     kind: ClassVar[str] = "row_sums"
     sums: RowSums
-
-
-@dataclass(frozen=True)
-class RowSumsWriteBack:
-    """``tile[row] = finish(Σ)`` after the loop, in place of the shared tile's finalize."""
-
-    kind: ClassVar[str] = "row_sums_write_back"
-    sums: RowSums
-    finalize: FinalizeKind  # MEAN or RMS
-    tile: Tile
-    count: int  # elements summed per result
-    eps: float = 0.0
 
 
 Step = (
@@ -450,9 +435,7 @@ Step = (
     | RowLoopSetup
     | RowLoopStep
     | RowLoopWriteBack
-    | RowSumsSetup
     | RowSumsStep
-    | RowSumsWriteBack
     | LoadStep
     | FillStep
     | FinalizeStep
@@ -489,6 +472,7 @@ class KernelContext:
     tiles: tuple[Tile, ...]  # tiles bound once (offset >= 0)
     iterators: tuple[InputIteratorContext, ...]
     registers: tuple[RegisterAccumulator, ...]
+    row_sums: tuple[RowSums, ...]  # mean / rms accumulators summed in registers
     softmax: tuple[OnlineSoftmaxType, ...]  # register-resident online-softmax chains
     pre_loop: tuple[Step, ...]
     loop: tuple[Step, ...]

@@ -347,16 +347,19 @@ def test_mean_and_rms_accumulators_sum_in_registers():
     block reduction); with register_row_sums=False it is the shared tile's block reduction."""
     program = generate_cuda_program(rms_rows(), 90)
     (context,) = program.contexts
-    (setup,) = [s for s in context.pre_loop if s.kind == "row_sums_setup"]
+    (declared,) = context.row_sums
     (add,) = [s for s in context.loop if s.kind == "row_sums"]
-    (back,) = [s for s in context.post_loop if s.kind == "row_sums_write_back"]
-    assert setup.sums == add.sums == back.sums and back.finalize is ctx.FinalizeKind.RMS
+    (back,) = [s for s in context.post_loop if s.kind == "finalize" and s.row_sums is not None]
+    assert declared == add.sums == back.row_sums and back.finalize is ctx.FinalizeKind.RMS
     assert back.count == 2 * 128 and back.eps == 1e-6
-    assert not [s for s in context.post_loop if s.kind == "finalize"]
+    assert f"{declared.name}.clear();" in program.code
     assert f"{add.sums.name}.add({add.sums.operand.name});" in program.code
+    assert "finalize_rms" not in program.code
+    assert program.code.count("reduce_apply") == 1  # the exp sum's (a plain sum: no finalize step)
     assert "mirage::gen::FinishRms{256.0f, 1e-06f}" in program.code
     shared = generate_cuda_program(rms_rows(), 90, options=OptimizerOptions(register_row_sums=False))
     assert "RowSums" not in shared.code and "finalize_rms" in shared.code
+    assert shared.code.count("reduce_apply") == 2
 
 
 def test_reductions_get_a_scratch_after_the_planned_buffers():
@@ -428,3 +431,21 @@ def test_a_row_vector_product_is_folded_into_the_matmul_operand():
     for o in outs:
         g.mark_output(o)
     assert "accumulate_scaled" not in generate_cuda_program(g.freeze(), 90).code
+
+
+
+@pytest.mark.parametrize("n,dtype", [(12, mi.float16), (64, mi.float32)])
+def test_a_scale_is_not_folded_off_the_tensor_core_path(n, dtype):
+    """(X·g) @ W with N not a multiple of 8, or fp32 operands (TF32 fragments): the tensor-core
+    fragment scale does not apply, so X·g is stored and the product reads it."""
+    g = mi.new_kernel_graph("off_path")
+    xs, gs, ws = (g.new_input(dims=s, dtype=dtype) for s in ((16, 256), (1, 256), (256, n)))
+    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=2)
+    bx = tb.new_input(xs, input_map=(-1, -1, -1), forloop_dim=1)
+    bg = tb.new_input(gs, input_map=(-1, -1, -1), forloop_dim=1)
+    bw = tb.new_input(ws, input_map=(-1, -1, -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(tb.mul(bx, bg), bw)), output_map=(-1, -1, -1))
+    (out,) = g.customized([xs, gs, ws], tb)
+    g.mark_output(out)
+    program = generate_cuda_program(g.freeze(), 90)
+    assert "accumulate_scaled" not in program.code and "::accumulate(" in program.code

@@ -35,12 +35,12 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
       input0, in0_strides,
       mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 16, 128, 136>>(in0_strides, mirage::dev::DimMap{2, -1, -1}, 3, kForloopRange, blockIdx),
       kForloopRange, mirage::dev::shared_at<__half>(shared, 0));
+  mirage::gen::RowSums<kThreads, __half, mirage::dev::Layout<1, 1, 16, 128, 136>, mirage::dev::Square> row_sums3;  // %3: sums in registers
+  row_sums3.clear();
 
   mirage::dev::wait_for_prerequisite_grids();  // no global memory access before this line
 
   // ---- before the for-loop
-  mirage::gen::RowSums<kThreads, __half, mirage::dev::Layout<1, 1, 16, 128, 136>, mirage::dev::Square> row_sums3;  // %3: sums in registers
-  row_sums3.clear();
   mirage::gen::fill<kThreads>(t2, 0.0f);
   for (int stage = 0; stage < 1; ++stage) {
     in0.load(stage);
