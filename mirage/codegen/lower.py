@@ -763,4 +763,21 @@ def thread_function(name: str, graph: ThreadGraph) -> ctx.ThreadFunction:
             )
         )
     (out,) = graph.outputs
-    return ctx.ThreadFunction(name, arity, tuple(statements), value[out.node])
+    return ctx.ThreadFunction(name, arity, tuple(statements), value[out.node], _linear_scale(graph))
+
+
+def _linear_scale(graph: ThreadGraph) -> float | None:
+    """c when ``graph`` computes x0 · c with c > 0 (each op a scalar product of the one before)."""
+    scale = 1.0
+    previous = None
+    for i, node in enumerate(graph.nodes):
+        if node.op is Op.INPUT:
+            if previous is not None or node.attrs.index != 0:
+                return None
+        elif node.op is Op.MUL_SCALAR and node.inputs[0].node == previous:
+            scale *= node.attrs.value
+        else:
+            return None
+        previous = i
+    (out,) = graph.outputs
+    return scale if out.node == previous and scale > 0 else None

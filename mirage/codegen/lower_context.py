@@ -102,6 +102,9 @@ class ThreadFunction:
     arity: int
     statements: tuple[ThreadStatement, ...]
     result: str
+    # c when the function is x0 · c with c > 0 (a chain of scalar products): the online-softmax
+    # chain then takes row maxima of the raw scores and folds c into its exponent's FFMA
+    linear_scale: float | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@
 * A matmul operand X·g scaled in the A fragments (accumulate_scaled): bit-identical to the same
   graph that stores X·g first (OptimizerOptions(fold_operand_scale=False)), fp16 and bf16.
 * The online-softmax chain's two instruction orders (MIRAGE_SOFTMAX_INTERLEAVE): bit-identical.
+* The chain's score scale folded into the exponent (MIRAGE_SOFTMAX_FOLD_SCALE): against float64 and
+  against the chain that scales each score, fp16 and bf16.
 """
 
 from __future__ import annotations
@@ -117,3 +119,38 @@ def test_softmax_orders_are_bit_identical(case):
     result = check_on_gpu(graph, interleaved, inputs=inputs)
     assert result.passed, result.as_dict()
     assert torch.equal(interleaved(*inputs)[0], separate(*inputs)[0])
+
+
+def _with_dtype(value, dtype):
+    """``value`` (a µGraph, or any part of one) with its fp16 tensors retyped to ``dtype``."""
+    from mirage.mugraph.graph import TensorType
+
+    if isinstance(value, TensorType):
+        return dataclasses.replace(value, dtype=dtype) if value.dtype is mi.float16 else value
+    if isinstance(value, tuple):
+        return tuple(_with_dtype(v, dtype) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = [f.name for f in dataclasses.fields(value) if f.init]
+        return dataclasses.replace(value, **{f: _with_dtype(getattr(value, f), dtype) for f in fields})
+    return value
+
+
+PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
+
+
+@pytest.mark.parametrize("case, dtype", [("gqa_b8", mi.float16), ("qknorm_b1", mi.float16),
+                                         ("gqa_b1", mi.bfloat16)])
+def test_softmax_scale_fold_matches_the_reference(case, dtype):
+    _, graph = family(case)[0]
+    if dtype is not mi.float16:
+        graph = _with_dtype(graph, dtype)
+    program = generate_cuda_program(graph, None)
+    assert "kLinearScale" in program.code
+    folded, per_element = build_many([program, dataclasses.replace(program, code=PER_ELEMENT + program.code)])
+    inputs = random_inputs(graph, 11)
+    for built in (folded, per_element):
+        result = check_on_gpu(graph, built, inputs=inputs)
+        assert result.passed, result.as_dict()
+    (a,), (b,) = folded(*inputs), per_element(*inputs)
+    assert not torch.equal(a, b)  # the forms differ (so both ran), by rounding only
+    torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)

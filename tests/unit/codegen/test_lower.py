@@ -19,7 +19,7 @@ from mirage.codegen import lower_ops
 from mirage.codegen.lower_ops import LoweringError, plan_pitch, tile_layout
 from mirage.codegen.lower_program import CudaProgram, cfloat, generate_cuda_program, target_for
 from mirage.errors import SharedMemoryError
-from mirage.mugraph.graph import Ref
+from mirage.mugraph.graph import Node, Ref, Scalar, TensorType, ThreadGraph, ThreadInput
 from mirage.mugraph.ops import Op
 from mirage.mugraph.target import TARGETS
 from mirage.optimizer import OptimizerOptions, RegisterOptions
@@ -163,6 +163,30 @@ def test_unfused_elementwise_ops_lower_as_single_op_functions():
     (context,) = program.contexts
     functors = [s.functor for f in context.functions for s in f.statements]
     assert functors.count("mirage::dev::Exp") == 1 and "mirage::dev::MulScalar" in functors
+
+
+def _thread_chain(*ops: tuple[Op, float | None]) -> ThreadGraph:
+    t = (TensorType((16, 64), mi.float32),)
+    nodes = [Node(Op.INPUT, (), ThreadInput(0), t)]
+    for op, value in ops:
+        nodes.append(Node(op, (Ref(len(nodes) - 1),), Scalar(value) if value is not None else None, t))
+    return ThreadGraph(tuple(nodes), (Ref(len(nodes) - 1),))
+
+
+@pytest.mark.parametrize("ops, scale", [
+    ([(Op.MUL_SCALAR, 0.125)], 0.125),
+    ([(Op.MUL_SCALAR, 0.5), (Op.MUL_SCALAR, 0.25)], 0.125),
+    ([(Op.MUL_SCALAR, -0.125)], None),  # a negative scale reverses the order of the maxima
+    ([(Op.MUL_SCALAR, 0.125), (Op.ADD_SCALAR, 1.0)], None),
+    ([(Op.EXP, None)], None),
+])
+def test_a_positive_scalar_product_is_a_linear_score(ops, scale):
+    from mirage.codegen.lower import thread_function
+
+    function = thread_function("f", _thread_chain(*ops))
+    assert function.linear_scale == scale
+    code = generate_cuda_program(CASES["gqa_b1"].fused(), 90).code
+    assert "static constexpr float kLinearScale = 0.125f;" in code
 
 
 # ---- tables ----------------------------------------------------------------------------------------

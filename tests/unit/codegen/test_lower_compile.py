@@ -45,6 +45,8 @@ def _register_attention():
 
 
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
+PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
+PREFIXES = {"qknorm_two_pass": TWO_PASS, "qknorm_per_element": PER_ELEMENT}
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +56,9 @@ def built():
     graphs.update({f"random_{s}": random_graph(s).graph for s in RANDOM_SEEDS})
     graphs.update({name: _search_graph(name) for name in SEARCH_NAMES})
     programs = {name: generate_cuda_program(g, 90) for name, g in graphs.items()}
-    programs["qknorm_two_pass"] = programs["qknorm_registers"]
+    programs.update({name: programs["qknorm_registers"] for name in PREFIXES})
     results = compile_sources(
-        [TWO_PASS + p.code if name.endswith("two_pass") else p.code for name, p in programs.items()],
+        [PREFIXES.get(name, "") + p.code for name, p in programs.items()],
         CompileOptions(target=TARGETS["H100"]),
         dumps={Stage.SASS},
         return_exceptions=True,
@@ -106,6 +108,25 @@ def test_softmax_orders_run_the_same_instructions(built):
     assert interleaved != two_pass
     assert counts(interleaved) == counts(two_pass) and counts(interleaved)[1] > 0
     assert "LDL" not in two_pass and "STL" not in two_pass
+
+
+def test_softmax_scale_fold_cuts_the_per_score_work(built):
+    """The score scale 1/8 folded into the exponent's FFMA: the chain's row maxima are taken over the
+    raw products, and each score costs FMNMX, FFMA, MUFU instead of FMUL, FMUL, FMNMX, FADD, MUFU
+    (ptxas merges some of those: at least one instruction a score remains saved)."""
+    def counts(sass: str) -> dict[str, int]:  # of the kernel with the most tensor-core work: the chain
+        functions = sass.split("Function : ")[1:]
+        chain = max(functions, key=lambda f: len(re.findall(r"\bHMMA\.", f)))
+        return {op: len(re.findall(rf"\b{op}\b", chain)) for op in ("HMMA", "FMUL", "FADD", "FFMA", "MUFU")}
+
+    assert "kLinearScale = 0.125f" in built["qknorm_registers"][0].code
+    folded = counts(built["qknorm_registers"][1].sass())
+    per_element = counts(built["qknorm_per_element"][1].sass())
+    scores = folded["MUFU"] // 2  # per thread and sub-step (MUFU.EX2: the scores and a few rescales)
+    arithmetic = [c["FMUL"] + c["FADD"] + c["FFMA"] for c in (folded, per_element)]
+    assert folded["FMUL"] <= per_element["FMUL"] - scores and arithmetic[0] <= arithmetic[1] - scores
+    assert (folded["HMMA"], folded["MUFU"]) == (per_element["HMMA"], per_element["MUFU"])
+    assert "LDL" not in built["qknorm_per_element"][1].sass()
 
 
 def test_elementwise_chains_use_vector_shared_accesses(built):

@@ -14,6 +14,7 @@ namespace mirage::dev {
 // ---- unary operators ----------------------------------------------------------------------
 
 struct Identity {
+  static constexpr float kLinearScale = 1.0f;  // x · 1 (read by gen::OnlineSoftmax)
   MIRAGE_DEVICE float operator()(float x) const { return x; }
 };
 struct Exp {

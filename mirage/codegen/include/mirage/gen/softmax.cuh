@@ -25,6 +25,8 @@
 //                                                              a barrier must follow before others read
 #pragma once
 
+#include <type_traits>
+
 #include <cute/arch/copy_sm75.hpp>
 
 #include "../mirage.cuh"
@@ -35,6 +37,13 @@
 // to compare: the results are the same)
 #ifndef MIRAGE_SOFTMAX_INTERLEAVE
 #define MIRAGE_SOFTMAX_INTERLEAVE 1
+#endif
+
+// 1: a score x · c (c > 0, the functor's kLinearScale) is not applied element by element: the row
+// maxima are taken over the raw products and c · log2(e) goes into the exponent's FFMA, so a score
+// costs FMNMX, FFMA, MUFU instead of FMUL, FMUL, FMNMX, FADD, MUFU; 0: the functor, then log2(e)
+#ifndef MIRAGE_SOFTMAX_FOLD_SCALE
+#define MIRAGE_SOFTMAX_FOLD_SCALE 1
 #endif
 
 namespace mirage::gen {
@@ -73,6 +82,18 @@ MIRAGE_DEVICE float exp2_fast(float x) {
   return y;
 }
 
+// Score::kLinearScale when the score functor declares one (the function is x · kLinearScale, > 0)
+template <class Score, class = void>
+struct LinearScore {
+  static constexpr bool value = false;
+  static constexpr float scale = 1.0f;
+};
+template <class Score>
+struct LinearScore<Score, std::void_t<decltype(Score::kLinearScale)>> {
+  static constexpr bool value = true;
+  static constexpr float scale = Score::kLinearScale;
+};
+
 template <class T, class L>
 MIRAGE_DEVICE void store(dev::SharedTile<T, L> tile, int linear, float value) {
   tile.store(linear, value);
@@ -109,6 +130,12 @@ struct OnlineSoftmax {
 
   // Scratch floats for write_back's merge of the key groups (0 with one group).
   static constexpr int kScratchFloats = kGroups > 1 ? kGroups * R * (E + 2) : 0;
+
+  static constexpr bool kFoldScale = MIRAGE_SOFTMAX_FOLD_SCALE && softmax_detail::LinearScore<Score>::value;
+  // S · kUnits − m is the exponent in log2 units: the raw product's scale c · log2(e) with
+  // kFoldScale, else 1 (S is scaled element by element first)
+  static constexpr float kUnits =
+      kFoldScale ? softmax_detail::kLog2e * softmax_detail::LinearScore<Score>::scale : 1.0f;
 
   struct State {
     float out[kTilesPerWarp][kOutTiles][4];
@@ -235,19 +262,22 @@ struct OnlineSoftmax {
     const int row0 = row_tile(t) * 16;
     float score[kKeyTiles][4];
     scores(q, k, row0, key0, score);
-    // S in log2 units: exp(S − m) = 2^(S·log2e − m·log2e)
+    // S in log2 units: exp(S − m) = 2^(S·log2e − m·log2e). With kFoldScale, S = c · raw and the
+    // maxima are over the raw products (c > 0 keeps their order); c · log2e is applied below.
     float tile_max[2] = {negative_infinity(), negative_infinity()};
 #pragma unroll
     for (int j = 0; j < kKeyTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        score[j][e] = Score{}(score[j][e]) * softmax_detail::kLog2e;
+        if constexpr (!kFoldScale) score[j][e] = Score{}(score[j][e]) * softmax_detail::kLog2e;
         tile_max[e / 2] = fmaxf(tile_max[e / 2], score[j][e]);
       }
     float factor[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float current = fmaxf(state.maximum[t][h], softmax_detail::quad_max(tile_max[h]));
+      float seen = softmax_detail::quad_max(tile_max[h]);
+      if constexpr (kFoldScale) seen *= kUnits;
+      const float current = fmaxf(state.maximum[t][h], seen);
       const float previous = state.maximum[t][h];
       factor[h] = previous == current ? 1.0f : softmax_detail::exp2_fast(previous - current);
       state.maximum[t][h] = current;
@@ -256,34 +286,45 @@ struct OnlineSoftmax {
     for (int j = 0; j < kOutTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) state.out[t][j][e] *= factor[e / 2];
-    float row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) state.sum[t][h] *= factor[h];
+    const float offset[2] = {-state.maximum[t][0], -state.maximum[t][1]};
 #if MIRAGE_SOFTMAX_INTERLEAVE
     // P of 16 keys, then its P·V products: the exponentials of the next 16 keys (SFU) issue while
     // the tensor cores run these (same operations and sums as the two-pass order, same results)
 #pragma unroll
     for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-#pragma unroll
-      for (int j = 2 * kk; j < 2 * kk + 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          score[j][e] = softmax_detail::exp2_fast(score[j][e] - state.maximum[t][e / 2]);
-          row_sum[e / 2] += score[j][e];
-        }
-      accumulate_keys(state.out[t], score, v, key0, kk);
+      uint32_t p[4];
+      probabilities(state, t, score, kk, offset, p);
+      accumulate_keys(state, t, p, v, key0, kk);
     }
 #else
+    uint32_t p[kKeyTiles / 2][4];
 #pragma unroll
-    for (int j = 0; j < kKeyTiles; ++j)
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) probabilities(state, t, score, kk, offset, p[kk]);
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) accumulate_keys(state, t, p[kk], v, key0, kk);
+#endif
+  }
+
+  // The A fragment of P[:, 16 kk : 16 kk + 16] = 2^(S · kUnits − m) from the C fragments of S
+  // (score tiles 2 kk and 2 kk + 1; offset = −m): an FFMA and a MUFU per key, added to the
+  // thread's row sums in fp32, then packed.
+  static MIRAGE_DEVICE void probabilities(State& state, int t, const float (&s)[kKeyTiles][4], int kk,
+                                          const float (&offset)[2], uint32_t (&a)[4]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float x[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] = fmaf(s[2 * kk + half][e], kUnits, offset[e / 2]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        score[j][e] = softmax_detail::exp2_fast(score[j][e] - state.maximum[t][e / 2]);
-        row_sum[e / 2] += score[j][e];
+        x[e] = softmax_detail::exp2_fast(x[e]);
+        state.sum[t][e / 2] += x[e];
       }
-#pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk) accumulate_keys(state.out[t], score, v, key0, kk);
-#endif
-#pragma unroll
-    for (int h = 0; h < 2; ++h) state.sum[t][h] = state.sum[t][h] * factor[h] + row_sum[h];
+      a[2 * half] = softmax_detail::pack<T>(x[0], x[1]);
+      a[2 * half + 1] = softmax_detail::pack<T>(x[2], x[3]);
+    }
   }
 
   // score[j] = Q[row0 : row0 + 16, :] · K[:, key0 + 8 j : key0 + 8 j + 8]
@@ -309,16 +350,11 @@ struct OnlineSoftmax {
     }
   }
 
-  // out += P[:, 16 kk : 16 kk + 16] · V[key0 + 16 kk : key0 + 16 kk + 16, :], P given as C fragments
-  // (converted to A fragments).
-  static MIRAGE_DEVICE void accumulate_keys(float (&out)[kOutTiles][4], const float (&p)[kKeyTiles][4],
-                                            dev::SharedTile<T, VLayout> v, int key0, int kk) {
-    const uint32_t a[4] = {
-        softmax_detail::pack<T>(p[2 * kk][0], p[2 * kk][1]),
-        softmax_detail::pack<T>(p[2 * kk][2], p[2 * kk][3]),
-        softmax_detail::pack<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-        softmax_detail::pack<T>(p[2 * kk + 1][2], p[2 * kk + 1][3]),
-    };
+  // out += P[:, 16 kk : 16 kk + 16] · V[key0 + 16 kk : key0 + 16 kk + 16, :], P given as the A
+  // fragment.
+  static MIRAGE_DEVICE void accumulate_keys(State& state, int t, const uint32_t (&a)[4], dev::SharedTile<T, VLayout> v,
+                                            int key0, int kk) {
+    float(&out)[kOutTiles][4] = state.out[t];
 #pragma unroll
     for (int j = 0; j < kOutTiles; j += 2) {
       uint32_t b[4];

@@ -1,0 +1,74 @@
+"""The online-softmax chain's forms on the attention cases' tuned members, each a build of the same
+kernels with other ``MIRAGE_SOFTMAX_*`` macros (``mirage/gen/softmax.cuh``):
+
+* ``default``: the score scale folded into the exponent's FFMA, exponentials and P·V products
+  interleaved per 16 keys;
+* ``per_element``: the score functor applied to each score, then log2(e) (the chain before the fold);
+* ``two_pass``: the default with exponentials and products in two passes, which must agree with
+  ``default`` bit for bit.
+
+Every build is float-checked against float64.  Writes softmax_forms_<date>.json under $OUT (or /tmp).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import torch
+
+from benchmarks.mugraphs import CASES
+from benchmarks.variants import family
+from mirage.codegen.gpu_check import check_on_gpu, random_inputs
+from mirage.codegen.lower_program import generate_cuda_program
+from mirage.codegen.profile import device_facts, time_graph
+from mirage.codegen.runtime import build_many
+
+CASES_TIMED = ("gqa_b1", "gqa_b8", "qknorm_b1", "qknorm_b8")
+FORMS = {
+    "default": "",
+    "per_element": "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n",
+    "two_pass": "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n",
+}
+
+
+def main() -> None:
+    rows, programs = [], []
+    for case in CASES_TIMED:
+        for variant, graph in family(case):
+            program = generate_cuda_program(graph, None)
+            for form, prefix in FORMS.items():
+                programs.append(dataclasses.replace(program, code=prefix + program.code))
+                rows.append({"case": case, "label": variant.label, "form": form})
+    built = build_many(programs)
+    results = {}
+    for row, program in zip(rows, built, strict=True):
+        if isinstance(program, Exception):
+            row["failure"] = str(program).splitlines()[0]
+            continue
+        reference = CASES[row["case"]].reference()
+        inputs = random_inputs(reference, seed=0)
+        program.load()
+        row["us"] = time_graph(lambda p=program, x=inputs: p.launch(x), replays=100).median_us
+        check = check_on_gpu(reference, program, inputs=inputs)
+        row["passed"], row["relative_error"] = check.passed, check.worst_error
+        results[(row["case"], row["label"], row["form"])] = program(*inputs)[0]
+        print(row, flush=True)
+    same = [torch.equal(results[(c, lab, "default")], results[(c, lab, "two_pass")])
+            for (c, lab, f) in results if f == "default" and (c, lab, "two_pass") in results]
+    print(f"two_pass bit-identical to default: {sum(same)} of {len(same)}")
+    best = {}
+    for case in CASES_TIMED:
+        for form in FORMS:
+            times = [r["us"] for r in rows if r["case"] == case and r["form"] == form and "us" in r]
+            best[f"{case}/{form}"] = min(times)
+            print(f"best {case} {form}: {min(times):.2f} µs")
+    facts = device_facts()
+    with open(os.path.join(os.environ.get("OUT", "/tmp"), f"softmax_forms_{facts['date']}.json"), "w") as f:
+        json.dump({"facts": facts, "builds": rows, "best": best,
+                   "two_pass_bit_identical": [sum(same), len(same)]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
