@@ -58,9 +58,13 @@ def _rows(stages: tuple[int, ...], **axes) -> list[Variant]:
 
 # (kv_splits, q_splits, iters, threads, combine_rows): the fastest splits of the explorations with
 # the register-resident softmax chain and the direct-read combine (benchmarks/results/
-# explore_h100_2026-11-22_wide_direct.json), per program
+# explore_h100_2026-11-22_wide_direct.json; the two 128-thread members of 8 key splits and 2 query
+# splits, whose warps take two row tiles each, from explore_h100_2026-11-22_paired_tiles.json), per
+# program
 ATTENTION_SPLITS = {
     "gqa": [
+        (8, 2, 8, 128, 8),
+        (8, 2, 8, 128, 16),
         (16, 2, 2, 256, 8),
         (16, 4, 2, 128, 8),
         (16, 4, 2, 128, 16),

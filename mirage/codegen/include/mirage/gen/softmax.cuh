@@ -114,7 +114,15 @@ struct OnlineSoftmax {
   static constexpr int kGroups = kWarps >= kRowTiles && kRowTiles > 0 ? kWarps / kRowTiles : 1;
   static constexpr int kTilesPerWarp = kWarps >= kRowTiles ? 1 : kRowTiles / kWarps;
   static constexpr int kKeys = N / kGroups;  // keys of every tile that one warp takes
-  static constexpr int kSubKeys = kKeys > 128 ? 128 : kKeys;  // keys of one S sub-tile per warp
+  // Keys of one S sub-tile per warp: at most 128 scores a row, over all of the warp's row tiles
+  // (which share every K and V fragment that the warp loads), a multiple of 16 dividing kKeys.
+  static constexpr int sub_keys() {
+    const int cap = 128 / kTilesPerWarp < 16 ? 16 : 128 / kTilesPerWarp;
+    for (int keys = (kKeys < cap ? kKeys : cap) / 16 * 16; keys > 16; keys -= 16)
+      if (kKeys % keys == 0) return keys;
+    return 16;
+  }
+  static constexpr int kSubKeys = sub_keys();
   static constexpr int kKeyTiles = kSubKeys / 8;
   static constexpr int kOutTiles = E / 8;
   static_assert(Atom::kLdmatrix, "the register chain runs on fp16 / bf16 tensor cores");
@@ -172,10 +180,7 @@ struct OnlineSoftmax {
                                  dev::SharedTile<T, VLayout> v) {
     const int key0 = key_group() * kKeys;
 #pragma unroll 1
-    for (int sub = 0; sub < kKeys / kSubKeys; ++sub) {
-#pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t) sub_step(state, t, q, k, v, key0 + sub * kSubKeys);
-    }
+    for (int sub = 0; sub < kKeys / kSubKeys; ++sub) sub_step(state, q, k, v, key0 + sub * kSubKeys);
   }
 
   // The merged results into shared tiles (any may be NoTile): the row maximum M (in the units of
@@ -257,13 +262,40 @@ struct OnlineSoftmax {
  private:
   using Mma = typename Atom::Operation;
 
-  static MIRAGE_DEVICE void sub_step(State& state, int t, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
+  // One online-softmax step over kSubKeys keys for every row tile of the warp.
+  static MIRAGE_DEVICE void sub_step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
                                      dev::SharedTile<T, VLayout> v, int key0) {
-    const int row0 = row_tile(t) * 16;
-    float score[kKeyTiles][4];
-    scores(q, k, row0, key0, score);
+    float score[kTilesPerWarp][kKeyTiles][4];
+    scores(q, k, key0, score);
+    float offset[kTilesPerWarp][2];
+#pragma unroll
+    for (int t = 0; t < kTilesPerWarp; ++t) rescale(state, t, score[t], offset[t]);
+#if MIRAGE_SOFTMAX_INTERLEAVE
+    // P of 16 keys, then its P·V products: the exponentials of the next 16 keys (SFU) issue while
+    // the tensor cores run these (same operations and sums as the two-pass order, same results)
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+      uint32_t p[kTilesPerWarp][4];
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) probabilities(state, t, score[t], kk, offset[t], p[t]);
+      accumulate_keys(state, p, v, key0, kk);
+    }
+#else
+    uint32_t p[kKeyTiles / 2][kTilesPerWarp][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk)
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) probabilities(state, t, score[t], kk, offset[t], p[kk][t]);
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) accumulate_keys(state, p[kk], v, key0, kk);
+#endif
+  }
+
+  // Row tile t's new running maxima from its scores, the rescale of its O and l by
+  // 2^(m_prev − m), and offset = −m for the exponentials.
+  static MIRAGE_DEVICE void rescale(State& state, int t, float (&score)[kKeyTiles][4], float (&offset)[2]) {
     // S in log2 units: exp(S − m) = 2^(S·log2e − m·log2e). With kFoldScale, S = c · raw and the
-    // maxima are over the raw products (c > 0 keeps their order); c · log2e is applied below.
+    // maxima are over the raw products (c > 0 keeps their order); c · log2e is applied later.
     float tile_max[2] = {negative_infinity(), negative_infinity()};
 #pragma unroll
     for (int j = 0; j < kKeyTiles; ++j)
@@ -281,30 +313,13 @@ struct OnlineSoftmax {
       const float previous = state.maximum[t][h];
       factor[h] = previous == current ? 1.0f : softmax_detail::exp2_fast(previous - current);
       state.maximum[t][h] = current;
+      state.sum[t][h] *= factor[h];
+      offset[h] = -current;
     }
 #pragma unroll
     for (int j = 0; j < kOutTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) state.out[t][j][e] *= factor[e / 2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) state.sum[t][h] *= factor[h];
-    const float offset[2] = {-state.maximum[t][0], -state.maximum[t][1]};
-#if MIRAGE_SOFTMAX_INTERLEAVE
-    // P of 16 keys, then its P·V products: the exponentials of the next 16 keys (SFU) issue while
-    // the tensor cores run these (same operations and sums as the two-pass order, same results)
-#pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-      uint32_t p[4];
-      probabilities(state, t, score, kk, offset, p);
-      accumulate_keys(state, t, p, v, key0, kk);
-    }
-#else
-    uint32_t p[kKeyTiles / 2][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk) probabilities(state, t, score, kk, offset, p[kk]);
-#pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk) accumulate_keys(state, t, p[kk], v, key0, kk);
-#endif
   }
 
   // The A fragment of P[:, 16 kk : 16 kk + 16] = 2^(S · kUnits − m) from the C fragments of S
@@ -327,41 +342,53 @@ struct OnlineSoftmax {
     }
   }
 
-  // score[j] = Q[row0 : row0 + 16, :] · K[:, key0 + 8 j : key0 + 8 j + 8]
-  static MIRAGE_DEVICE void scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int row0, int key0,
-                                   float (&score)[kKeyTiles][4]) {
+  // score[t][j] = Q[16 row_tile(t) : +16, :] · K[:, key0 + 8 j : key0 + 8 j + 8]: each K fragment
+  // loaded once for all of the warp's row tiles
+  static MIRAGE_DEVICE void scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int key0,
+                                   float (&score)[kTilesPerWarp][kKeyTiles][4]) {
 #pragma unroll
-    for (int j = 0; j < kKeyTiles; ++j)
+    for (int t = 0; t < kTilesPerWarp; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) score[j][e] = 0.0f;
+      for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) score[t][j][e] = 0.0f;
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16) {
-      uint32_t a[4];
-      const T* a_address = q.data + (row0 + lane() % 16) * QLayout::pitch + k0 + (lane() / 16) * 8;
-      cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(a_address), a[0], a[1], a[2], a[3]);
+      uint32_t a[kTilesPerWarp][4];
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) {
+        const T* a_address = q.data + (row_tile(t) * 16 + lane() % 16) * QLayout::pitch + k0 + (lane() / 16) * 8;
+        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(a_address), a[t][0], a[t][1],
+                                      a[t][2], a[t][3]);
+      }
 #pragma unroll
       for (int j = 0; j < kKeyTiles; j += 2) {
         uint32_t b[4];
         const T* b_address = k.data + (k0 + lane() % 16) * KLayout::pitch + key0 + j * 8 + (lane() / 16) * 8;
         cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2], b[3]);
-        mma(score[j], a, b[0], b[1]);
-        mma(score[j + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t) {
+          mma(score[t][j], a[t], b[0], b[1]);
+          mma(score[t][j + 1], a[t], b[2], b[3]);
+        }
       }
     }
   }
 
-  // out += P[:, 16 kk : 16 kk + 16] · V[key0 + 16 kk : key0 + 16 kk + 16, :], P given as the A
-  // fragment.
-  static MIRAGE_DEVICE void accumulate_keys(State& state, int t, const uint32_t (&a)[4], dev::SharedTile<T, VLayout> v,
-                                            int key0, int kk) {
-    float(&out)[kOutTiles][4] = state.out[t];
+  // out[t] += P[t][:, 16 kk : 16 kk + 16] · V[key0 + 16 kk : key0 + 16 kk + 16, :] for every row
+  // tile t, P given as A fragments: each V fragment loaded once for all of them.
+  static MIRAGE_DEVICE void accumulate_keys(State& state, const uint32_t (&a)[kTilesPerWarp][4],
+                                            dev::SharedTile<T, VLayout> v, int key0, int kk) {
 #pragma unroll
     for (int j = 0; j < kOutTiles; j += 2) {
       uint32_t b[4];
       const T* b_address = v.data + (key0 + kk * 16 + lane() % 16) * VLayout::pitch + j * 8 + (lane() / 16) * 8;
       cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2], b[3]);
-      mma(out[j], a, b[0], b[1]);
-      mma(out[j + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) {
+        mma(state.out[t][j], a[t], b[0], b[1]);
+        mma(state.out[t][j + 1], a[t], b[2], b[3]);
+      }
     }
   }
 
