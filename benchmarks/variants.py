@@ -216,12 +216,14 @@ FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
 WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
     "gqa": _wide_attention_rows,
     "qknorm": _wide_qknorm_rows,
-    # GEMV: K tiles of 64–256 rows with 2–4 stages (smaller tiles, deeper pipelines), and fewer,
-    # wider blocks (each reads all of X: fewer blocks, less X traffic)
+    # GEMV: K tiles of 64–256 rows with 2–4 stages (smaller tiles, deeper pipelines), fewer, wider
+    # blocks (each reads all of X: fewer blocks, less X traffic), and more, narrower ones
     "rmsnorm": lambda: (_rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(256, 512))
                         + _rows((3, 4), two_kernels=(True,), grid=(128,), iters=(16, 32),
                                 threads=(128, 256))
-                        + _rows((2,), grid=(64, 96, 128), iters=(8, 16), threads=(256, 512))),
+                        + _rows((2,), grid=(64, 96, 128), iters=(8, 16), threads=(256, 512))
+                        # more, narrower blocks: two blocks on some SMs, more weight streams
+                        + _rows((2, 3), grid=(192, 256), iters=(8, 16), threads=(128, 256))),
     "gatedmlp": lambda: _rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(128, 256)),
 }
 

@@ -59,6 +59,7 @@ class KernelLowering:
         l2_prefetch_iterations: int = 0,
         register_row_sums: bool = True,
         fold_operand_scale: bool = True,
+        direct_output_stores: bool = True,
     ) -> None:
         self.kernel = kernel
         self.name = name
@@ -95,6 +96,9 @@ class KernelLowering:
         self.stages = pipelined.pop() if pipelined else 1
         self.registers = tuple(self._register_accumulator(i) for i in sorted(self.in_registers))
         self.row_sums = self._row_sums() if register_row_sums else {}
+        # result node → (output index, saver node) for results stored straight into the output
+        self.direct_outputs = self._direct_outputs() if direct_output_stores else {}
+        self.stored_directly: set[int] = set()  # those whose chain step got the global sink
 
     # ---- checks ------------------------------------------------------------------------------
 
@@ -429,8 +433,32 @@ class KernelLowering:
         (every producer emits each element once), so it needs neither clearing nor a read."""
         return self.graph.forloop_range == 1 and self.graph.nodes[i].op in (Op.ACCUM, Op.ACCUM_RESCALE)
 
+    def _direct_outputs(self) -> dict[int, tuple[int, int]]:
+        """Results of a one-iteration kernel that a chain stores and only an output saver reads: the
+        chain's sink writes them into the device output (``gen::GlobalSink``), so neither their
+        shared tile's stores and reads nor the saver's pass remain."""
+        if self.graph.forloop_range != 1:
+            return {}
+        uses = self.graph.consumers()
+        finalized = {item.node for item in self.kernel.schedule.items
+                     if isinstance(item, Step) and item.action is Action.FINALIZE}
+        elsewhere = (self.in_registers | self._in_registers_loop() | set(self.row_sums) | self.folded
+                     | finalized)
+        out = {}
+        for j, i in enumerate(self.graph.output_nodes):
+            (src,) = self.graph.nodes[i].inputs
+            node = self.graph.nodes[src.node]
+            if (src.index == 0 and uses[src] == [i] and src.node not in elsewhere
+                    and node.op not in (Op.INPUT, Op.RUNNING_MAX)):
+                out[src.node] = (j, i)
+        return out
+
     def sink(self, last: int, state: int | None) -> ctx.Sink:
         node = self.graph.nodes[last]
+        if last in self.direct_outputs:
+            j, i = self.direct_outputs[last]
+            self.stored_directly.add(last)
+            return ctx.Sink(last, ctx.SinkKind.GLOBAL, (self.tile(last),), self._saver(j, i))
         if self.stores_once(last):
             return ctx.Sink(last, ctx.SinkKind.STORE, (self.tile(last),))
         match node.op:
@@ -626,6 +654,8 @@ class KernelLowering:
                     emitted = True
                 case Action.FINALIZE:
                     steps.append(self.finalize(item.node))
+                case Action.STORE if self.graph.nodes[item.node].inputs[0].node in self.stored_directly:
+                    pass  # its result went from its chain straight into the output
                 case Action.STORE:
                     steps.append(ctx.StoreStep(savers[item.node]))
         return out

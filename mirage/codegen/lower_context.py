@@ -185,6 +185,7 @@ class SinkKind(enum.Enum):
     MAX = "max_into"  # acc[i] = max(acc[i], value)
     RUNNING_MAX = "running_max_into"  # previous[i] = current[i]; current[i] = max(current[i], value)
     RESCALE = "rescale_into"  # acc[i] = acc[i] · exp(m_previous − m_current) + value
+    GLOBAL = "store_global"  # the device output (a one-iteration kernel's result read by its saver only)
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,7 @@ class Sink:
     tiles: tuple[
         Tile, ...
     ]  # target; for RUNNING_MAX (current, previous); for RESCALE (acc, current, previous)
+    saver: OutputSaverContext | None = None  # GLOBAL: the output saver it replaces
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,8 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
                                  prepared.options.two_blocks_per_sm,
                                  prepared.options.l2_prefetch_iterations,
                                  prepared.options.register_row_sums,
-                                 prepared.options.fold_operand_scale).context()
+                                 prepared.options.fold_operand_scale,
+                                 prepared.options.direct_output_stores).context()
         contexts.append(context)
         node = graph.nodes[kernel.node]
         launches.append(

@@ -66,6 +66,8 @@ class OptimizerOptions:
     l2_prefetch_iterations: int = 0  # tiles of each input pulled into L2 before the dependency wait
     register_row_sums: bool = True  # mean / rms accumulators of a tile summed in registers (gen::RowSums)
     fold_operand_scale: bool = True  # A = X·g (g a row vector) scaled in the matmul's A fragments
+    direct_output_stores: bool = True  # one-iteration kernels: a result read only by its saver goes
+    # from its chain straight to the device output (gen::GlobalSink), not through a shared tile
     stages: int = 2  # copies of each pipelined input tile (2 = double, 3 = triple buffering)
     prefetch_small_bytes: int = 8192  # loops loading at most this per iteration prefetch deeper...
     prefetch_stages: int = 8  # ...up to this many stages (memory.pipeline_depth)

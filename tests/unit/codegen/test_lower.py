@@ -134,7 +134,24 @@ def test_benchmark_contexts_follow_the_plan(name):
         } - folded
         assert chained == roots
         stores = [s.saver.node for s in steps if s.kind == "store"]
+        stores += [s.sink.saver.node for s in steps if s.kind == "chain" and s.sink.saver is not None]
         assert sorted(stores) == kernel.block_graph.output_nodes
+
+
+def test_one_iteration_results_read_only_by_their_saver_go_straight_to_the_output():
+    """nTrans's last rms_norm writes the device output from its chain: no saver pass, no shared
+    tile stores for it; with the option off (or a loop of several iterations) the saver stays."""
+    graph = CASES["ntrans_b1"].fused()
+    direct = generate_cuda_program(graph, 90)
+    (context,) = direct.contexts
+    sinks = [s.sink for s in context.loop if s.kind == "chain"]
+    assert [s.kind for s in sinks][-1] is ctx.SinkKind.GLOBAL and sinks[-1].saver is not None
+    assert not any(s.kind == "store" for s in context.post_loop)
+    assert "mirage::gen::store_global<" in direct.code and "OutputSaver<" not in direct.code
+    saved = generate_cuda_program(graph, 90, options=OptimizerOptions(direct_output_stores=False))
+    assert "store_global" not in saved.code and "OutputSaver<" in saved.code
+    looped = generate_cuda_program(CASES["rmsnorm_b8"].fused(), 90)  # 16 iterations: the saver stays
+    assert "store_global" not in looped.code
 
 
 def test_epilogues_become_links_and_register_sinks():
@@ -357,7 +374,8 @@ def test_accumulators_of_a_one_iteration_loop_are_stored_without_clearing():
         i for i, n in enumerate(program.prepared.kernels[0].block_graph.nodes) if n.op is Op.ACCUM
     )
     (chain,) = [s for s in steps if s.kind == "chain" and s.sink.node == accumulator]
-    assert chain.sink.kind is ctx.SinkKind.STORE and chain.producer.kind == "rms_norm"
+    # a plain store (here straight into the output: only the saver reads the accumulator)
+    assert chain.sink.kind in (ctx.SinkKind.STORE, ctx.SinkKind.GLOBAL) and chain.producer.kind == "rms_norm"
     rms_rows_context = generate_cuda_program(rms_rows(), 90).contexts[0]  # forloop_range 2: cleared, added
     fills = [s for s in rms_rows_context.pre_loop if s.kind == "fill"]
     assert len(fills) == 1  # the exp sum's tile; the rms sums in registers

@@ -246,8 +246,41 @@ struct RescaleSink {
   }
 };
 
+// A one-iteration kernel's result that only its output saver reads, written by its chain straight
+// into the device output (no shared tile, no barrier, no saver pass): `target` is the output plus
+// the block's base, rows placed by `strides` (L: the result's dims); chunks of rows that are
+// contiguous and 16-byte aligned (the saver's condition) take one vector store each.
+template <class T, class L>
+struct GlobalSink {
+  T* target;
+  dev::Strides strides;
+  bool vectors;
+  MIRAGE_DEVICE T* at(int linear) const {
+    const int row = linear / L::cols;
+    const int i2 = row % L::dim2;
+    const int i1 = (row / L::dim2) % L::dim1;
+    const int i0 = row / (L::dim2 * L::dim1);
+    return target + i0 * strides.stride[0] + i1 * strides.stride[1] + i2 * strides.stride[2] +
+           static_cast<int64_t>(linear % L::cols) * strides.stride[3];
+  }
+  MIRAGE_DEVICE void operator()(int linear, float value) const { *at(linear) = dev::from_float<T>(value); }
+  template <int C>
+  MIRAGE_DEVICE void chunk(int linear, const float (&values)[C]) const {
+    if (vectors) {
+      write_chunk<dev::kVectorElements<T>>(at(linear), values);  // rows 16-byte aligned
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < C; ++e) (*this)(linear + e, values[e]);
+  }
+};
+
 template <class T, class L>
 MIRAGE_DEVICE StoreSink<T, L> store_into(dev::SharedTile<T, L> tile) { return {tile}; }
+template <class L, class T>
+MIRAGE_DEVICE GlobalSink<T, L> store_global(T* global, const dev::Strides& strides, int64_t base) {
+  return {global + base, strides, dev::OutputSaver<T, L, 1>::aligned(global, strides, base)};
+}
 template <class L>
 MIRAGE_DEVICE AddSink<L> add_into(dev::SharedTile<float, L> acc) { return {acc}; }
 template <class L>
