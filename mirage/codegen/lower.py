@@ -434,21 +434,21 @@ class KernelLowering:
         return self.graph.forloop_range == 1 and self.graph.nodes[i].op in (Op.ACCUM, Op.ACCUM_RESCALE)
 
     def _direct_outputs(self) -> dict[int, tuple[int, int]]:
-        """Results of a one-iteration kernel that a chain stores and only an output saver reads: the
-        chain's sink writes them into the device output (``gen::GlobalSink``), so neither their
-        shared tile's stores and reads nor the saver's pass remain."""
-        if self.graph.forloop_range != 1:
-            return {}
+        """Results that a chain stores once (after the for-loop, or in a one-iteration loop) and only
+        an output saver reads: the chain's sink writes them into the device output
+        (``gen::GlobalSink``), so neither their shared tile's stores and reads nor the saver's pass
+        and the barrier before it remain."""
+        steps = [item for item in self.kernel.schedule.items if isinstance(item, Step)]
+        once = {item.node for item in steps if self.graph.forloop_range == 1 or item.phase is Phase.POST_LOOP}
         uses = self.graph.consumers()
-        finalized = {item.node for item in self.kernel.schedule.items
-                     if isinstance(item, Step) and item.action is Action.FINALIZE}
+        finalized = {item.node for item in steps if item.action is Action.FINALIZE}
         elsewhere = (self.in_registers | self._in_registers_loop() | set(self.row_sums) | self.folded
                      | finalized)
         out = {}
         for j, i in enumerate(self.graph.output_nodes):
             (src,) = self.graph.nodes[i].inputs
             node = self.graph.nodes[src.node]
-            if (src.index == 0 and uses[src] == [i] and src.node not in elsewhere
+            if (src.index == 0 and uses[src] == [i] and src.node in once and src.node not in elsewhere
                     and node.op not in (Op.INPUT, Op.RUNNING_MAX)):
                 out[src.node] = (j, i)
         return out
@@ -658,6 +658,10 @@ class KernelLowering:
                     pass  # its result went from its chain straight into the output
                 case Action.STORE:
                     steps.append(ctx.StoreStep(savers[item.node]))
+        # a barrier with nothing after it in the kernel orders nothing (the last results went to
+        # global memory from registers; a copy still in flight would have no reader)
+        while out[Phase.POST_LOOP] and isinstance(out[Phase.POST_LOOP][-1], ctx.BarrierStep):
+            out[Phase.POST_LOOP].pop()
         return out
 
     @property

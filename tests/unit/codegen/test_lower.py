@@ -138,9 +138,10 @@ def test_benchmark_contexts_follow_the_plan(name):
         assert sorted(stores) == kernel.block_graph.output_nodes
 
 
-def test_one_iteration_results_read_only_by_their_saver_go_straight_to_the_output():
-    """nTrans's last rms_norm writes the device output from its chain: no saver pass, no shared
-    tile stores for it; with the option off (or a loop of several iterations) the saver stays."""
+def test_results_stored_once_and_read_only_by_their_saver_go_straight_to_the_output():
+    """nTrans's last rms_norm (a one-iteration loop) and rmsnorm's post-loop scaling write the device
+    output from their chains: no saver pass, no shared tile stores for them, no trailing barrier;
+    with the option off the saver stays, and an accumulator of a longer loop keeps its tile."""
     graph = CASES["ntrans_b1"].fused()
     direct = generate_cuda_program(graph, 90)
     (context,) = direct.contexts
@@ -150,8 +151,17 @@ def test_one_iteration_results_read_only_by_their_saver_go_straight_to_the_outpu
     assert "mirage::gen::store_global<" in direct.code and "OutputSaver<" not in direct.code
     saved = generate_cuda_program(graph, 90, options=OptimizerOptions(direct_output_stores=False))
     assert "store_global" not in saved.code and "OutputSaver<" in saved.code
-    looped = generate_cuda_program(CASES["rmsnorm_b8"].fused(), 90)  # 16 iterations: the saver stays
-    assert "store_global" not in looped.code
+    post_loop = generate_cuda_program(CASES["rmsnorm_b8"].fused(), 90)
+    (context,) = post_loop.contexts
+    assert context.post_loop[-1].kind == "chain" and context.post_loop[-1].sink.kind is ctx.SinkKind.GLOBAL
+    # op by op, GQA's first kernel saves accumulators of 8 iterations: they stay in their tiles
+    op_by_op = OptimizerOptions(register_softmax=False)
+    accumulated = generate_cuda_program(CASES["gqa_b8"].fused(), 90, options=op_by_op)
+    first = accumulated.contexts[0]
+    kinds = [s.sink.kind for s in first.loop if s.kind == "chain"]
+    assert ctx.SinkKind.RESCALE in kinds and ctx.SinkKind.GLOBAL not in kinds
+    outputs = accumulated.prepared.kernels[0].block_graph.output_nodes
+    assert [s.kind for s in first.post_loop].count("store") == len(outputs)
 
 
 def test_epilogues_become_links_and_register_sinks():

@@ -62,17 +62,13 @@ extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
   // ---- after the for-loop
   mm2::write_back(registers3, t3);  // %3
   __syncthreads();  // depth 0 → 1
-  {  // %4 → store %4
-    const auto sink = mirage::gen::store_into(t4);
+  {  // %4 → global %4
+    const mirage::dev::Strides strides = mirage::dev::row_major_strides(1, 1, 16, 256);
+    const int64_t base = mirage::dev::locate_output_tile<mirage::dev::Layout<1, 1, 16, 64, 64>>(strides, mirage::dev::DimMap{3, -1, -1}, blockIdx);
+    const auto sink = mirage::gen::store_global<mirage::dev::Layout<1, 1, 16, 64, 64>>(output0, strides, base);  // output %5
     const auto emit = [&](int linear, auto& values) {
       sink.chunk(linear, values);
     };
     mirage::gen::map_apply<kThreads, mirage::dev::Layout<1, 1, 16, 64, 64>>(small_linear_k2_f4{}, emit, t3);
-  }
-  __syncthreads();  // depth 1 → 2
-  {  // %5: output saver
-    const mirage::dev::Strides strides = mirage::dev::row_major_strides(1, 1, 16, 256);
-    const int64_t base = mirage::dev::locate_output_tile<mirage::dev::Layout<1, 1, 16, 64, 64>>(strides, mirage::dev::DimMap{3, -1, -1}, blockIdx);
-    mirage::dev::OutputSaver<__half, mirage::dev::Layout<1, 1, 16, 64, 64>, kThreads>::save(output0, strides, base, t4);
   }
 }
