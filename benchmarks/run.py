@@ -128,6 +128,26 @@ def run_case(workload: Workload, mode: str, floor: float, bandwidth: float, sear
     return row
 
 
+def merge(results: list[dict]) -> dict:
+    """Suite files of one machine, timed in several calls (each case in one of them), as one: the
+    first call's facts, and ``calls`` recording each call's cases, bandwidth and launch floor (each
+    case's limit keeps its own call's)."""
+    devices = {r["facts"]["device"] for r in results}
+    if len(devices) != 1:
+        raise SystemExit(f"suite files from different devices ({sorted(devices)}) do not merge")
+    seen = [c["case"] for r in results for c in r["cases"]]
+    if len(seen) != len(set(seen)):
+        raise SystemExit(f"a case appears in more than one file: {sorted(seen)}")
+    calls = [call for r in results for call in r.get("calls") or [{
+        "cases": [c["case"] for c in r["cases"]], "bandwidth_bytes_per_s": r["bandwidth_bytes_per_s"],
+        "launch_floor_us": r["launch_floor_us"]}]]
+    order = {w.name: k for k, w in enumerate(WORKLOADS)}
+    cases = sorted((c for r in results for c in r["cases"]), key=lambda c: order.get(c["case"], len(order)))
+    first = results[0]
+    return {"facts": first["facts"], "bandwidth_bytes_per_s": first["bandwidth_bytes_per_s"],
+            "launch_floor_us": first["launch_floor_us"], "calls": calls, "cases": cases}
+
+
 def write_reports(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"suite_{result['facts']['date']}"
@@ -195,8 +215,15 @@ def main(argv=None) -> int:
                         help="both: the builder path (mirage) and the PyTorch path (mirage_torch) in one run")
     parser.add_argument("--no-search", action="store_true",
                         help="PyTorch path: no search, only the family given as candidates")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                        help="no timing: merge suite files of one machine (split runs) into --out")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.merge:
+        result = merge([json.loads(Path(f).read_text()) for f in args.merge])
+        write_reports(result, Path(args.out))
+        print((Path(args.out) / f"suite_{result['facts']['date']}.md").read_text())
+        return 0
     chosen = [w for w in WORKLOADS if not args.cases or w.name in args.cases.split(",")]
     bandwidth, floor = copy_bandwidth(), launch_floor()
     result = {"facts": device_facts(), "bandwidth_bytes_per_s": bandwidth, "launch_floor_us": floor,
