@@ -6,7 +6,9 @@ optimizer variant (pipeline depth), compiles them all in parallel, times every p
 CUDA-graph replays on the same inputs (in each launch mode of :data:`LAUNCH_MODES` where the GPU has
 programmatic dependent launch: :mod:`mirage.codegen.dependent_launch`), then float-checks
 candidates in order of speed against the reference (float64 on the CPU, outputs poisoned
-beforehand) and returns the first that passes.
+beforehand) and returns the first that passes. Builds that time within ``ties`` (1 %, about the
+noise of one timing) of the fastest count as equally fast and keep the candidates' order, so that
+two selections over the same candidates pick the same one although their timings differ by noise.
 Failures are recorded, never hidden.
 """
 
@@ -86,13 +88,24 @@ class Selection:
 LAUNCH_MODES = (("plain", False, False), ("dependent", True, False), ("dependent_spread", True, True))
 
 
+def ranking(trials: Sequence[Trial], ties: float = 0.01) -> list[Trial]:
+    """The timed trials in the order their float checks run: those within ``ties`` of the fastest in
+    the candidates' order, then the rest by time."""
+    timed = [t for t in trials if t.median_us is not None]
+    if not timed:
+        return []
+    fastest = min(t.median_us for t in timed)  # type: ignore[type-var]
+    tied = [t for t in timed if t.median_us <= fastest * (1 + ties)]  # type: ignore[operator]
+    return tied + sorted((t for t in timed if t not in tied), key=lambda t: t.median_us)  # type: ignore[arg-type]
+
+
 def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4)) -> list[Variant]:
     return [Variant(g, s) for g in candidates for s in stages]
 
 
 def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], inputs: Sequence | None = None,
                    stages: Sequence[int] = (2, 3, 4), max_workers: int | None = None,
-                   replays: int = 100) -> Selection:
+                   replays: int = 100, ties: float = 0.01) -> Selection:
     from mirage.codegen import dependent_launch
     from mirage.codegen.gpu_check import check_on_gpu, random_inputs
     from mirage.codegen.lower_program import generate_cuda_program
@@ -133,9 +146,8 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
         except Exception as error:  # noqa: BLE001 - a failing candidate is recorded and skipped
             trial.failure = f"run: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             trial.median_us = None  # not ranked
-    timed = sorted((t for t in trials if t.median_us is not None), key=lambda t: t.median_us)
     best = None
-    for trial in timed:
+    for trial in ranking(trials, ties):
         result = check_on_gpu(reference, trial.program, inputs=inputs)  # type: ignore[attr-defined]
         trial.error = result.worst_error
         if result.passed:

@@ -69,6 +69,17 @@ def test_the_fastest_build_wins_in_its_fastest_launch_mode(monkeypatch):
     assert selection.as_dict()["trials"][0]["dependent_launch"] is True  # a's best mode: dependent
 
 
+def test_builds_within_the_noise_of_the_fastest_keep_the_candidates_order(monkeypatch):
+    """b is 0.5 % faster than a: a tie, so a (the earlier candidate) wins; c, 5 % faster, wins."""
+    tied = [FakeProgram("a", _times(8.0, 8.0, 8.0)), FakeProgram("b", _times(7.96, 7.96, 7.96))]
+    assert _select(monkeypatch, tied).program.name == "a"
+    clear = tied + [FakeProgram("c", _times(7.6, 7.6, 7.6))]
+    assert _select(monkeypatch, clear).program.name == "c"
+    wrong_first = [FakeProgram("a", _times(8.0, 8.0, 8.0), wrong=True),
+                   FakeProgram("b", _times(7.96, 7.96, 7.96))]
+    assert _select(monkeypatch, wrong_first).program.name == "b"
+
+
 def test_without_dependent_launch_only_plain_launches_are_timed(monkeypatch):
     programs = [FakeProgram("a", _times(9.0, 1.0, 1.0))]
     selection = _select(monkeypatch, programs, overlap=False)
