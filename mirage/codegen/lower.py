@@ -28,6 +28,7 @@ from mirage.codegen import lower_context as ctx
 from mirage.codegen.lower_context import NEGATIVE_INFINITY
 from mirage.codegen.lower_ops import (
     LoweringError,
+    element_size,
     element_type,
     functor,
     plan_pitch,
@@ -60,6 +61,7 @@ class KernelLowering:
         register_row_sums: bool = True,
         fold_operand_scale: bool = True,
         direct_output_stores: bool = True,
+        one_barrier_loops: bool = True,
     ) -> None:
         self.kernel = kernel
         self.name = name
@@ -99,6 +101,8 @@ class KernelLowering:
         # result node → (output index, saver node) for results stored straight into the output
         self.direct_outputs = self._direct_outputs() if direct_output_stores else {}
         self.stored_directly: set[int] = set()  # those whose chain step got the global sink
+        self.one_barrier_loops = one_barrier_loops
+        self.loads_after_barrier = False  # set by steps(): the loop issues its loads after the wait
 
     # ---- checks ------------------------------------------------------------------------------
 
@@ -560,6 +564,16 @@ class KernelLowering:
             fills.append(ctx.PrologueStep(self.stages, pipelined))
         return fills
 
+    def _copies_only(self) -> bool:
+        """Every pipelined input fills its stages by copies that land by themselves (16-byte
+        vectors: cp.async, or plain stores where a pointer is misaligned), none staged through
+        registers and stored at a later load call (``InputIterator::kRegisterStaged``), whose
+        stores would need a barrier after the loads."""
+        def vectors(it: ctx.InputIteratorContext) -> bool:
+            vector = 16 // element_size(it.tile.element)
+            return it.tile.layout.dims[3] % vector == 0 and it.tile.layout.pitch % vector == 0
+        return all(vectors(it) for it in self.iterators if it.pipelined)
+
     @property
     def barrier_free_loop(self) -> bool:
         """The loop is a row-local loop reading every per-iteration input from global memory: it
@@ -626,6 +640,13 @@ class KernelLowering:
                     in_flight = self.stages - 1
                 elif item.phase is Phase.LOOP and not emitted and k != last_barrier[Phase.LOOP]:
                     continue  # only pipelined loads since the last barrier: the pipeline's wait synced
+                elif (item.phase is Phase.LOOP and k == last_barrier[Phase.LOOP] and self.stages > 1
+                      and self.one_barrier_loops and not pending_copies and self._copies_only()):
+                    # the next iteration's wait barrier comes before its loads and its steps: every
+                    # thread is then done with this iteration's tiles and stage (one barrier after
+                    # the loop instead, for what reads the last iteration's tiles)
+                    self.loads_after_barrier = True
+                    continue
                 steps.append(ctx.BarrierStep(item.reason, pending_copies, in_flight if pending_copies else 0))
                 pending_copies = emitted = False
                 continue
@@ -658,6 +679,8 @@ class KernelLowering:
                     pass  # its result went from its chain straight into the output
                 case Action.STORE:
                     steps.append(ctx.StoreStep(savers[item.node]))
+        if self.loads_after_barrier:
+            out[Phase.POST_LOOP].insert(0, ctx.BarrierStep("the last iteration's tiles", False))
         # a barrier with nothing after it in the kernel orders nothing (the last results went to
         # global memory from registers; a copy still in flight would have no reader)
         while out[Phase.POST_LOOP] and isinstance(out[Phase.POST_LOOP][-1], ctx.BarrierStep):
@@ -711,6 +734,7 @@ class KernelLowering:
             smem_bytes=self.smem_bytes,
             forloop_range=self.graph.forloop_range,
             stages=self.stages,
+            loads_after_barrier=self.loads_after_barrier,
             direct_loop=self._direct_loop(steps[Phase.LOOP]),
             l2_prefetch=self._l2_prefetch(),
             parameters=self.parameters(),

@@ -196,7 +196,8 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
                                  prepared.options.l2_prefetch_iterations,
                                  prepared.options.register_row_sums,
                                  prepared.options.fold_operand_scale,
-                                 prepared.options.direct_output_stores).context()
+                                 prepared.options.direct_output_stores,
+                                 prepared.options.one_barrier_loops).context()
         contexts.append(context)
         node = graph.nodes[kernel.node]
         launches.append(

@@ -164,6 +164,37 @@ def test_results_stored_once_and_read_only_by_their_saver_go_straight_to_the_out
     assert [s.kind for s in first.post_loop].count("store") == len(outputs)
 
 
+def _odd_rows(cols: int) -> mi.KernelGraph:
+    """rms over a loop of row tiles of ``cols`` columns per iteration."""
+    g = mi.new_kernel_graph("odd_rows")
+    x = g.new_input(dims=(64, 4 * cols), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(4, 1, 1), block_dim=(128, 1, 1), forloop_range=4)
+    bx = tb.new_input(x, input_map=(0, -1, -1), forloop_dim=1)
+    tb.new_output(tb.forloop_accum(tb.exp(bx), acc="sum"), output_map=(0, -1, -1))
+    (o,) = g.customized([x], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+def test_pipelined_loops_wait_then_load_with_one_barrier_per_iteration():
+    """The wait's barrier comes before the next loads, so the loop ends without a barrier and one
+    follows it. Not with inputs staged through registers (their stores land at the next load call),
+    nor with the option off."""
+    program = generate_cuda_program(small_linear(), 90)
+    (context,) = program.contexts
+    assert context.loads_after_barrier and not [s for s in context.loop if s.kind == "barrier"]
+    assert context.post_loop[0].kind == "barrier"
+    loop = program.code[program.code.index("for (int iteration"):program.code.index("after the for-loop")]
+    assert loop.index("wait_before_loads()") < loop.index(".load(iteration + 3)")
+    assert "__syncthreads()" not in loop
+    two = generate_cuda_program(small_linear(), 90, options=OptimizerOptions(one_barrier_loops=False))
+    assert not two.contexts[0].loads_after_barrier and "end of iteration" in two.code
+    staged = generate_cuda_program(_odd_rows(12), 90)  # 12 halves a row: not whole 16-byte vectors
+    assert staged.contexts[0].stages > 1 and staged.contexts[0].iterators[0].pipelined
+    assert not staged.contexts[0].loads_after_barrier and "end of iteration" in staged.code
+    assert generate_cuda_program(_odd_rows(16), 90).contexts[0].loads_after_barrier
+
+
 def test_epilogues_become_links_and_register_sinks():
     program = generate_cuda_program(CASES["gqa_b1"].fused(), 90)
     context = program.contexts[0]

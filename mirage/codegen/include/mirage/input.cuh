@@ -39,6 +39,13 @@ struct Pipeline {
     cute::cp_async_wait<Stages - 1>();
     __syncthreads();
   }
+  // The same before this iteration's loads are issued (Stages − 1 groups outstanding, not Stages):
+  // the barrier also tells that every thread is done with the previous iteration's stage.
+  static MIRAGE_DEVICE void wait_before_loads() {
+    static_assert(Stages >= 2, "a pipeline that loads ahead has at least two stages");
+    cute::cp_async_wait<Stages - 2>();
+    __syncthreads();
+  }
   // Wait for every outstanding group.
   static MIRAGE_DEVICE void wait_all() {
     cute::cp_async_wait<0>();
