@@ -61,7 +61,7 @@ class KernelLowering:
         register_row_sums: bool = True,
         fold_operand_scale: bool = True,
         direct_output_stores: bool = True,
-        one_barrier_loops: bool = True,
+        one_barrier_loops: bool = False,
     ) -> None:
         self.kernel = kernel
         self.name = name

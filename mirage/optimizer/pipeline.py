@@ -68,8 +68,9 @@ class OptimizerOptions:
     fold_operand_scale: bool = True  # A = X·g (g a row vector) scaled in the matmul's A fragments
     direct_output_stores: bool = True  # one-iteration kernels: a result read only by its saver goes
     # from its chain straight to the device output (gen::GlobalSink), not through a shared tile
-    one_barrier_loops: bool = True  # pipelined loops: wait and barrier, then the next loads, so the
-    # barrier at the end of each iteration goes (one barrier per iteration instead of two)
+    one_barrier_loops: bool = False  # pipelined loops: wait and barrier, then the next loads, so the
+    # barrier at the end of each iteration goes (one barrier per iteration instead of two); off:
+    # the loads then leave one wait later, and it measured within noise (docs/performance.md §3)
     stages: int = 2  # copies of each pipelined input tile (2 = double, 3 = triple buffering)
     prefetch_small_bytes: int = 8192  # loops loading at most this per iteration prefetch deeper...
     prefetch_stages: int = 8  # ...up to this many stages (memory.pipeline_depth)

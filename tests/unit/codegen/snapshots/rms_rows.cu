@@ -49,11 +49,9 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
 
   // ---- the for-loop
   for (int iteration = 0; iteration < kForloopRange; ++iteration) {
-    // this iteration's stage has landed, and every thread is done with the last one, whose stage the
-    // loads below refill
-    mirage::dev::Pipeline<2>::wait_before_loads();
     in0.load(iteration + 1);
     mirage::dev::Pipeline<2>::commit();
+    mirage::dev::Pipeline<2>::wait();
     const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 128, 136>> t0 = in0.stage(iteration);
     {  // %1 → store %1
       const auto sink = mirage::gen::store_into(t1);
@@ -71,10 +69,10 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
       };
       mirage::dev::reduce_apply<kThreads, 3, mirage::dev::SumReduce>(t1, mirage::dev::Identity{}, mirage::gen::single(emit), mirage::dev::ReductionScratch{mirage::dev::shared_at<float>(shared, 13056)});
     }
+    __syncthreads();  // end of iteration
   }
 
   // ---- after the for-loop
-  __syncthreads();  // the last iteration's tiles
   row_sums3.write_back(t3, mirage::gen::FinishRms{256.0f, 1e-06f});  // %3
   __syncthreads();  // depth 0 → 1
   {  // %4 → global %4

@@ -47,21 +47,19 @@ extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
 
   // ---- the for-loop
   for (int iteration = 0; iteration < kForloopRange; ++iteration) {
-    // this iteration's stage has landed, and every thread is done with the last one, whose stage the
-    // loads below refill
-    mirage::dev::Pipeline<4>::wait_before_loads();
     in0.load(iteration + 3);
     in1.load(iteration + 3);
     mirage::dev::Pipeline<4>::commit();
+    mirage::dev::Pipeline<4>::wait();
     const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 32, 40>> t0 = in0.stage(iteration);
     const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 32, 64, 72>> t1 = in1.stage(iteration);
     {  // %2 → registers of %3
       mm2::accumulate(registers3, t0, t1);
     }
+    __syncthreads();  // end of iteration
   }
 
   // ---- after the for-loop
-  __syncthreads();  // the last iteration's tiles
   mm2::write_back(registers3, t3);  // %3
   __syncthreads();  // depth 0 → 1
   {  // %4 → global %4
