@@ -682,9 +682,10 @@ class KernelLowering:
         if self.loads_after_barrier:
             out[Phase.POST_LOOP].insert(0, ctx.BarrierStep("the last iteration's tiles", False))
         # a barrier with nothing after it in the kernel orders nothing (the last results went to
-        # global memory from registers; a copy still in flight would have no reader)
-        while out[Phase.POST_LOOP] and isinstance(out[Phase.POST_LOOP][-1], ctx.BarrierStep):
-            out[Phase.POST_LOOP].pop()
+        # global memory from registers); one that waits for copies stays
+        post = out[Phase.POST_LOOP]
+        while post and isinstance(post[-1], ctx.BarrierStep) and not post[-1].wait_copies:
+            post.pop()
         return out
 
     @property
