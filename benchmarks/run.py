@@ -155,10 +155,17 @@ def write_reports(result: dict, out: Path) -> None:
     names = ["eager", "torch_compile", "sdpa_flash", "mirage"]
     if any("mirage_torch" in r["times_us"] for r in result["cases"]):
         names.append("mirage_torch")
+    calls = result.get("calls") or [{"cases": [r["case"] for r in result["cases"]],
+                                      "bandwidth_bytes_per_s": result["bandwidth_bytes_per_s"],
+                                      "launch_floor_us": result["launch_floor_us"]}]
+    measured = "; ".join(
+        (f"{', '.join(c['cases'])}: " if len(calls) > 1 else "")
+        + f"copy bandwidth {c['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, "
+        f"launch floor {c['launch_floor_us']:.2f} µs"
+        for c in calls)
     lines = [f"Device {result['facts']['device']}, driver {result['facts']['driver']}, torch "
-             f"{result['facts']['torch']}, {result['facts']['date']}; copy bandwidth "
-             f"{result['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, launch floor "
-             f"{result['launch_floor_us']:.2f} µs.",
+             f"{result['facts']['torch']}, {result['facts']['date']}"
+             + (f", timed in {len(calls)} calls" if len(calls) > 1 else "") + f". {measured}.",
              "", "| case | " + " | ".join(names) + " | best | limit | speedup | of limit |",
              "|" + " --- |" * (len(names) + 5)]
     speedups = []

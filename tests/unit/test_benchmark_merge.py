@@ -29,7 +29,8 @@ def test_merge_orders_the_cases_and_records_each_call(tmp_path):
     assert [c["cases"] for c in merged["calls"]] == [["gatedmlp_m1"], ["lora_m16", "gqa_b1"]]
     assert merged["calls"][0]["launch_floor_us"] == 1.7
     table = (tmp_path / "out" / "suite_2026-11-22.md").read_text()
-    assert "| gatedmlp_m1 | " in table
+    assert "| gatedmlp_m1 | " in table and "timed in 2 calls" in table
+    assert "gatedmlp_m1: copy bandwidth 2.50 TB/s, launch floor 1.70 µs" in table
     assert "Geometric mean speedup over the best baseline: 1.20 (3 cases)" in table
 
 
