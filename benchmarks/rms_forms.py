@@ -1,13 +1,14 @@
 """rmsnorm's fused kernel with and without the register forms of its loop work (row sums in
 registers, the gain folded into the matmul's A fragments), against a plain GEMV of the same
 shapes (X @ W, no norm and no gain: a floor, not a correct rmsnorm).  Prints one line per build and
-writes rms_probe.json under $OUT (or /tmp)."""
+writes rms_forms_<date>.json into ``--out`` (default benchmarks/results)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
-import os
+from pathlib import Path
 
 import torch
 
@@ -33,7 +34,10 @@ def gemv(b: int, grid: int, iters: int, threads: int) -> mi.KernelGraph:
     return g.freeze()
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
+    args = parser.parse_args(argv)
     rows, programs = [], []
     for b in (1, 8):
         for iters, threads in ((8, 256), (16, 256), (8, 512), (16, 512)):
@@ -60,8 +64,8 @@ def main() -> None:
     for (b, form), us in sorted(best.items()):
         print(f"best b={b} {form:12s} {us:.2f} µs")
     facts = device_facts()
-    out = os.path.join(os.environ.get("OUT", "/tmp"), f"rms_forms_{facts['date']}.json")
-    with open(out, "w") as f:
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    with open(Path(args.out) / f"rms_forms_{facts['date']}.json", "w") as f:
         json.dump({"facts": facts, "builds": rows}, f, indent=1)
 
 

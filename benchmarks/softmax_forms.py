@@ -7,14 +7,16 @@ kernels with other ``MIRAGE_SOFTMAX_*`` macros (``mirage/gen/softmax.cuh``):
 * ``two_pass``: the default with exponentials and products in two passes, which must agree with
   ``default`` bit for bit.
 
-Every build is float-checked against float64.  Writes softmax_forms_<date>.json under $OUT (or /tmp).
+Every build is float-checked against float64.  Writes softmax_forms_<date>.json into ``--out``
+(default benchmarks/results).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
-import os
+from pathlib import Path
 
 import torch
 
@@ -33,7 +35,10 @@ FORMS = {
 }
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
+    args = parser.parse_args(argv)
     rows, programs = [], []
     for case in CASES_TIMED:
         for variant, graph in family(case):
@@ -65,7 +70,8 @@ def main() -> None:
             best[f"{case}/{form}"] = min(times)
             print(f"best {case} {form}: {min(times):.2f} µs")
     facts = device_facts()
-    with open(os.path.join(os.environ.get("OUT", "/tmp"), f"softmax_forms_{facts['date']}.json"), "w") as f:
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    with open(Path(args.out) / f"softmax_forms_{facts['date']}.json", "w") as f:
         json.dump({"facts": facts, "builds": rows, "best": best,
                    "two_pass_bit_identical": [sum(same), len(same)]}, f, indent=1)
 
