@@ -25,7 +25,9 @@ from __future__ import annotations
 import math
 
 from mirage.codegen import lower_context as ctx
+from mirage.codegen import lower_registers as registers
 from mirage.codegen.lower_context import NEGATIVE_INFINITY
+from mirage.codegen.lower_functions import single_op_graph, thread_function
 from mirage.codegen.lower_ops import (
     LoweringError,
     element_size,
@@ -38,7 +40,7 @@ from mirage.codegen.lower_ops import (
     tile_layout,
 )
 from mirage.codegen.lower_rowloop import RowLoopLowering
-from mirage.mugraph.graph import AccumKind, BlockGraph, Node, Ref, ThreadGraph
+from mirage.mugraph.graph import AccumKind, BlockGraph, Ref
 from mirage.mugraph.ops import ELEMENTWISE, Op
 from mirage.optimizer.memory import BufferKind
 from mirage.optimizer.pipeline import PreparedKernel
@@ -83,7 +85,7 @@ class KernelLowering:
         self.matmuls: dict[int, ctx.MatmulType] = {}
         self._tiles: dict[tuple[int, int], ctx.Tile] = {}
         # matmul → (A's element-wise product node, the full operand, the row vector scaling its columns)
-        self.scaled_operands = self._scaled_operands() if fold_operand_scale else {}
+        self.scaled_operands = registers.scaled_operands(self) if fold_operand_scale else {}
         self.folded = frozenset(p for p, _, _ in self.scaled_operands.values())
         self._check_nodes()
         self.softmax = kernel.softmax_chain
@@ -97,9 +99,9 @@ class KernelLowering:
             raise LoweringError(f"pipelined inputs of {name} have different stage counts {sorted(pipelined)}")
         self.stages = pipelined.pop() if pipelined else 1
         self.registers = tuple(self._register_accumulator(i) for i in sorted(self.in_registers))
-        self.row_sums = self._row_sums() if register_row_sums else {}
+        self.row_sums = registers.row_sums(self) if register_row_sums else {}
         # result node → (output index, saver node) for results stored straight into the output
-        self.direct_outputs = self._direct_outputs() if direct_output_stores else {}
+        self.direct_outputs = registers.direct_outputs(self) if direct_output_stores else {}
         self.stored_directly: set[int] = set()  # those whose chain step got the global sink
         self.one_barrier_loops = one_barrier_loops
         self.loads_after_barrier = False  # set by steps(): the loop issues its loads after the wait
@@ -231,7 +233,7 @@ class KernelLowering:
         """The device functor computing element-wise node ``i`` (a FUSED thread graph or a single op)."""
         if i not in self.functions:
             node = self.graph.nodes[i]
-            graph = node.attrs if node.op is Op.FUSED else _single_op_graph(node, self.graph)
+            graph = node.attrs if node.op is Op.FUSED else single_op_graph(node, self.graph)
             self.functions[i] = thread_function(f"{self.name}_f{i}", graph)
         return self.functions[i].name
 
@@ -254,54 +256,6 @@ class KernelLowering:
         """The row vector scaling the columns of matmul ``i``'s A operand, when that is folded."""
         return self.operand(self.scaled_operands[i][2]) if i in self.scaled_operands else None
 
-    def _scaled_operands(self) -> dict[int, tuple[int, Ref, Ref]]:
-        """Matmuls whose A operand is ``X · g`` (one element-wise product of a tile X and a row
-        vector g broadcast over X's rows) read by nothing else: the tensor-core product scales its
-        A fragments by g (exact: the same fp16 / bf16 rounding of each product), and X · g is
-        never stored. 16-bit operands of one type only (the tensor-core path)."""
-        uses = self.graph.consumers()
-        outputs = {r for i in self.graph.output_nodes for r in self.graph.nodes[i].inputs}
-        out = {}
-        for i, node in enumerate(self.graph.nodes):
-            if node.op is not Op.MATMUL:
-                continue
-            chain = self.chain_nodes(i)  # only a plain register accumulation (accumulate_scaled)
-            last = self.graph.nodes[chain[-1]]
-            if len(chain) != 2 or chain[-1] not in self.in_registers or last.op is not Op.ACCUM or (
-                last.attrs.kind not in (AccumKind.NONE, AccumKind.SUM)
-            ):
-                continue
-            a_ref, b_ref = node.inputs
-            factors = _product_factors(self.graph, a_ref.node)
-            if factors is None or uses.get(a_ref, []) != [i] or a_ref in outputs:
-                continue
-            types = [self.graph.type_of(r) for r in (*factors, b_ref)]
-            if len({t.dtype for t in types}) != 1 or types[0].dtype.itemsize != 2:
-                continue
-            shape = self.graph.type_of(a_ref).shape
-            for full, vector in (factors, factors[::-1]):
-                f, v = self.graph.type_of(full).shape, self.graph.type_of(vector).shape
-                if f == shape and len(v) == len(f) and v[-1] == f[-1] and all(d == 1 for d in v[:-1]):
-                    if self._tensor_core_operands(full, b_ref):
-                        out[i] = (a_ref.node, full, vector)
-                    break
-        return out
-
-    def _tensor_core_operands(self, a: Ref, b: Ref) -> bool:
-        """Whether ``A · B`` of these shared tiles runs on tensor cores (``TensorCoreMatmul::kSupported``
-        for 16-bit types, one batch): rows of whole 16-byte vectors, K a multiple of 16, N of 8, whole
-        warps."""
-        la, lb = self.operand(a).layout, self.operand(b).layout
-        return (
-            la.dims[0] * la.dims[1] == 1
-            and lb.dims[0] * lb.dims[1] == 1
-            and la.dims[3] % 16 == 0
-            and lb.dims[3] % 8 == 0
-            and (2 * la.pitch) % 16 == 0
-            and (2 * lb.pitch) % 16 == 0
-            and self.threads % 32 == 0
-        )
-
     def _register_accumulator(self, i: int) -> ctx.RegisterAccumulator:
         root = self.chain_root(i)
         if self.graph.nodes[root].op not in MATMULS:
@@ -315,25 +269,6 @@ class KernelLowering:
 
     def register_accumulator(self, i: int) -> ctx.RegisterAccumulator:
         return next(r for r in self.registers if r.node == i)
-
-    def _row_sums(self) -> dict[int, ctx.RowSums]:
-        """Mean and rms accumulators of a tile kept in registers across the loop (``gen::RowSums``):
-        those whose per-iteration input is a shared tile (no epilogue chain into them), in kernels
-        without a register step of their own (softmax chain, row-local loop)."""
-        if self.softmax is not None or self.row_loop is not None or self.graph.forloop_range == 1:
-            return {}
-        out = {}
-        for i, node in enumerate(self.graph.nodes):
-            if (
-                node.op is Op.ACCUM
-                and node.attrs.kind in (AccumKind.MEAN, AccumKind.RMS)
-                and i not in self.in_registers
-                and self.chain_root(i) == i
-            ):
-                rms = node.attrs.kind is AccumKind.RMS
-                prologue = "mirage::dev::Square" if rms else "mirage::dev::Identity"
-                out[i] = ctx.RowSums(f"row_sums{i}", i, self.operand(node.inputs[0]), prologue)
-        return out
 
     # ---- chains --------------------------------------------------------------------------------
 
@@ -437,26 +372,6 @@ class KernelLowering:
         (every producer emits each element once), so it needs neither clearing nor a read."""
         return self.graph.forloop_range == 1 and self.graph.nodes[i].op in (Op.ACCUM, Op.ACCUM_RESCALE)
 
-    def _direct_outputs(self) -> dict[int, tuple[int, int]]:
-        """Results that a chain stores once (after the for-loop, or in a one-iteration loop) and only
-        an output saver reads: the chain's sink writes them into the device output
-        (``gen::GlobalSink``), so neither their shared tile's stores and reads nor the saver's pass
-        and the barrier before it remain."""
-        steps = [item for item in self.kernel.schedule.items if isinstance(item, Step)]
-        once = {item.node for item in steps if self.graph.forloop_range == 1 or item.phase is Phase.POST_LOOP}
-        uses = self.graph.consumers()
-        finalized = {item.node for item in steps if item.action is Action.FINALIZE}
-        elsewhere = (self.in_registers | self._in_registers_loop() | set(self.row_sums) | self.folded
-                     | finalized)
-        out = {}
-        for j, i in enumerate(self.graph.output_nodes):
-            (src,) = self.graph.nodes[i].inputs
-            node = self.graph.nodes[src.node]
-            if (src.index == 0 and uses[src] == [i] and src.node in once and src.node not in elsewhere
-                    and node.op not in (Op.INPUT, Op.RUNNING_MAX)):
-                out[src.node] = (j, i)
-        return out
-
     def sink(self, last: int, state: int | None) -> ctx.Sink:
         node = self.graph.nodes[last]
         if last in self.direct_outputs:
@@ -543,7 +458,7 @@ class KernelLowering:
     def loop_state(self) -> list[ctx.Step]:
         """Clear accumulators (0, or −inf for max) and running maxima (−inf) before the loop."""
         fills: list[ctx.Step] = []
-        computed = self._in_registers_loop()
+        computed = self.in_registers_loop()
         for i, node in enumerate(self.graph.nodes):
             if i in computed:
                 continue  # the chain's registers start cleared
@@ -580,7 +495,7 @@ class KernelLowering:
         touches no shared memory, so it needs no barrier (and may be unrolled)."""
         return self.row_loop is not None and bool(self.row_loop.plan.direct)
 
-    def _in_registers_loop(self) -> frozenset[int]:
+    def in_registers_loop(self) -> frozenset[int]:
         """Loop nodes computed by a register step (softmax chain or row-local loop)."""
         if self.softmax is not None:
             return self.softmax.computed
@@ -616,7 +531,7 @@ class KernelLowering:
                 out[Phase.PRE_LOOP].append(ctx.BarrierStep("loop state cleared", False, 0))
         pending_copies = False
         emitted = False
-        computed = self._in_registers_loop()
+        computed = self.in_registers_loop()
         if self.softmax is not None:
             out[Phase.POST_LOOP] += [
                 self.softmax_write_back(),
@@ -771,72 +686,6 @@ LOWERED_OPS = (
 )
 
 
-def _product_factors(graph: BlockGraph, i: int) -> tuple[Ref, Ref] | None:
-    """The two operands of node ``i`` when it is a single element-wise product (MUL, or a thread
-    graph of one MUL of its two inputs), else None."""
-    node = graph.nodes[i]
-    if node.op is Op.MUL:
-        return node.inputs[0], node.inputs[1]
-    if node.op is not Op.FUSED or len(node.inputs) != 2:
-        return None
-    inner = node.attrs.nodes
-    ops = [n for n in inner if n.op is not Op.INPUT]
-    if len(ops) != 1 or ops[0].op is not Op.MUL or len(node.attrs.outputs) != 1:
-        return None
-    sources = {k: node.inputs[n.attrs.index] for k, n in enumerate(inner) if n.op is Op.INPUT}
-    a, b = ops[0].inputs
-    if a.node not in sources or b.node not in sources or a.node == b.node:
-        return None
-    return sources[a.node], sources[b.node]
-
-
 def _tile_order(name: str) -> tuple[int, str]:
     digits = "".join(c for c in name[1:] if c.isdigit()) or "0"
     return int(digits), name
-
-
-def _single_op_graph(node: Node, graph: BlockGraph) -> ThreadGraph:
-    """A one-op thread graph for an element-wise block op that fusion left alone."""
-    from mirage.mugraph.graph import ThreadInput
-
-    inputs = tuple(Node(Op.INPUT, (), ThreadInput(k), (graph.type_of(r),)) for k, r in enumerate(node.inputs))
-    op = Node(node.op, tuple(Ref(k) for k in range(len(inputs))), node.attrs, node.outputs)
-    return ThreadGraph(inputs + (op,), (Ref(len(inputs)),))
-
-
-def thread_function(name: str, graph: ThreadGraph) -> ctx.ThreadFunction:
-    """A fused thread graph as straight-line statements over fp32 values."""
-    value: dict[int, str] = {}
-    statements = []
-    arity = 0
-    for i, node in enumerate(graph.nodes):
-        if node.op is Op.INPUT:
-            value[i] = f"x{node.attrs.index}"
-            arity = max(arity, node.attrs.index + 1)
-            continue
-        row = functor(node.op)
-        value[i] = f"v{i}"
-        statements.append(
-            ctx.ThreadStatement(
-                value[i], row.name, row.constants(node.attrs), tuple(value[r.node] for r in node.inputs)
-            )
-        )
-    (out,) = graph.outputs
-    return ctx.ThreadFunction(name, arity, tuple(statements), value[out.node], _linear_scale(graph))
-
-
-def _linear_scale(graph: ThreadGraph) -> float | None:
-    """c when ``graph`` computes x0 · c with c > 0 (each op a scalar product of the one before)."""
-    scale = 1.0
-    previous = None
-    for i, node in enumerate(graph.nodes):
-        if node.op is Op.INPUT:
-            if previous is not None or node.attrs.index != 0:
-                return None
-        elif node.op is Op.MUL_SCALAR and node.inputs[0].node == previous:
-            scale *= node.attrs.value
-        else:
-            return None
-        previous = i
-    (out,) = graph.outputs
-    return scale if out.node == previous and scale > 0 else None

@@ -133,7 +133,7 @@ class MatmulProducer:
     kind: ClassVar[str] = "matmul"
     matmul: MatmulType
     operands: tuple[Tile, ...]  # a_0, b_0, a_1, b_1, ...
-    scale: Tile | None = None  # a row vector scaling the columns of A (lower.KernelLowering._scaled_operands)
+    scale: Tile | None = None  # a row vector scaling the columns of A (lower_registers.scaled_operands)
 
 
 class Reducer(enum.Enum):

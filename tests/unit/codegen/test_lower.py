@@ -240,7 +240,7 @@ def _thread_chain(*ops: tuple[Op, float | None]) -> ThreadGraph:
     ([(Op.EXP, None)], None),
 ])
 def test_a_positive_scalar_product_is_a_linear_score(ops, scale):
-    from mirage.codegen.lower import thread_function
+    from mirage.codegen.lower_functions import thread_function
 
     function = thread_function("f", _thread_chain(*ops))
     assert function.linear_scale == scale
