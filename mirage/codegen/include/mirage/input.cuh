@@ -185,12 +185,7 @@ class InputIterator {
     return ok;
   }
 
-  MIRAGE_DEVICE int64_t row_offset(int row) const {
-    const int i2 = row % L::dim2;
-    const int i1 = (row / L::dim2) % L::dim1;
-    const int i0 = row / (L::dim2 * L::dim1);
-    return i0 * strides_.stride[0] + i1 * strides_.stride[1] + i2 * strides_.stride[2];
-  }
+  MIRAGE_DEVICE int64_t row_offset(int row) const { return strided_row_offset<L>(strides_, row); }
 
   MIRAGE_DEVICE void copy_vectorized(const T* source, T* target) const {
     constexpr int kChunksPerRow = L::cols / kVector;

@@ -89,10 +89,7 @@ struct OutputSaver {
 
  private:
   static MIRAGE_DEVICE int64_t row_offset(const Strides& strides, int row) {
-    const int i2 = row % L::dim2;
-    const int i1 = (row / L::dim2) % L::dim1;
-    const int i0 = row / (L::dim2 * L::dim1);
-    return i0 * strides.stride[0] + i1 * strides.stride[1] + i2 * strides.stride[2];
+    return strided_row_offset<L>(strides, row);
   }
 
   // Reads kVector consecutive shared elements, with 16-byte loads when they are aligned.

@@ -24,6 +24,16 @@ struct Strides {
   int64_t stride[4];
 };
 
+// Element offset of row `row` of a tile of layout L (rows over its first three dims) in a tensor of
+// these strides.
+template <class L>
+MIRAGE_DEVICE int64_t strided_row_offset(const Strides& strides, int row) {
+  const int i2 = row % L::dim2;
+  const int i1 = (row / L::dim2) % L::dim1;
+  const int i0 = row / (L::dim2 * L::dim1);
+  return i0 * strides.stride[0] + i1 * strides.stride[1] + i2 * strides.stride[2];
+}
+
 // For each grid axis x, y, z: the (four-dim) data dim it partitions, or -1 (replica).
 struct DimMap {
   int x;

@@ -256,11 +256,7 @@ struct GlobalSink {
   dev::Strides strides;
   bool vectors;
   MIRAGE_DEVICE T* at(int linear) const {
-    const int row = linear / L::cols;
-    const int i2 = row % L::dim2;
-    const int i1 = (row / L::dim2) % L::dim1;
-    const int i0 = row / (L::dim2 * L::dim1);
-    return target + i0 * strides.stride[0] + i1 * strides.stride[1] + i2 * strides.stride[2] +
+    return target + dev::strided_row_offset<L>(strides, linear / L::cols) +
            static_cast<int64_t>(linear % L::cols) * strides.stride[3];
   }
   MIRAGE_DEVICE void operator()(int linear, float value) const { *at(linear) = dev::from_float<T>(value); }
