@@ -84,13 +84,19 @@ ATTENTION_SPLITS = {
 }
 # QKNorm normalizes K once, in a kernel of 64 blocks per head, before the attention kernel
 ATTENTION_EXTRA = {"gqa": (), "qknorm": (("normalize_k", True), ("norm_blocks", 64))}
+# ... or divides each score by its key's rms, computed in the attention kernel: GQA's kernels with a
+# per-key factor (``key_scales``), at GQA's splits
+KEY_SCALE_EXTRA = (("key_scales", True),)
 
 
 def _attention_rows(program: str) -> list[Variant]:
     """Row-sum µGraphs (Mirage's element-wise sums measured slower on every split, see
     docs/performance.md)."""
     rows = []
-    for kv_splits, q_splits, iters, threads, combine_rows in ATTENTION_SPLITS[program]:
+    splits = [(row, ATTENTION_EXTRA[program]) for row in ATTENTION_SPLITS[program]]
+    if program == "qknorm":
+        splits += [(row, KEY_SCALE_EXTRA) for row in ATTENTION_SPLITS["gqa"]]
+    for (kv_splits, q_splits, iters, threads, combine_rows), extra in splits:
         arguments = (
             ("kv_splits", kv_splits),
             ("q_splits", q_splits),
@@ -98,7 +104,7 @@ def _attention_rows(program: str) -> list[Variant]:
             ("threads", threads),
             ("row_sums", True),
             ("combine_rows", combine_rows),
-            *ATTENTION_EXTRA[program],
+            *extra,
         )
         rows.append(Variant(arguments, (2, 3)))
     return rows
@@ -126,24 +132,31 @@ def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = (),
 
 
 def _wide_qknorm_rows() -> list[Variant]:
-    """QKNorm: K normalized in a kernel of its own (tiles of 128 or 64 keys), or in the attention
-    kernel when each key is read by one or two blocks only (``q_splits`` 1 or 2)."""
+    """QKNorm: K normalized in a kernel of its own (tiles of 128 or 64 keys), its rms dividing the
+    scores in the attention kernel (``key_scales``), or K normalized in the attention kernel when
+    each key is read by one or two blocks only (``q_splits`` 1 or 2)."""
     rows = []
     for norm_blocks in (64,):  # 32 measured slower on every split (explore_h100_2026-11-22_run7.json)
         rows += _wide_attention_rows((("normalize_k", True), ("norm_blocks", norm_blocks)),
                                      kv_splits=(4, 8, 16, 32), q_splits=(2, 4, 8))
+    rows += _wide_attention_rows(KEY_SCALE_EXTRA, kv_splits=(8, 16, 32), q_splits=(2, 4, 8))
     return rows + _wide_attention_rows(q_splits=(1, 2))
 
 
 def attention_fused(
     b: int, qknorm: bool, row_sums: bool = False, combine_rows: int | None = None, normalize_k: bool = False,
-    norm_blocks: int = 32, **splits,
+    norm_blocks: int = 32, key_scales: bool = False, **splits,
 ) -> KernelGraph:
     """Mirage's attention µGraph (``attention.fused``), or with ``row_sums`` its variant that sums
     ``exp(S)`` over the keys inside the first kernel (``forloop_accum(..., acc="sum")``): the partial
     sums are then one value per query row and key split instead of one per key, which the first
     kernel writes and the combine reads (a µGraph of the same search space).  ``combine_rows``:
-    query rows per block of the combine kernel (default: those of the first kernel)."""
+    query rows per block of the combine kernel (default: those of the first kernel).
+
+    QKNorm's keys: normalized in a kernel of their own (``normalize_k``), tile by tile in the first
+    kernel (the default), or, with ``key_scales``, not at all: ``(q · k) / rms(k)`` divides each
+    score by its key's rms, computed from the K tile in the first kernel (the softmax chain then
+    multiplies each product by a per-key factor, gen/softmax.cuh)."""
     if not row_sums:
         return attention.fused(b, qknorm, **splits)
     kv_splits, q_splits, iters = splits["kv_splits"], splits["q_splits"], splits["iters"]
@@ -165,11 +178,14 @@ def attention_fused(
     bq = tb.new_input(q, input_map=(0, -1, rows_axis), forloop_dim=-1)  # [1, 256 / q_splits, 64]
     bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)  # [1, 64, keys]
     bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)  # [1, keys, 64]
+    scores = None
     if qknorm:
         bq = tb.rms_norm(bq, eps=attention.EPS)
-        if not normalize_k:
+        if key_scales:
+            scores = tb.div(tb.matmul(bq, bk), attention.key_rms(tb, bk))
+        elif not normalize_k:
             bk = attention._rms_k(tb, bk)
-    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), attention.SCALE))
+    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk) if scores is None else scores, attention.SCALE))
     sums = tb.forloop_accum(e, acc="sum")  # [1, rows, 1]
     numerators = tb.forloop_accum(tb.matmul(e, bv))  # [1, rows, 64]
     tb.new_output(sums, output_map=(0, 2, rows_axis))  # [2b, 256, kv_splits]

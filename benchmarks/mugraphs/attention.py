@@ -16,10 +16,15 @@ def shapes(b: int) -> list[tuple[int, ...]]:
     return [(2 * b, 256, 64), (2 * b, 64, 4096), (2 * b, 4096, 64)]
 
 
+def key_rms(g, k):
+    """rms of each 64-vector of K (2b, 64, n) over dim 1: sqrt(mean(k², dim 1) + eps), (2b, 1, n)."""
+    mean = g.mul_scalar(g.reduction(g.square(k), 1), 1.0 / k.dims[1])
+    return g.sqrt(g.add_scalar(mean, EPS))
+
+
 def _rms_k(g, k):
     """Normalize each 64-vector of K (2b, 64, n) over dim 1: k / sqrt(mean(k², dim 1) + eps)."""
-    mean = g.mul_scalar(g.reduction(g.square(k), 1), 1.0 / k.dims[1])
-    return g.div(k, g.sqrt(g.add_scalar(mean, EPS)))
+    return g.div(k, key_rms(g, k))
 
 
 def reference(b: int, qknorm: bool = False) -> mi.KernelGraph:

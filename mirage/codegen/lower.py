@@ -293,6 +293,8 @@ class KernelLowering:
             if self.graph.nodes[node].op is Op.FUSED
         )
         index_layout = self._result_layout(root)
+        if self.softmax is not None and last == self.softmax.column:
+            links += (self.column_factor(),)  # the chain's only reader wants f(1, c), not c
         if last in self.in_registers:
             return self._register_chain(root, last, links, index_layout)
         producer, input_node = self.producer(root)
@@ -422,8 +424,19 @@ class KernelLowering:
         assert chain is not None
         q, k = (self.operand(r) for r in self.graph.nodes[chain.qk].inputs)
         v = self.operand(self.graph.nodes[chain.pv].inputs[1])
+        if chain.column is not None:  # the products times per-key factors (the column's step stores them)
+            return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, "mirage::gen::ColumnScore",
+                                         self.tile(chain.column))
         score = self.function(chain.score) if chain.score is not None else "mirage::dev::Identity"
         return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, score)
+
+    def column_factor(self) -> ctx.Link:
+        """The link that turns the chain's per-key values c into the factors f(1, c) before their
+        step stores them (gen/softmax.cuh's ColumnFactor)."""
+        chain = self.softmax
+        assert chain is not None and chain.column is not None and chain.score is not None
+        function = f"mirage::gen::ColumnFactor<{self.function(chain.score)}, {chain.qk_argument}>"
+        return ctx.Link(chain.score, function, (None,))
 
     def _place_softmax(self, smem_limit: int | None) -> None:
         """The chain's merge scratch goes after the plan (and the reduction scratch)."""
@@ -573,7 +586,7 @@ class KernelLowering:
                 if self.row_loop is not None and row_loop_pending and item.phase is Phase.LOOP:
                     steps.append(self.row_loop.step())  # registers only: no barrier after it
                     row_loop_pending = False
-                if self.softmax is not None and item.node == self.softmax.qk:
+                if self.softmax is not None and item.node == self.softmax.anchor:
                     # registers only: the step writes no shared memory, and the tiles it reads (Q,
                     # K, V) are alive the whole loop, so it needs no barrier after it
                     steps.append(ctx.OnlineSoftmaxStep(item.node, self.softmax_type()))

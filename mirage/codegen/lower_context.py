@@ -246,6 +246,7 @@ class OnlineSoftmaxType:
     k: Tile
     v: Tile
     score: str  # functor applied to Q·K (a ThreadFunction name, or mirage::dev::Identity)
+    columns: Tile | None = None  # per-key factors of the products (gen/softmax.cuh's Columns)
 
     @property
     def state(self) -> str:

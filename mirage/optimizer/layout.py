@@ -13,7 +13,8 @@ kernel-level matmuls want the innermost dim among the last two; kernel-level ele
 reductions keep the innermost dim; the innermost dim of a tile is never swizzled; a matmul operand
 or result that is not contiguous along one of its last two dims swizzles that dim; an op walking
 along a dim that is not contiguous in one of its tiles swizzles that dim there; reductions do not
-walk along the reduced dim.  Costs are :class:`LayoutCosts` (Mirage's constants, ×1000, plus one unit
+walk along the reduced dim; the matmul operands of an online-softmax block graph are row-major (the
+register chain reads them by rows).  Costs are :class:`LayoutCosts` (Mirage's constants, ×1000, plus one unit
 per byte of padding).  :func:`select_layouts` solves the model with z3 and returns a
 :class:`LayoutPlan`: a side table (layouts are not semantic, so graphs keep ``Layout.ROW_MAJOR`` and
 still check), keyed by tensor, with strides in elements.
@@ -67,6 +68,9 @@ class LayoutCosts:
     padding_byte: int = 1
     # per tensor whose innermost dim is not its last: breaks ties towards row-major
     not_row_major: int = 1
+    # a matmul operand of an online-softmax block graph (one with a running max) is not row-major:
+    # the register chain (softmax_chain) reads Q, K and V by ldmatrix rows
+    chain_operand_not_row_major: int = 20_000
 
 
 @dataclass(frozen=True)
@@ -271,6 +275,7 @@ def _block_rules(model: _Model, graph: KernelGraph, k: int) -> None:
         tile = _shared_key(k, block.nodes[i].inputs[0].node)
         model.add("output_no_wide_copy", f"kernel %{k} output %{i}",
                   Not(Same(model.inner[dst], model.inner[tile])), model.costs.output_no_wide_copy)
+    online_softmax = any(node.op is Op.RUNNING_MAX for node in block.nodes)
     for i, node in enumerate(block.nodes):
         operands = [(_shared_key(k, r.node), block.type_of(r)) for r in node.inputs]
         out = (_shared_key(k, i), node.outputs[0])
@@ -281,6 +286,9 @@ def _block_rules(model: _Model, graph: KernelGraph, k: int) -> None:
                 last_two = Any_((Is(inner, t.rank - 1), Is(inner, t.rank - 2)))
                 model.add("matmul_no_ldmatrix", f"{subject} {key}", Not(last_two),
                           model.costs.matmul_no_ldmatrix)
+                if online_softmax:
+                    model.add("chain_operand_not_row_major", f"{subject} {key}", Not(Is(inner, t.rank - 1)),
+                              model.costs.chain_operand_not_row_major)
             for key, t in [*operands, out]:
                 for d in (t.rank - 1, t.rank - 2):
                     model.add("matmul_swizzles", f"{subject} {key}",

@@ -4,7 +4,9 @@ After the online-softmax rewrite (:mod:`mirage.optimizer.softmax`) the loop body
 block graph is a chain of seven ops::
 
     %qk   = matmul(Q, K)                       Q [1, R, D], K [1, D, N]; fp16 or bf16
-    %s    = fused(%qk)                         optional: element-wise ops of one input (the scale)
+    %s    = fused(%qk)                         optional: element-wise ops of one input (the scale),
+          or fused(%qk, %c)                    or of the product and a per-key value c [1, 1, N],
+                                               linear in the product (QKNorm's S / rms(K) · 0.125)
     %rmax = reduction_max(%s, last dim)
     %m    = running_max(%rmax)
     %p    = fused(%s, %m) = exp(%s − %m)
@@ -20,6 +22,11 @@ registers, merged into the shared tiles of ``%m``, ``%l``, ``%o`` and ``%max`` o
 Anything that does not fit the pattern exactly (another reader of an intermediate, a different
 accumulator kind, tile shapes the tensor-core fragments do not cover) returns ``None`` with the
 reason logged, and the kernel is lowered op by op as before.
+
+A score with a per-key operand ``f(S, c)`` is ``S · f(1, c)`` when ``f`` is linear in ``S``
+(:func:`linear_in`): the step that produces ``c`` stores the factors ``f(1, c)`` instead (``c`` has
+no other reader), and the chain multiplies each product by its key's factor. The chain step then
+runs at the score's place in the schedule, after ``c``'s step and the barrier behind it.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mirage.mugraph.dtypes import DType
-from mirage.mugraph.graph import AccumKind, BlockGraph, Node, Ref
+from mirage.mugraph.graph import AccumKind, BlockGraph, Node, Ref, ThreadGraph
 from mirage.mugraph.ops import Op
 from mirage.optimizer.graphs import NoMatch, require
 from mirage.optimizer.layout import TensorLayout
@@ -56,6 +63,14 @@ class SoftmaxChain:
     maximum: int | None
     groups: int  # key groups per row tile (gen/softmax.cuh's kGroups)
     scratch_bytes: int  # shared scratch of the key groups' merge after the loop (0 for one group)
+    column: int | None = None  # the score's per-key operand c (its step stores f(1, c))
+    qk_argument: int = 0  # the product's position among the score's operands
+
+    @property
+    def anchor(self) -> int:
+        """The node at whose step the chain runs: the score when it reads per-key values (they are
+        computed first), else the first product."""
+        return self.score if self.column is not None and self.score is not None else self.qk
 
     @property
     def computed(self) -> frozenset[int]:
@@ -79,6 +94,54 @@ class SoftmaxChain:
 
 def _only(uses: dict[Ref, list[int]], i: int) -> list[int]:
     return sorted(set(uses.get(Ref(i, 0), [])))
+
+
+# ops that keep a value's degree in one input (unary, not affine: f(a·x) = a·f(x))
+_SCALING = frozenset({Op.MUL_SCALAR})
+
+
+def linear_in(thread: ThreadGraph, argument: int) -> bool:
+    """Whether ``thread`` computes ``x · h(others)`` in its input ``argument`` = x: x enters once,
+    through products, quotients (as the numerator) and scalar multiples only."""
+    degree: list[int | None] = []
+    for node in thread.nodes:
+        if node.op is Op.INPUT:
+            degree.append(1 if node.attrs.index == argument else 0)
+            continue
+        ins = [degree[r.node] for r in node.inputs]
+        if any(d is None for d in ins):
+            degree.append(None)
+        elif not any(ins):
+            degree.append(0)
+        elif node.op is Op.MUL and sum(ins) == 1:
+            degree.append(1)
+        elif node.op is Op.DIV and ins == [1, 0]:
+            degree.append(1)
+        elif node.op in _SCALING:
+            degree.append(1)
+        else:
+            degree.append(None)
+    (out,) = thread.outputs
+    return degree[out.node] == 1
+
+
+def _column_operand(graph: BlockGraph, uses: dict[Ref, list[int]], s: int,
+                    loop: set[int]) -> tuple[int, int, int]:
+    """(qk, column, qk_argument) of a two-operand score (see the module docstring)."""
+    node = graph.nodes[s]
+    products = [k for k, r in enumerate(node.inputs) if graph.nodes[r.node].op is Op.MATMUL]
+    require(len(products) == 1 and len(set(node.inputs)) == 2, "the score has no single product operand")
+    argument = products[0]
+    qk, column = node.inputs[argument].node, node.inputs[1 - argument].node
+    s_shape, c_shape = graph.type_of(Ref(s)).shape, graph.type_of(Ref(column)).shape
+    require(len(c_shape) == len(s_shape) and c_shape[-1] == s_shape[-1]
+            and math.prod(c_shape[:-1]) == 1, f"the score's other operand {c_shape} is not one value per key")
+    require(linear_in(node.attrs, argument), "the score is not linear in the product")
+    require(_only(uses, column) == [s], "the per-key values have other readers")
+    require(graph.nodes[column].op not in (Op.INPUT, Op.ACCUM, Op.ACCUM_RESCALE, Op.RUNNING_MAX),
+            "the per-key values are not computed by a step of their own")
+    require(column in loop, "the per-key values are not computed in the loop")
+    return qk, column, argument
 
 
 def _is_exp_of_difference(node: Node, s: int, m: int) -> bool:
@@ -133,10 +196,14 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
     s_type = graph.type_of(Ref(s))
     require(graph.nodes[row_max].attrs.dim == s_type.rank - 1, "the row maximum is not over the last dim")
     score: int | None = None
+    column: int | None = None
+    qk_argument = 0
     qk = s
     if graph.nodes[s].op is Op.FUSED:
-        require(len(graph.nodes[s].inputs) == 1, "the score has more than one operand")
+        require(len(graph.nodes[s].inputs) <= 2, "the score has more than two operands")
         score, qk = s, graph.nodes[s].inputs[0].node
+        if len(graph.nodes[s].inputs) == 2:
+            qk, column, qk_argument = _column_operand(graph, uses, s, loop)
         require(_only(uses, qk) == [s], "the product Q·K has other readers")
     require(graph.nodes[qk].op is Op.MATMUL, "the scores are not a matmul")
     q_ref, k_ref = graph.nodes[qk].inputs
@@ -187,7 +254,8 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
     groups = warp_split(rows, keys, math.prod(graph.block_dim))
     require(groups is not None, f"{rows} rows × {keys} keys do not split over the warps")
     scratch = 4 * groups * rows * (width + 2) if groups > 1 else 0
-    return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch)
+    return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch, column,
+                        qk_argument)
 
 
 def row_bytes_of(graph: BlockGraph, layouts: dict[int, TensorLayout] | None) -> Callable[[int], int]:

@@ -9,6 +9,9 @@
 * The online-softmax chain's two instruction orders (MIRAGE_SOFTMAX_INTERLEAVE): bit-identical.
 * The chain's score scale folded into the exponent (MIRAGE_SOFTMAX_FOLD_SCALE): against float64 and
   against the chain that scales each score, fp16 and bf16.
+* Per-key factors in the chain (QKNorm's scores divided by their key's rms, ``key_scales``): against
+  float64 and against the same graph lowered op by op, fp16 and bf16, with one and with two row
+  tiles per warp.
 """
 
 from __future__ import annotations
@@ -153,4 +156,30 @@ def test_softmax_scale_fold_matches_the_reference(case, dtype):
         assert result.passed, result.as_dict()
     (a,), (b,) = folded(*inputs), per_element(*inputs)
     assert not torch.equal(a, b)  # the forms differ (so both ran), by rounding only
+    torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+def _key_scale_member(case: str, label_part: str):
+    return next(g for row, g in family(case) if "key_scales" in row.label and label_part in row.label)
+
+
+@pytest.mark.parametrize("case, label, dtype", [
+    ("qknorm_b1", "kv_splits=16,q_splits=4,iters=2,threads=128", mi.float16),
+    ("qknorm_b8", "kv_splits=8,q_splits=2,iters=8,threads=128", mi.float16),  # two row tiles a warp
+    ("qknorm_b1", "kv_splits=16,q_splits=2,iters=2,threads=256", mi.bfloat16),
+])
+def test_per_key_factors_match_the_reference(case, label, dtype):
+    graph = _key_scale_member(case, label)
+    if dtype is not mi.float16:
+        graph = _with_dtype(graph, dtype)
+    program = generate_cuda_program(graph, None)
+    assert "ColumnFactor<" in program.code and "ColumnScore" in program.code
+    op_by_op = generate_cuda_program(graph, None, options=OptimizerOptions(register_softmax=False))
+    assert "ColumnScore" not in op_by_op.code
+    chain, reference = build_many([program, op_by_op])
+    inputs = random_inputs(graph, 13)
+    for built in (chain, reference):
+        result = check_on_gpu(graph, built, inputs=inputs)
+        assert result.passed, result.as_dict()
+    (a,), (b,) = chain(*inputs), reference(*inputs)
     torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)

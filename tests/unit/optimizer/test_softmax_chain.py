@@ -84,3 +84,86 @@ def test_generated_kernel_steps_the_chain_once_per_iteration():
     assert loop.count("__syncthreads()") == 1  # only the end of the iteration
     assert "mm3" not in first and "mm9" not in first  # no op-by-op matmuls left
     assert "::write_back(softmax3_state" in first
+
+
+# ---- per-key factors: QKNorm's scores divided by their key's rms ------------------------------------
+
+
+def _thread(ops):
+    """A thread graph over inputs x0 (the product) and x1 from ``ops``: (op, operand indices, value)."""
+    from mirage.mugraph.dtypes import DType
+    from mirage.mugraph.graph import Node, Ref, Scalar, TensorType, ThreadGraph, ThreadInput
+
+    t = TensorType((1,), DType.FLOAT32)
+    nodes = [Node(Op.INPUT, (), ThreadInput(0), (t,)), Node(Op.INPUT, (), ThreadInput(1), (t,))]
+    for op, operands, value in ops:
+        attrs = Scalar(value) if value is not None else None
+        nodes.append(Node(op, tuple(Ref(k) for k in operands), attrs, (t,)))
+    return ThreadGraph(tuple(nodes), (Ref(len(nodes) - 1),))
+
+
+@pytest.mark.parametrize(("ops", "linear"), [
+    ([(Op.DIV, (0, 1), None), (Op.MUL_SCALAR, (2,), 0.125)], True),  # x0 / x1 · 0.125
+    ([(Op.SQRT, (1,), None), (Op.MUL, (2, 0), None)], True),  # sqrt(x1) · x0
+    ([(Op.DIV, (1, 0), None)], False),  # x1 / x0
+    ([(Op.ADD, (0, 1), None)], False),  # x0 + x1: affine, not linear
+    ([(Op.MUL, (0, 0), None)], False),  # x0²
+    ([(Op.EXP, (0,), None), (Op.MUL, (2, 1), None)], False),
+    ([(Op.SQRT, (1,), None)], False),  # no x0 at all
+])
+def test_linear_in_the_product(ops, linear):
+    from mirage.optimizer.softmax_chain import linear_in
+
+    assert linear_in(_thread(ops), 0) is linear
+
+
+def _key_scale_graph(**splits):
+    return attention_fused(1, True, row_sums=True, combine_rows=16, key_scales=True, **(splits or SPLITS))
+
+
+def test_key_scales_run_the_chain_with_a_per_key_operand():
+    first, _ = _kernels(_key_scale_graph())
+    chain = first.softmax_chain
+    assert chain is not None and chain.column is not None
+    nodes = first.block_graph.nodes
+    assert nodes[chain.column].op is Op.REDUCTION and nodes[chain.column].outputs[0].shape == (1, 1, 128)
+    assert nodes[chain.score].inputs[chain.qk_argument].node == chain.qk
+    assert chain.anchor == chain.score  # after the per-key values are computed
+    assert chain.column in {b.node for b in first.memory.buffers}  # the factors' tile
+
+
+def test_key_scales_lowering_stores_factors_then_steps_the_chain():
+    code = generate_cuda_program(_key_scale_graph()).code
+    first = code.split("extern \"C\"")[1]
+    loop = first.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
+    assert loop.count("::step(") == 1 and "ColumnScore" in first
+    factor = loop.index("mirage::gen::ColumnFactor<")
+    barrier = loop.index("__syncthreads()", factor)
+    assert factor < barrier < loop.index("::step(")  # stored, synchronized, then read by the chain
+    step_line = next(line for line in loop.splitlines() if "::step(" in line)
+    assert step_line.count(",") == 4  # state, Q, K, V and the factors
+
+
+def test_a_score_not_linear_in_the_product_is_lowered_op_by_op():
+    import mirage as mi
+    from benchmarks.mugraphs import attention
+
+    g = mi.new_kernel_graph()
+    q, k, v = (g.new_input(dims=s, dtype=mi.float16) for s in attention.shapes(1))
+    tb = mi.new_threadblock_graph(grid_dim=(2, 8, 4), block_dim=(128, 1, 1), forloop_range=4)
+    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
+    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)
+    bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)
+    e = tb.exp(tb.add(tb.matmul(bq, bk), attention.key_rms(tb, bk)))  # S + rms(k): affine in S
+    tb.new_output(tb.forloop_accum(e, acc="sum"), output_map=(0, 2, 1))
+    tb.new_output(tb.forloop_accum(tb.matmul(e, bv)), output_map=(0, 2, 1))
+    sums, numerators = g.customized([q, k, v], tb)
+    tb2 = mi.new_threadblock_graph(grid_dim=(2, 16, 1), block_dim=(128, 1, 1), forloop_range=1)
+    total = tb2.forloop_accum(tb2.new_input(sums, input_map=(0, 1, -1)), acc="sum")
+    n = tb2.forloop_accum(tb2.new_input(numerators, input_map=(0, 1, -1)), acc="sum_todimx")
+    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
+    (out,) = g.customized([sums, numerators], tb2)
+    g.mark_output(out)
+    first, _ = _kernels(g.freeze())
+    assert any(n.op is Op.RUNNING_MAX for n in first.block_graph.nodes)  # the rewrite ran
+    assert first.softmax_chain is None

@@ -21,6 +21,12 @@
 //   using Chain = OnlineSoftmax<NumThreads, __half, QLayout, KLayout, VLayout, Score>;
 //   typename Chain::State state;  Chain::clear(state);         before the loop
 //   Chain::step(state, q, k, v);                               every iteration (no barrier inside)
+//   Chain::step(state, q, k, v, columns);                      the same with per-key factors
+//
+// Per-key factors: a score f(Q·K, c) linear in the product (QKNorm's S / rms(K) · 0.125, c one
+// value per key) is (Q·K) · f(1, c). The producer of c stores ColumnFactor<f>(c) = f(1, c) into a
+// [1, N] tile once per iteration (a link of its step); the chain multiplies each product by its
+// key's factor before the row maxima (Score is then ColumnScore, a scale of 1).
 //   Chain::write_back(state, scratch, max_tile, running_tile, sum_tile, out_tile);  after the loop;
 //                                                              a barrier must follow before others read
 #pragma once
@@ -94,6 +100,14 @@ struct LinearScore<Score, std::void_t<decltype(Score::kLinearScale)>> {
   static constexpr float scale = Score::kLinearScale;
 };
 
+// The two factors of keys `key` and `key + 1` (even) of a [1, N] tile of per-key factors.
+template <class T, class L>
+MIRAGE_DEVICE void column_pair(dev::SharedTile<T, L> columns, int key, float (&factor)[2]) {
+  static_assert(L::size == L::dim(3) || L::dim(3) == 1, "per-key factors are one row of keys");
+  factor[0] = columns.load(key);
+  factor[1] = columns.load(key + 1);
+}
+
 template <class T, class L>
 MIRAGE_DEVICE void store(dev::SharedTile<T, L> tile, int linear, float value) {
   tile.store(linear, value);
@@ -102,7 +116,27 @@ MIRAGE_DEVICE void store(NoTile, int, float) {}
 
 }  // namespace softmax_detail
 
-template <int NumThreads, class T, class QLayout, class KLayout, class VLayout, class Score>
+// f(1, c): the factor of a key whose value is c, for a score f linear in the product Q·K, which is
+// argument QkArgument of f (the other is c).
+template <class Score, int QkArgument>
+struct ColumnFactor {
+  MIRAGE_DEVICE float operator()(float c) const {
+    if constexpr (QkArgument == 0) {
+      return Score{}(1.0f, c);
+    } else {
+      return Score{}(c, 1.0f);
+    }
+  }
+};
+
+// The score of a chain with per-key factors: the product times its factor, nothing more.
+struct ColumnScore {
+  static constexpr float kLinearScale = 1.0f;
+  MIRAGE_DEVICE float operator()(float x) const { return x; }
+};
+
+template <int NumThreads, class T, class QLayout, class KLayout, class VLayout, class Score,
+          class Columns = NoTile>
 struct OnlineSoftmax {
   using Atom = dev::detail::MmaAtom<T>;
   static constexpr int R = QLayout::rows;
@@ -177,10 +211,10 @@ struct OnlineSoftmax {
   // kSubKeys keys per warp (each a step of the online softmax: the registers of S and P stay
   // bounded however many keys a warp takes per iteration).
   static MIRAGE_DEVICE void step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
-                                 dev::SharedTile<T, VLayout> v) {
+                                 dev::SharedTile<T, VLayout> v, Columns columns = {}) {
     const int key0 = key_group() * kKeys;
 #pragma unroll 1
-    for (int sub = 0; sub < kKeys / kSubKeys; ++sub) sub_step(state, q, k, v, key0 + sub * kSubKeys);
+    for (int sub = 0; sub < kKeys / kSubKeys; ++sub) sub_step(state, q, k, v, columns, key0 + sub * kSubKeys);
   }
 
   // The merged results into shared tiles (any may be NoTile): the row maximum M (in the units of
@@ -264,9 +298,21 @@ struct OnlineSoftmax {
 
   // One online-softmax step over kSubKeys keys for every row tile of the warp.
   static MIRAGE_DEVICE void sub_step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
-                                     dev::SharedTile<T, VLayout> v, int key0) {
+                                     dev::SharedTile<T, VLayout> v, Columns columns, int key0) {
     float score[kTilesPerWarp][kKeyTiles][4];
     scores(q, k, key0, score);
+    if constexpr (!std::is_same_v<Columns, NoTile>) {
+      // each product times its key's factor (a thread's columns: 8 j + pair and + 1)
+#pragma unroll
+      for (int j = 0; j < kKeyTiles; ++j) {
+        float factor[2];
+        softmax_detail::column_pair(columns, key0 + j * 8 + (lane() % 4) * 2, factor);
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) score[t][j][e] *= factor[e % 2];
+      }
+    }
     float offset[kTilesPerWarp][2];
 #pragma unroll
     for (int t = 0; t < kTilesPerWarp; ++t) rescale(state, t, score[t], offset[t]);
