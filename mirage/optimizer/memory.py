@@ -108,10 +108,14 @@ def timeline(schedule: Schedule) -> tuple[dict[int, int], dict[int, int], dict[P
 def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
               layouts: dict[int, TensorLayout] | None = None, stages: int = 2,
               accumulator_dtype: DType = DType.FLOAT32,
-              in_registers_only: frozenset[int] = frozenset()) -> tuple[list[Buffer], int]:
+              in_registers_only: frozenset[int] = frozenset(),
+              read_at: dict[int, int] | None = None) -> tuple[list[Buffer], int]:
     """The buffers of ``graph`` with their lifetimes (unplaced), and the timeline length.
-    ``in_registers_only``: nodes computed in registers by a chain step (no buffer)."""
+    ``in_registers_only``: nodes computed in registers by a chain step (no buffer); ``read_at``:
+    nodes that read their operands at another node's step (a chain step runs at its anchor) and
+    not at their own, which would end the operands' lifetimes too early."""
     main, finalize, spans = timeline(schedule)
+    reads = {c: max(level, main[read_at[c]]) if c in (read_at or {}) else level for c, level in main.items()}
     loop = spans.get(Phase.LOOP)
     # loop state is cleared, and pipelined inputs are first fetched, in the last pre-loop level
     prologue = spans[Phase.PRE_LOOP][1] if Phase.PRE_LOOP in spans else (loop[0] if loop else 0)
@@ -124,7 +128,7 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
         t = node.outputs[0]
         elements = layouts[i].physical_elements if layouts and i in layouts else t.numel
         start = main[i]
-        end = max([start, *(main[c] for c in uses[Ref(i, 0)])])
+        end = max([start, *(reads[c] for c in uses[Ref(i, 0)])])
         kind, slots, itemsize = BufferKind.TILE, 1, t.dtype.itemsize
         if node.op is Op.INPUT and node.attrs.forloop_dim >= 0 and graph.forloop_range > 1 and loop:
             kind, slots = BufferKind.INPUT_STAGES, max(stages, 1)
@@ -211,10 +215,11 @@ def pipeline_depth(graph: BlockGraph, layouts: dict[int, TensorLayout] | None, s
 def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
                 layouts: dict[int, TensorLayout] | None = None, target: Target = DEFAULT_TARGET,
                 stages: int = 2, accumulator_dtype: DType = DType.FLOAT32,
-                in_registers_only: frozenset[int] = frozenset()) -> MemoryPlan:
+                in_registers_only: frozenset[int] = frozenset(),
+                read_at: dict[int, int] | None = None) -> MemoryPlan:
     """Place every buffer of ``graph`` in shared memory (see the module docstring)."""
     buffers, levels = lifetimes(graph, schedule, registers, layouts, stages, accumulator_dtype,
-                                in_registers_only)
+                                in_registers_only, read_at)
     best: tuple[int, str, list[Buffer]] | None = None
     candidates = []
     for fit_name, fit in FITS.items():

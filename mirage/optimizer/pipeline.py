@@ -215,11 +215,14 @@ def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
     layouts = state.records["select_layouts"].of_kernel(k)
     stages = pipeline_depth(block, layouts, o.stages, o.prefetch_small_bytes, o.prefetch_stages)
     in_registers: frozenset[int] = frozenset()
-    for plan in (dict(state.records["plan_softmax_chain"])[k], dict(state.records["plan_row_loop"])[k]):
+    chain = dict(state.records["plan_softmax_chain"])[k]
+    for plan in (chain, dict(state.records["plan_row_loop"])[k]):
         if plan is not None:
             in_registers |= plan.register_only
+    # the chain's step reads Q, K and V where it runs (its anchor), not at its first product's place
+    read_at = {n: chain.anchor for n in chain.computed} if chain is not None else {}
     return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
-                       layouts, state.target, stages, o.accumulator_dtype, in_registers)
+                       layouts, state.target, stages, o.accumulator_dtype, in_registers, read_at)
 
 
 PIPELINE: tuple[Pass, ...] = (

@@ -167,3 +167,16 @@ def test_a_score_not_linear_in_the_product_is_lowered_op_by_op():
     first, _ = _kernels(g.freeze())
     assert any(n.op is Op.RUNNING_MAX for n in first.block_graph.nodes)  # the rewrite ran
     assert first.softmax_chain is None
+
+
+def test_the_chain_keeps_its_operands_alive_until_its_anchor():
+    """In a one-iteration loop K is no pipelined stage: its tile must outlive the per-key factors'
+    step, since the chain reads K where it runs (after the factors), not at Q·K's place."""
+    first, _ = _kernels(_key_scale_graph(kv_splits=32, q_splits=4, iters=1, threads=128))
+    chain = first.softmax_chain
+    assert chain is not None and chain.column is not None
+    memory = first.memory
+    k_tile = memory.buffer_of(first.block_graph.nodes[chain.qk].inputs[1].node)
+    factors = memory.buffer_of(chain.column)
+    assert k_tile.overlaps_in_time(factors)
+    assert k_tile.offset + k_tile.size <= factors.offset or factors.offset + factors.size <= k_tile.offset
