@@ -80,6 +80,7 @@ class KernelLowering:
         self.scratch = offset if smem_limit is None or scratch_end <= smem_limit else None
         self.scratch_used = False
         self.epilogue_consumer = {producer: consumer for consumer, producer in kernel.registers.epilogues}
+        self.prologues = dict(kernel.registers.prologues)  # element-wise producer → its reduction
         self.in_registers = frozenset(kernel.registers.accumulators)
         self.functions: dict[int, ctx.ThreadFunction] = {}
         self.matmuls: dict[int, ctx.MatmulType] = {}
@@ -329,9 +330,11 @@ class KernelLowering:
             case Op.REDUCTION | Op.REDUCTION_MAX:
                 reducer = ctx.Reducer.SUM if node.op is Op.REDUCTION else ctx.Reducer.MAX
                 dim = rank4_dim(node.outputs[0].rank, node.attrs.dim)
-                return ctx.ReduceProducer(
-                    reducer, dim, "mirage::dev::Identity", self.operand(node.inputs[0]), self._scratch()
-                ), None
+                source, prologue = node.inputs[0], "mirage::dev::Identity"
+                if source.node in self.prologues:  # an element-wise op on each element read
+                    prologue = self.function(source.node)
+                    source = self.graph.nodes[source.node].inputs[0]
+                return ctx.ReduceProducer(reducer, dim, prologue, self.operand(source), self._scratch()), None
             case Op.REDUCTION_TO_DIMX:
                 dim = rank4_dim(node.outputs[0].rank, node.attrs.dim)
                 return ctx.ReduceToDimxProducer(
@@ -578,8 +581,8 @@ class KernelLowering:
                 steps.append(ctx.BarrierStep(item.reason, pending_copies, in_flight if pending_copies else 0))
                 pending_copies = emitted = False
                 continue
-            if item.epilogue_of is not None:
-                continue  # runs inside its producer's chain
+            if item.epilogue_of is not None or item.prologue_of is not None:
+                continue  # runs inside its producer's chain (or inside its reduction)
             if item.node in self.folded:
                 continue  # scales its matmul's A operand (accumulate_scaled): never stored
             if item.node in computed and item.action is not Action.LOAD:

@@ -51,6 +51,7 @@ class Step:
     depth: int
     action: Action
     epilogue_of: int | None = None  # runs inside this producer's step, on its registers
+    prologue_of: int | None = None  # runs inside this reduction's step, on each element it reads
 
 
 @dataclass(frozen=True)
@@ -125,11 +126,13 @@ def needs_finalize(graph: BlockGraph, node: int, register_accumulators: frozense
 
 
 def depth_of(graph: BlockGraph, i: int, phase: list[Phase], depth: list[int], epilogue_of: dict[int, int],
-             register_accumulators: frozenset[int] = frozenset()) -> int:
+             register_accumulators: frozenset[int] = frozenset(), prologues: frozenset[int] = frozenset()) -> int:
     """The depth of node ``i`` given the depths of the nodes before it.
 
-    An epilogue takes its producer's depth.  For POST_LOOP consumers an accumulator counts as depth 0
-    when it is finalized after the loop (the finalize step runs at depth 0) and as ready otherwise.
+    An epilogue takes its producer's depth; a prologue the depth of its operand, so that the
+    reduction it runs in comes one level after that operand.  For POST_LOOP consumers an
+    accumulator counts as depth 0 when it is finalized after the loop (the finalize step runs at
+    depth 0) and as ready otherwise.
     """
     if i in epilogue_of:
         return depth[epilogue_of[i]]
@@ -140,15 +143,16 @@ def depth_of(graph: BlockGraph, i: int, phase: list[Phase], depth: list[int], ep
             ready = max(ready, depth[r.node])
         elif phase[i] is Phase.POST_LOOP and producer.op in (Op.ACCUM, Op.ACCUM_RESCALE):
             ready = max(ready, 0 if needs_finalize(graph, r.node, register_accumulators) else -1)
-    return ready + 1
+    return ready if i in prologues else ready + 1
 
 
 def node_depths(graph: BlockGraph, phase: list[Phase], epilogue_of: dict[int, int],
-                register_accumulators: frozenset[int] = frozenset()) -> list[int]:
+                register_accumulators: frozenset[int] = frozenset(),
+                prologues: frozenset[int] = frozenset()) -> list[int]:
     """The depth of every node within its phase (:func:`depth_of`)."""
     depth: list[int] = []
     for i in range(len(graph.nodes)):
-        depth.append(depth_of(graph, i, phase, depth, epilogue_of, register_accumulators))
+        depth.append(depth_of(graph, i, phase, depth, epilogue_of, register_accumulators, prologues))
     return depth
 
 
@@ -156,9 +160,10 @@ def build_schedule(graph: BlockGraph, registers: RegisterPlan | None = None,
                    hoist_invariants: bool = True) -> Schedule:
     """The schedule of ``graph`` given the epilogue and register decisions of ``registers``."""
     epilogue_of = dict(registers.epilogues) if registers else {}
+    prologue_of = dict(registers.prologues) if registers else {}
     in_registers = frozenset(registers.accumulators) if registers else frozenset()
     phase = phases(graph, hoist_invariants)
-    depth = node_depths(graph, phase, epilogue_of, in_registers)
+    depth = node_depths(graph, phase, epilogue_of, in_registers, frozenset(prologue_of))
 
     def chain(i: int) -> tuple[int, int]:
         length = 0
@@ -177,6 +182,9 @@ def build_schedule(graph: BlockGraph, registers: RegisterPlan | None = None,
                 action = Action.ACCUMULATE
             case _:
                 action = Action.COMPUTE
+        if i in prologue_of:  # listed beside its reduction (same depth: no barrier between)
+            steps.append(Step(i, phase[i], depth[prologue_of[i]], action, prologue_of=prologue_of[i]))
+            continue
         steps.append(Step(i, phase[i], depth[i], action, epilogue_of.get(i)))
         if needs_finalize(graph, i, in_registers):
             steps.append(Step(i, Phase.POST_LOOP, 0, Action.FINALIZE))

@@ -105,3 +105,50 @@ def test_epilogues_can_be_switched_off():
     block = _block(CASES["gatedmlp_m8"].fused())
     plan = plan_registers(block, RegisterOptions(epilogues=False))
     assert plan.epilogues == () and plan.accumulators == () and plan.register_only == frozenset()
+
+
+# ---- prologues: an element-wise producer run inside the reduction that reads it ---------------------
+
+
+def _key_norm_block():
+    from benchmarks.variants import _normalized_keys
+    import mirage as mi
+
+    g = mi.new_kernel_graph()
+    k = g.new_input(dims=(2, 64, 4096), dtype=mi.float16)
+    g.mark_output(_normalized_keys(g, k, 2, 64))  # k / sqrt(mean(square(k), dim 1) + eps)
+    return _block(g.freeze())
+
+
+def test_square_runs_inside_the_reduction_of_its_squares():
+    block = _key_norm_block()
+    plan = plan_registers(block)
+    ((producer, reduction),) = plan.prologues
+    assert block.nodes[producer].op is Op.FUSED and block.nodes[reduction].op is Op.REDUCTION
+    assert block.nodes[reduction].inputs[0].node == producer
+    assert producer in plan.register_only  # never stored
+    from mirage.optimizer.schedule import build_schedule
+
+    schedule = build_schedule(block, plan)
+    (step,) = [s for s in schedule.items if getattr(s, "node", None) == producer]
+    assert step.prologue_of == reduction
+    off = plan_registers(block, RegisterOptions(prologues=False))
+    assert off.prologues == () and producer not in off.register_only
+    # the reduction runs a level earlier: no step of squares and no barrier after it
+    depth_on = {node: d for node, _, d in schedule.depths}
+    depth_off = {node: d for node, _, d in build_schedule(block, off).depths}
+    assert depth_on[reduction] == depth_off[reduction] - 1
+
+
+def test_prologue_lowering_reads_the_operand_through_the_function():
+    from benchmarks.variants import _normalized_keys
+    import mirage as mi
+    from mirage.codegen.lower_program import generate_cuda_program
+
+    g = mi.new_kernel_graph()
+    k = g.new_input(dims=(2, 64, 4096), dtype=mi.float16)
+    g.mark_output(_normalized_keys(g, k, 2, 64))
+    code = generate_cuda_program(g.freeze()).code
+    reduce_line = next(line for line in code.splitlines() if "reduce_apply<" in line)
+    assert "mirage::dev::Identity" not in reduce_line and "_f" in reduce_line  # the square's functor
+    assert code.count("map_apply<") == 1  # only the division; no pass of squares

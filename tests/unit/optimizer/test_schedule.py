@@ -39,6 +39,7 @@ def test_every_read_comes_after_a_barrier_following_its_write(name, index):
     registers = plan_registers(block)
     schedule = build_schedule(block, registers)
     epilogue_of = dict(registers.epilogues)
+    prologue_of = dict(registers.prologues)
     at = _positions(schedule)
     assert sorted(at) == list(range(len(block.nodes)))  # each node exactly once
     finalized = {s.node: k for k, s in enumerate(schedule.items) if isinstance(s, Step) and
@@ -49,6 +50,8 @@ def test_every_read_comes_after_a_barrier_following_its_write(name, index):
             assert k_write < k_read, f"%{i} runs before its input %{r.node}"
             if epilogue_of.get(i) == r.node:
                 assert b_read == b_write  # the epilogue runs on the producer's registers
+            elif prologue_of.get(r.node) == i:
+                assert b_read == b_write  # the prologue runs inside its reduction, on what it reads
             elif r.node in finalized:
                 barriers_before = sum(isinstance(x, Barrier) for x in schedule.items[:finalized[r.node]])
                 assert b_read > barriers_before  # read after the write-back, across a barrier
