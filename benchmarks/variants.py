@@ -13,8 +13,9 @@ The tables keep the members that came out on top of two wider explorations on th
 * lora: the N split of the 4096 output columns, with and without ``concat_matmul``.
 * gqa, qknorm: FlashDecoding-like splits with per-row partial sums (``row_sums``): query rows per
   block (``256 / q_splits``), key splits across blocks (``kv_splits``), keys per for-loop iteration
-  (``4096 / (kv_splits · iters)``), 8 or 16 query rows per block of the combine; QKNorm normalizes K
-  in a kernel of its own first (``normalize_k``).  The splits are the fastest of explorations of
+  (``4096 / (kv_splits · iters)``), 8 or 16 query rows per block of the combine; QKNorm divides each
+  score by its key's rms in the attention kernel (``key_scales``), or normalizes K in a kernel of
+  its own first (``normalize_k``).  The splits are the fastest of explorations of
   the wider families (``WIDE_ROWS``, ``python -m benchmarks.explore --family wide``).
 """
 
@@ -75,17 +76,23 @@ ATTENTION_SPLITS = {
     ],
     "qknorm": [
         (16, 4, 4, 128, 8),
-        (16, 4, 2, 256, 8),
         (16, 4, 2, 128, 8),
         (4, 4, 8, 128, 8),
-        (8, 4, 8, 128, 8),
-        (4, 4, 8, 128, 16),
     ],
 }
 # QKNorm normalizes K once, in a kernel of 64 blocks per head, before the attention kernel
 ATTENTION_EXTRA = {"gqa": (), "qknorm": (("normalize_k", True), ("norm_blocks", 64))}
-# ... or divides each score by its key's rms, computed in the attention kernel: GQA's kernels with a
-# per-key factor (``key_scales``), at GQA's splits
+# ... or divides each score by its key's rms, computed in the attention kernel (``key_scales``: the
+# chain multiplies each product by a per-key factor); the fastest splits of
+# explore_h100_2026-11-22_key_scales.json, b = 1 first
+KEY_SCALE_SPLITS = [
+    (16, 4, 2, 128, 8),
+    (16, 2, 2, 256, 8),
+    (32, 2, 2, 256, 16),
+    (8, 2, 8, 128, 8),
+    (8, 2, 8, 128, 16),
+    (8, 2, 4, 128, 8),
+]
 KEY_SCALE_EXTRA = (("key_scales", True),)
 
 
@@ -95,7 +102,7 @@ def _attention_rows(program: str) -> list[Variant]:
     rows = []
     splits = [(row, ATTENTION_EXTRA[program]) for row in ATTENTION_SPLITS[program]]
     if program == "qknorm":
-        splits += [(row, KEY_SCALE_EXTRA) for row in ATTENTION_SPLITS["gqa"]]
+        splits += [(row, KEY_SCALE_EXTRA) for row in KEY_SCALE_SPLITS]
     for (kv_splits, q_splits, iters, threads, combine_rows), extra in splits:
         arguments = (
             ("kv_splits", kv_splits),
