@@ -57,53 +57,35 @@ def _rows(stages: tuple[int, ...], **axes) -> list[Variant]:
     ]
 
 
-# (kv_splits, q_splits, iters, threads, combine_rows): the fastest splits of the explorations with
-# the register-resident softmax chain and the direct-read combine (benchmarks/results/
-# explore_h100_2026-11-22_wide_direct.json; the two 128-thread members of 8 key splits and 2 query
-# splits, whose warps take two row tiles each, from explore_h100_2026-11-22_paired_tiles.json), per
-# program
-ATTENTION_SPLITS = {
-    "gqa": [
-        (8, 2, 8, 128, 8),
-        (8, 2, 8, 128, 16),
-        (16, 2, 2, 256, 8),
-        (16, 4, 2, 128, 8),
-        (16, 4, 2, 128, 16),
-        (8, 4, 4, 128, 16),
-        (4, 2, 8, 256, 8),
-        (8, 2, 8, 256, 8),
-        (4, 4, 8, 128, 8),
-    ],
-    "qknorm": [
-        (16, 4, 4, 128, 8),
-        (16, 4, 2, 128, 8),
-        (4, 4, 8, 128, 8),
-    ],
+# How QKNorm treats its keys: normalized once, in a kernel of 64 blocks per head, before the attention
+# kernel, or divided out of each score by its key's rms, computed in the attention kernel (the chain
+# multiplies each product by a per-key factor)
+NORMALIZE_K = (("normalize_k", True), ("norm_blocks", 64))
+KEY_SCALES = (("key_scales", True),)
+
+# (kv_splits, q_splits, iters, threads, combine_rows) and the program's extra arguments: the fastest
+# splits of the explorations with the register-resident softmax chain and the direct-read combine
+# (benchmarks/results/explore_h100_2026-11-22_wide_direct.json; the two 128-thread GQA members of 8 key
+# splits and 2 query splits, whose warps take two row tiles each, from …_paired_tiles.json; QKNorm's
+# key_scales members from …_key_scales.json, b = 1 first), per program
+ATTENTION_SPLITS: dict[str, list[tuple[tuple[int, ...], tuple[tuple[str, int | bool], ...]]]] = {
+    "gqa": [(splits, ()) for splits in (
+        (8, 2, 8, 128, 8), (8, 2, 8, 128, 16), (16, 2, 2, 256, 8), (16, 4, 2, 128, 8), (16, 4, 2, 128, 16),
+        (8, 4, 4, 128, 16), (4, 2, 8, 256, 8), (8, 2, 8, 256, 8), (4, 4, 8, 128, 8),
+    )],
+    "qknorm": [(splits, NORMALIZE_K) for splits in ((16, 4, 4, 128, 8), (16, 4, 2, 128, 8), (4, 4, 8, 128, 8))]
+    + [(splits, KEY_SCALES) for splits in (
+        (16, 4, 2, 128, 8), (16, 2, 2, 256, 8), (32, 2, 2, 256, 16), (8, 2, 8, 128, 8), (8, 2, 8, 128, 16),
+        (8, 2, 4, 128, 8),
+    )],
 }
-# QKNorm normalizes K once, in a kernel of 64 blocks per head, before the attention kernel
-ATTENTION_EXTRA = {"gqa": (), "qknorm": (("normalize_k", True), ("norm_blocks", 64))}
-# ... or divides each score by its key's rms, computed in the attention kernel (``key_scales``: the
-# chain multiplies each product by a per-key factor); the fastest splits of
-# explore_h100_2026-11-22_key_scales.json, b = 1 first
-KEY_SCALE_SPLITS = [
-    (16, 4, 2, 128, 8),
-    (16, 2, 2, 256, 8),
-    (32, 2, 2, 256, 16),
-    (8, 2, 8, 128, 8),
-    (8, 2, 8, 128, 16),
-    (8, 2, 4, 128, 8),
-]
-KEY_SCALE_EXTRA = (("key_scales", True),)
 
 
 def _attention_rows(program: str) -> list[Variant]:
     """Row-sum µGraphs (Mirage's element-wise sums measured slower on every split, see
     docs/performance.md)."""
     rows = []
-    splits = [(row, ATTENTION_EXTRA[program]) for row in ATTENTION_SPLITS[program]]
-    if program == "qknorm":
-        splits += [(row, KEY_SCALE_EXTRA) for row in KEY_SCALE_SPLITS]
-    for (kv_splits, q_splits, iters, threads, combine_rows), extra in splits:
+    for (kv_splits, q_splits, iters, threads, combine_rows), extra in ATTENTION_SPLITS[program]:
         arguments = (
             ("kv_splits", kv_splits),
             ("q_splits", q_splits),
@@ -146,7 +128,7 @@ def _wide_qknorm_rows() -> list[Variant]:
     for norm_blocks in (64,):  # 32 measured slower on every split (explore_h100_2026-11-22_run7.json)
         rows += _wide_attention_rows((("normalize_k", True), ("norm_blocks", norm_blocks)),
                                      kv_splits=(4, 8, 16, 32), q_splits=(2, 4, 8))
-    rows += _wide_attention_rows(KEY_SCALE_EXTRA, kv_splits=(8, 16, 32), q_splits=(2, 4, 8))
+    rows += _wide_attention_rows(KEY_SCALES, kv_splits=(8, 16, 32), q_splits=(2, 4, 8))
     return rows + _wide_attention_rows(q_splits=(1, 2))
 
 
