@@ -44,6 +44,13 @@ def _register_attention():
     return family("qknorm_b1")[0][1]
 
 
+def _key_scales():
+    """The tuned QKNorm member that divides each score by its key's rms (per-key factors)."""
+    from benchmarks.variants import family
+
+    return next(g for row, g in family("qknorm_b1") if "key_scales" in row.label)
+
+
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
 PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
 PREFIXES = {"qknorm_two_pass": TWO_PASS, "qknorm_per_element": PER_ELEMENT}
@@ -53,6 +60,7 @@ PREFIXES = {"qknorm_two_pass": TWO_PASS, "qknorm_per_element": PER_ELEMENT}
 def built():
     graphs = {name: CASES[name].fused() for name in BENCHMARKS}
     graphs["qknorm_registers"] = _register_attention()
+    graphs["qknorm_key_scales"] = _key_scales()
     graphs.update({f"random_{s}": random_graph(s).graph for s in RANDOM_SEEDS})
     graphs.update({name: _search_graph(name) for name in SEARCH_NAMES})
     programs = {name: generate_cuda_program(g, 90) for name, g in graphs.items()}
@@ -66,7 +74,8 @@ def built():
     return {name: (programs[name], result) for name, result in zip(programs, results, strict=True)}
 
 
-@pytest.mark.parametrize("name", BENCHMARKS + ["qknorm_registers"] + [f"random_{s}" for s in RANDOM_SEEDS]
+@pytest.mark.parametrize("name", BENCHMARKS + ["qknorm_registers", "qknorm_key_scales"]
+                         + [f"random_{s}" for s in RANDOM_SEEDS]
                          + SEARCH_NAMES)
 def test_generated_cuda_compiles_for_sm90a(built, name):
     program, result = built[name]
@@ -136,3 +145,15 @@ def test_elementwise_chains_use_vector_shared_accesses(built):
     sass = result.sass()
     assert "LDS.128" in sass and "STS.128" in sass
     assert "LDL" not in sass and "STL" not in sass
+
+
+def test_per_key_factors_stay_in_registers(built):
+    """The key_scales kernel: the chain on tensor cores with its factors, no spills, and the sum of
+    squares read through the square (a prologue: no separate pass of squares)."""
+    program, result = built["qknorm_key_scales"]
+    first = program.code.split('extern "C"')[1]
+    assert "mirage::gen::ColumnScore" in first and "mirage::gen::ColumnFactor<" in first
+    loop = first.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
+    assert "map_apply<" not in loop  # the squares are no step of their own
+    sass = result.sass()
+    assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass

@@ -103,7 +103,6 @@ struct LinearScore<Score, std::void_t<decltype(Score::kLinearScale)>> {
 // The two factors of keys `key` and `key + 1` (even) of a [1, N] tile of per-key factors.
 template <class T, class L>
 MIRAGE_DEVICE void column_pair(dev::SharedTile<T, L> columns, int key, float (&factor)[2]) {
-  static_assert(L::size == L::dim(3) || L::dim(3) == 1, "per-key factors are one row of keys");
   factor[0] = columns.load(key);
   factor[1] = columns.load(key + 1);
 }
@@ -166,6 +165,15 @@ struct OnlineSoftmax {
   static_assert(kWarps % kRowTiles == 0 || kRowTiles % kWarps == 0,
                 "the warps must divide the row tiles or be a multiple of them (every warp works)");
   static_assert(KLayout::rows == D && VLayout::rows == N, "Q [R, D], K [D, N], V [N, E]");
+  template <class C>
+  static constexpr bool covers_keys() {
+    if constexpr (std::is_same_v<C, NoTile>) {
+      return true;
+    } else {
+      return C::TileLayout::size == N;
+    }
+  }
+  static_assert(covers_keys<Columns>(), "per-key factors: one value for each of the N keys");
   static_assert((QLayout::pitch * sizeof(T)) % 16 == 0 && (KLayout::pitch * sizeof(T)) % 16 == 0 &&
                     (VLayout::pitch * sizeof(T)) % 16 == 0,
                 "ldmatrix needs 16-byte aligned rows");
