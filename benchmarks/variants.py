@@ -83,20 +83,20 @@ ATTENTION_SPLITS: dict[str, list[tuple[tuple[int, ...], tuple[tuple[str, int | b
 
 def _attention_rows(program: str) -> list[Variant]:
     """Row-sum µGraphs (Mirage's element-wise sums measured slower on every split, see
-    docs/performance.md)."""
+    docs/performance.md), and beside each split that a cluster can hold its twin for a cluster
+    fold: a combine of the first kernel's threads whose blocks take ``rows / kv_splits`` query rows
+    each, so that each block of a cluster runs one combine block."""
+    from mirage.optimizer.cluster_fold import MAX_CLUSTER
+
     rows = []
     for (kv_splits, q_splits, iters, threads, combine_rows), extra in ATTENTION_SPLITS[program]:
-        arguments = (
-            ("kv_splits", kv_splits),
-            ("q_splits", q_splits),
-            ("iters", iters),
-            ("threads", threads),
-            ("row_sums", True),
-            ("combine_rows", combine_rows),
-            *extra,
-        )
-        rows.append(Variant(arguments, (2, 3)))
-    return rows
+        splits = (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
+                  ("row_sums", True))
+        rows.append(Variant((*splits, ("combine_rows", combine_rows), *extra), (2, 3)))
+        fold_rows = QUERIES // q_splits // kv_splits
+        if kv_splits <= MAX_CLUSTER and fold_rows >= 2:
+            rows.append(Variant((*splits, ("combine_rows", fold_rows), ("combine_threads", threads), *extra), (2, 3)))
+    return list(dict.fromkeys(rows))  # two splits that differ only in the combine have one twin
 
 
 def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = (),
@@ -134,13 +134,15 @@ def _wide_qknorm_rows() -> list[Variant]:
 
 def attention_fused(
     b: int, qknorm: bool, row_sums: bool = False, combine_rows: int | None = None, normalize_k: bool = False,
-    norm_blocks: int = 32, key_scales: bool = False, **splits,
+    norm_blocks: int = 32, key_scales: bool = False, combine_threads: int = 128, **splits,
 ) -> KernelGraph:
     """Mirage's attention µGraph (``attention.fused``), or with ``row_sums`` its variant that sums
     ``exp(S)`` over the keys inside the first kernel (``forloop_accum(..., acc="sum")``): the partial
     sums are then one value per query row and key split instead of one per key, which the first
     kernel writes and the combine reads (a µGraph of the same search space).  ``combine_rows``:
-    query rows per block of the combine kernel (default: those of the first kernel).
+    query rows per block of the combine kernel (default: those of the first kernel), and
+    ``combine_threads`` its threads (a cluster fold runs the combine in the first kernel's blocks, so
+    it needs as many as those have).
 
     QKNorm's keys: normalized in a kernel of their own (``normalize_k``), tile by tile in the first
     kernel (the default), or, with ``key_scales``, not at all: ``(q · k) / rms(k)`` divides each
@@ -181,7 +183,8 @@ def attention_fused(
     tb.new_output(numerators, output_map=(0, 2, rows_axis))  # [2b, 256, 64 kv_splits]
     partial_sums, partial_numerators = g.customized([q, k, v], tb)
     tb2 = mi.new_threadblock_graph(
-        grid_dim=(heads, combine_splits, 1), block_dim=(128, 1, 1), forloop_range=1, reduction_dimx=64
+        grid_dim=(heads, combine_splits, 1), block_dim=(combine_threads, 1, 1), forloop_range=1,
+        reduction_dimx=64,
     )
     total = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")  # [1, rows, 1]
     n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)), acc="sum_todimx")

@@ -61,3 +61,20 @@ def launch(function: int, grid: Sequence[int], block: Sequence[int], smem_bytes:
             f"cuLaunchKernelEx failed with {error!r} (grid {tuple(grid)}, block {tuple(block)}, "
             f"{smem_bytes} bytes of shared memory); Program(dependent_launch=False) launches without it"
         )
+
+
+def allow_large_clusters(function: int) -> None:
+    """Let the kernel ``function`` (a ``CUfunction`` handle) run clusters of more than 8 blocks
+    (sm_90 allows 16 as a non-portable size; the cluster dims are compiled into the kernel)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as error:
+        raise DependentLaunchError(
+            "clusters of more than 8 blocks need the cuda-bindings package; or build with "
+            "OptimizerOptions(max_cluster=8)"
+        ) from error
+    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    result = driver.cuFuncSetAttribute(driver.CUfunction(function), attribute, 1)
+    error = result[0] if isinstance(result, tuple) else result
+    if error != driver.CUresult.CUDA_SUCCESS:
+        raise DependentLaunchError(f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed with {error!r}")

@@ -456,6 +456,7 @@ class Parameter:
     name: str
     element: str
     is_output: bool
+    restrict: bool = True  # False: a cluster fold's partials, written and read in one kernel
 
 
 @dataclass(frozen=True)
@@ -488,3 +489,35 @@ class KernelContext:
     @property
     def pipelined(self) -> tuple[InputIteratorContext, ...]:
         return tuple(i for i in self.iterators if i.pipelined)
+
+
+@dataclass(frozen=True)
+class FoldedKernel:
+    """Two graph-defined ops in one ``extern "C" __global__`` kernel (optimizer.cluster_fold): each
+    block runs ``producer``, meets its cluster at a barrier, then runs its consumer blocks."""
+
+    name: str
+    producer: KernelContext
+    consumer: KernelContext
+    consumer_parameters: tuple[Parameter, ...]  # the consumer's, its partials not __restrict__
+    parameters: tuple[Parameter, ...]  # the kernel's: the launch's argument order
+    producer_arguments: tuple[str, ...]  # the kernel parameter passed for each producer parameter
+    consumer_arguments: tuple[str, ...]
+    cluster: tuple[int, int, int]  # producer blocks per cluster, per grid axis
+    clusters: tuple[int, int, int]  # clusters per grid axis
+    rounds: int  # consumer blocks each block runs at most
+    table: tuple[tuple[int, ...], ...]  # ClusterFold.table
+    smem_bytes: int
+
+    @property
+    def threads(self) -> int:
+        return self.producer.threads
+
+    @property
+    def min_blocks(self) -> int:
+        return self.producer.min_blocks
+
+    @property
+    def cluster_size(self) -> int:
+        x, y, z = self.cluster
+        return x * y * z

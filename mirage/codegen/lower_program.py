@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -25,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirage.codegen import lower_context as ctx
 from mirage.codegen.lower import KernelLowering
-from mirage.codegen.lower_context import KernelContext
+from mirage.codegen.lower_context import FoldedKernel, KernelContext
 from mirage.codegen.lower_ops import LoweringError, element_type
 from mirage.mugraph.graph import KernelGraph, Ref
 from mirage.mugraph.target import TARGETS, Target, detect_target
+from mirage.optimizer.cluster_fold import ClusterFold
 from mirage.optimizer.pipeline import OptimizerOptions, PreparedProgram, prepare
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -46,10 +49,21 @@ class KernelLaunch:
     smem_bytes: int  # dynamic shared memory
     outputs: tuple[Ref, ...]  # kernel-graph tensors written, in argument order
     inputs: tuple[Ref, ...]  # kernel-graph tensors read, in argument order after the outputs
+    consumer: int = -1  # a graph-defined op folded into this kernel (cluster fold), or -1
+    cluster: tuple[int, int, int] = (1, 1, 1)  # blocks per cluster (compiled into the kernel)
 
     @property
     def arguments(self) -> tuple[Ref, ...]:
         return self.outputs + self.inputs
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        """The graph-defined ops this kernel runs."""
+        return (self.node,) if self.consumer < 0 else (self.node, self.consumer)
+
+    @property
+    def cluster_size(self) -> int:
+        return math.prod(self.cluster)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +74,8 @@ class KernelLaunch:
             "smem_bytes": self.smem_bytes,
             "outputs": [[r.node, r.index] for r in self.outputs],
             "inputs": [[r.node, r.index] for r in self.inputs],
+            "consumer": self.consumer,
+            "cluster": list(self.cluster),
         }
 
     @classmethod
@@ -72,6 +88,8 @@ class KernelLaunch:
             d["smem_bytes"],
             tuple(Ref(*r) for r in d["outputs"]),
             tuple(Ref(*r) for r in d["inputs"]),
+            d.get("consumer", -1),
+            tuple(d.get("cluster", (1, 1, 1))),
         )
 
 
@@ -91,8 +109,9 @@ class CudaProgram:
     prepared: PreparedProgram | None = field(default=None, compare=False, repr=False)
 
     def kernel(self, node: int) -> KernelLaunch:
+        """The launch that runs graph-defined op ``node`` (its own kernel, or a cluster fold's)."""
         for k in self.kernels:
-            if k.node == node:
+            if node in k.nodes:
                 return k
         raise KeyError(f"%{node} has no generated kernel")
 
@@ -175,11 +194,53 @@ def kernel_prefix(graph: KernelGraph) -> str:
     return name if not name[0].isdigit() else f"g_{name}"
 
 
-def render(contexts: tuple[KernelContext, ...], graph_name: str, graph_hash: str, target: Target) -> str:
+def render(units: tuple[KernelContext | FoldedKernel, ...], graph_name: str, graph_hash: str,
+           target: Target) -> str:
     template = environment().get_template("kernel.j2")
+    contexts = [c for u in units for c in ((u.producer, u.consumer) if isinstance(u, FoldedKernel) else (u,))]
     return template.render(
-        kernels=contexts, graph_name=graph_name, graph_hash=graph_hash[:16], target=target.arch
+        units=units, contexts=contexts, graph_name=graph_name, graph_hash=graph_hash[:16], target=target.arch
     )
+
+
+def _lower_kernel(prepared: PreparedProgram, kernel, name: str, accumulator: str) -> KernelContext:
+    options = prepared.options
+    return KernelLowering(kernel, name, accumulator, prepared.target.smem_per_block, options.two_blocks_per_sm,
+                          options.l2_prefetch_iterations, options.register_row_sums, options.fold_operand_scale,
+                          options.direct_output_stores, options.one_barrier_loops).context()
+
+
+def _folded(graph: KernelGraph, fold: ClusterFold, name: str, producer: KernelContext,
+            consumer: KernelContext) -> tuple[FoldedKernel, KernelLaunch]:
+    """The kernel and launch of a cluster fold: one argument per tensor, the producer's results that
+    the consumer reads passed once and not ``__restrict__``."""
+    pnode, cnode = graph.nodes[fold.producer], graph.nodes[fold.consumer]
+    produced = tuple(Ref(fold.producer, j) for j in range(len(pnode.outputs)))
+    outputs = produced + tuple(Ref(fold.consumer, j) for j in range(len(cnode.outputs)))
+    inputs = tuple(dict.fromkeys(r for r in pnode.inputs + cnode.inputs if r not in produced))
+    shared = set(produced) & set(cnode.inputs)
+    arguments = outputs + inputs
+    names = {r: f"arg{n}" for n, r in enumerate(arguments)}
+    parameters = tuple(
+        ctx.Parameter(names[r], element_type(graph.type_of(r).dtype, "a kernel argument"), r in outputs,
+                      restrict=r not in shared)
+        for r in arguments
+    )
+    consumer_refs = tuple(Ref(fold.consumer, j) for j in range(len(cnode.outputs))) + cnode.inputs
+    consumer_parameters = tuple(dataclasses.replace(p, restrict=r not in shared)
+                                for p, r in zip(consumer.parameters, consumer_refs, strict=True))
+    grid = producer.grid
+    unit = FoldedKernel(
+        name=name, producer=producer, consumer=consumer, consumer_parameters=consumer_parameters,
+        parameters=parameters,
+        producer_arguments=tuple(names[r] for r in produced + pnode.inputs),
+        consumer_arguments=tuple(names[r] for r in consumer_refs),
+        cluster=fold.cluster, clusters=tuple(g // c for g, c in zip(grid, fold.cluster, strict=True)),
+        rounds=fold.rounds, table=fold.table(), smem_bytes=max(producer.smem_bytes, consumer.smem_bytes),
+    )
+    launch = KernelLaunch(name, fold.producer, grid, (producer.threads, 1, 1), unit.smem_bytes, outputs, inputs,
+                          consumer=fold.consumer, cluster=fold.cluster)
+    return unit, launch
 
 
 def lower_program(prepared: PreparedProgram) -> CudaProgram:
@@ -187,22 +248,24 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
     graph = prepared.graph
     prefix = kernel_prefix(graph)
     accumulator = element_type(prepared.options.accumulator_dtype, "the accumulator dtype")
-    contexts = []
+    contexts = {k.node: _lower_kernel(prepared, k, f"{prefix}_k{k.node}", accumulator) for k in prepared.kernels}
+    units: list[KernelContext | FoldedKernel] = []
     launches = []
     for kernel in prepared.kernels:
-        name = f"{prefix}_k{kernel.node}"
-        context = KernelLowering(kernel, name, accumulator, prepared.target.smem_per_block,
-                                 prepared.options.two_blocks_per_sm,
-                                 prepared.options.l2_prefetch_iterations,
-                                 prepared.options.register_row_sums,
-                                 prepared.options.fold_operand_scale,
-                                 prepared.options.direct_output_stores,
-                                 prepared.options.one_barrier_loops).context()
-        contexts.append(context)
+        context = contexts[kernel.node]
+        fold = prepared.fold_of(kernel.node)
+        if fold is not None:
+            if fold.producer == kernel.node:
+                unit, launch = _folded(graph, fold, f"{prefix}_k{fold.producer}_k{fold.consumer}", context,
+                                       contexts[fold.consumer])
+                units.append(unit)
+                launches.append(launch)
+            continue
         node = graph.nodes[kernel.node]
+        units.append(context)
         launches.append(
             KernelLaunch(
-                name,
+                context.name,
                 kernel.node,
                 kernel.grid_dim,
                 (context.threads, 1, 1),
@@ -211,8 +274,8 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
                 node.inputs,
             )
         )
-    code = render(tuple(contexts), graph.name or "graph", graph.content_hash(), prepared.target)
-    return CudaProgram(graph, code, tuple(launches), prepared.target, tuple(contexts), prepared)
+    code = render(tuple(units), graph.name or "graph", graph.content_hash(), prepared.target)
+    return CudaProgram(graph, code, tuple(launches), prepared.target, tuple(contexts.values()), prepared)
 
 
 def generate_cuda_program(

@@ -28,6 +28,7 @@ from mirage.codegen import dependent_launch
 from mirage.errors import MirageError
 from mirage.mugraph.graph import KernelGraph, Ref
 from mirage.mugraph.ops import REGISTRY, Op
+from mirage.optimizer.cluster_fold import PORTABLE_CLUSTER
 
 if TYPE_CHECKING:
     from mirage.codegen.compile import CompileOptions
@@ -155,6 +156,8 @@ class Program:
             smem = max(launch.smem_bytes, _one_block_per_sm_bytes())
             if smem > 0:  # opt in always (dynamic plus static may pass 48 KiB), for the padded size too
                 fn.max_dynamic_shared_size_bytes = smem
+            if launch.cluster_size > PORTABLE_CLUSTER:
+                dependent_launch.allow_large_clusters(fn.kernel.ptr)
             self._functions[launch.name] = fn
         return fn
 
@@ -191,20 +194,23 @@ class Program:
         feed = iter(inputs)
         algebra = TorchAlgebra()
         launches = {k.node: k for k in self.cuda.kernels}
+        folded = {k.consumer for k in self.cuda.kernels}
         for i, node in enumerate(graph.nodes):
             if node.op is Op.INPUT:
                 values[Ref(i, 0)] = next(feed).contiguous()
                 continue
-            args = [values[r] for r in node.inputs]
+            if i in folded:  # its results came with the kernel it is folded into
+                continue
             if node.op is Op.CUSTOMIZED:
                 launch = launches[i]
+                args = [values[r] for r in launch.inputs]
                 device = args[0].device
-                outs = [self._allocate(t.shape, t.dtype.torch(), device) for t in node.outputs]
+                outs = [self._allocate(graph.type_of(r).shape, graph.type_of(r).dtype.torch(), device)
+                        for r in launch.outputs]
                 self._launch(launch, outs, args)
-                for j, o in enumerate(outs):
-                    values[Ref(i, j)] = o
+                values.update(zip(launch.outputs, outs, strict=True))
             else:
-                values[Ref(i, 0)] = _pre_defined(node, graph, args, algebra)
+                values[Ref(i, 0)] = _pre_defined(node, graph, [values[r] for r in node.inputs], algebra)
         return [values[r] for r in graph.outputs]
 
     def _allocate(self, shape, dtype, device):

@@ -38,6 +38,7 @@ from mirage.mugraph.check import check
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import BlockGraph, KernelGraph, Ref
 from mirage.mugraph.target import DEFAULT_TARGET, Target
+from mirage.optimizer.cluster_fold import ClusterFold, find_folds
 from mirage.optimizer.fusion import FusionResult, fuse_thread_graphs
 from mirage.optimizer.graphs import customized_nodes
 from mirage.optimizer.layout import LayoutCosts, LayoutPlan, TensorLayout, select_layouts
@@ -80,6 +81,9 @@ class OptimizerOptions:
     free_innermost: bool = True  # False: every shared tile is row-major (only swizzles are chosen)
     swizzle_by_padding: bool = True  # realise swizzled dims as one extra 16-byte vector per row
     layout_timeout_ms: int = 20_000
+    cluster_folds: bool = False  # a light op reading a split kernel's partials runs at the end of that
+    # kernel, after a cluster barrier (cluster_fold)
+    max_cluster: int = 16  # blocks per cluster of a fold (more than 8: sm_90's non-portable sizes)
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,11 @@ class PreparedProgram:
     target: Target
     options: OptimizerOptions
     records: tuple[PassRecord, ...]  # what each pass did and how long it took
+    folds: tuple[ClusterFold, ...] = ()  # graph-defined ops run inside the kernel before them
+
+    def fold_of(self, node: int) -> ClusterFold | None:
+        """The fold whose producer or consumer ``node`` is."""
+        return next((f for f in self.folds if node in (f.producer, f.consumer)), None)
 
     def kernel(self, node: int) -> PreparedKernel:
         for k in self.kernels:
@@ -276,6 +285,8 @@ def prepare(graph, target: Target = DEFAULT_TARGET,
             input_layouts=tuple(layouts.of_device(r) for r in node.inputs),
             output_layouts=tuple(layouts.of_device(Ref(k, j)) for j in range(len(node.outputs))),
             softmax_chain=plans["plan_softmax_chain"][k], row_loop=plans["plan_row_loop"][k]))
+    clusters = options.cluster_folds and target.compute_capability >= 90
+    folds = find_folds(result, options.max_cluster) if clusters else ()
     total = sum(r.seconds for r in records)
     log.info("prepared %s: %d kernels in %.2f s", source.name or "graph", len(kernels), total)
-    return PreparedProgram(source, result, tuple(kernels), layouts, target, options, tuple(records))
+    return PreparedProgram(source, result, tuple(kernels), layouts, target, options, tuple(records), folds)

@@ -21,6 +21,7 @@ from mirage.codegen.lower_program import generate_cuda_program
 from mirage.codegen.random_graphs import random_graph
 from mirage.mugraph.serialize import graph_from_dict
 from mirage.mugraph.target import TARGETS
+from mirage.optimizer import OptimizerOptions
 
 SEARCH_SAMPLE = Path(__file__).parent / "snapshots" / "search_sample.json"
 BENCHMARKS = ["gqa_b1", "rmsnorm_b8", "lora_m16", "ntrans_b1"]
@@ -51,6 +52,14 @@ def _key_scales():
     return next(g for row, g in family("qknorm_b1") if "key_scales" in row.label)
 
 
+def _folded_attention():
+    """A GQA member whose combine folds into the attention kernel (clusters of 16 blocks)."""
+    from benchmarks.variants import family
+
+    return next(g for row, g in family("gqa_b1") if "combine_threads=128" in row.label and "kv_splits=16" in row.label)
+
+
+FOLDED = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds=True))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
 PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
 PREFIXES = {"qknorm_two_pass": TWO_PASS, "qknorm_per_element": PER_ELEMENT}
@@ -64,6 +73,7 @@ def built():
     graphs.update({f"random_{s}": random_graph(s).graph for s in RANDOM_SEEDS})
     graphs.update({name: _search_graph(name) for name in SEARCH_NAMES})
     programs = {name: generate_cuda_program(g, 90) for name, g in graphs.items()}
+    programs.update({name: generate_cuda_program(build(), 90, options=o) for name, (build, o) in FOLDED.items()})
     programs.update({name: programs["qknorm_registers"] for name in PREFIXES})
     results = compile_sources(
         [PREFIXES.get(name, "") + p.code for name, p in programs.items()],
@@ -74,7 +84,7 @@ def built():
     return {name: (programs[name], result) for name, result in zip(programs, results, strict=True)}
 
 
-@pytest.mark.parametrize("name", BENCHMARKS + ["qknorm_registers", "qknorm_key_scales"]
+@pytest.mark.parametrize("name", BENCHMARKS + ["qknorm_registers", "qknorm_key_scales", *FOLDED]
                          + [f"random_{s}" for s in RANDOM_SEEDS]
                          + SEARCH_NAMES)
 def test_generated_cuda_compiles_for_sm90a(built, name):
@@ -103,7 +113,7 @@ def test_register_attention_runs_on_tensor_cores_without_local_memory(built):
     assert "LDL" not in sass and "STL" not in sass
     functions = {f.split()[0]: f for f in sass.split("Function : ")[1:]}
     combine = functions[program.kernels[-1].name]  # reads its splits straight from global memory
-    assert re.search(r"LDG\.E\.(64|128)\.CONSTANT", combine)  # 8- or 16-byte vectors per thread
+    assert re.search(r"LDG\.E\.(64|128)\.STRONG\.GPU", combine)  # 8- or 16-byte vectors, from L2
     assert "LDGSTS" not in combine and "BAR.SYNC" in combine
 
 
@@ -157,3 +167,17 @@ def test_per_key_factors_stay_in_registers(built):
     assert "map_apply<" not in loop  # the squares are no step of their own
     sass = result.sass()
     assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
+
+
+def test_folded_combine_meets_its_cluster_and_reads_through_l2(built):
+    """The folded kernel: one function, a cluster barrier (release: MEMBAR before the arrive;
+    acquire: L1 invalidated after the wait), the partials read back from L2, no spills."""
+    program, result = built["gqa_folded"]
+    (launch,) = program.kernels
+    assert launch.consumer >= 0 and launch.cluster == (1, 16, 1)
+    assert "__cluster_dims__(1, 16, 1)" in program.code
+    sass = result.sass()
+    arrive, wait = sass.index("UCGABAR_ARV"), sass.index("UCGABAR_WAIT")
+    assert "MEMBAR" in sass[:arrive] and "CCTL.IVALL" in sass[wait:]
+    assert re.search(r"LDG\.E\.(64|128)\.STRONG\.GPU", sass)  # the partials, as vectors
+    assert "LDL" not in sass and "STL" not in sass

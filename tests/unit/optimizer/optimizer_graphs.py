@@ -223,3 +223,23 @@ def matmul_chain(m: int = 16, n: int = 32, k: int = 64, forloop_range: int = 4) 
     (o,) = g.customized([x, w], tb)
     g.mark_output(o)
     return g.freeze()
+
+
+def split_k_gemm(m: int = 16, k: int = 4096, n: int = 1024, n_blocks: int = 8, k_splits: int = 8,
+                 iters: int = 4) -> mi.KernelGraph:
+    """X @ W with K split across blocks: kernel 1 writes one partial product per split, kernel 2
+    sums them (a for-loop over the splits)."""
+    g = mi.new_kernel_graph("split_k")
+    x = g.new_input(dims=(1, m, k), dtype=mi.float16)
+    w = g.new_input(dims=(1, k, n), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(n_blocks, k_splits, 1), block_dim=(128, 1, 1), forloop_range=iters)
+    bx = tb.new_input(x, input_map=(-1, 2, -1), forloop_dim=2)
+    bw = tb.new_input(w, input_map=(2, 1, -1), forloop_dim=1)
+    tb.new_output(tb.forloop_accum(tb.matmul(bx, bw)), output_map=(2, 0, -1))  # (k_splits, m, n)
+    (partials,) = g.customized([x, w], tb)
+    tb2 = mi.new_threadblock_graph(grid_dim=(n_blocks, 1, 1), block_dim=(128, 1, 1), forloop_range=k_splits)
+    bp = tb2.new_input(partials, input_map=(2, -1, -1), forloop_dim=0)
+    tb2.new_output(tb2.forloop_accum(bp, acc="sum"), output_map=(2, -1, -1))
+    (out,) = g.customized([partials], tb2)
+    g.mark_output(out)
+    return g.freeze()

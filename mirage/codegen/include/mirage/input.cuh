@@ -162,7 +162,7 @@ class InputIterator {
       constexpr int kPerWord = static_cast<int>(sizeof(Word) / sizeof(T));
 #pragma unroll
       for (int w = 0; w < N / kPerWord; ++w) {
-        const Word word = __ldg(reinterpret_cast<const Word*>(source) + w);
+        const Word word = __ldcg(reinterpret_cast<const Word*>(source) + w);  // L2: coherent for a fold's partials
         T elements[kPerWord];
         memcpy(elements, &word, sizeof(Word));
 #pragma unroll

@@ -9,9 +9,11 @@
 //   matmul.cuh       TensorCoreMatmul (mma.sync + ldmatrix), SimtMatmul, Matmul
 //   accumulator.cuh  forloop accumulators, including the online-softmax rescale
 //   output.cuh       OutputSaver (16-byte stores)
+//   cluster.cuh      cluster barrier (cluster folds, sm_90)
 #pragma once
 
 #include "accumulator.cuh"
+#include "cluster.cuh"
 #include "config.cuh"
 #include "elementwise.cuh"
 #include "input.cuh"

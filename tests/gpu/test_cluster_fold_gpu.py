@@ -1,0 +1,74 @@
+"""Cluster folds on a GPU (mirage.optimizer.cluster_fold): a combine run at the end of the kernel
+that writes its partials, after a cluster barrier.
+
+* Attention members of the benchmark families (clusters of 4, 8 and 16 blocks; one and two combine
+  blocks per block; 128 and 256 threads; QKNorm's per-key factors): the folded program against the
+  float64 reference, and bit for bit against the same µGraph in two kernels (the arithmetic is the
+  same, only where it runs moves).
+* A split-K GEMM, a µGraph of no benchmark: its partial products summed by a second kernel.
+
+Outputs are poisoned with NaN first, so a combine block that never ran shows.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cupy")
+
+from benchmarks.variants import family  # noqa: E402
+from mirage.codegen.gpu_check import check_on_gpu, random_inputs  # noqa: E402
+from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
+from mirage.codegen.runtime import build_many  # noqa: E402
+from mirage.optimizer import OptimizerOptions  # noqa: E402
+from tests.unit.optimizer.optimizer_graphs import split_k_gemm  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+FOLD = OptimizerOptions(cluster_folds=True)
+
+
+def _member(case: str, label: str):
+    return next(g for row, g in family(case) if row.label == label)
+
+
+def _assert_folded_matches(graph, cluster_size: int, seed: int) -> None:
+    folded = generate_cuda_program(graph, None, options=FOLD)
+    (launch, *_) = [k for k in folded.kernels if k.consumer >= 0]
+    assert launch.cluster_size == cluster_size
+    two_kernels = generate_cuda_program(graph, None)
+    assert len(two_kernels.kernels) == len(folded.kernels) + 1
+    ours, theirs = build_many([folded, two_kernels])
+    inputs = random_inputs(graph, seed)
+    result = check_on_gpu(graph, ours.with_poison(), inputs=inputs)
+    assert result.passed, result.as_dict()
+    a, b = ours.with_poison()(*inputs), theirs(*inputs)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("case, label, cluster_size", [
+    ("gqa_b1", "kv_splits=16,q_splits=4,iters=2,threads=128,row_sums=True,combine_rows=4,combine_threads=128", 16),
+    ("gqa_b1", "kv_splits=16,q_splits=2,iters=2,threads=256,row_sums=True,combine_rows=8,combine_threads=256", 16),
+    ("gqa_b8", "kv_splits=8,q_splits=2,iters=8,threads=128,row_sums=True,combine_rows=16,combine_threads=128", 8),
+    ("gqa_b8", "kv_splits=4,q_splits=4,iters=8,threads=128,row_sums=True,combine_rows=16,combine_threads=128", 4),
+    ("qknorm_b1", "kv_splits=16,q_splits=4,iters=2,threads=128,row_sums=True,combine_rows=4,combine_threads=128,"
+                  "key_scales=True", 16),
+])
+def test_folded_attention_matches_two_kernels(case, label, cluster_size):
+    _assert_folded_matches(_member(case, label), cluster_size, seed=3)
+
+
+def test_two_combine_blocks_per_block():
+    from benchmarks.variants import attention_fused
+
+    graph = attention_fused(1, False, row_sums=True, combine_rows=4, combine_threads=128, kv_splits=8,
+                            q_splits=4, iters=4, threads=128)  # 64 rows / 4 = 16 combine blocks, 8 blocks
+    program = generate_cuda_program(graph, None, options=FOLD)
+    assert "constexpr int kRounds = 2;" in program.code
+    _assert_folded_matches(graph, 8, seed=5)
+
+
+def test_folded_split_k_gemm():
+    _assert_folded_matches(split_k_gemm(), 8, seed=7)
