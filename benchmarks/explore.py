@@ -31,6 +31,7 @@ log = logging.getLogger("benchmarks.explore")
 def explore_case(
     case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False,
     also: dict | None = None, plain_launch: bool = False, spread: bool = False, match: str = "",
+    fold: bool = False,
 ) -> list[dict]:
     from benchmarks.mugraphs import CASES
     from benchmarks.variants import family
@@ -45,7 +46,7 @@ def explore_case(
     inputs = random_inputs(reference, seed=0)
     expected = interpret(reference, [x.detach().cpu() for x in inputs], dtype=np.float64)
     rows, programs = [], []
-    for variant, graph in family(case_name, wide=wide):
+    for variant, graph in family(case_name, wide=wide, fold=fold):
         if match and not re.search(match, variant.label):
             continue
         for stages in variant.stages:
@@ -118,7 +119,8 @@ def _options(text: str) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", required=True, help="comma-separated case names")
-    parser.add_argument("--family", choices=["tuned", "wide"], default="tuned")
+    parser.add_argument("--family", choices=["tuned", "wide", "fold"], default="tuned",
+                        help="fold: the tuned family with each attention member's cluster-fold twin")
     parser.add_argument("--op-by-op", action="store_true", help="also build every member without the chain")
     parser.add_argument("--one-block", action="store_true",
                         help="also build every member without OptimizerOptions.two_blocks_per_sm")
@@ -145,7 +147,7 @@ def main(argv=None) -> int:
         result["cases"][case] = explore_case(case, args.family == "wide", args.op_by_op, args.replays,
                                              one_block=args.one_block, also=_options(args.also),
                                              plain_launch=args.plain_launch, spread=args.spread,
-                                             match=args.match)
+                                             match=args.match, fold=args.family == "fold")
         (out / f"explore_{facts['date']}.json").write_text(json.dumps(result, indent=1))
     bad = [r for rows in result["cases"].values() for r in rows if "passed" in r and not r["passed"]]
     return 1 if bad else 0

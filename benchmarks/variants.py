@@ -21,6 +21,7 @@ The tables keep the members that came out on top of two wider explorations on th
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,7 +74,8 @@ ATTENTION_SPLITS: dict[str, list[tuple[tuple[int, ...], tuple[tuple[str, int | b
         (8, 2, 8, 128, 8), (8, 2, 8, 128, 16), (16, 2, 2, 256, 8), (16, 4, 2, 128, 8), (16, 4, 2, 128, 16),
         (8, 4, 4, 128, 16), (4, 2, 8, 256, 8), (8, 2, 8, 256, 8), (4, 4, 8, 128, 8),
     )],
-    "qknorm": [(splits, NORMALIZE_K) for splits in ((16, 4, 4, 128, 8), (16, 4, 2, 128, 8), (4, 4, 8, 128, 8))]
+    "qknorm": [(splits, NORMALIZE_K)
+               for splits in ((16, 4, 4, 128, 8), (16, 4, 2, 128, 8), (4, 4, 8, 128, 8))]
     + [(splits, KEY_SCALES) for splits in (
         (16, 4, 2, 128, 8), (16, 2, 2, 256, 8), (32, 2, 2, 256, 16), (8, 2, 8, 128, 8), (8, 2, 8, 128, 16),
         (8, 2, 4, 128, 8),
@@ -81,11 +83,11 @@ ATTENTION_SPLITS: dict[str, list[tuple[tuple[int, ...], tuple[tuple[str, int | b
 }
 
 
-def _attention_rows(program: str) -> list[Variant]:
+def _attention_rows(program: str, twins: bool = False) -> list[Variant]:
     """Row-sum µGraphs (Mirage's element-wise sums measured slower on every split, see
-    docs/performance.md), and beside each split that a cluster can hold its twin for a cluster
-    fold: a combine of the first kernel's threads whose blocks take ``rows / kv_splits`` query rows
-    each, so that each block of a cluster runs one combine block."""
+    docs/performance.md), and with ``twins``, beside each split that a cluster can hold, its twin
+    for a cluster fold: a combine of the first kernel's threads whose blocks take
+    ``rows / kv_splits`` query rows each, so that each block of a cluster runs one combine block."""
     from mirage.optimizer.cluster_fold import MAX_CLUSTER
 
     rows = []
@@ -94,8 +96,9 @@ def _attention_rows(program: str) -> list[Variant]:
                   ("row_sums", True))
         rows.append(Variant((*splits, ("combine_rows", combine_rows), *extra), (2, 3)))
         fold_rows = QUERIES // q_splits // kv_splits
-        if kv_splits <= MAX_CLUSTER and fold_rows >= 2:
-            rows.append(Variant((*splits, ("combine_rows", fold_rows), ("combine_threads", threads), *extra), (2, 3)))
+        if twins and kv_splits <= MAX_CLUSTER and fold_rows >= 2:
+            twin = (*splits, ("combine_rows", fold_rows), ("combine_threads", threads), *extra)
+            rows.append(Variant(twin, (2, 3)))
     return list(dict.fromkeys(rows))  # two splits that differ only in the combine have one twin
 
 
@@ -236,13 +239,22 @@ WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
 }
 
 
-def family(case_name: str, wide: bool = False) -> list[tuple[Variant, KernelGraph]]:
+# the tuned attention families and the twins of their members for a cluster fold (measured slower:
+# docs/performance.md; ``python -m benchmarks.explore --family fold --also cluster_folds=true``)
+FOLD_ROWS: dict[str, Callable[[], list[Variant]]] = {
+    program: functools.partial(_attention_rows, program, twins=True) for program in ("gqa", "qknorm")
+}
+
+
+def family(case_name: str, wide: bool = False, fold: bool = False) -> list[tuple[Variant, KernelGraph]]:
     """The valid members of ``case_name``'s family with their µGraphs (``wide``: the exploration's
-    wider family, where the program has one)."""
+    wider family, ``fold``: with cluster-fold twins, where the program has one)."""
     case = CASES[case_name]
     rows, build = FAMILIES[case.program]
     if wide and case.program in WIDE_ROWS:
         rows = WIDE_ROWS[case.program]()
+    elif fold and case.program in FOLD_ROWS:
+        rows = FOLD_ROWS[case.program]()
     out = []
     for row in rows:
         try:

@@ -77,4 +77,28 @@ def allow_large_clusters(function: int) -> None:
     result = driver.cuFuncSetAttribute(driver.CUfunction(function), attribute, 1)
     error = result[0] if isinstance(result, tuple) else result
     if error != driver.CUresult.CUDA_SUCCESS:
-        raise DependentLaunchError(f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed with {error!r}")
+        raise DependentLaunchError(
+            f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed with {error!r}"
+        )
+
+
+def max_active_clusters(function: int, grid: Sequence[int], block: Sequence[int], smem_bytes: int,
+                        cluster: Sequence[int]) -> int:
+    """How many clusters of the kernel ``function`` the GPU runs at once (a grid of more runs its
+    clusters in waves): the driver's occupancy calculator, given the launch."""
+    from cuda.bindings import driver
+
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = (int(g) for g in grid)
+    config.blockDimX, config.blockDimY, config.blockDimZ = (int(b) for b in block)
+    config.sharedMemBytes = int(smem_bytes)
+    attribute = driver.CUlaunchAttribute()
+    attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    dims = attribute.value.clusterDim
+    dims.x, dims.y, dims.z = (int(c) for c in cluster)
+    config.attrs = [attribute]
+    config.numAttrs = 1
+    error, active = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(function), config)
+    if error != driver.CUresult.CUDA_SUCCESS:
+        raise DependentLaunchError(f"cuOccupancyMaxActiveClusters failed with {error!r}")
+    return int(active)

@@ -514,6 +514,11 @@ class FoldedKernel:
         return self.producer.threads
 
     @property
+    def coherent(self) -> tuple[str, ...]:
+        """The consumer's parameters that the producer writes (read back through L2)."""
+        return tuple(p.name for p in self.consumer_parameters if not p.restrict)
+
+    @property
     def min_blocks(self) -> int:
         return self.producer.min_blocks
 

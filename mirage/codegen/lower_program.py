@@ -205,8 +205,9 @@ def render(units: tuple[KernelContext | FoldedKernel, ...], graph_name: str, gra
 
 def _lower_kernel(prepared: PreparedProgram, kernel, name: str, accumulator: str) -> KernelContext:
     options = prepared.options
-    return KernelLowering(kernel, name, accumulator, prepared.target.smem_per_block, options.two_blocks_per_sm,
-                          options.l2_prefetch_iterations, options.register_row_sums, options.fold_operand_scale,
+    return KernelLowering(kernel, name, accumulator, prepared.target.smem_per_block,
+                          options.two_blocks_per_sm, options.l2_prefetch_iterations,
+                          options.register_row_sums, options.fold_operand_scale,
                           options.direct_output_stores, options.one_barrier_loops).context()
 
 
@@ -238,7 +239,8 @@ def _folded(graph: KernelGraph, fold: ClusterFold, name: str, producer: KernelCo
         cluster=fold.cluster, clusters=tuple(g // c for g, c in zip(grid, fold.cluster, strict=True)),
         rounds=fold.rounds, table=fold.table(), smem_bytes=max(producer.smem_bytes, consumer.smem_bytes),
     )
-    launch = KernelLaunch(name, fold.producer, grid, (producer.threads, 1, 1), unit.smem_bytes, outputs, inputs,
+    launch = KernelLaunch(name, fold.producer, grid, (producer.threads, 1, 1), unit.smem_bytes, outputs,
+                          inputs,
                           consumer=fold.consumer, cluster=fold.cluster)
     return unit, launch
 
@@ -248,7 +250,8 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
     graph = prepared.graph
     prefix = kernel_prefix(graph)
     accumulator = element_type(prepared.options.accumulator_dtype, "the accumulator dtype")
-    contexts = {k.node: _lower_kernel(prepared, k, f"{prefix}_k{k.node}", accumulator) for k in prepared.kernels}
+    contexts = {k.node: _lower_kernel(prepared, k, f"{prefix}_k{k.node}", accumulator)
+                for k in prepared.kernels}
     units: list[KernelContext | FoldedKernel] = []
     launches = []
     for kernel in prepared.kernels:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import warnings
 from collections.abc import Sequence
@@ -29,6 +30,8 @@ from mirage.errors import MirageError
 from mirage.mugraph.graph import KernelGraph, Ref
 from mirage.mugraph.ops import REGISTRY, Op
 from mirage.optimizer.cluster_fold import PORTABLE_CLUSTER
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from mirage.codegen.compile import CompileOptions
@@ -158,6 +161,8 @@ class Program:
                 fn.max_dynamic_shared_size_bytes = smem
             if launch.cluster_size > PORTABLE_CLUSTER:
                 dependent_launch.allow_large_clusters(fn.kernel.ptr)
+            if launch.cluster_size > 1:
+                _warn_on_cluster_waves(fn, launch, self._shared_bytes(launch))
             self._functions[launch.name] = fn
         return fn
 
@@ -241,6 +246,21 @@ class Program:
             external = cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
         with cupy.cuda.Device(device.index), external:
             fn(launch.grid, launch.block, pointers, shared_mem=self._shared_bytes(launch))
+
+
+def _warn_on_cluster_waves(fn, launch: KernelLaunch, smem_bytes: int) -> None:
+    """A cluster fold pays only when all its clusters run at once: say so when they cannot."""
+    import cupy
+
+    if not dependent_launch.available(cupy.cuda.Device().id):
+        return
+    active = dependent_launch.max_active_clusters(fn.kernel.ptr, launch.grid, launch.block, smem_bytes,
+                                                  launch.cluster)
+    clusters = math.prod(launch.grid) // launch.cluster_size
+    if active < clusters:
+        log.warning("%s: %d clusters of %d blocks, but the GPU runs %d at once, so they run in waves; "
+                    "build without OptimizerOptions.cluster_folds", launch.name, clusters,
+                    launch.cluster_size, active)
 
 
 @functools.cache

@@ -110,7 +110,8 @@ def dependencies(graph: KernelGraph, producer: int, consumer: int) -> dict[tuple
     return out
 
 
-def _as_cluster(needed: frozenset, grid: tuple[int, int, int]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def _as_cluster(needed: frozenset, grid: tuple[int, int, int]
+                ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(first block, extent) when ``needed`` is a full box of the grid, else None."""
     if not needed:
         return None

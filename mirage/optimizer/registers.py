@@ -102,7 +102,8 @@ def find_epilogues(graph: BlockGraph, hoist_invariants: bool = True,
 PROLOGUE_CONSUMERS = frozenset({Op.REDUCTION, Op.REDUCTION_MAX})
 
 
-def find_prologues(graph: BlockGraph, epilogue_of: dict[int, int], hoist_invariants: bool = True) -> dict[int, int]:
+def find_prologues(graph: BlockGraph, epilogue_of: dict[int, int],
+                   hoist_invariants: bool = True) -> dict[int, int]:
     """element-wise producer → the reduction it runs in (see the module docstring)."""
     phase = phases(graph, hoist_invariants)
     uses = graph.consumers()

@@ -126,7 +126,8 @@ def needs_finalize(graph: BlockGraph, node: int, register_accumulators: frozense
 
 
 def depth_of(graph: BlockGraph, i: int, phase: list[Phase], depth: list[int], epilogue_of: dict[int, int],
-             register_accumulators: frozenset[int] = frozenset(), prologues: frozenset[int] = frozenset()) -> int:
+             register_accumulators: frozenset[int] = frozenset(),
+             prologues: frozenset[int] = frozenset()) -> int:
     """The depth of node ``i`` given the depths of the nodes before it.
 
     An epilogue takes its producer's depth; a prologue the depth of its operand, so that the

@@ -56,7 +56,8 @@ def _folded_attention():
     """A GQA member whose combine folds into the attention kernel (clusters of 16 blocks)."""
     from benchmarks.variants import family
 
-    return next(g for row, g in family("gqa_b1") if "combine_threads=128" in row.label and "kv_splits=16" in row.label)
+    return next(g for row, g in family("gqa_b1", fold=True)
+                if "combine_threads=128" in row.label and "kv_splits=16" in row.label)
 
 
 FOLDED = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds=True))}
@@ -73,7 +74,8 @@ def built():
     graphs.update({f"random_{s}": random_graph(s).graph for s in RANDOM_SEEDS})
     graphs.update({name: _search_graph(name) for name in SEARCH_NAMES})
     programs = {name: generate_cuda_program(g, 90) for name, g in graphs.items()}
-    programs.update({name: generate_cuda_program(build(), 90, options=o) for name, (build, o) in FOLDED.items()})
+    programs.update({name: generate_cuda_program(build(), 90, options=o)
+                     for name, (build, o) in FOLDED.items()})
     programs.update({name: programs["qknorm_registers"] for name in PREFIXES})
     results = compile_sources(
         [PREFIXES.get(name, "") + p.code for name, p in programs.items()],
@@ -113,7 +115,7 @@ def test_register_attention_runs_on_tensor_cores_without_local_memory(built):
     assert "LDL" not in sass and "STL" not in sass
     functions = {f.split()[0]: f for f in sass.split("Function : ")[1:]}
     combine = functions[program.kernels[-1].name]  # reads its splits straight from global memory
-    assert re.search(r"LDG\.E\.(64|128)\.STRONG\.GPU", combine)  # 8- or 16-byte vectors, from L2
+    assert re.search(r"LDG\.E\.(64|128)\.CONSTANT", combine)  # 8- or 16-byte vectors per thread
     assert "LDGSTS" not in combine and "BAR.SYNC" in combine
 
 
@@ -171,7 +173,7 @@ def test_per_key_factors_stay_in_registers(built):
 
 def test_folded_combine_meets_its_cluster_and_reads_through_l2(built):
     """The folded kernel: one function, a cluster barrier (release: MEMBAR before the arrive;
-    acquire: L1 invalidated after the wait), the partials read back from L2, no spills."""
+    acquire: L1 invalidated after the wait), the partials read back coherently, no spills."""
     program, result = built["gqa_folded"]
     (launch,) = program.kernels
     assert launch.consumer >= 0 and launch.cluster == (1, 16, 1)
@@ -179,5 +181,6 @@ def test_folded_combine_meets_its_cluster_and_reads_through_l2(built):
     sass = result.sass()
     arrive, wait = sass.index("UCGABAR_ARV"), sass.index("UCGABAR_WAIT")
     assert "MEMBAR" in sass[:arrive] and "CCTL.IVALL" in sass[wait:]
-    assert re.search(r"LDG\.E\.(64|128)\.STRONG\.GPU", sass)  # the partials, as vectors
+    loads = set(re.findall(r"LDG\.E[\w.]*", sass))
+    assert loads and not any("CONSTANT" in load for load in loads)  # no non-coherent reads of the partials
     assert "LDL" not in sass and "STL" not in sass

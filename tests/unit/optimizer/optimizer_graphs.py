@@ -232,7 +232,8 @@ def split_k_gemm(m: int = 16, k: int = 4096, n: int = 1024, n_blocks: int = 8, k
     g = mi.new_kernel_graph("split_k")
     x = g.new_input(dims=(1, m, k), dtype=mi.float16)
     w = g.new_input(dims=(1, k, n), dtype=mi.float16)
-    tb = mi.new_threadblock_graph(grid_dim=(n_blocks, k_splits, 1), block_dim=(128, 1, 1), forloop_range=iters)
+    tb = mi.new_threadblock_graph(grid_dim=(n_blocks, k_splits, 1), block_dim=(128, 1, 1),
+                                  forloop_range=iters)
     bx = tb.new_input(x, input_map=(-1, 2, -1), forloop_dim=2)
     bw = tb.new_input(w, input_map=(2, 1, -1), forloop_dim=1)
     tb.new_output(tb.forloop_accum(tb.matmul(bx, bw)), output_map=(2, 0, -1))  # (k_splits, m, n)

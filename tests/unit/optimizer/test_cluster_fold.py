@@ -1,5 +1,6 @@
 """Cluster folds (mirage.optimizer.cluster_fold): which graph-defined ops fold into the kernel before
-them, with which clusters, and what the lowering makes of them (GPU runs: tests/gpu/test_cluster_fold_gpu.py)."""
+them, with which clusters, and what the lowering makes of them (GPU runs:
+tests/gpu/test_cluster_fold_gpu.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ FOLD = OptimizerOptions(cluster_folds=True)
 
 
 def _attention(**kw):
-    args = dict(row_sums=True, combine_rows=4, combine_threads=128, kv_splits=8, q_splits=4, iters=4, threads=128)
+    args = dict(row_sums=True, combine_rows=4, combine_threads=128, kv_splits=8, q_splits=4, iters=4,
+                threads=128)
     args.update(kw)
     return attention_fused(1, False, **args)
 
@@ -100,8 +102,10 @@ def test_lowering_one_kernel_with_both_bodies():
     assert len(set(launch.arguments)) == len(launch.arguments) == 7
     code = program.code
     assert code.count('extern "C" __global__') == 1 and "__cluster_dims__(1, 8, 1)" in code
-    assert code.index("_producer(blockIdx") < code.index("mirage::dev::cluster_sync();") < code.index("_consumer(make_uint3")
-    signature = code.split("_consumer(const uint3 block,")[1].split(") {")[0]
+    steps = ("_producer(blockIdx", "mirage::dev::cluster_sync();", "_consumer(make_uint3")
+    order = [code.index(s) for s in steps]
+    assert order == sorted(order)
+    signature = code.split("_consumer(const uint3 blockIdx,")[1].split(") {")[0]
     assert "__restrict__" in signature  # the output
     assert signature.count("const __half* input") == 3 and "const __half* __restrict__ input" not in signature
     assert program.kernel(consumer) is launch and program.kernel(producer) is launch

@@ -111,8 +111,8 @@ def test_epilogues_can_be_switched_off():
 
 
 def _key_norm_block():
-    from benchmarks.variants import _normalized_keys
     import mirage as mi
+    from benchmarks.variants import _normalized_keys
 
     g = mi.new_kernel_graph()
     k = g.new_input(dims=(2, 64, 4096), dtype=mi.float16)
@@ -141,8 +141,8 @@ def test_square_runs_inside_the_reduction_of_its_squares():
 
 
 def test_prologue_lowering_reads_the_operand_through_the_function():
-    from benchmarks.variants import _normalized_keys
     import mirage as mi
+    from benchmarks.variants import _normalized_keys
     from mirage.codegen.lower_program import generate_cuda_program
 
     g = mi.new_kernel_graph()

@@ -70,7 +70,9 @@ MIRAGE_DEVICE void pipelined_forloop(int forloop_range, Body body, const Iterato
   }
 }
 
-template <class T, class L, int Stages, int NumThreads>
+// Coherent: direct reads of data written earlier in the same kernel (a cluster fold's partials)
+// go through L2 (ld.global.cg) instead of the read-only, non-coherent path (ld.global.nc).
+template <class T, class L, int Stages, int NumThreads, bool Coherent = false>
 class InputIterator {
  public:
   using Element = T;
@@ -162,7 +164,8 @@ class InputIterator {
       constexpr int kPerWord = static_cast<int>(sizeof(Word) / sizeof(T));
 #pragma unroll
       for (int w = 0; w < N / kPerWord; ++w) {
-        const Word word = __ldcg(reinterpret_cast<const Word*>(source) + w);  // L2: coherent for a fold's partials
+        const Word* address = reinterpret_cast<const Word*>(source) + w;
+        const Word word = Coherent ? __ldcg(address) : __ldg(address);
         T elements[kPerWord];
         memcpy(elements, &word, sizeof(Word));
 #pragma unroll
