@@ -427,6 +427,13 @@ class KernelLowering:
         assert chain is not None
         q, k = (self.operand(r) for r in self.graph.nodes[chain.qk].inputs)
         v = self.operand(self.graph.nodes[chain.pv].inputs[1])
+        if chain.key_norm is not None:  # per-key factors from the chain's own K fragments
+            assert chain.score is not None and chain.column is not None
+            node = self.graph.nodes[chain.column]
+            g = self.function(chain.column) if node.op is Op.FUSED else "mirage::dev::Identity"
+            factor = f"mirage::gen::ColumnFactor<{self.function(chain.score)}, {chain.qk_argument}>"
+            return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, "mirage::gen::ColumnScore",
+                                         key_norms=f"mirage::gen::Compose<{g}, {factor}>")
         if chain.column is not None:  # the products times per-key factors (the column's step stores them)
             return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, "mirage::gen::ColumnScore",
                                          self.tile(chain.column))

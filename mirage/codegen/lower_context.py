@@ -247,6 +247,7 @@ class OnlineSoftmaxType:
     v: Tile
     score: str  # functor applied to Q·K (a ThreadFunction name, or mirage::dev::Identity)
     columns: Tile | None = None  # per-key factors of the products (gen/softmax.cuh's Columns)
+    key_norms: str | None = None  # ...or their functor of each key's sum of squares (KeyNorms)
 
     @property
     def state(self) -> str:

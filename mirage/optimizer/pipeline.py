@@ -61,6 +61,7 @@ class OptimizerOptions:
     wrap_single: bool = True  # wrap single element-wise ops into FUSED nodes too
     hoist_invariants: bool = True  # run loop-invariant ops before the for-loop
     register_softmax: bool = True  # attention chains in registers (softmax_chain), not op by op
+    chain_key_norms: bool = True  # per-key values g(Σ K²) computed by the chain from its K fragments
     row_loops: bool = True  # row-local loop bodies run per thread in registers (row_loop)
     direct_row_loads: bool = True  # ...reading their per-iteration inputs from global memory
     two_blocks_per_sm: bool = False  # softmax-chain kernels of 256+ threads: registers for 2 blocks per SM
@@ -210,7 +211,8 @@ def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain 
     if not state.options.register_softmax:
         return None
     layouts = state.records["select_layouts"].of_kernel(k)
-    return match_softmax_chain(block, dict(state.records["schedule"])[k], layouts)
+    schedule = dict(state.records["schedule"])[k]
+    return match_softmax_chain(block, schedule, layouts, state.options.chain_key_norms)
 
 
 def _row_loop(k: int, block: BlockGraph, state: PassState) -> RowLoop | None:

@@ -26,7 +26,10 @@ reason logged, and the kernel is lowered op by op as before.
 A score with a per-key operand ``f(S, c)`` is ``S · f(1, c)`` when ``f`` is linear in ``S``
 (:func:`linear_in`): the step that produces ``c`` stores the factors ``f(1, c)`` instead (``c`` has
 no other reader), and the chain multiplies each product by its key's factor. The chain step then
-runs at the score's place in the schedule, after ``c``'s step and the barrier behind it.
+runs at the score's place in the schedule, after ``c``'s step and the barrier behind it.  When
+``c = g(Σ_d K[d, n]²)`` of the chain's own K (QKNorm's rms), the chain computes ``c`` itself from
+the K fragments it loads anyway (:func:`_key_norm`, ``SoftmaxChain.key_norm``): the square, the sum
+and g run in no step of their own, need no tile, and the barrier before the chain goes.
 """
 
 from __future__ import annotations
@@ -65,24 +68,32 @@ class SoftmaxChain:
     scratch_bytes: int  # shared scratch of the key groups' merge after the loop (0 for one group)
     column: int | None = None  # the score's per-key operand c (its step stores f(1, c))
     qk_argument: int = 0  # the product's position among the score's operands
+    key_norm: tuple[int, int] | None = None  # (sum, square) when c = g(Σ_d K[d, n]²): the chain computes c
 
     @property
     def anchor(self) -> int:
-        """The node at whose step the chain runs: the score when it reads per-key values (they are
-        computed first), else the first product."""
-        return self.score if self.column is not None and self.score is not None else self.qk
+        """The node at whose step the chain runs: the score when it reads per-key values computed by
+        a step of their own (they come first), else the first product."""
+        if self.column is not None and self.score is not None and self.key_norm is None:
+            return self.score
+        return self.qk
+
+    @property
+    def _key_nodes(self) -> tuple[int | None, ...]:
+        return (self.column, *self.key_norm) if self.key_norm is not None else ()
 
     @property
     def computed(self) -> frozenset[int]:
         """Every node the chain step computes (the op-by-op walk skips them)."""
         nodes = (self.qk, self.score, self.row_max, self.running, self.prob, self.pv, self.out, self.sum,
-                 self.maximum)
+                 self.maximum, *self._key_nodes)
         return frozenset(n for n in nodes if n is not None)
 
     @property
     def register_only(self) -> frozenset[int]:
         """Intermediates that never reach shared memory (no buffer in the memory plan)."""
-        return frozenset(n for n in (self.qk, self.score, self.row_max, self.prob, self.pv) if n is not None)
+        nodes = (self.qk, self.score, self.row_max, self.prob, self.pv, *self._key_nodes)
+        return frozenset(n for n in nodes if n is not None)
 
     @property
     def accumulators(self) -> tuple[int, ...]:
@@ -144,6 +155,48 @@ def _column_operand(graph: BlockGraph, uses: dict[Ref, list[int]], s: int,
     return qk, column, argument
 
 
+def _is_square_of(graph: BlockGraph, i: int, source: Ref) -> bool:
+    """Node ``i`` is x² of ``source``: a square op, or a thread graph of one square (or x · x)."""
+    node = graph.nodes[i]
+    if node.inputs != (source,):
+        return False
+    if node.op is Op.SQUARE:
+        return True
+    if node.op is not Op.FUSED:
+        return False
+    thread = node.attrs
+    computed = [n for n in thread.nodes if n.op is not Op.INPUT]
+    if len(computed) != 1 or len(thread.outputs) != 1:
+        return False
+    (op,) = computed
+    return op.op is Op.SQUARE or (op.op is Op.MUL and op.inputs[0] == op.inputs[1])
+
+
+def _key_norm(graph: BlockGraph, uses: dict[Ref, list[int]], column: int, k_ref: Ref,
+              loop: set[int]) -> tuple[int, int] | None:
+    """(sum, square) when the per-key values are ``g(Σ_d K[d, n]²)`` of the chain's own K tile (g a
+    function of one operand, or none), each read only by the next: the chain then computes them
+    from its K fragments (gen/softmax.cuh's KeyNorms) and no step of theirs runs."""
+    node = graph.nodes[column]
+    total = column
+    if node.op is Op.FUSED:
+        if len(node.inputs) != 1:
+            return None
+        total = node.inputs[0].node
+        if _only(uses, total) != [column]:
+            return None
+    reduction = graph.nodes[total]
+    k_type = graph.type_of(k_ref)
+    if reduction.op is not Op.REDUCTION or reduction.attrs.dim != k_type.rank - 2:
+        return None
+    square = reduction.inputs[0].node
+    if not _is_square_of(graph, square, k_ref) or _only(uses, square) != [total]:
+        return None
+    if not {total, square} <= loop:
+        return None
+    return total, square
+
+
 def _is_exp_of_difference(node: Node, s: int, m: int) -> bool:
     """``node`` is fused(s, m) = exp(s − m) (the thread graph the online-softmax rewrite builds)."""
     if node.op is not Op.FUSED or len(node.inputs) != 2:
@@ -183,7 +236,8 @@ def warp_split(rows: int, keys: int, threads: int) -> int | None:
     return groups
 
 
-def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int]) -> SoftmaxChain:
+def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int],
+           key_norms: bool = True) -> SoftmaxChain:
     uses = graph.consumers()
     loop = {item.node for item in schedule.items if isinstance(item, Step) and item.phase is Phase.LOOP
             and item.action is not Action.LOAD}
@@ -207,6 +261,7 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
         require(_only(uses, qk) == [s], "the product Q·K has other readers")
     require(graph.nodes[qk].op is Op.MATMUL, "the scores are not a matmul")
     q_ref, k_ref = graph.nodes[qk].inputs
+    key_norm = _key_norm(graph, uses, column, k_ref, loop) if column is not None and key_norms else None
     probs = [c for c in _only(uses, s) if c != row_max]
     require(len(probs) == 1 and _is_exp_of_difference(graph.nodes[probs[0]], s, running),
              "the scores' other reader is not exp(S − m)")
@@ -255,7 +310,7 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
     require(groups is not None, f"{rows} rows × {keys} keys do not split over the warps")
     scratch = 4 * groups * rows * (width + 2) if groups > 1 else 0
     return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch, column,
-                        qk_argument)
+                        qk_argument, key_norm)
 
 
 def row_bytes_of(graph: BlockGraph, layouts: dict[int, TensorLayout] | None) -> Callable[[int], int]:
@@ -274,15 +329,17 @@ def row_bytes_of(graph: BlockGraph, layouts: dict[int, TensorLayout] | None) -> 
     return row_bytes
 
 
-def match(graph: BlockGraph, schedule: Schedule,
-          layouts: dict[int, TensorLayout] | None = None) -> SoftmaxChain | None:
+def match(graph: BlockGraph, schedule: Schedule, layouts: dict[int, TensorLayout] | None = None,
+          key_norms: bool = True) -> SoftmaxChain | None:
     """The online-softmax chain of ``graph`` (see the module docstring), or None.
 
-    ``layouts``: the shared tiles' planned layouts (operand rows must be 16-byte aligned)."""
+    ``layouts``: the shared tiles' planned layouts (operand rows must be 16-byte aligned);
+    ``key_norms``: per-key values that are a function of each key's sum of squares are computed by
+    the chain from its K fragments (else by a step of their own)."""
     if not any(n.op is Op.RUNNING_MAX for n in graph.nodes):
         return None
     try:
-        return _match(graph, schedule, row_bytes_of(graph, layouts))
+        return _match(graph, schedule, row_bytes_of(graph, layouts), key_norms)
     except NoMatch as reason:
         log.debug("online-softmax chain lowered op by op: %s", reason)
         return None

@@ -9,9 +9,10 @@
 * The online-softmax chain's two instruction orders (MIRAGE_SOFTMAX_INTERLEAVE): bit-identical.
 * The chain's score scale folded into the exponent (MIRAGE_SOFTMAX_FOLD_SCALE): against float64 and
   against the chain that scales each score, fp16 and bf16.
-* Per-key factors in the chain (QKNorm's scores divided by their key's rms, ``key_scales``): against
-  float64 and against the same graph lowered op by op, fp16 and bf16, with one and with two row
-  tiles per warp.
+* Per-key factors in the chain (QKNorm's scores divided by their key's rms, ``key_scales``), the rms
+  computed by the chain from its K fragments (KeyNorms) and by a step of its own: against float64
+  and against the same graph lowered op by op, fp16 and bf16, with one and with two row tiles per
+  warp.
 """
 
 from __future__ import annotations
@@ -172,14 +173,18 @@ def test_per_key_factors_match_the_reference(case, label, dtype):
     graph = _key_scale_member(case, label)
     if dtype is not mi.float16:
         graph = _with_dtype(graph, dtype)
-    program = generate_cuda_program(graph, None)
-    assert "ColumnFactor<" in program.code and "ColumnScore" in program.code
+    program = generate_cuda_program(graph, None)  # the key norms from the chain's K fragments
+    assert "KeyNorms<" in program.code and "ColumnFactor<" in program.code
+    stepped = generate_cuda_program(graph, None, options=OptimizerOptions(chain_key_norms=False))
+    assert "KeyNorms<" not in stepped.code and "ColumnFactor<" in stepped.code
     op_by_op = generate_cuda_program(graph, None, options=OptimizerOptions(register_softmax=False))
     assert "ColumnScore" not in op_by_op.code
-    chain, reference = build_many([program, op_by_op])
+    built = build_many([program, stepped, op_by_op])
     inputs = random_inputs(graph, 13)
-    for built in (chain, reference):
-        result = check_on_gpu(graph, built, inputs=inputs)
+    for each in built:
+        result = check_on_gpu(graph, each, inputs=inputs)
         assert result.passed, result.as_dict()
-    (a,), (b,) = chain(*inputs), reference(*inputs)
-    torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+    (reference,) = built[-1](*inputs)
+    for each in built[:-1]:
+        (a,) = each(*inputs)
+        torch.testing.assert_close(a.float(), reference.float(), rtol=2e-2, atol=2e-2)

@@ -160,13 +160,13 @@ def test_elementwise_chains_use_vector_shared_accesses(built):
 
 
 def test_per_key_factors_stay_in_registers(built):
-    """The key_scales kernel: the chain on tensor cores with its factors, no spills, and the sum of
-    squares read through the square (a prologue: no separate pass of squares)."""
+    """The key_scales kernel: the chain on tensor cores with its factors, computed from its own K
+    fragments (no pass of squares, no reduction step), and no spills."""
     program, result = built["qknorm_key_scales"]
     first = program.code.split('extern "C"')[1]
-    assert "mirage::gen::ColumnScore" in first and "mirage::gen::ColumnFactor<" in first
+    assert "mirage::gen::ColumnScore" in first and "mirage::gen::KeyNorms<" in first
     loop = first.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
-    assert "map_apply<" not in loop  # the squares are no step of their own
+    assert "reduce_apply<" not in loop and "map_apply<" not in loop  # no step for the squares or sums
     sass = result.sass()
     assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
 

@@ -121,8 +121,11 @@ def _key_scale_graph(**splits):
     return attention_fused(1, True, row_sums=True, combine_rows=16, key_scales=True, **(splits or SPLITS))
 
 
+STEPPED_FACTORS = {"chain_key_norms": False}  # the per-key values computed by a step of their own
+
+
 def test_key_scales_run_the_chain_with_a_per_key_operand():
-    first, _ = _kernels(_key_scale_graph())
+    first, _ = _kernels(_key_scale_graph(), **STEPPED_FACTORS)
     chain = first.softmax_chain
     assert chain is not None and chain.column is not None
     nodes = first.block_graph.nodes
@@ -133,7 +136,8 @@ def test_key_scales_run_the_chain_with_a_per_key_operand():
 
 
 def test_key_scales_lowering_stores_factors_then_steps_the_chain():
-    code = generate_cuda_program(_key_scale_graph()).code
+    options = dataclasses.replace(OptimizerOptions(), **STEPPED_FACTORS)
+    code = generate_cuda_program(_key_scale_graph(), options=options).code
     first = code.split("extern \"C\"")[1]
     loop = first.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
     assert loop.count("::step(") == 1 and "ColumnScore" in first
@@ -142,6 +146,64 @@ def test_key_scales_lowering_stores_factors_then_steps_the_chain():
     assert factor < barrier < loop.index("::step(")  # stored, synchronized, then read by the chain
     step_line = next(line for line in loop.splitlines() if "::step(" in line)
     assert step_line.count(",") == 4  # state, Q, K, V and the factors
+
+
+def test_key_norms_are_computed_by_the_chain():
+    """QKNorm's rms(k) is g(Σ_d K[d, n]²) of the chain's own K: the chain computes it from its K
+    fragments, so the square, the sum and their tiles go, and the chain runs at Q·K's place."""
+    first, _ = _kernels(_key_scale_graph())
+    chain = first.softmax_chain
+    assert chain is not None and chain.key_norm is not None
+    total, square = chain.key_norm
+    nodes = first.block_graph.nodes
+    assert nodes[total].op is Op.REDUCTION and nodes[total].inputs[0].node == square
+    assert nodes[square].inputs == nodes[chain.qk].inputs[1:]  # the square of the chain's K
+    assert {chain.column, total, square} <= chain.computed and {total, square} <= chain.register_only
+    assert chain.anchor == chain.qk
+    buffers = {b.node for b in first.memory.buffers}
+    assert not {chain.column, total, square} & buffers  # no tile for the factors or the squares
+
+
+def test_key_norms_lowering_has_no_barrier_before_the_chain():
+    code = generate_cuda_program(_key_scale_graph()).code
+    first = code.split("extern \"C\"")[1]
+    assert "mirage::gen::KeyNorms<mirage::gen::Compose<" in first and "ColumnFactor<" in first
+    loop = first.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
+    body = loop.split("stage(iteration);")[-1]
+    assert body.count("::step(") == 1 and body.index("::step(") < body.index("__syncthreads()")
+    step_line = next(line for line in loop.splitlines() if "::step(" in line)
+    assert step_line.count(",") == 3  # state, Q, K and V: no factor tile
+
+
+@pytest.mark.parametrize("change", ["cube", "scaled square"])
+def test_other_per_key_values_keep_their_step(change):
+    """Only Σ_d K[d, n]² of the chain's K is computed from the fragments: Σ K³ or Σ (2K)² are not."""
+    import mirage as mi
+    from benchmarks.mugraphs import attention
+
+    g = mi.new_kernel_graph()
+    q, k, v = (g.new_input(dims=s, dtype=mi.float16) for s in attention.shapes(1))
+    tb = mi.new_threadblock_graph(grid_dim=(2, 8, 4), block_dim=(128, 1, 1), forloop_range=4)
+    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
+    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)
+    bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)
+    if change == "cube":
+        values = tb.reduction(tb.mul(tb.square(bk), bk), 1)
+    else:
+        values = tb.reduction(tb.square(tb.mul_scalar(bk, 2.0)), 1)
+    e = tb.exp(tb.mul_scalar(tb.div(tb.matmul(bq, bk), tb.sqrt(tb.add_scalar(values, 1.0))), 0.125))
+    tb.new_output(tb.forloop_accum(e, acc="sum"), output_map=(0, 2, 1))
+    tb.new_output(tb.forloop_accum(tb.matmul(e, bv)), output_map=(0, 2, 1))
+    sums, numerators = g.customized([q, k, v], tb)
+    tb2 = mi.new_threadblock_graph(grid_dim=(2, 16, 1), block_dim=(128, 1, 1), forloop_range=1)
+    total = tb2.forloop_accum(tb2.new_input(sums, input_map=(0, 1, -1)), acc="sum")
+    n = tb2.forloop_accum(tb2.new_input(numerators, input_map=(0, 1, -1)), acc="sum_todimx")
+    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
+    (out,) = g.customized([sums, numerators], tb2)
+    g.mark_output(out)
+    first, _ = _kernels(g.freeze())
+    chain = first.softmax_chain
+    assert chain is not None and chain.column is not None and chain.key_norm is None
 
 
 def test_a_score_not_linear_in_the_product_is_lowered_op_by_op():
@@ -172,7 +234,7 @@ def test_a_score_not_linear_in_the_product_is_lowered_op_by_op():
 def test_the_chain_keeps_its_operands_alive_until_its_anchor():
     """In a one-iteration loop K is no pipelined stage: its tile must outlive the per-key factors'
     step, since the chain reads K where it runs (after the factors), not at Q·K's place."""
-    first, _ = _kernels(_key_scale_graph(kv_splits=32, q_splits=4, iters=1, threads=128))
+    first, _ = _kernels(_key_scale_graph(kv_splits=32, q_splits=4, iters=1, threads=128), **STEPPED_FACTORS)
     chain = first.softmax_chain
     assert chain is not None and chain.column is not None
     memory = first.memory

@@ -134,6 +134,33 @@ struct ColumnScore {
   MIRAGE_DEVICE float operator()(float x) const { return x; }
 };
 
+// Per-key factors computed by the chain itself from its K tile: Factor(Σ_d K[d][n]²) for key n (the
+// factor f(1, g(c)) of a score that divides by a function g of each key's sum of squares, QKNorm's
+// rms). The sums come from the tensor cores: the K fragments a warp loads for Q·K are, reordered,
+// the A fragments of Kᵀ, so Kᵀ·K runs on them with no load of its own, and its diagonal (exact
+// fp16 / bf16 products, fp32 sums) is each key's sum of squares. No shared tile, no barrier.
+template <class Factor>
+struct KeyNorms {};
+
+template <class C>
+struct IsKeyNorms : std::false_type {};
+template <class Factor>
+struct IsKeyNorms<KeyNorms<Factor>> : std::true_type {};
+template <class C>
+struct KeyFactor {
+  using type = ColumnScore;  // unused: no key norms
+};
+template <class Factor>
+struct KeyFactor<KeyNorms<Factor>> {
+  using type = Factor;
+};
+
+// The factor for a key's value v: f(1, g(v)), g and the ColumnFactor f as functors.
+template <class G, class F>
+struct Compose {
+  MIRAGE_DEVICE float operator()(float v) const { return F{}(G{}(v)); }
+};
+
 template <int NumThreads, class T, class QLayout, class KLayout, class VLayout, class Score,
           class Columns = NoTile>
 struct OnlineSoftmax {
@@ -165,9 +192,10 @@ struct OnlineSoftmax {
   static_assert(kWarps % kRowTiles == 0 || kRowTiles % kWarps == 0,
                 "the warps must divide the row tiles or be a multiple of them (every warp works)");
   static_assert(KLayout::rows == D && VLayout::rows == N, "Q [R, D], K [D, N], V [N, E]");
+  static constexpr bool kKeyNorms = IsKeyNorms<Columns>::value;
   template <class C>
   static constexpr bool covers_keys() {
-    if constexpr (std::is_same_v<C, NoTile>) {
+    if constexpr (std::is_same_v<C, NoTile> || IsKeyNorms<C>::value) {
       return true;
     } else {
       return C::TileLayout::size == N;
@@ -308,8 +336,12 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE void sub_step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
                                      dev::SharedTile<T, VLayout> v, Columns columns, int key0) {
     float score[kTilesPerWarp][kKeyTiles][4];
-    scores(q, k, key0, score);
-    if constexpr (!std::is_same_v<Columns, NoTile>) {
+    if constexpr (kKeyNorms) {
+      scaled_scores(q, k, key0, score);
+    } else {
+      scores(q, k, key0, score);
+    }
+    if constexpr (!kKeyNorms && !std::is_same_v<Columns, NoTile>) {
       // each product times its key's factor (a thread's columns: 8 j + pair and + 1)
 #pragma unroll
       for (int j = 0; j < kKeyTiles; ++j) {
@@ -425,6 +457,64 @@ struct OnlineSoftmax {
           mma(score[t][j], a[t], b[0], b[1]);
           mma(score[t][j + 1], a[t], b[2], b[3]);
         }
+      }
+    }
+  }
+
+  // The scores of per-key factors computed from K itself (KeyNorms): 16 keys at a time, over all
+  // of D, so that Kᵀ·K's accumulators live for 16 keys only. Q's fragments are loaded once for
+  // the sub-step. The K fragments b0..b3 of K[k0 : k0 + 16, 16 keys] (B operands) are, as
+  // {b0, b2, b1, b3}, the A fragment of their transpose; C[r][c] of Kᵀ·K is on lane 4 r + c / 2,
+  // element c % 2 (rows 8 on: elements 2 and 3), so key 8 h + r's sum of squares is on lane
+  // 4 r + r / 2. Each factor is computed there and shuffled to the lanes whose columns it scales.
+  static MIRAGE_DEVICE void scaled_scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int key0,
+                                          float (&score)[kTilesPerWarp][kKeyTiles][4]) {
+    using Factor = typename KeyFactor<Columns>::type;
+    uint32_t a[kTilesPerWarp][D / 16][4];
+#pragma unroll
+    for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+      for (int d = 0; d < D / 16; ++d) {
+        const T* a_address = q.data + (row_tile(t) * 16 + lane() % 16) * QLayout::pitch + d * 16 + (lane() / 16) * 8;
+        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(a_address), a[t][d][0], a[t][d][1],
+                                      a[t][d][2], a[t][d][3]);
+      }
+    const bool diagonal = (lane() / 4) % 2;
+#pragma unroll
+    for (int j = 0; j < kKeyTiles; j += 2) {
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) score[t][j][e] = score[t][j + 1][e] = 0.0f;
+      float squares[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+      for (int d = 0; d < D / 16; ++d) {
+        uint32_t b[4];
+        const T* b_address = k.data + (d * 16 + lane() % 16) * KLayout::pitch + key0 + j * 8 + (lane() / 16) * 8;
+        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2], b[3]);
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t) {
+          mma(score[t][j], a[t][d], b[0], b[1]);
+          mma(score[t][j + 1], a[t][d], b[2], b[3]);
+        }
+        const uint32_t transposed[4] = {b[0], b[2], b[1], b[3]};
+        mma(squares[0], transposed, b[0], b[1]);  // the 16 keys against those of tile j
+        mma(squares[1], transposed, b[2], b[3]);  // ... and of tile j + 1
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // valid on the diagonal's lanes (a select: a register array takes no runtime index)
+        const float own = Factor{}(diagonal ? squares[h][2 * h + 1] : squares[h][2 * h]);
+        float factor[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int key = (lane() % 4) * 2 + c;
+          factor[c] = __shfl_sync(0xffffffffu, own, 4 * key + key / 2);
+        }
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) score[t][j + h][e] *= factor[e % 2];
       }
     }
   }
