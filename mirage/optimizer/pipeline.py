@@ -61,7 +61,8 @@ class OptimizerOptions:
     wrap_single: bool = True  # wrap single element-wise ops into FUSED nodes too
     hoist_invariants: bool = True  # run loop-invariant ops before the for-loop
     register_softmax: bool = True  # attention chains in registers (softmax_chain), not op by op
-    chain_key_norms: bool = True  # per-key values g(Σ K²) computed by the chain from its K fragments
+    chain_key_norms: bool = False  # per-key values g(Σ K²) computed by the chain from its K fragments;
+    # off: measured slower than their own step (docs/performance.md §3)
     row_loops: bool = True  # row-local loop bodies run per thread in registers (row_loop)
     direct_row_loads: bool = True  # ...reading their per-iteration inputs from global memory
     two_blocks_per_sm: bool = False  # softmax-chain kernels of 256+ threads: registers for 2 blocks per SM

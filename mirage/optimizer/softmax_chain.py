@@ -237,7 +237,7 @@ def warp_split(rows: int, keys: int, threads: int) -> int | None:
 
 
 def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int],
-           key_norms: bool = True) -> SoftmaxChain:
+           key_norms: bool = False) -> SoftmaxChain:
     uses = graph.consumers()
     loop = {item.node for item in schedule.items if isinstance(item, Step) and item.phase is Phase.LOOP
             and item.action is not Action.LOAD}
@@ -330,7 +330,7 @@ def row_bytes_of(graph: BlockGraph, layouts: dict[int, TensorLayout] | None) -> 
 
 
 def match(graph: BlockGraph, schedule: Schedule, layouts: dict[int, TensorLayout] | None = None,
-          key_norms: bool = True) -> SoftmaxChain | None:
+          key_norms: bool = False) -> SoftmaxChain | None:
     """The online-softmax chain of ``graph`` (see the module docstring), or None.
 
     ``layouts``: the shared tiles' planned layouts (operand rows must be 16-byte aligned);

@@ -173,9 +173,9 @@ def test_per_key_factors_match_the_reference(case, label, dtype):
     graph = _key_scale_member(case, label)
     if dtype is not mi.float16:
         graph = _with_dtype(graph, dtype)
-    program = generate_cuda_program(graph, None)  # the key norms from the chain's K fragments
-    assert "KeyNorms<" in program.code and "ColumnFactor<" in program.code
-    stepped = generate_cuda_program(graph, None, options=OptimizerOptions(chain_key_norms=False))
+    program = generate_cuda_program(graph, None, options=OptimizerOptions(chain_key_norms=True))
+    assert "KeyNorms<" in program.code and "ColumnFactor<" in program.code  # norms from K's fragments
+    stepped = generate_cuda_program(graph, None)  # the factors computed by a step of their own
     assert "KeyNorms<" not in stepped.code and "ColumnFactor<" in stepped.code
     op_by_op = generate_cuda_program(graph, None, options=OptimizerOptions(register_softmax=False))
     assert "ColumnScore" not in op_by_op.code

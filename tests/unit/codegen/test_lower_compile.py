@@ -60,7 +60,8 @@ def _folded_attention():
                 if "combine_threads=128" in row.label and "kv_splits=16" in row.label)
 
 
-FOLDED = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds=True))}
+WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds=True)),
+          "qknorm_key_norms": (_key_scales, OptimizerOptions(chain_key_norms=True))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
 PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
 PREFIXES = {"qknorm_two_pass": TWO_PASS, "qknorm_per_element": PER_ELEMENT}
@@ -75,7 +76,7 @@ def built():
     graphs.update({name: _search_graph(name) for name in SEARCH_NAMES})
     programs = {name: generate_cuda_program(g, 90) for name, g in graphs.items()}
     programs.update({name: generate_cuda_program(build(), 90, options=o)
-                     for name, (build, o) in FOLDED.items()})
+                     for name, (build, o) in WITH_OPTIONS.items()})
     programs.update({name: programs["qknorm_registers"] for name in PREFIXES})
     results = compile_sources(
         [PREFIXES.get(name, "") + p.code for name, p in programs.items()],
@@ -86,7 +87,7 @@ def built():
     return {name: (programs[name], result) for name, result in zip(programs, results, strict=True)}
 
 
-@pytest.mark.parametrize("name", BENCHMARKS + ["qknorm_registers", "qknorm_key_scales", *FOLDED]
+@pytest.mark.parametrize("name", BENCHMARKS + ["qknorm_registers", "qknorm_key_scales", *WITH_OPTIONS]
                          + [f"random_{s}" for s in RANDOM_SEEDS]
                          + SEARCH_NAMES)
 def test_generated_cuda_compiles_for_sm90a(built, name):
@@ -160,13 +161,13 @@ def test_elementwise_chains_use_vector_shared_accesses(built):
 
 
 def test_per_key_factors_stay_in_registers(built):
-    """The key_scales kernel: the chain on tensor cores with its factors, computed from its own K
-    fragments (no pass of squares, no reduction step), and no spills."""
+    """The key_scales kernel: the chain on tensor cores with its factors, no spills, and the sum of
+    squares read through the square (a prologue: no separate pass of squares)."""
     program, result = built["qknorm_key_scales"]
     first = program.code.split('extern "C"')[1]
-    assert "mirage::gen::ColumnScore" in first and "mirage::gen::KeyNorms<" in first
+    assert "mirage::gen::ColumnScore" in first and "mirage::gen::ColumnFactor<" in first
     loop = first.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
-    assert "reduce_apply<" not in loop and "map_apply<" not in loop  # no step for the squares or sums
+    assert "map_apply<" not in loop  # the squares are no step of their own
     sass = result.sass()
     assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
 
@@ -184,3 +185,15 @@ def test_folded_combine_meets_its_cluster_and_reads_through_l2(built):
     loads = set(re.findall(r"LDG\.E[\w.]*", sass))
     assert loads and not any("CONSTANT" in load for load in loads)  # no non-coherent reads of the partials
     assert "LDL" not in sass and "STL" not in sass
+
+
+def test_key_norms_come_from_the_k_fragments(built):
+    """With chain_key_norms the chain computes each key's sum of squares on the tensor cores from
+    the K fragments it loads anyway: no reduction step in the loop, no spills."""
+    program, result = built["qknorm_key_norms"]
+    first = program.code.split('extern "C"')[1]
+    assert "mirage::gen::KeyNorms<" in first
+    loop = first.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
+    assert "reduce_apply<" not in loop and "map_apply<" not in loop
+    sass = result.sass()
+    assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass

@@ -122,10 +122,11 @@ def _key_scale_graph(**splits):
 
 
 STEPPED_FACTORS = {"chain_key_norms": False}  # the per-key values computed by a step of their own
+KEY_NORMS = {"chain_key_norms": True}  # ...or by the chain, from its K fragments
 
 
 def test_key_scales_run_the_chain_with_a_per_key_operand():
-    first, _ = _kernels(_key_scale_graph(), **STEPPED_FACTORS)
+    first, _ = _kernels(_key_scale_graph())
     chain = first.softmax_chain
     assert chain is not None and chain.column is not None
     nodes = first.block_graph.nodes
@@ -151,7 +152,7 @@ def test_key_scales_lowering_stores_factors_then_steps_the_chain():
 def test_key_norms_are_computed_by_the_chain():
     """QKNorm's rms(k) is g(Σ_d K[d, n]²) of the chain's own K: the chain computes it from its K
     fragments, so the square, the sum and their tiles go, and the chain runs at Q·K's place."""
-    first, _ = _kernels(_key_scale_graph())
+    first, _ = _kernels(_key_scale_graph(), **KEY_NORMS)
     chain = first.softmax_chain
     assert chain is not None and chain.key_norm is not None
     total, square = chain.key_norm
@@ -165,7 +166,8 @@ def test_key_norms_are_computed_by_the_chain():
 
 
 def test_key_norms_lowering_has_no_barrier_before_the_chain():
-    code = generate_cuda_program(_key_scale_graph()).code
+    options = dataclasses.replace(OptimizerOptions(), **KEY_NORMS)
+    code = generate_cuda_program(_key_scale_graph(), options=options).code
     first = code.split("extern \"C\"")[1]
     assert "mirage::gen::KeyNorms<mirage::gen::Compose<" in first and "ColumnFactor<" in first
     loop = first.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
@@ -201,7 +203,7 @@ def test_other_per_key_values_keep_their_step(change):
     tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
     (out,) = g.customized([sums, numerators], tb2)
     g.mark_output(out)
-    first, _ = _kernels(g.freeze())
+    first, _ = _kernels(g.freeze(), **KEY_NORMS)
     chain = first.softmax_chain
     assert chain is not None and chain.column is not None and chain.key_norm is None
 

@@ -142,6 +142,12 @@ struct ColumnScore {
 template <class Factor>
 struct KeyNorms {};
 
+// Keys whose sums of squares KeyNorms accumulates at a time (a multiple of 16): more interleave
+// more independent products, and hold more accumulators.
+#ifndef MIRAGE_SOFTMAX_NORM_KEYS
+#define MIRAGE_SOFTMAX_NORM_KEYS 32
+#endif
+
 template <class C>
 struct IsKeyNorms : std::false_type {};
 template <class Factor>
@@ -461,61 +467,77 @@ struct OnlineSoftmax {
     }
   }
 
-  // The scores of per-key factors computed from K itself (KeyNorms): 16 keys at a time, over all
-  // of D, so that Kᵀ·K's accumulators live for 16 keys only. Q's fragments are loaded once for
-  // the sub-step. The K fragments b0..b3 of K[k0 : k0 + 16, 16 keys] (B operands) are, as
-  // {b0, b2, b1, b3}, the A fragment of their transpose; C[r][c] of Kᵀ·K is on lane 4 r + c / 2,
-  // element c % 2 (rows 8 on: elements 2 and 3), so key 8 h + r's sum of squares is on lane
-  // 4 r + r / 2. Each factor is computed there and shuffled to the lanes whose columns it scales.
+  // The scores of per-key factors computed from K itself (KeyNorms), kNormKeys keys at a time: over
+  // all of D for those keys, so that Kᵀ·K's accumulators live for kNormKeys keys only, with the
+  // products of different keys (independent accumulators) interleaved in each step of D. The K
+  // fragments b0..b3 of K[d : d + 16, 16 keys]
+  // (B operands) are, as {b0, b2, b1, b3}, the A fragment of their transpose; C[r][c] of Kᵀ·K is on
+  // lane 4 r + c / 2, element c % 2 (rows 8 on: elements 2 and 3), so key 8 h + r's sum of squares
+  // is on lane 4 r + r / 2. Each factor is computed there and shuffled to the lanes it scales.
+  static constexpr int kNormKeys = kSubKeys < MIRAGE_SOFTMAX_NORM_KEYS ? kSubKeys : MIRAGE_SOFTMAX_NORM_KEYS;
   static MIRAGE_DEVICE void scaled_scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int key0,
                                           float (&score)[kTilesPerWarp][kKeyTiles][4]) {
     using Factor = typename KeyFactor<Columns>::type;
-    uint32_t a[kTilesPerWarp][D / 16][4];
+    constexpr int kPairs = kNormKeys / 16;  // 16-key fragments per chunk
 #pragma unroll
     for (int t = 0; t < kTilesPerWarp; ++t)
 #pragma unroll
-      for (int d = 0; d < D / 16; ++d) {
-        const T* a_address = q.data + (row_tile(t) * 16 + lane() % 16) * QLayout::pitch + d * 16 + (lane() / 16) * 8;
-        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(a_address), a[t][d][0], a[t][d][1],
-                                      a[t][d][2], a[t][d][3]);
-      }
+      for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) score[t][j][e] = 0.0f;
     const bool diagonal = (lane() / 4) % 2;
 #pragma unroll
-    for (int j = 0; j < kKeyTiles; j += 2) {
+    for (int first = 0; first < kKeyTiles; first += 2 * kPairs) {
+      float squares[kPairs][2][4];
 #pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t)
+      for (int p = 0; p < kPairs; ++p)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) score[t][j][e] = score[t][j + 1][e] = 0.0f;
-      float squares[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) squares[p][h][e] = 0.0f;
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
-        uint32_t b[4];
-        const T* b_address = k.data + (d * 16 + lane() % 16) * KLayout::pitch + key0 + j * 8 + (lane() / 16) * 8;
-        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2], b[3]);
+        uint32_t a[kTilesPerWarp][4];
 #pragma unroll
         for (int t = 0; t < kTilesPerWarp; ++t) {
-          mma(score[t][j], a[t][d], b[0], b[1]);
-          mma(score[t][j + 1], a[t][d], b[2], b[3]);
-        }
-        const uint32_t transposed[4] = {b[0], b[2], b[1], b[3]};
-        mma(squares[0], transposed, b[0], b[1]);  // the 16 keys against those of tile j
-        mma(squares[1], transposed, b[2], b[3]);  // ... and of tile j + 1
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // valid on the diagonal's lanes (a select: a register array takes no runtime index)
-        const float own = Factor{}(diagonal ? squares[h][2 * h + 1] : squares[h][2 * h]);
-        float factor[2];
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int key = (lane() % 4) * 2 + c;
-          factor[c] = __shfl_sync(0xffffffffu, own, 4 * key + key / 2);
+          const T* a_address = q.data + (row_tile(t) * 16 + lane() % 16) * QLayout::pitch + d * 16 + (lane() / 16) * 8;
+          cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(a_address), a[t][0], a[t][1],
+                                        a[t][2], a[t][3]);
         }
 #pragma unroll
-        for (int t = 0; t < kTilesPerWarp; ++t)
+        for (int p = 0; p < kPairs; ++p) {
+          const int j = first + 2 * p;
+          uint32_t b[4];
+          const T* b_address = k.data + (d * 16 + lane() % 16) * KLayout::pitch + key0 + j * 8 + (lane() / 16) * 8;
+          cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2],
+                                        b[3]);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) score[t][j + h][e] *= factor[e % 2];
+          for (int t = 0; t < kTilesPerWarp; ++t) {
+            mma(score[t][j], a[t], b[0], b[1]);
+            mma(score[t][j + 1], a[t], b[2], b[3]);
+          }
+          const uint32_t transposed[4] = {b[0], b[2], b[1], b[3]};
+          mma(squares[p][0], transposed, b[0], b[1]);  // the 16 keys against those of tile j
+          mma(squares[p][1], transposed, b[2], b[3]);  // ... and of tile j + 1
+        }
       }
+#pragma unroll
+      for (int p = 0; p < kPairs; ++p)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // valid on the diagonal's lanes (a select: a register array takes no runtime index)
+          const float own = Factor{}(diagonal ? squares[p][h][2 * h + 1] : squares[p][h][2 * h]);
+          float factor[2];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int key = (lane() % 4) * 2 + c;
+            factor[c] = __shfl_sync(0xffffffffu, own, 4 * key + key / 2);
+          }
+#pragma unroll
+          for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) score[t][first + 2 * p + h][e] *= factor[e % 2];
+        }
     }
   }
 
