@@ -473,7 +473,7 @@ struct OnlineSoftmax {
   // fragments b0..b3 of K[d : d + 16, 16 keys]
   // (B operands) are, as {b0, b2, b1, b3}, the A fragment of their transpose; C[r][c] of Kᵀ·K is on
   // lane 4 r + c / 2, element c % 2 (rows 8 on: elements 2 and 3), so key 8 h + r's sum of squares
-  // is on lane 4 r + r / 2. Each factor is computed there and shuffled to the lanes it scales.
+  // is on lane 4 r + r / 2.
   static constexpr int kNormKeys = kSubKeys < MIRAGE_SOFTMAX_NORM_KEYS ? kSubKeys : MIRAGE_SOFTMAX_NORM_KEYS;
   static MIRAGE_DEVICE void scaled_scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int key0,
                                           float (&score)[kTilesPerWarp][kKeyTiles][4]) {
@@ -521,23 +521,31 @@ struct OnlineSoftmax {
           mma(squares[p][1], transposed, b[2], b[3]);  // ... and of tile j + 1
         }
       }
+      // key n of the chunk's sum of squares (n < kNormKeys ≤ 32) gathered onto lane n, its factor
+      // computed there once, then shuffled to the lanes whose columns it scales. Sums are valid on
+      // the diagonal's lanes only (a select: a register array takes no runtime index).
+      const int n = lane() % kNormKeys, r = n % 8;
+      float sum = 1.0f;  // lanes past kNormKeys: a value whose factor takes no slow path
 #pragma unroll
       for (int p = 0; p < kPairs; ++p)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          // valid on the diagonal's lanes (a select: a register array takes no runtime index)
-          const float own = Factor{}(diagonal ? squares[p][h][2 * h + 1] : squares[p][h][2 * h]);
-          float factor[2];
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int key = (lane() % 4) * 2 + c;
-            factor[c] = __shfl_sync(0xffffffffu, own, 4 * key + key / 2);
-          }
-#pragma unroll
-          for (int t = 0; t < kTilesPerWarp; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) score[t][first + 2 * p + h][e] *= factor[e % 2];
+          const float own = diagonal ? squares[p][h][2 * h + 1] : squares[p][h][2 * h];
+          const float gathered = __shfl_sync(0xffffffffu, own, 4 * r + r / 2);
+          if (n / 16 == p && (n % 16) / 8 == h && lane() < kNormKeys) sum = gathered;
         }
+      const float factor_of_lane = Factor{}(sum);
+#pragma unroll
+      for (int tile = 0; tile < 2 * kPairs; ++tile) {
+        float factor[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          factor[c] = __shfl_sync(0xffffffffu, factor_of_lane, tile * 8 + (lane() % 4) * 2 + c);
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) score[t][first + tile][e] *= factor[e % 2];
+      }
     }
   }
 
