@@ -149,6 +149,30 @@ def test_key_scales_lowering_stores_factors_then_steps_the_chain():
     assert step_line.count(",") == 4  # state, Q, K, V and the factors
 
 
+def _attention_scored_by(scores):
+    """Split-KV attention at gqa_b1's shapes whose scores are ``scores(tb, q_tile, k_tile)``."""
+    import mirage as mi
+    from benchmarks.mugraphs import attention
+
+    g = mi.new_kernel_graph()
+    q, k, v = (g.new_input(dims=s, dtype=mi.float16) for s in attention.shapes(1))
+    tb = mi.new_threadblock_graph(grid_dim=(2, 8, 4), block_dim=(128, 1, 1), forloop_range=4)
+    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
+    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)
+    bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)
+    e = tb.exp(scores(tb, bq, bk))
+    tb.new_output(tb.forloop_accum(e, acc="sum"), output_map=(0, 2, 1))
+    tb.new_output(tb.forloop_accum(tb.matmul(e, bv)), output_map=(0, 2, 1))
+    sums, numerators = g.customized([q, k, v], tb)
+    tb2 = mi.new_threadblock_graph(grid_dim=(2, 16, 1), block_dim=(128, 1, 1), forloop_range=1)
+    total = tb2.forloop_accum(tb2.new_input(sums, input_map=(0, 1, -1)), acc="sum")
+    n = tb2.forloop_accum(tb2.new_input(numerators, input_map=(0, 1, -1)), acc="sum_todimx")
+    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
+    (out,) = g.customized([sums, numerators], tb2)
+    g.mark_output(out)
+    return g.freeze()
+
+
 def test_key_norms_are_computed_by_the_chain():
     """QKNorm's rms(k) is g(Σ_d K[d, n]²) of the chain's own K: the chain computes it from its K
     fragments, so the square, the sum and their tiles go, and the chain runs at Q·K's place."""
@@ -180,55 +204,25 @@ def test_key_norms_lowering_has_no_barrier_before_the_chain():
 @pytest.mark.parametrize("change", ["cube", "scaled square"])
 def test_other_per_key_values_keep_their_step(change):
     """Only Σ_d K[d, n]² of the chain's K is computed from the fragments: Σ K³ or Σ (2K)² are not."""
-    import mirage as mi
-    from benchmarks.mugraphs import attention
+    def scores(tb, bq, bk):
+        if change == "cube":
+            values = tb.reduction(tb.mul(tb.square(bk), bk), 1)
+        else:
+            values = tb.reduction(tb.square(tb.mul_scalar(bk, 2.0)), 1)
+        return tb.mul_scalar(tb.div(tb.matmul(bq, bk), tb.sqrt(tb.add_scalar(values, 1.0))), 0.125)
 
-    g = mi.new_kernel_graph()
-    q, k, v = (g.new_input(dims=s, dtype=mi.float16) for s in attention.shapes(1))
-    tb = mi.new_threadblock_graph(grid_dim=(2, 8, 4), block_dim=(128, 1, 1), forloop_range=4)
-    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
-    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)
-    bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)
-    if change == "cube":
-        values = tb.reduction(tb.mul(tb.square(bk), bk), 1)
-    else:
-        values = tb.reduction(tb.square(tb.mul_scalar(bk, 2.0)), 1)
-    e = tb.exp(tb.mul_scalar(tb.div(tb.matmul(bq, bk), tb.sqrt(tb.add_scalar(values, 1.0))), 0.125))
-    tb.new_output(tb.forloop_accum(e, acc="sum"), output_map=(0, 2, 1))
-    tb.new_output(tb.forloop_accum(tb.matmul(e, bv)), output_map=(0, 2, 1))
-    sums, numerators = g.customized([q, k, v], tb)
-    tb2 = mi.new_threadblock_graph(grid_dim=(2, 16, 1), block_dim=(128, 1, 1), forloop_range=1)
-    total = tb2.forloop_accum(tb2.new_input(sums, input_map=(0, 1, -1)), acc="sum")
-    n = tb2.forloop_accum(tb2.new_input(numerators, input_map=(0, 1, -1)), acc="sum_todimx")
-    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
-    (out,) = g.customized([sums, numerators], tb2)
-    g.mark_output(out)
-    first, _ = _kernels(g.freeze(), **KEY_NORMS)
+    first, _ = _kernels(_attention_scored_by(scores), **KEY_NORMS)
     chain = first.softmax_chain
     assert chain is not None and chain.column is not None and chain.key_norm is None
 
 
 def test_a_score_not_linear_in_the_product_is_lowered_op_by_op():
-    import mirage as mi
     from benchmarks.mugraphs import attention
 
-    g = mi.new_kernel_graph()
-    q, k, v = (g.new_input(dims=s, dtype=mi.float16) for s in attention.shapes(1))
-    tb = mi.new_threadblock_graph(grid_dim=(2, 8, 4), block_dim=(128, 1, 1), forloop_range=4)
-    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
-    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)
-    bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)
-    e = tb.exp(tb.add(tb.matmul(bq, bk), attention.key_rms(tb, bk)))  # S + rms(k): affine in S
-    tb.new_output(tb.forloop_accum(e, acc="sum"), output_map=(0, 2, 1))
-    tb.new_output(tb.forloop_accum(tb.matmul(e, bv)), output_map=(0, 2, 1))
-    sums, numerators = g.customized([q, k, v], tb)
-    tb2 = mi.new_threadblock_graph(grid_dim=(2, 16, 1), block_dim=(128, 1, 1), forloop_range=1)
-    total = tb2.forloop_accum(tb2.new_input(sums, input_map=(0, 1, -1)), acc="sum")
-    n = tb2.forloop_accum(tb2.new_input(numerators, input_map=(0, 1, -1)), acc="sum_todimx")
-    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
-    (out,) = g.customized([sums, numerators], tb2)
-    g.mark_output(out)
-    first, _ = _kernels(g.freeze())
+    def scores(tb, bq, bk):  # S + rms(k): affine in S
+        return tb.add(tb.matmul(bq, bk), attention.key_rms(tb, bk))
+
+    first, _ = _kernels(_attention_scored_by(scores))
     assert any(n.op is Op.RUNNING_MAX for n in first.block_graph.nodes)  # the rewrite ran
     assert first.softmax_chain is None
 

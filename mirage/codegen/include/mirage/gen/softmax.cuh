@@ -434,30 +434,41 @@ struct OnlineSoftmax {
     }
   }
 
-  // score[t][j] = Q[16 row_tile(t) : +16, :] · K[:, key0 + 8 j : key0 + 8 j + 8]: each K fragment
-  // loaded once for all of the warp's row tiles
-  static MIRAGE_DEVICE void scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int key0,
-                                   float (&score)[kTilesPerWarp][kKeyTiles][4]) {
+  static MIRAGE_DEVICE void clear(float (&score)[kTilesPerWarp][kKeyTiles][4]) {
 #pragma unroll
     for (int t = 0; t < kTilesPerWarp; ++t)
 #pragma unroll
       for (int j = 0; j < kKeyTiles; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) score[t][j][e] = 0.0f;
+  }
+
+  // The A fragment of Q[16 row_tile(t) : +16, d : d + 16].
+  static MIRAGE_DEVICE void load_q(dev::SharedTile<T, QLayout> q, int t, int d, uint32_t (&a)[4]) {
+    const T* address = q.data + (row_tile(t) * 16 + lane() % 16) * QLayout::pitch + d + (lane() / 16) * 8;
+    cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), a[0], a[1], a[2], a[3]);
+  }
+
+  // The B fragments of K[d : d + 16, key : key + 8] (b0, b1) and K[d : d + 16, key + 8 : key + 16] (b2, b3).
+  static MIRAGE_DEVICE void load_k(dev::SharedTile<T, KLayout> k, int d, int key, uint32_t (&b)[4]) {
+    const T* address = k.data + (d + lane() % 16) * KLayout::pitch + key + (lane() / 16) * 8;
+    cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(address), b[0], b[1], b[2], b[3]);
+  }
+
+  // score[t][j] = Q[16 row_tile(t) : +16, :] · K[:, key0 + 8 j : key0 + 8 j + 8]: each K fragment
+  // loaded once for all of the warp's row tiles
+  static MIRAGE_DEVICE void scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int key0,
+                                   float (&score)[kTilesPerWarp][kKeyTiles][4]) {
+    clear(score);
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16) {
       uint32_t a[kTilesPerWarp][4];
 #pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t) {
-        const T* a_address = q.data + (row_tile(t) * 16 + lane() % 16) * QLayout::pitch + k0 + (lane() / 16) * 8;
-        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(a_address), a[t][0], a[t][1],
-                                      a[t][2], a[t][3]);
-      }
+      for (int t = 0; t < kTilesPerWarp; ++t) load_q(q, t, k0, a[t]);
 #pragma unroll
       for (int j = 0; j < kKeyTiles; j += 2) {
         uint32_t b[4];
-        const T* b_address = k.data + (k0 + lane() % 16) * KLayout::pitch + key0 + j * 8 + (lane() / 16) * 8;
-        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2], b[3]);
+        load_k(k, k0, key0 + j * 8, b);
 #pragma unroll
         for (int t = 0; t < kTilesPerWarp; ++t) {
           mma(score[t][j], a[t], b[0], b[1]);
@@ -479,12 +490,7 @@ struct OnlineSoftmax {
                                           float (&score)[kTilesPerWarp][kKeyTiles][4]) {
     using Factor = typename KeyFactor<Columns>::type;
     constexpr int kPairs = kNormKeys / 16;  // 16-key fragments per chunk
-#pragma unroll
-    for (int t = 0; t < kTilesPerWarp; ++t)
-#pragma unroll
-      for (int j = 0; j < kKeyTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) score[t][j][e] = 0.0f;
+    clear(score);
     const bool diagonal = (lane() / 4) % 2;
 #pragma unroll
     for (int first = 0; first < kKeyTiles; first += 2 * kPairs) {
@@ -499,18 +505,12 @@ struct OnlineSoftmax {
       for (int d = 0; d < D / 16; ++d) {
         uint32_t a[kTilesPerWarp][4];
 #pragma unroll
-        for (int t = 0; t < kTilesPerWarp; ++t) {
-          const T* a_address = q.data + (row_tile(t) * 16 + lane() % 16) * QLayout::pitch + d * 16 + (lane() / 16) * 8;
-          cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(a_address), a[t][0], a[t][1],
-                                        a[t][2], a[t][3]);
-        }
+        for (int t = 0; t < kTilesPerWarp; ++t) load_q(q, t, d * 16, a[t]);
 #pragma unroll
         for (int p = 0; p < kPairs; ++p) {
           const int j = first + 2 * p;
           uint32_t b[4];
-          const T* b_address = k.data + (d * 16 + lane() % 16) * KLayout::pitch + key0 + j * 8 + (lane() / 16) * 8;
-          cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2],
-                                        b[3]);
+          load_k(k, d * 16, key0 + j * 8, b);
 #pragma unroll
           for (int t = 0; t < kTilesPerWarp; ++t) {
             mma(score[t][j], a[t], b[0], b[1]);
