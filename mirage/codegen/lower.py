@@ -64,8 +64,10 @@ class KernelLowering:
         fold_operand_scale: bool = True,
         direct_output_stores: bool = True,
         one_barrier_loops: bool = False,
+        stagger_shared_loads: bool = False,
     ) -> None:
         self.kernel = kernel
+        self.stagger_shared_loads = stagger_shared_loads
         self.name = name
         self.smem_limit = smem_limit
         self.two_blocks_per_sm = two_blocks_per_sm
@@ -191,6 +193,8 @@ class KernelLowering:
         rank = it.source.rank
         pipelined = buffer.kind is BufferKind.INPUT_STAGES
         tile = self.tile(i)
+        grid = self.graph.grid_dim
+        shared_by_blocks = any(grid[a] > 1 and it.input_map[a] == -1 for a in range(3))
         return ctx.InputIteratorContext(
             name=f"in{i}",
             node=i,
@@ -201,6 +205,7 @@ class KernelLowering:
             forloop_dim=rank4_dim(rank, it.forloop_dim),
             stages=buffer.slots if pipelined else 1,
             pipelined=pipelined,
+            staggered=self.stagger_shared_loads and shared_by_blocks and tile.layout.rows > 1,
         )
 
     def _saver(self, j: int, i: int) -> ctx.OutputSaverContext:

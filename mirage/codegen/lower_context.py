@@ -71,6 +71,7 @@ class InputIteratorContext:
     stages: int  # 1 unless pipelined
     pipelined: bool  # loaded stage by stage across the for-loop (cp.async pipeline)
     direct: bool = False  # no shared tile: a row-local loop reads its elements from global memory
+    staggered: bool = False  # blocks that load the same tile start at different rows (a rotation)
 
 
 @dataclass(frozen=True)

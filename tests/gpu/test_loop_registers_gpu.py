@@ -7,6 +7,7 @@
 * A matmul operand X·g scaled in the A fragments (accumulate_scaled): bit-identical to the same
   graph that stores X·g first (OptimizerOptions(fold_operand_scale=False)), fp16 and bf16.
 * The online-softmax chain's two instruction orders (MIRAGE_SOFTMAX_INTERLEAVE): bit-identical.
+* Staggered loads of tiles that several blocks load (stagger_shared_loads): bit-identical.
 * The chain's score scale folded into the exponent (MIRAGE_SOFTMAX_FOLD_SCALE): against float64 and
   against the chain that scales each score, fp16 and bf16.
 * Per-key factors in the chain (QKNorm's scores divided by their key's rms, ``key_scales``), the rms
@@ -188,3 +189,17 @@ def test_per_key_factors_match_the_reference(case, label, dtype):
     for each in built[:-1]:
         (a,) = each(*inputs)
         torch.testing.assert_close(a.float(), reference.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("case", ["rmsnorm_b8", "lora_m16", "gqa_b1"])
+def test_staggered_loads_are_bit_identical(case):
+    """stagger_shared_loads only changes the order in which a block copies a tile's rows."""
+    _, graph = family(case)[0]
+    program = generate_cuda_program(graph, None, options=OptimizerOptions(stagger_shared_loads=True))
+    assert ", true>" in program.code
+    staggered, plain = build_many([program, generate_cuda_program(graph, None)])
+    inputs = random_inputs(graph, 17)
+    result = check_on_gpu(graph, staggered.with_poison(), inputs=inputs)
+    assert result.passed, result.as_dict()
+    for a, b in zip(staggered.with_poison()(*inputs), plain(*inputs), strict=True):
+        assert torch.equal(a, b)

@@ -533,3 +533,19 @@ def test_a_scale_is_not_folded_off_the_tensor_core_path(n, dtype):
     g.mark_output(out)
     program = generate_cuda_program(g.freeze(), 90)
     assert "accumulate_scaled" not in program.code and "::accumulate(" in program.code
+
+
+def test_tiles_that_several_blocks_load_start_at_a_row_of_their_own():
+    """stagger_shared_loads: rmsnorm's X tile (every block loads it) gets the rotation by block index;
+    W's tile (one per block) and the one-row gain tile do not; off by default."""
+    from benchmarks.variants import family
+
+    _, graph = family("rmsnorm_b8")[0]
+    plain = generate_cuda_program(graph, 90)
+    staggered = generate_cuda_program(graph, 90, options=OptimizerOptions(stagger_shared_loads=True))
+    assert ", false, true>" not in plain.code
+    (kernel,) = staggered.contexts
+    by_source = {it.source_dims: it.staggered for it in kernel.iterators}
+    assert by_source == {(1, 1, 16, 4096): True, (1, 1, 1, 4096): False, (1, 1, 4096, 6144): False}
+    assert staggered.code.count(", false, true>") == 1
+    assert "static_cast<int>(blockIdx.x + 128u * (blockIdx.y + 1u * blockIdx.z))" in staggered.code

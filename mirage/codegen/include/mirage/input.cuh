@@ -72,7 +72,10 @@ MIRAGE_DEVICE void pipelined_forloop(int forloop_range, Body body, const Iterato
 
 // Coherent: direct reads of data written earlier in the same kernel (a cluster fold's partials)
 // go through L2 (ld.global.cg) instead of the read-only, non-coherent path (ld.global.nc).
-template <class T, class L, int Stages, int NumThreads, bool Coherent = false>
+// Staggered: a tile that several blocks load (the same rows of X for every block of a GEMV) is
+// copied starting at row `rotation mod rows` (the block's index), so that the blocks do not all ask
+// L2 for the same lines at the same moment; every row is still copied once per block.
+template <class T, class L, int Stages, int NumThreads, bool Coherent = false, bool Staggered = false>
 class InputIterator {
  public:
   using Element = T;
@@ -89,13 +92,14 @@ class InputIterator {
   static constexpr bool kRegisterStaged = !kVectorizableShape && Stages > 1 && kStaged * kRing <= kStagedRegisters;
 
   MIRAGE_DEVICE InputIterator(const T* global, const Strides& strides, TileCoordinate coordinate,
-                              int forloop_range, T* shared)
+                              int forloop_range, T* shared, int rotation = 0)
       : global_(global),
         strides_(strides),
         coordinate_(coordinate),
         forloop_range_(forloop_range),
         shared_(shared),
-        vectorized_(kVectorizableShape && aligned(global, strides, coordinate)) {}
+        vectorized_(kVectorizableShape && aligned(global, strides, coordinate)),
+        first_row_(Staggered ? rotation % L::rows : 0) {}
 
   MIRAGE_DEVICE SharedTile<T, L> stage(int iteration) const {
     return SharedTile<T, L>{shared_ + (iteration % Stages) * kStageElements};
@@ -198,7 +202,11 @@ class InputIterator {
     for (int round = 0; round < kRounds; ++round) {
       const int chunk = thread_index() + round * NumThreads;
       if (kChunks % NumThreads == 0 || chunk < kChunks) {
-        const int row = chunk / kChunksPerRow;
+        int row = chunk / kChunksPerRow;
+        if constexpr (Staggered) {
+          row += first_row_;
+          if (row >= L::rows) row -= L::rows;
+        }
         const int col = (chunk % kChunksPerRow) * kVector;
         const auto* from = reinterpret_cast<const cute::uint128_t*>(source + row_offset(row) + col);
         auto* to = reinterpret_cast<cute::uint128_t*>(target + row * L::pitch + col);
@@ -254,6 +262,7 @@ class InputIterator {
   int forloop_range_;
   T* shared_;
   bool vectorized_;
+  int first_row_;  // Staggered: the row this block copies first
   mutable T staged_[kRegisterStaged ? kRing : 1][kRegisterStaged ? kStaged : 1];
 };
 
