@@ -5,7 +5,9 @@ kernels with other ``MIRAGE_SOFTMAX_*`` macros (``mirage/gen/softmax.cuh``):
   interleaved per 16 keys;
 * ``per_element``: the score functor applied to each score, then log2(e) (the chain before the fold);
 * ``two_pass``: the default with exponentials and products in two passes, which must agree with
-  ``default`` bit for bit.
+  ``default`` bit for bit;
+* ``column_pairs``: column reductions (QKNorm's sum of squares over the K tile) two outputs a
+  thread, one 4-byte load per element (``MIRAGE_COLUMN_PAIRS=1``, ``mirage/reduction.cuh``).
 
 Every build is float-checked against float64.  Writes softmax_forms_<date>.json into ``--out``
 (default benchmarks/results).
@@ -32,18 +34,22 @@ FORMS = {
     "default": "",
     "per_element": "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n",
     "two_pass": "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n",
+    "column_pairs": "#define MIRAGE_COLUMN_PAIRS 1\n",
 }
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
+    parser.add_argument("--cases", default=",".join(CASES_TIMED), help="comma-separated attention cases")
+    parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated forms")
     args = parser.parse_args(argv)
+    cases, forms = args.cases.split(","), {f: FORMS[f] for f in args.forms.split(",")}
     rows, programs = [], []
-    for case in CASES_TIMED:
+    for case in cases:
         for variant, graph in family(case):
             program = generate_cuda_program(graph, None)
-            for form, prefix in FORMS.items():
+            for form, prefix in forms.items():
                 programs.append(dataclasses.replace(program, code=prefix + program.code))
                 rows.append({"case": case, "label": variant.label, "form": form})
     built = build_many(programs)
@@ -64,8 +70,8 @@ def main(argv=None) -> None:
             for (c, lab, f) in results if f == "default" and (c, lab, "two_pass") in results]
     print(f"two_pass bit-identical to default: {sum(same)} of {len(same)}")
     best = {}
-    for case in CASES_TIMED:
-        for form in FORMS:
+    for case in cases:
+        for form in forms:
             times = [r["us"] for r in rows if r["case"] == case and r["form"] == form and "us" in r]
             best[f"{case}/{form}"] = min(times)
             print(f"best {case} {form}: {min(times):.2f} µs")
