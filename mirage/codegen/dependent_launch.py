@@ -1,5 +1,6 @@
 """Kernel launches with programmatic dependent launch (PDL), through the CUDA driver's
-``cuLaunchKernelEx`` (the ``cuda-bindings`` package).
+``cuLaunchKernelEx`` (the ``cuda-bindings`` package), and the driver calls that thread-block clusters
+need (the non-portable cluster size, the occupancy of clusters).
 
 A kernel launched with the programmatic stream serialization attribute may start while the kernel
 before it in the stream is still running: its blocks take SM slots as the previous kernel's blocks
@@ -37,22 +38,30 @@ def available(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
-def launch(function: int, grid: Sequence[int], block: Sequence[int], smem_bytes: int, stream: int,
-           pointers: Sequence[int]) -> None:
-    """Launch the kernel ``function`` (a ``CUfunction`` handle) on ``stream`` (a ``CUstream``
-    handle) with pointer arguments ``pointers``, allowed to overlap the previous kernel."""
+def _config(grid: Sequence[int], block: Sequence[int], smem_bytes: int, attribute):
+    """A ``CUlaunchConfig`` of this grid, block and dynamic shared memory, with one launch attribute."""
     from cuda.bindings import driver
 
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = (int(g) for g in grid)
     config.blockDimX, config.blockDimY, config.blockDimZ = (int(b) for b in block)
     config.sharedMemBytes = int(smem_bytes)
-    config.hStream = driver.CUstream(stream)
+    config.attrs = [attribute]
+    config.numAttrs = 1
+    return config
+
+
+def launch(function: int, grid: Sequence[int], block: Sequence[int], smem_bytes: int, stream: int,
+           pointers: Sequence[int]) -> None:
+    """Launch the kernel ``function`` (a ``CUfunction`` handle) on ``stream`` (a ``CUstream``
+    handle) with pointer arguments ``pointers``, allowed to overlap the previous kernel."""
+    from cuda.bindings import driver
+
     attribute = driver.CUlaunchAttribute()
     attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     attribute.value.programmaticStreamSerializationAllowed = 1
-    config.attrs = [attribute]
-    config.numAttrs = 1
+    config = _config(grid, block, smem_bytes, attribute)
+    config.hStream = driver.CUstream(stream)
     arguments = (tuple(int(p) for p in pointers), (ctypes.c_void_p,) * len(pointers))
     result = driver.cuLaunchKernelEx(config, driver.CUfunction(function), arguments, 0)
     error = result[0] if isinstance(result, tuple) else result
@@ -88,16 +97,11 @@ def max_active_clusters(function: int, grid: Sequence[int], block: Sequence[int]
     clusters in waves): the driver's occupancy calculator, given the launch."""
     from cuda.bindings import driver
 
-    config = driver.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = (int(g) for g in grid)
-    config.blockDimX, config.blockDimY, config.blockDimZ = (int(b) for b in block)
-    config.sharedMemBytes = int(smem_bytes)
     attribute = driver.CUlaunchAttribute()
     attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     dims = attribute.value.clusterDim
     dims.x, dims.y, dims.z = (int(c) for c in cluster)
-    config.attrs = [attribute]
-    config.numAttrs = 1
+    config = _config(grid, block, smem_bytes, attribute)
     error, active = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(function), config)
     if error != driver.CUresult.CUDA_SUCCESS:
         raise DependentLaunchError(f"cuOccupancyMaxActiveClusters failed with {error!r}")

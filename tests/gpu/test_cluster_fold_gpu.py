@@ -6,6 +6,7 @@ that writes its partials, after a cluster barrier.
   float64 reference, and bit for bit against the same µGraph in two kernels (the arithmetic is the
   same, only where it runs moves).
 * A split-K GEMM, a µGraph of no benchmark: its partial products summed by a second kernel.
+* A matmul whose silu runs in a second kernel of the same tiling: clusters of one block.
 
 Outputs are poisoned with NaN first, so a combine block that never ran shows.
 """
@@ -22,7 +23,7 @@ from mirage.codegen.gpu_check import check_on_gpu, random_inputs  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
 from mirage.optimizer import OptimizerOptions  # noqa: E402
-from tests.unit.optimizer.optimizer_graphs import split_k_gemm  # noqa: E402
+from tests.unit.optimizer.optimizer_graphs import matmul_then_silu, split_k_gemm  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -72,3 +73,7 @@ def test_two_combine_blocks_per_block():
 
 def test_folded_split_k_gemm():
     _assert_folded_matches(split_k_gemm(), 8, seed=7)
+
+
+def test_folded_epilogue_kernel_with_clusters_of_one_block():
+    _assert_folded_matches(matmul_then_silu(), 1, seed=9)

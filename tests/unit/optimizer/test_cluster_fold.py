@@ -15,7 +15,7 @@ from mirage.mugraph.target import TARGETS
 from mirage.optimizer import OptimizerOptions
 from mirage.optimizer.cluster_fold import dependencies, find_folds, fold
 from mirage.optimizer.pipeline import prepare
-from tests.unit.optimizer.optimizer_graphs import split_k_gemm
+from tests.unit.optimizer.optimizer_graphs import matmul_then_silu, split_k_gemm
 
 H100 = TARGETS["H100"]
 FOLD = OptimizerOptions(cluster_folds=True)
@@ -61,6 +61,21 @@ def test_split_k_gemm_folds_its_sum():
     (f,) = find_folds(graph)
     assert f.cluster == (1, 8, 1) and f.rounds == 1
     assert [len(b) for b in f.blocks] == [1] * 8  # one sum block per column tile
+
+
+def test_a_consumer_reading_one_block_folds_with_a_block_barrier():
+    """Each silu block reads the tile of one product block: clusters of one block, no cluster launch,
+    a block barrier between the two bodies."""
+    graph = matmul_then_silu()
+    (f,) = find_folds(graph)
+    assert f.cluster == (1, 1, 1) and f.blocks == tuple((b,) for b in range(8))
+    program = generate_cuda_program(graph, 90, options=FOLD)
+    (launch,) = program.kernels
+    assert launch.cluster_size == 1 and "__cluster_dims__" not in program.code
+    body = program.code.split('extern "C" __global__')[1]
+    assert "cluster_sync" not in body
+    order = [body.index(s) for s in ("_producer(blockIdx", "__syncthreads();", "_consumer(make_uint3")]
+    assert order == sorted(order)
 
 
 @pytest.mark.parametrize("kwargs, reason", [

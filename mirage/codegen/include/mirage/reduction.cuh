@@ -133,7 +133,7 @@ constexpr int warps_per_output(int group, int outputs, int extent, int threads) 
 // A reduction over a dim other than the last, of 16-bit elements, in rows of an even length: each
 // thread reduces two adjacent outputs, reading both with one 4-byte load per element of the dim and
 // stepping a pointer (no index arithmetic per element). Lanes of a group split the dim as below.
-template <int NumThreads, int Dim, class Reduce, class In, class InLayout>
+template <int NumThreads, int Dim, class In, class InLayout>
 constexpr bool kColumnPairs = Dim != 3 && sizeof(In) == 2 && InLayout::dim3 % 2 == 0 && InLayout::pitch % 2 == 0 &&
                               InLayout::dim(Dim) >= 4 &&
                               (Resized<InLayout, Dim, 1>::size / 2) * 2 <= NumThreads;
@@ -186,7 +186,7 @@ MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, 
   constexpr int kGroup = reduction_group(kOutputs, kExtent, NumThreads);
   constexpr int kWarps = warps_per_output<BlockWide>(kGroup, kOutputs, kExtent, NumThreads);
 #if MIRAGE_COLUMN_PAIRS
-  if constexpr (kWarps == 1 && kColumnPairs<NumThreads, Dim, Reduce, In, InLayout>) {
+  if constexpr (kWarps == 1 && kColumnPairs<NumThreads, Dim, In, InLayout>) {
     reduce_column_pairs<NumThreads, Dim, Reduce>(in, prologue, store);
     return;
   }

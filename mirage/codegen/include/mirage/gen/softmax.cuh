@@ -485,7 +485,11 @@ struct OnlineSoftmax {
   // (B operands) are, as {b0, b2, b1, b3}, the A fragment of their transpose; C[r][c] of Kᵀ·K is on
   // lane 4 r + c / 2, element c % 2 (rows 8 on: elements 2 and 3), so key 8 h + r's sum of squares
   // is on lane 4 r + r / 2.
-  static constexpr int kNormKeys = kSubKeys < MIRAGE_SOFTMAX_NORM_KEYS ? kSubKeys : MIRAGE_SOFTMAX_NORM_KEYS;
+  // MIRAGE_SOFTMAX_NORM_KEYS where it divides the sub-tile's keys, else 16 (a sub-tile of 48 keys)
+  static constexpr int kNormKeys = kSubKeys % MIRAGE_SOFTMAX_NORM_KEYS == 0 ? MIRAGE_SOFTMAX_NORM_KEYS : 16;
+  static_assert(MIRAGE_SOFTMAX_NORM_KEYS == 16 || MIRAGE_SOFTMAX_NORM_KEYS == 32,
+                "key norms are gathered onto one lane a key: 16 or 32 keys at a time");
+  static_assert(kSubKeys % kNormKeys == 0, "a sub-tile is whole chunks of kNormKeys keys");
   static MIRAGE_DEVICE void scaled_scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int key0,
                                           float (&score)[kTilesPerWarp][kKeyTiles][4]) {
     using Factor = typename KeyFactor<Columns>::type;
