@@ -10,7 +10,8 @@ The tables keep the members that came out on top of two wider explorations on th
 * rmsnorm, gatedmlp: weight streaming (GEMV).  128 blocks (of 96–384 tried), K tiles of 256–512
   rows (one pipeline stage holds 24–48 KB), 3 stages (2 and 4 measured slower).
 * ntrans: one block per row; only the block size varies (block-wide reductions use every warp).
-* lora: the N split of the 4096 output columns, with and without ``concat_matmul``.
+* lora: the N split of the 4096 output columns, with and without ``concat_matmul``, K in one step
+  or in a for-loop of 2–4 (``(X·LA)·LB`` summed step by step).
 * gqa, qknorm: FlashDecoding-like splits with per-row partial sums (``row_sums``): query rows per
   block (``256 / q_splits``), key splits across blocks (``kv_splits``), keys per for-loop iteration
   (``4096 / (kv_splits · iters)``), 8 or 16 query rows per block of the combine; QKNorm divides each
@@ -216,7 +217,10 @@ def rmsnorm_variant(b: int, two_kernels: bool = False, **splits) -> KernelGraph:
 FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
     "rmsnorm": (_rows((3,), grid=(128,), iters=(8, 16), threads=(256, 512)), rmsnorm_variant),
     "gatedmlp": (_rows((3,), grid=(128,), iters=(16, 32), threads=(128, 256)), mlp.gatedmlp_fused),
-    "lora": (_rows((2,), grid=(32, 64), concat=(False, True), threads=(128, 256)), mlp.lora_fused),
+    # LoRA: the whole of K in one step, or a K loop of 2–4 steps over more, narrower blocks
+    "lora": (_rows((2,), grid=(32, 64), concat=(False, True), threads=(128, 256))
+             + _rows((2, 3), grid=(64, 128), concat=(False, True), threads=(128,), iters=(2, 4)),
+             mlp.lora_fused),
     "ntrans": (_rows((2,), threads=(256, 512, 1024)), ntrans.fused),
     "gqa": (_attention_rows("gqa"), lambda b, **kw: attention_fused(b, False, **kw)),
     "qknorm": (_attention_rows("qknorm"), lambda b, **kw: attention_fused(b, True, **kw)),

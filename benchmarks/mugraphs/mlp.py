@@ -107,16 +107,22 @@ def lora_reference(m: int = 16) -> mi.KernelGraph:
     return g.freeze()
 
 
-def lora_fused(m: int = 16, grid: int = 64, concat: bool = False, threads: int = 128) -> mi.KernelGraph:
-    """One kernel; with ``concat`` the two products share one tensor-core pass: (X ‖ XA) @ (W ‖ LB)."""
+def lora_fused(m: int = 16, grid: int = 64, concat: bool = False, threads: int = 128,
+               iters: int = 1) -> mi.KernelGraph:
+    """One kernel; with ``concat`` the two products share one tensor-core pass: (X ‖ XA) @ (W ‖ LB).
+
+    ``iters`` for-loop iterations split K (the 256 of X's columns): iteration k adds
+    ``X_k @ W_k + (X_k @ LA_k) @ LB``, which sums to the function since ``(X @ LA) @ LB`` is
+    ``Σ_k (X_k @ LA_k) @ LB``.  The weight tiles then stream through the pipeline instead of all
+    landing before the first product."""
     g = mi.new_kernel_graph("lora")
     x, w, la, lb = (g.new_input(dims=s, dtype=mi.float16, name=n)
                     for s, n in zip(lora_shapes(m), ("X", "W", "LA", "LB"), strict=True))
-    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=1)
-    bx = tb.new_input(x, input_map=(-1, -1, -1))
-    bw = tb.new_input(w, input_map=(1, -1, -1))
-    ba = tb.new_input(la, input_map=(-1, -1, -1))
-    bb = tb.new_input(lb, input_map=(1, -1, -1))
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=iters)
+    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1 if iters > 1 else -1)
+    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0 if iters > 1 else -1)
+    ba = tb.new_input(la, input_map=(-1, -1, -1), forloop_dim=0 if iters > 1 else -1)
+    bb = tb.new_input(lb, input_map=(1, -1, -1), forloop_dim=-1)
     xa = tb.matmul(bx, ba)
     y = tb.concat_matmul(bx, xa, bw, bb) if concat else tb.add(tb.matmul(bx, bw), tb.matmul(xa, bb))
     tb.new_output(tb.forloop_accum(y), output_map=(1, -1, -1))

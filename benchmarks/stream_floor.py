@@ -1,0 +1,150 @@
+"""How fast the GPU streams the weights of the GEMV cases: a read-only floor (a kernel that only reads
+the weight, 16 bytes a thread per load, several loads in flight), cuBLAS's product (``torch.mm``) and
+our plain weight-streaming GEMV (``rms_forms.gemv``: X @ W, no norm), on the same weights.
+
+The suite's roofline divides by the device-to-device copy bandwidth; a stream that only reads can go
+faster than a copy, so this says how much room the GEMV cases have beyond that roofline.  Prints one
+line per measurement and writes stream_floor_<date>.json into ``--out`` (default
+benchmarks/results)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import torch
+
+import mirage as mi
+from benchmarks.rms_forms import gemv
+from mirage.codegen.lower_program import generate_cuda_program
+from mirage.codegen.profile import device_facts, time_graph
+from mirage.codegen.runtime import build_many
+from mirage.optimizer import OptimizerOptions
+
+# each thread keeps UNROLL 16-byte loads in flight; the XOR keeps the compiler from dropping them
+READ_KERNEL = r"""
+extern "C" __global__ void read_all(const int4* __restrict__ p, long long n, int* out) {
+  constexpr int UNROLL = 4;
+  int acc = 0;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
+    int4 v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) v[u] = __ldcs(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) { const int4 v = __ldcs(p + i); acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+  if (acc == 0x5eed) out[0] = acc;
+}
+"""
+
+# weight (K, N) and activation rows of each GEMV case; gatedmlp reads two weights of 4096 x 4096
+CASES = {"rmsnorm_b1": (2, (4096, 6144), 1), "rmsnorm_b8": (16, (4096, 6144), 1),
+         "gatedmlp_m1": (1, (4096, 4096), 2), "gatedmlp_m8": (8, (4096, 4096), 2)}
+
+
+def read_floor(weights: list[torch.Tensor], sm_count: int) -> tuple[float, int]:
+    """The fastest read of ``weights`` over a few grid sizes: (µs, blocks per SM)."""
+    import cupy
+
+    kernel = cupy.RawKernel(READ_KERNEL, "read_all")
+    sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+    best = None
+    for per_sm in (1, 2, 4, 8):
+        def run(per_sm=per_sm):
+            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+            for w in weights:
+                n = w.numel() * w.element_size() // 16
+                kernel((sm_count * per_sm,), (512,), (w.data_ptr(), cupy.int64(n), sink.data_ptr()),
+                       stream=stream)
+        us = time_graph(run, replays=100).median_us
+        if best is None or us < best[0]:
+            best = (us, per_sm)
+    return best
+
+
+def split_k_gemv(b: int, n_blocks: int, k_splits: int, iters: int, threads: int) -> mi.KernelGraph:
+    """X @ W (rmsnorm's shapes, as (1, rows, cols) views) with K split across ``k_splits`` blocks:
+    kernel 1 writes one partial product per split, kernel 2 sums them.  Each block reads only its
+    split's columns of X, and rows of W ``6144 / n_blocks`` columns wide."""
+    g = mi.new_kernel_graph("split_k_gemv")
+    x = g.new_input(dims=(1, 2 * b, 4096), dtype=mi.float16)
+    w = g.new_input(dims=(1, 4096, 6144), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(n_blocks, k_splits, 1), block_dim=(threads, 1, 1),
+                                  forloop_range=iters)
+    bx = tb.new_input(x, input_map=(-1, 2, -1), forloop_dim=2)
+    bw = tb.new_input(w, input_map=(2, 1, -1), forloop_dim=1)
+    tb.new_output(tb.forloop_accum(tb.matmul(bx, bw)), output_map=(2, 0, -1))  # (k_splits, rows, n)
+    (partials,) = g.customized([x, w], tb)
+    tb2 = mi.new_threadblock_graph(grid_dim=(n_blocks, 1, 1), block_dim=(threads, 1, 1),
+                                   forloop_range=k_splits)
+    bp = tb2.new_input(partials, input_map=(2, -1, -1), forloop_dim=0)
+    tb2.new_output(tb2.forloop_accum(bp, acc="sum"), output_map=(2, -1, -1))
+    (out,) = g.customized([partials], tb2)
+    g.mark_output(out)
+    return g.freeze()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
+    args = parser.parse_args(argv)
+    facts = device_facts()
+    rows = []
+    for case, (m, shape, count) in CASES.items():
+        weights = [torch.randn(shape, device="cuda").half() for _ in range(count)]
+        x = torch.randn(m, shape[0], device="cuda").half()
+        megabytes = sum(w.numel() * 2 for w in weights) / 1e6
+        us, per_sm = read_floor(weights, facts["sm_count"])
+        rows.append({"case": case, "what": "read", "us": us, "blocks_per_sm": per_sm, "MB": megabytes})
+        mm = time_graph(lambda x=x, ws=weights: [torch.mm(x, w) for w in ws], replays=100).median_us
+        rows.append({"case": case, "what": "torch.mm", "us": mm, "MB": megabytes})
+        for row in rows[-2:]:
+            print(row, f"{row['MB'] / row['us']:.2f} TB/s", flush=True)
+    # our plain GEMV (one weight, rmsnorm's shapes): the members the rmsnorm family keeps
+    builds, programs = [], []
+    for b in (1, 8):
+        for iters, threads, stages in ((8, 256, 3), (16, 256, 3), (8, 512, 3), (16, 512, 2)):
+            options = dataclasses.replace(OptimizerOptions(), stages=stages)
+            programs.append(generate_cuda_program(gemv(b, 128, iters, threads), None, options=options))
+            builds.append({"case": f"rmsnorm_b{b}", "what": "mirage gemv", "iters": iters, "threads": threads,
+                           "stages": stages})
+    # the same product with K split across blocks, the sum in a kernel of its own or folded
+    for b in (1, 8):
+        for n_blocks, k_splits in ((64, 2), (32, 4)):
+            axes = itertools.product((128, 256), (256, 512), (2, 3), (False, True))
+            for tile, threads, stages, fold in axes:
+                options = dataclasses.replace(OptimizerOptions(), stages=stages, cluster_folds=fold)
+                graph = split_k_gemv(b, n_blocks, k_splits, 4096 // k_splits // tile, threads)
+                try:
+                    programs.append(generate_cuda_program(graph, None, options=options))
+                except mi.MirageError as error:
+                    print("skipped", b, n_blocks, k_splits, tile, threads, stages, fold, error)
+                    continue
+                builds.append({"case": f"rmsnorm_b{b}", "what": "split-K gemv", "grid": [n_blocks, k_splits],
+                               "k_tile": tile, "threads": threads, "stages": stages, "folded": fold})
+    for row, program in zip(builds, build_many(programs), strict=True):
+        b = int(row["case"][-1])
+        inputs = [torch.randn(2 * b, 4096, device="cuda").half(), torch.randn(1, 4096, device="cuda").half(),
+                  torch.randn(4096, 6144, device="cuda").half()]
+        if row["what"] == "split-K gemv":
+            inputs = [inputs[0][None], inputs[2][None]]
+        program.load()
+        row["us"] = time_graph(lambda p=program, x=inputs: p.launch(x), replays=100).median_us
+        row["MB"] = 4096 * 6144 * 2 / 1e6
+        rows.append(row)
+        print(row, f"{row['MB'] / row['us']:.2f} TB/s", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"stream_floor_{facts['date']}.json"
+    path.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
