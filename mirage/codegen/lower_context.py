@@ -510,6 +510,7 @@ class FoldedKernel:
     rounds: int  # consumer blocks each block runs at most
     table: tuple[tuple[int, ...], ...]  # ClusterFold.table
     smem_bytes: int
+    counter: bool = False  # a cluster's blocks meet at a counter in device memory (no __cluster_dims__)
 
     @property
     def threads(self) -> int:
@@ -528,3 +529,9 @@ class FoldedKernel:
     def cluster_size(self) -> int:
         x, y, z = self.cluster
         return x * y * z
+
+    @property
+    def cluster_dims(self) -> bool:
+        """Whether the kernel is compiled with ``__cluster_dims__`` (a cluster fold of more than one
+        block per cluster)."""
+        return self.cluster_size > 1 and not self.counter

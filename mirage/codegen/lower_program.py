@@ -51,6 +51,7 @@ class KernelLaunch:
     inputs: tuple[Ref, ...]  # kernel-graph tensors read, in argument order after the outputs
     consumer: int = -1  # a graph-defined op folded into this kernel (cluster fold), or -1
     cluster: tuple[int, int, int] = (1, 1, 1)  # blocks per cluster (compiled into the kernel)
+    counter: bool = False  # a counter fold: every block must run at once (at most one per SM)
 
     @property
     def arguments(self) -> tuple[Ref, ...]:
@@ -76,6 +77,7 @@ class KernelLaunch:
             "inputs": [[r.node, r.index] for r in self.inputs],
             "consumer": self.consumer,
             "cluster": list(self.cluster),
+            "counter": self.counter,
         }
 
     @classmethod
@@ -90,6 +92,7 @@ class KernelLaunch:
             tuple(Ref(*r) for r in d["inputs"]),
             d.get("consumer", -1),
             tuple(d.get("cluster", (1, 1, 1))),
+            d.get("counter", False),
         )
 
 
@@ -239,10 +242,11 @@ def _folded(graph: KernelGraph, fold: ClusterFold, name: str, producer: KernelCo
         consumer_arguments=tuple(names[r] for r in consumer_refs),
         cluster=fold.cluster, clusters=tuple(g // c for g, c in zip(grid, fold.cluster, strict=True)),
         rounds=fold.rounds, table=fold.table(), smem_bytes=max(producer.smem_bytes, consumer.smem_bytes),
+        counter=fold.counter,
     )
     launch = KernelLaunch(name, fold.producer, grid, (producer.threads, 1, 1), unit.smem_bytes, outputs,
-                          inputs,
-                          consumer=fold.consumer, cluster=fold.cluster)
+                          inputs, consumer=fold.consumer,
+                          cluster=(1, 1, 1) if fold.counter else fold.cluster, counter=fold.counter)
     return unit, launch
 
 

@@ -159,6 +159,11 @@ class Program:
             smem = max(launch.smem_bytes, _one_block_per_sm_bytes())
             if smem > 0:  # opt in always (dynamic plus static may pass 48 KiB), for the padded size too
                 fn.max_dynamic_shared_size_bytes = smem
+            if launch.counter and math.prod(launch.grid) > _sm_count():
+                raise LaunchError(
+                    f"{launch.name} is a counter fold of {math.prod(launch.grid)} blocks, but this GPU has "
+                    f"{_sm_count()} SMs: its blocks would wait for blocks that cannot start; build it "
+                    "without OptimizerOptions.counter_folds for this GPU")
             if launch.cluster_size > PORTABLE_CLUSTER:
                 dependent_launch.allow_large_clusters(fn.kernel.ptr)
             if launch.cluster_size > 1:

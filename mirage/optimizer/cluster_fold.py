@@ -20,6 +20,13 @@ portable; sm_90 runs up to 16 when the kernel allows it.
 
 :func:`find_folds` decides from the µGraph alone, so the generated kernel is the same for every
 input: the dependency sets are computed from the input and output maps, block by block.
+
+*Counter folds* (``counter=True``) keep the groups and the table but not the cluster: the blocks of
+a group meet at a counter in device memory (each block adds one and waits until the group's blocks
+have all added theirs; ``mirage/fold.cuh``).  No cluster constrains where the blocks run and a group
+may have any number of them, but every block must be running while any of them waits: the
+producer's grid may have at most as many blocks as the GPU has SMs (one wave, whatever the
+occupancy).  The counter counts up across launches, so it never needs a reset.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class ClusterFold:
     consumer: int  # ... and of the one folded into it
     cluster: tuple[int, int, int]  # producer blocks per cluster, per grid axis
     blocks: tuple[tuple[int, ...], ...]  # per cluster (linear index): its consumer blocks (linear)
+    counter: bool = False  # the cluster's blocks meet at a counter in device memory, not a cluster barrier
 
     @property
     def cluster_size(self) -> int:
@@ -124,8 +132,9 @@ def _as_cluster(needed: frozenset, grid: tuple[int, int, int]
 
 
 def fold(graph: KernelGraph, producer: int, consumer: int, max_cluster: int = MAX_CLUSTER,
-         max_rounds: int = 2) -> ClusterFold | str:
-    """The fold of ``consumer`` into ``producer``, or why there is none."""
+         max_rounds: int = 2, sm_count: int | None = None) -> ClusterFold | str:
+    """The fold of ``consumer`` into ``producer``, or why there is none: a cluster fold, or with
+    ``sm_count`` (the GPU's SMs) a counter fold (module docstring)."""
     pnode, cnode = graph.nodes[producer], graph.nodes[consumer]
     pg: BlockGraph = pnode.attrs
     cg: BlockGraph = cnode.attrs
@@ -138,6 +147,9 @@ def fold(graph: KernelGraph, producer: int, consumer: int, max_cluster: int = MA
     late = [r for r in cnode.inputs if r.node != producer and r.node > producer]
     if late:
         return f"the consumer also reads %{late[0].node}, computed after the producer"
+    if sm_count is not None and pg.num_blocks > sm_count:
+        return (f"the producer's {pg.num_blocks} blocks are more than the {sm_count} SMs: they would not "
+                "all run at once, and a counter fold's blocks wait for each other")
     if pg.num_blocks * cg.num_blocks > 1 << 22:
         return f"grids of {pg.num_blocks} and {cg.num_blocks} blocks: too many pairs to check"
     cluster = None
@@ -158,26 +170,28 @@ def fold(graph: KernelGraph, producer: int, consumer: int, max_cluster: int = MA
     if any(g % c for g, c in zip(pg.grid_dim, cluster, strict=True)):
         return f"clusters of {cluster} do not tile the grid {pg.grid_dim}"
     size = math.prod(cluster)
-    if size > max_cluster:
+    if sm_count is None and size > max_cluster:
         return f"clusters of {size} blocks (at most {max_cluster})"
     count = math.prod(g // c for g, c in zip(pg.grid_dim, cluster, strict=True))
     blocks = tuple(tuple(groups.get(i, ())) for i in range(count))
-    result = ClusterFold(producer, consumer, tuple(cluster), blocks)
+    result = ClusterFold(producer, consumer, tuple(cluster), blocks, counter=sm_count is not None)
     if result.rounds > max_rounds:
         return f"each block would run {result.rounds} consumer blocks (at most {max_rounds})"
     return result
 
 
-def find_folds(graph: KernelGraph, max_cluster: int = MAX_CLUSTER) -> tuple[ClusterFold, ...]:
+def find_folds(graph: KernelGraph, max_cluster: int = MAX_CLUSTER,
+               sm_count: int | None = None) -> tuple[ClusterFold, ...]:
     """Folds of light graph-defined ops (no matmul) into the one before them, each op in at most
-    one fold, the last pairs first (a combine at the end of a program folds into its producer)."""
+    one fold, the last pairs first (a combine at the end of a program folds into its producer).
+    With ``sm_count``: counter folds, on a GPU of that many SMs."""
     customized = [i for i, n in enumerate(graph.nodes) if n.op is Op.CUSTOMIZED]
     used: set[int] = set()
     out = []
     for producer, consumer in reversed(list(itertools.pairwise(customized))):
         if producer in used or consumer in used:
             continue
-        result = fold(graph, producer, consumer, max_cluster)
+        result = fold(graph, producer, consumer, max_cluster, sm_count=sm_count)
         if isinstance(result, ClusterFold):
             out.append(result)
             used.update((producer, consumer))

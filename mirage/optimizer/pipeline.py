@@ -88,6 +88,8 @@ class OptimizerOptions:
     cluster_folds: bool = False  # a light op reading a split kernel's partials runs at the end of that
     # kernel, after a cluster barrier (cluster_fold)
     max_cluster: int = 16  # blocks per cluster of a fold (more than 8: sm_90's non-portable sizes)
+    counter_folds: bool = False  # the same folds, their blocks meeting at a counter in device memory
+    # instead of a cluster barrier (any GPU; grids of at most one block per SM; cluster_folds first)
 
 
 @dataclass(frozen=True)
@@ -292,6 +294,8 @@ def prepare(graph, target: Target = DEFAULT_TARGET,
             softmax_chain=plans["plan_softmax_chain"][k], row_loop=plans["plan_row_loop"][k]))
     clusters = options.cluster_folds and target.compute_capability >= 90
     folds = find_folds(result, options.max_cluster) if clusters else ()
+    if not clusters and options.counter_folds:
+        folds = find_folds(result, sm_count=target.sm_count)
     total = sum(r.seconds for r in records)
     log.info("prepared %s: %d kernels in %.2f s", source.name or "graph", len(kernels), total)
     return PreparedProgram(source, result, tuple(kernels), layouts, target, options, tuple(records), folds)

@@ -8,6 +8,9 @@ that writes its partials, after a cluster barrier.
 * A split-K GEMM, a µGraph of no benchmark: its partial products summed by a second kernel.
 * A matmul whose silu runs in a second kernel of the same tiling: clusters of one block.
 
+The same programs as counter folds (the blocks of a cluster meet at a counter in device memory),
+launched several times, since the counter carries over from launch to launch.
+
 Outputs are poisoned with NaN first, so a combine block that never ran shows.
 """
 
@@ -28,25 +31,27 @@ from tests.unit.optimizer.optimizer_graphs import matmul_then_silu, split_k_gemm
 pytestmark = pytest.mark.gpu
 
 FOLD = OptimizerOptions(cluster_folds=True)
+COUNTER = OptimizerOptions(counter_folds=True)
 
 
 def _member(case: str, label: str):
     return next(g for row, g in family(case, fold=True) if row.label == label)
 
 
-def _assert_folded_matches(graph, cluster_size: int, seed: int) -> None:
-    folded = generate_cuda_program(graph, None, options=FOLD)
+def _assert_folded_matches(graph, cluster_size: int, seed: int, options=FOLD, launches: int = 1) -> None:
+    folded = generate_cuda_program(graph, None, options=options)
     (launch, *_) = [k for k in folded.kernels if k.consumer >= 0]
-    assert launch.cluster_size == cluster_size
+    assert launch.cluster_size == (1 if launch.counter else cluster_size)
     two_kernels = generate_cuda_program(graph, None)
     assert len(two_kernels.kernels) == len(folded.kernels) + 1
     ours, theirs = build_many([folded, two_kernels])
     inputs = random_inputs(graph, seed)
     result = check_on_gpu(graph, ours.with_poison(), inputs=inputs)
     assert result.passed, result.as_dict()
-    a, b = ours.with_poison()(*inputs), theirs(*inputs)
-    for x, y in zip(a, b, strict=True):
-        assert torch.equal(x, y)
+    expected = theirs(*inputs)
+    for _ in range(launches):
+        for x, y in zip(ours.with_poison()(*inputs), expected, strict=True):
+            assert torch.equal(x, y)
 
 
 @pytest.mark.parametrize("case, splits, twin, cluster_size", [
@@ -77,3 +82,32 @@ def test_folded_split_k_gemm():
 
 def test_folded_epilogue_kernel_with_clusters_of_one_block():
     _assert_folded_matches(matmul_then_silu(), 1, seed=9)
+
+
+@pytest.mark.parametrize("case, label", [
+    ("gqa_b1", "kv_splits=16,q_splits=4,iters=2,threads=128,row_sums=True,combine_rows=4,"
+               "combine_threads=128"),
+    ("qknorm_b1", "kv_splits=16,q_splits=4,iters=2,threads=128,row_sums=True,combine_rows=4,"
+                  "combine_threads=128,key_scales=True"),
+])
+def test_counter_folded_attention_matches_two_kernels(case, label):
+    _assert_folded_matches(_member(case, label), 16, seed=11, options=COUNTER, launches=3)
+
+
+def test_counter_folded_split_k_gemm_over_many_launches():
+    _assert_folded_matches(split_k_gemm(), 8, seed=13, options=COUNTER, launches=5)
+
+
+def test_counter_folded_epilogue_kernel_with_groups_of_one_block():
+    _assert_folded_matches(matmul_then_silu(), 1, seed=15, options=COUNTER, launches=2)
+
+
+def test_counter_fold_of_more_blocks_than_sms_is_refused_at_launch(monkeypatch):
+    from mirage.codegen import runtime
+    from mirage.errors import MirageError
+
+    program = generate_cuda_program(split_k_gemm(), None, options=COUNTER)
+    (built,) = build_many([program])
+    monkeypatch.setattr(runtime, "_sm_count", lambda: 8)  # fewer SMs than the grid's 64 blocks
+    with pytest.raises(MirageError, match="counter fold of 64 blocks"):
+        built(*random_inputs(split_k_gemm(), 1))

@@ -9,7 +9,7 @@
 //   matmul.cuh       TensorCoreMatmul (mma.sync + ldmatrix), SimtMatmul, Matmul
 //   accumulator.cuh  forloop accumulators, including the online-softmax rescale
 //   output.cuh       OutputSaver (16-byte stores)
-//   cluster.cuh      cluster barrier (cluster folds, sm_90)
+//   cluster.cuh      the barriers of folds: a cluster barrier (sm_90), a counter in device memory
 #pragma once
 
 #include "accumulator.cuh"
