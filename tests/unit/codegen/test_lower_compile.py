@@ -61,6 +61,7 @@ def _folded_attention():
 
 
 WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds=True)),
+          "gqa_counter_folded": (_folded_attention, OptimizerOptions(counter_folds=True)),
           "qknorm_key_norms": (_key_scales, OptimizerOptions(chain_key_norms=True))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
 PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
@@ -188,6 +189,21 @@ def test_folded_combine_meets_its_cluster_and_reads_through_l2(built):
     assert "MEMBAR" in sass[:arrive] and "CCTL.IVALL" in sass[wait:]
     loads = set(re.findall(r"LDG\.E[\w.]*", sass))
     assert loads and not any("CONSTANT" in load for load in loads)  # no non-coherent reads of the partials
+    assert "LDL" not in sass and "STL" not in sass
+
+
+def test_counter_fold_meets_at_an_atomic_counter(built):
+    """The counter fold: no cluster, one atomic add per block on the group's counter between a fence
+    and the spin that waits for the group, the partials read back coherently, no spills."""
+    program, result = built["gqa_counter_folded"]
+    (launch,) = program.kernels
+    assert launch.counter and launch.cluster == (1, 1, 1) and "__cluster_dims__" not in program.code
+    sass = result.sass()
+    assert "UCGABAR" not in sass
+    add = sass.index("ATOMG.E.ADD.64")
+    assert "MEMBAR" in sass[:add] and "NANOSLEEP" in sass[add:]
+    loads = set(re.findall(r"LDG\.E[\w.]*", sass))
+    assert loads and not any("CONSTANT" in load for load in loads)
     assert "LDL" not in sass and "STL" not in sass
 
 

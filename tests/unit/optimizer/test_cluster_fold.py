@@ -132,3 +132,47 @@ def test_a_launch_description_round_trips():
     assert type(launch).from_dict(launch.to_dict()) == launch
     plain = dataclasses.replace(launch, consumer=-1, cluster=(1, 1, 1))
     assert type(launch).from_dict(plain.to_dict()) == plain
+
+
+COUNTER = OptimizerOptions(counter_folds=True)
+
+
+def test_counter_folds_take_groups_larger_than_a_cluster():
+    """32 key splits make groups of 32 blocks: too many for a cluster, not for a counter."""
+    graph = _attention(kv_splits=32, iters=1, q_splits=2)  # grid (2, 32, 2): 128 blocks
+    assert prepare(graph, H100, FOLD).folds == ()
+    (f,) = prepare(graph, H100, COUNTER).folds
+    assert f.counter and f.cluster == (1, 32, 1) and f.cluster_size == 32
+    assert prepare(graph, TARGETS["A100"], COUNTER).folds == ()  # 128 blocks, 108 SMs
+    small = _attention(kv_splits=16, q_splits=2, iters=2, combine_rows=8)
+    (f,) = prepare(small, TARGETS["A100"], COUNTER).folds
+    assert f.counter and f.cluster == (1, 16, 1)  # 64 blocks: no sm_90 feature needed
+
+
+def test_counter_folds_need_a_grid_of_one_wave():
+    graph = attention_fused(8, False, row_sums=True, combine_rows=8, combine_threads=128, kv_splits=8,
+                            q_splits=4, iters=4, threads=128)  # grid (16, 8, 4): 512 blocks
+    prepared = prepare(graph, H100, OptimizerOptions())
+    producer, consumer = _customized(prepared.graph)
+    result = fold(prepared.graph, producer, consumer, sm_count=H100.sm_count)
+    assert isinstance(result, str) and "more than the 132 SMs" in result, result
+
+
+def test_counter_fold_lowering_meets_at_a_counter_not_a_cluster():
+    program = generate_cuda_program(_attention(), 90, options=COUNTER)
+    (launch,) = program.kernels
+    assert launch.counter and launch.cluster == (1, 1, 1) and launch.cluster_size == 1
+    code = program.code
+    assert "__cluster_dims__" not in code and "cluster_sync" not in code.split('extern "C" __global__')[1]
+    clusters = 2 * 4  # heads × query splits: one counter each
+    assert f"__device__ unsigned long long gqa_k3_k4_arrivals[{clusters}];" in code
+    steps = ("_producer(blockIdx", "mirage::dev::group_sync(gqa_k3_k4_arrivals + cluster, 8);",
+             "_consumer(make_uint3")
+    order = [code.index(s) for s in steps]
+    assert order == sorted(order)
+    assert type(launch).from_dict(launch.to_dict()) == launch
+
+
+def test_counter_groups_of_one_block_need_no_counter():
+    program = generate_cuda_program(matmul_then_silu(), 90, options=COUNTER)
+    assert program.kernels[0].counter and "group_sync" not in program.code and "_arrivals" not in program.code
