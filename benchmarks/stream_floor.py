@@ -43,6 +43,35 @@ extern "C" __global__ void read_all(const int4* __restrict__ p, long long n, int
 }
 """
 
+# the same read, each block its own box of rows and columns of the (K, N) weight: the access pattern
+# of a GEMV whose blocks split N into strips and K into chunks
+TILE_READ_KERNEL = r"""
+extern "C" __global__ void read_boxes(const int4* __restrict__ p, int row_vectors, int box_rows,
+                                      int box_vectors, int* out) {
+  constexpr int UNROLL = 4;
+  const int strip = blockIdx.x, chunk = blockIdx.y;
+  const int total = box_rows * box_vectors;
+  const int4* base = p + (long long)chunk * box_rows * row_vectors + (long long)strip * box_vectors;
+  int acc = 0;
+  int i = threadIdx.x;
+  for (; i + (UNROLL - 1) * (int)blockDim.x < total; i += UNROLL * blockDim.x) {
+    int4 v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int e = i + u * blockDim.x;
+      v[u] = __ldcs(base + (long long)(e / box_vectors) * row_vectors + e % box_vectors);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < total; i += blockDim.x) {
+    const int4 v = __ldcs(base + (long long)(i / box_vectors) * row_vectors + i % box_vectors);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x5eed) out[0] = acc;
+}
+"""
+
 # weight (K, N) and activation rows of each GEMV case; gatedmlp reads two weights of 4096 x 4096
 CASES = {"rmsnorm_b1": (2, (4096, 6144), 1), "rmsnorm_b8": (16, (4096, 6144), 1),
          "gatedmlp_m1": (1, (4096, 4096), 2), "gatedmlp_m8": (8, (4096, 4096), 2)}
@@ -66,6 +95,23 @@ def read_floor(weights: list[torch.Tensor], sm_count: int) -> tuple[float, int]:
         if best is None or us < best[0]:
             best = (us, per_sm)
     return best
+
+
+def read_boxes(weight: torch.Tensor, strips: int, chunks: int, threads: int) -> float:
+    """µs to read ``weight`` (K, N) with a grid of ``strips`` column strips × ``chunks`` row chunks."""
+    import cupy
+
+    kernel = cupy.RawKernel(TILE_READ_KERNEL, "read_boxes")
+    sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+    rows, cols = weight.shape
+    row_vectors = cols * weight.element_size() // 16
+
+    def run():
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        kernel((strips, chunks), (threads,), (weight.data_ptr(), cupy.int32(row_vectors),
+                                               cupy.int32(rows // chunks), cupy.int32(row_vectors // strips),
+                                               sink.data_ptr()), stream=stream)
+    return time_graph(run, replays=100).median_us
 
 
 def split_k_gemv(b: int, n_blocks: int, k_splits: int, iters: int, threads: int) -> mi.KernelGraph:
@@ -93,10 +139,14 @@ def split_k_gemv(b: int, n_blocks: int, k_splits: int, iters: int, threads: int)
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
+    parser.add_argument("--parts", default="floor,boxes,gemv,split_k",
+                        help="which measurements: floor (read and torch.mm), boxes (reads by box shape), "
+                             "gemv (our plain GEMV), split_k (our split-K GEMV, its sum folded or not)")
     args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
     facts = device_facts()
     rows = []
-    for case, (m, shape, count) in CASES.items():
+    for case, (m, shape, count) in CASES.items() if "floor" in parts else ():
         weights = [torch.randn(shape, device="cuda").half() for _ in range(count)]
         x = torch.randn(m, shape[0], device="cuda").half()
         megabytes = sum(w.numel() * 2 for w in weights) / 1e6
@@ -106,20 +156,30 @@ def main(argv=None) -> None:
         rows.append({"case": case, "what": "torch.mm", "us": mm, "MB": megabytes})
         for row in rows[-2:]:
             print(row, f"{row['MB'] / row['us']:.2f} TB/s", flush=True)
+    if "boxes" in parts:  # rmsnorm's weight read box by box: strips of N × chunks of K
+        weight = torch.randn(4096, 6144, device="cuda").half()
+        for strips, chunks in ((128, 1), (64, 2), (32, 4), (16, 8), (8, 16), (1, 128), (128, 2), (16, 16)):
+            for threads in (256, 512):
+                us = read_boxes(weight, strips, chunks, threads)
+                rows.append({"case": "rmsnorm", "what": "read boxes", "grid": [strips, chunks],
+                             "threads": threads, "us": us, "MB": weight.numel() * 2 / 1e6})
+                print(rows[-1], f"{rows[-1]['MB'] / us:.2f} TB/s", flush=True)
     # our plain GEMV (one weight, rmsnorm's shapes): the members the rmsnorm family keeps
     builds, programs = [], []
-    for b in (1, 8):
+    for b in (1, 8) if "gemv" in parts else ():
         for iters, threads, stages in ((8, 256, 3), (16, 256, 3), (8, 512, 3), (16, 512, 2)):
             options = dataclasses.replace(OptimizerOptions(), stages=stages)
             programs.append(generate_cuda_program(gemv(b, 128, iters, threads), None, options=options))
             builds.append({"case": f"rmsnorm_b{b}", "what": "mirage gemv", "iters": iters, "threads": threads,
                            "stages": stages})
-    # the same product with K split across blocks, the sum in a kernel of its own or folded
-    for b in (1, 8):
-        for n_blocks, k_splits in ((64, 2), (32, 4)):
-            axes = itertools.product((128, 256), (256, 512), (2, 3), (False, True))
+    # the same product with K split across blocks, the sum in a kernel of its own or folded into the
+    # product's kernel (clusters where they fit, else a counter)
+    for b in (1, 8) if "split_k" in parts else ():
+        for n_blocks, k_splits in ((64, 2), (32, 4), (16, 8), (8, 16)):
+            axes = itertools.product((64, 128), (256, 512), (2, 3, 4), ("none", "counter"))
             for tile, threads, stages, fold in axes:
-                options = dataclasses.replace(OptimizerOptions(), stages=stages, cluster_folds=fold)
+                options = dataclasses.replace(OptimizerOptions(), stages=stages,
+                                              counter_folds=fold == "counter")
                 graph = split_k_gemv(b, n_blocks, k_splits, 4096 // k_splits // tile, threads)
                 try:
                     programs.append(generate_cuda_program(graph, None, options=options))
