@@ -1,0 +1,169 @@
+"""A hand-written GEMV probe: does weight streaming reach the read floor once its block barriers go?
+
+``Y[16, N] = X[16, K] @ W[K, N]`` (fp16, fp32 sums) with the weight copied by the warps that use it:
+each block owns 48 columns, its warps take turns over K in slices of 16 rows, and each warp copies
+its own slices (``cp.async``) into a pipeline of its own, waits for them with ``cp.async.wait_group``
+and ``__syncwarp`` only, and multiplies them on the tensor cores (``ldmatrix``, ``mma.sync``).  The
+warps' partial sums meet once, after the loop, through shared memory.  No block barrier runs in the
+loop; every warp keeps ``stages - 1`` slices in flight.
+
+Compared, in one run, with ``torch.mm`` and with our generated GEMV (``benchmarks.stream_floor``).
+Each probe result is checked against ``torch.mm`` before it is timed.  Prints one line per build and
+writes gemv_warps_<date>.json into ``--out`` (default benchmarks/results)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from mirage.codegen.profile import device_facts, time_graph
+
+SOURCE = r"""
+#define WARPS %(warps)d
+#define STAGES %(stages)d
+#define NC 48
+#define PITCH_W 56
+#define PITCH_X 24
+
+__device__ __forceinline__ void cp_async16(unsigned short* shared, const unsigned short* global) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%%0], [%%1], 16;" ::"r"(address), "l"(global));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned short* shared, bool trans) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  if (trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%%0, %%1, %%2, %%3}, [%%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%%0, %%1, %%2, %%3}, [%%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+}
+
+__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%%0, %%1, %%2, %%3}, "
+               "{%%4, %%5, %%6, %%7}, {%%8, %%9}, {%%0, %%1, %%2, %%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_warps(
+    const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+    unsigned short* __restrict__ y, int k, int n) {
+  extern __shared__ __align__(128) unsigned short smem[];
+  constexpr int kWStage = 16 * PITCH_W, kStage = kWStage + 16 * PITCH_X;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x %% 32;
+  const int n0 = blockIdx.x * NC;
+  unsigned short* mine = smem + warp * STAGES * kStage;
+  const int chunks = k / 16 / WARPS;
+  float acc[6][4] = {};
+  auto issue = [&](int c) {
+    if (c < chunks) {
+      const int k0 = (c * WARPS + warp) * 16;
+      unsigned short* ws = mine + (c %% STAGES) * kStage;
+      unsigned short* xs = ws + kWStage;
+      for (int v = lane; v < 96; v += 32) {
+        const int r = v / 6, q = v %% 6;
+        cp_async16(ws + r * PITCH_W + q * 8, w + (long long)(k0 + r) * n + n0 + q * 8);
+      }
+      const int row = lane / 2, q = lane %% 2;
+      cp_async16(xs + row * PITCH_X + q * 8, x + (long long)row * k + k0 + q * 8);
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+  for (int c = 0; c < chunks; ++c) {
+    issue(c + STAGES - 1);
+    asm volatile("cp.async.wait_group %%0;" ::"n"(STAGES - 1));
+    __syncwarp();
+    const unsigned short* ws = mine + (c %% STAGES) * kStage;
+    const unsigned short* xs = ws + kWStage;
+    unsigned a[4];
+    ldmatrix_x4(a, xs + (lane %% 16) * PITCH_X + (lane / 16) * 8, false);
+#pragma unroll
+    for (int t = 0; t < 3; ++t) {
+      unsigned b[4];
+      ldmatrix_x4(b, ws + (lane %% 16) * PITCH_W + (2 * t + lane / 16) * 8, true);
+      mma(acc[2 * t], a, b[0], b[1]);
+      mma(acc[2 * t + 1], a, b[2], b[3]);
+    }
+    __syncwarp();
+  }
+  asm volatile("cp.async.wait_group 0;");
+  __syncthreads();
+  float* partial = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int t = 0; t < 6; ++t) {
+    const int row = lane / 4, col = t * 8 + (lane %% 4) * 2;
+    float* p = partial + (warp * 16 + row) * NC + col;
+    p[0] = acc[t][0]; p[1] = acc[t][1]; p[8 * NC] = acc[t][2]; p[8 * NC + 1] = acc[t][3];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 16 * NC; i += blockDim.x) {
+    float sum = 0.0f;
+    for (int v = 0; v < WARPS; ++v) sum += partial[v * 16 * NC + i];
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %%0, %%1;" : "=h"(h) : "f"(sum));
+    y[(long long)(i / NC) * n + n0 + i %% NC] = h;
+  }
+}
+"""
+
+
+def probe(warps: int, stages: int):
+    """(kernel, dynamic shared bytes) of the probe with ``warps`` warps and ``stages`` slices each."""
+    import cupy
+
+    kernel = cupy.RawKernel(SOURCE % {"warps": warps, "stages": stages}, "gemv_warps",
+                            options=("-std=c++17",))
+    stage_bytes = (16 * 56 + 16 * 24) * 2
+    smem = max(warps * stages * stage_bytes, warps * 16 * 48 * 4)
+    kernel.max_dynamic_shared_size_bytes = smem
+    return kernel, smem
+
+
+def main(argv=None) -> None:
+    import cupy
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
+    args = parser.parse_args(argv)
+    facts = device_facts()
+    k, n = 4096, 6144
+    x = torch.randn(16, k, device="cuda").half()
+    w = torch.randn(k, n, device="cuda").half()
+    expected = (x.float() @ w.float())
+    rows = [{"what": "torch.mm", "us": time_graph(lambda: torch.mm(x, w), replays=100).median_us}]
+    print(rows[-1], flush=True)
+    for warps in (4, 8, 16):
+        for stages in (2, 3, 4, 6, 8):
+            kernel, smem = probe(warps, stages)
+            if smem > 227 * 1024:
+                continue
+            y = torch.empty(16, n, device="cuda").half()
+
+            def run(kernel=kernel, smem=smem, warps=warps, y=y):
+                stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+                kernel((n // 48,), (warps * 32,), (x.data_ptr(), w.data_ptr(), y.data_ptr(), cupy.int32(k),
+                                                  cupy.int32(n)), shared_mem=smem, stream=stream)
+            run()
+            torch.cuda.synchronize()
+            error = ((y.float() - expected).abs().max() / expected.abs().max()).item()
+            row = {"what": "warp-owned probe", "warps": warps, "stages": stages, "smem": smem,
+                   "relative_error": error}
+            if error < 1e-2:
+                row["us"] = time_graph(run, replays=100).median_us
+            rows.append(row)
+            print(row, flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"gemv_warps_{facts['date']}.json"
+    path.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
