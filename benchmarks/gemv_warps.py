@@ -14,6 +14,7 @@ writes gemv_warps_<date>.json into ``--out`` (default benchmarks/results)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -24,9 +25,10 @@ from mirage.codegen.profile import device_facts, time_graph
 SOURCE = r"""
 #define WARPS %(warps)d
 #define STAGES %(stages)d
+#define KC %(rows)d
 #define NC 48
 #define PITCH_W 56
-#define PITCH_X 24
+#define PITCH_X (KC + 8)
 
 __device__ __forceinline__ void cp_async16(unsigned short* shared, const unsigned short* global) {
   const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
@@ -54,23 +56,25 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_warps(
     const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
     unsigned short* __restrict__ y, int k, int n) {
   extern __shared__ __align__(128) unsigned short smem[];
-  constexpr int kWStage = 16 * PITCH_W, kStage = kWStage + 16 * PITCH_X;
+  constexpr int kWStage = KC * PITCH_W, kStage = kWStage + 16 * PITCH_X;
   const int warp = threadIdx.x / 32, lane = threadIdx.x %% 32;
   const int n0 = blockIdx.x * NC;
   unsigned short* mine = smem + warp * STAGES * kStage;
-  const int chunks = k / 16 / WARPS;
+  const int chunks = k / KC / WARPS;
   float acc[6][4] = {};
   auto issue = [&](int c) {
     if (c < chunks) {
-      const int k0 = (c * WARPS + warp) * 16;
+      const int k0 = (c * WARPS + warp) * KC;
       unsigned short* ws = mine + (c %% STAGES) * kStage;
       unsigned short* xs = ws + kWStage;
-      for (int v = lane; v < 96; v += 32) {
+      for (int v = lane; v < KC * 6; v += 32) {
         const int r = v / 6, q = v %% 6;
         cp_async16(ws + r * PITCH_W + q * 8, w + (long long)(k0 + r) * n + n0 + q * 8);
       }
-      const int row = lane / 2, q = lane %% 2;
-      cp_async16(xs + row * PITCH_X + q * 8, x + (long long)row * k + k0 + q * 8);
+      for (int v = lane; v < 16 * KC / 8; v += 32) {
+        const int row = v / (KC / 8), q = v %% (KC / 8);
+        cp_async16(xs + row * PITCH_X + q * 8, x + (long long)row * k + k0 + q * 8);
+      }
     }
     asm volatile("cp.async.commit_group;");
   };
@@ -81,14 +85,17 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_warps(
     __syncwarp();
     const unsigned short* ws = mine + (c %% STAGES) * kStage;
     const unsigned short* xs = ws + kWStage;
-    unsigned a[4];
-    ldmatrix_x4(a, xs + (lane %% 16) * PITCH_X + (lane / 16) * 8, false);
 #pragma unroll
-    for (int t = 0; t < 3; ++t) {
-      unsigned b[4];
-      ldmatrix_x4(b, ws + (lane %% 16) * PITCH_W + (2 * t + lane / 16) * 8, true);
-      mma(acc[2 * t], a, b[0], b[1]);
-      mma(acc[2 * t + 1], a, b[2], b[3]);
+    for (int s = 0; s < KC / 16; ++s) {
+      unsigned a[4];
+      ldmatrix_x4(a, xs + (lane %% 16) * PITCH_X + s * 16 + (lane / 16) * 8, false);
+#pragma unroll
+      for (int t = 0; t < 3; ++t) {
+        unsigned b[4];
+        ldmatrix_x4(b, ws + (s * 16 + lane %% 16) * PITCH_W + (2 * t + lane / 16) * 8, true);
+        mma(acc[2 * t], a, b[0], b[1]);
+        mma(acc[2 * t + 1], a, b[2], b[3]);
+      }
     }
     __syncwarp();
   }
@@ -113,16 +120,19 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_warps(
 """
 
 
-def probe(warps: int, stages: int):
-    """(kernel, dynamic shared bytes) of the probe with ``warps`` warps and ``stages`` slices each."""
+def shared_bytes(warps: int, stages: int, rows: int) -> int:
+    stage_bytes = (rows * 56 + 16 * (rows + 8)) * 2
+    return max(warps * stages * stage_bytes, warps * 16 * 48 * 4)
+
+
+def probe(warps: int, stages: int, rows: int):
+    """The probe with ``warps`` warps, ``stages`` slices of ``rows`` weight rows each in flight."""
     import cupy
 
-    kernel = cupy.RawKernel(SOURCE % {"warps": warps, "stages": stages}, "gemv_warps",
+    kernel = cupy.RawKernel(SOURCE % {"warps": warps, "stages": stages, "rows": rows}, "gemv_warps",
                             options=("-std=c++17",))
-    stage_bytes = (16 * 56 + 16 * 24) * 2
-    smem = max(warps * stages * stage_bytes, warps * 16 * 48 * 4)
-    kernel.max_dynamic_shared_size_bytes = smem
-    return kernel, smem
+    kernel.max_dynamic_shared_size_bytes = shared_bytes(warps, stages, rows)
+    return kernel
 
 
 def main(argv=None) -> None:
@@ -138,26 +148,27 @@ def main(argv=None) -> None:
     expected = (x.float() @ w.float())
     rows = [{"what": "torch.mm", "us": time_graph(lambda: torch.mm(x, w), replays=100).median_us}]
     print(rows[-1], flush=True)
-    for warps in (4, 8, 16):
-        for stages in (2, 3, 4, 6, 8):
-            kernel, smem = probe(warps, stages)
-            if smem > 227 * 1024:
-                continue
-            y = torch.empty(16, n, device="cuda").half()
+    for warps, stages, slice_rows in itertools.product((4, 8, 16), (2, 3, 4, 6), (16, 32, 64)):
+        smem = shared_bytes(warps, stages, slice_rows)
+        if smem > 227 * 1024:
+            continue
+        kernel = probe(warps, stages, slice_rows)
+        y = torch.empty(16, n, device="cuda").half()
 
-            def run(kernel=kernel, smem=smem, warps=warps, y=y):
-                stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-                kernel((n // 48,), (warps * 32,), (x.data_ptr(), w.data_ptr(), y.data_ptr(), cupy.int32(k),
-                                                  cupy.int32(n)), shared_mem=smem, stream=stream)
-            run()
-            torch.cuda.synchronize()
-            error = ((y.float() - expected).abs().max() / expected.abs().max()).item()
-            row = {"what": "warp-owned probe", "warps": warps, "stages": stages, "smem": smem,
-                   "relative_error": error}
-            if error < 1e-2:
-                row["us"] = time_graph(run, replays=100).median_us
-            rows.append(row)
-            print(row, flush=True)
+        def run(kernel=kernel, smem=smem, warps=warps, y=y):
+            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+            kernel((n // 48,), (warps * 32,), (x.data_ptr(), w.data_ptr(), y.data_ptr(), cupy.int32(k),
+                                              cupy.int32(n)), shared_mem=smem, stream=stream)
+        run()
+        torch.cuda.synchronize()
+        error = ((y.float() - expected).abs().max() / expected.abs().max()).item()
+        row = {"what": "warp-owned probe", "warps": warps, "stages": stages, "rows": slice_rows,
+               "smem": smem,
+               "relative_error": error}
+        if error < 1e-2:
+            row["us"] = time_graph(run, replays=100).median_us
+        rows.append(row)
+        print(row, flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gemv_warps_{facts['date']}.json"
