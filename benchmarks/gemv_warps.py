@@ -120,6 +120,65 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_warps(
 """
 
 
+# rmsnorm's weight read box by box (128 strips of 48 columns, as benchmarks.stream_floor's box read),
+# each thread's UNROLL vectors a round copied by cp.async into a ring of STAGES rounds in shared
+# memory, waited for with cp.async.wait_group and read back: the read through the copy path that
+# the generated kernels use, against the same read into registers (stream_floor.read_boxes)
+COPY_SOURCE = r"""
+#define STAGES %(stages)d
+#define UNROLL 4
+extern "C" __global__ void read_copies(const int4* __restrict__ p, int row_vectors, int box_rows,
+                                       int box_vectors, int* out) {
+  extern __shared__ __align__(16) int4 ring[];
+  const int total = box_rows * box_vectors;
+  const int4* base = p + (long long)blockIdx.x * box_vectors;
+  const int rounds = total / (UNROLL * blockDim.x);
+  auto issue = [&](int round) {
+    if (round < rounds) {
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int e = (round * UNROLL + u) * blockDim.x + threadIdx.x;
+        const int4* source = base + (long long)(e / box_vectors) * row_vectors + e %% box_vectors;
+        int4* target = ring + ((round %% STAGES) * UNROLL + u) * blockDim.x + threadIdx.x;
+        const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(target));
+        asm volatile("cp.async.cg.shared.global [%%0], [%%1], 16;" ::"r"(address), "l"(source));
+      }
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  int acc = 0;
+  for (int r = 0; r < STAGES - 1; ++r) issue(r);
+  for (int r = 0; r < rounds; ++r) {
+    issue(r + STAGES - 1);
+    asm volatile("cp.async.wait_group %%0;" ::"n"(STAGES - 1));
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int4 v = ring[((r %% STAGES) * UNROLL + u) * blockDim.x + threadIdx.x];
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  }
+  if (acc == 0x5eed) out[0] = acc;
+}
+"""
+
+
+def copy_probe(w: torch.Tensor, stages: int, threads: int) -> float:
+    """µs to read ``w`` box by box through ``cp.async`` and a ring of ``stages`` rounds."""
+    import cupy
+
+    kernel = cupy.RawKernel(COPY_SOURCE % {"stages": stages}, "read_copies", options=("-std=c++17",))
+    smem = stages * 4 * threads * 16
+    kernel.max_dynamic_shared_size_bytes = smem
+    sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+    rows, cols = w.shape
+
+    def run():
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        arguments = (w.data_ptr(), cupy.int32(cols // 8), cupy.int32(rows), cupy.int32(6), sink.data_ptr())
+        kernel((cols // 48,), (threads,), arguments, shared_mem=smem, stream=stream)
+    return time_graph(run, replays=100).median_us
+
+
 def shared_bytes(warps: int, stages: int, rows: int) -> int:
     stage_bytes = (rows * 56 + 16 * (rows + 8)) * 2
     return max(warps * stages * stage_bytes, warps * 16 * 48 * 4)
@@ -148,6 +207,16 @@ def main(argv=None) -> None:
     expected = (x.float() @ w.float())
     rows = [{"what": "torch.mm", "us": time_graph(lambda: torch.mm(x, w), replays=100).median_us}]
     print(rows[-1], flush=True)
+    from benchmarks.stream_floor import read_boxes
+
+    for threads in (256, 512):
+        us = read_boxes(w, 128, 1, threads)
+        rows.append({"what": "read boxes into registers", "threads": threads, "us": us})
+        print(rows[-1], flush=True)
+        for stages in (2, 3, 4):
+            rows.append({"what": "read boxes through cp.async", "threads": threads, "stages": stages,
+                         "us": copy_probe(w, stages, threads)})
+            print(rows[-1], flush=True)
     for warps, stages, slice_rows in itertools.product((4, 8, 16), (2, 3, 4, 6), (16, 32, 64)):
         smem = shared_bytes(warps, stages, slice_rows)
         if smem > 227 * 1024:
