@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-from pathlib import Path
 
 import torch
 
@@ -207,7 +205,7 @@ def main(argv=None) -> None:
     expected = (x.float() @ w.float())
     rows = [{"what": "torch.mm", "us": time_graph(lambda: torch.mm(x, w), replays=100).median_us}]
     print(rows[-1], flush=True)
-    from benchmarks.stream_floor import read_boxes
+    from benchmarks.stream_floor import read_boxes, write_record
 
     for threads in (256, 512):
         us = read_boxes(w, 128, 1, threads)
@@ -238,11 +236,7 @@ def main(argv=None) -> None:
             row["us"] = time_graph(run, replays=100).median_us
         rows.append(row)
         print(row, flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"gemv_warps_{facts['date']}.json"
-    path.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
-    print("wrote", path)
+    write_record(args.out, "gemv_warps", facts, rows)
 
 
 if __name__ == "__main__":

@@ -199,11 +199,17 @@ def main(argv=None) -> None:
         row["MB"] = 4096 * 6144 * 2 / 1e6
         rows.append(row)
         print(row, f"{row['MB'] / row['us']:.2f} TB/s", flush=True)
-    out = Path(args.out)
+    write_record(args.out, "stream_floor", facts, rows)
+
+
+def write_record(folder: str, name: str, facts: dict, rows: list) -> Path:
+    """Write ``{facts, rows}`` as ``<name>_<date>.json`` into ``folder`` (made if missing)."""
+    out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"stream_floor_{facts['date']}.json"
+    path = out / f"{name}_{facts['date']}.json"
     path.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
     print("wrote", path)
+    return path
 
 
 if __name__ == "__main__":
