@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,13 @@ def superoptimize(program: Any, example_inputs: Any = None, **options: Any) -> n
     signature and, when equivalent, ranked and profiled with the search's results).
     """
     opts = Options.parse(**options)
+    if _called_by_a_worker_importing_the_script():
+        logger.warning(
+            "mirage.superoptimize: called while a search worker process imports your script (the "
+            "search starts workers that import the main script, which runs its top-level code again); "
+            "returning the program unchanged here. Put the script's top-level work under "
+            "`if __name__ == \"__main__\":` so that workers skip it")
+        return program
     if isinstance(program, (KNGraph, KernelGraph)):
         graph = program.freeze() if isinstance(program, KNGraph) else program
         if example_inputs is not None:
@@ -76,6 +84,17 @@ def superoptimize(program: Any, example_inputs: Any = None, **options: Any) -> n
         args, kwargs = _split_inputs(example_inputs)
         module.specialize(args, kwargs)
     return module
+
+
+def _called_by_a_worker_importing_the_script() -> bool:
+    """Whether this call comes from a script's top-level code run again by a worker process that
+    multiprocessing started (spawn or forkserver), which imports the main script as ``__mp_main__``."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "__mp_main__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _split_inputs(example_inputs: Any) -> tuple[tuple, dict]:

@@ -95,3 +95,18 @@ def test_programs(form):
 def test_top_level_entry_is_the_api_entry():
     fast = mi.superoptimize(torch.exp, (X,), search=False)
     torch.testing.assert_close(fast(X), torch.exp(X))
+
+
+def test_a_worker_importing_the_script_gets_the_program_back_untouched(caplog):
+    """Search workers (forkserver / spawn) import the main script as ``__mp_main__``; an unguarded
+    top-level call there must not start a search of its own."""
+    import mirage as mi
+
+    def mlp(x, w):
+        return x @ w
+
+    namespace = {"__name__": "__mp_main__", "mi": mi, "mlp": mlp}
+    with caplog.at_level("WARNING", logger="mirage"):
+        exec("result = mi.superoptimize(mlp)", namespace)  # what the worker's import runs
+    assert namespace["result"] is mlp
+    assert 'if __name__ == "__main__":' in caplog.text
