@@ -232,6 +232,10 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         return Choice(reference, "reference", key, "search disabled (search=False)")
     found, note, graphs = None, "search disabled (search=False)", []
     if search:
+        if cache_dir is None and "cache" not in dict(settings.overrides):
+            # no search cache (use_cache=False): the generator's store of finished searches is off too
+            overrides = tuple(sorted((*settings.overrides, ("cache", "false"))))
+            settings = dataclasses.replace(settings, overrides=overrides)
         try:
             found, note, graphs = run_search(reference, settings, progress)
         except SearchUnavailable as error:

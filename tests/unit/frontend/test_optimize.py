@@ -67,6 +67,21 @@ def test_cache_can_be_switched_off(fake_search):
     assert len(fake_search) == 2
 
 
+def test_without_the_cache_the_generator_keeps_no_store_of_searches_either(monkeypatch):
+    """``use_cache=False`` reaches the generator: a search is run again, not read from its store."""
+    seen = []
+
+    def run_search(reference, settings, progress=True):
+        seen.append(dict(settings.overrides))
+        return reference, "0 verified µGraph(s); search stopped: test", []
+
+    monkeypatch.setattr(optimize, "run_search", run_search)
+    mi.superoptimize(program, INPUTS, use_cache=False)
+    assert seen[-1].get("cache") == "false"
+    mi.superoptimize(program, INPUTS, use_cache=False, search_overrides={"cache": True})
+    assert seen[-1].get("cache") == "true"  # the user's own setting wins
+
+
 def test_environment_switches_the_cache_off(fake_search, monkeypatch):
     monkeypatch.setenv("MIRAGE_NO_CACHE", "1")
     mi.superoptimize(program, INPUTS)

@@ -27,7 +27,7 @@ def test_user_guide_examples_run(monkeypatch, tmp_path, caplog):
     torch._dynamo.reset()
     blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
     assert len(blocks) >= 5
-    namespace: dict = {}
+    namespace: dict = {"__name__": "__main__"}  # as a script runs them
     with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
         for block in blocks:
             if block.startswith("# needs a GPU") and not torch.cuda.is_available():

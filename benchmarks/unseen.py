@@ -1,0 +1,105 @@
+"""Programs that no test and no benchmark family names, run end to end: capture, search (with a short
+budget), verification, code generation, compilation and timing on the GPU, then the result against
+PyTorch eager.  Prints one line per program and writes unseen_<date>.json into ``--out`` (default
+benchmarks/results).  On a machine without a GPU the subprograms run through the interpreter and only
+correctness is reported."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import mirage as mi
+
+
+class Gate(nn.Module):
+    """A residual sum gated by a sigmoid: element-wise ops only."""
+
+    def forward(self, x, r, g):
+        return (x + r) * torch.sigmoid(g)
+
+
+class SoftmaxProjection(nn.Module):
+    """A product whose rows go through a softmax (attention scores without the value product)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(256, 512) / 16)
+
+    def forward(self, x):
+        return torch.softmax(x @ self.w, dim=-1)
+
+
+class NormProjection(nn.Module):
+    """The rms of each row written out by hand (no ``rms_norm`` op), then a product."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(512, 768) / 22)
+
+    def forward(self, x):
+        return (x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5)) @ self.w
+
+
+class SwiGLU(nn.Module):
+    """Llama's gated product at shapes of no benchmark."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(512, 1024) / 22)
+        self.w2 = nn.Parameter(torch.randn(512, 1024) / 22)
+
+    def forward(self, x):
+        return F.silu(x @ self.w1) * (x @ self.w2)
+
+
+PROGRAMS = {
+    "gate": (Gate, [(8, 1024), (8, 1024), (8, 1024)]),
+    "softmax_projection": (SoftmaxProjection, [(16, 256)]),
+    "norm_projection": (NormProjection, [(4, 512)]),
+    "swiglu": (SwiGLU, [(4, 512)]),
+}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
+    parser.add_argument("--time-limit", type=float, default=15.0, help="search budget per subprogram, s")
+    args = parser.parse_args(argv)
+    from benchmarks.stream_floor import write_record
+    from mirage.codegen.profile import device_facts, time_graph
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    facts = device_facts() if device == "cuda" else {"device": "cpu", "date": time.strftime("%Y-%m-%d")}
+    rows = []
+    torch.manual_seed(0)
+    for name, (cls, shapes) in PROGRAMS.items():
+        model = cls().to(device).half().eval()
+        inputs = tuple(torch.randn(s, device=device).half() for s in shapes)
+        start = time.time()
+        row = {"program": name}
+        try:
+            fast = mi.superoptimize(model, inputs, time_limit_s=args.time_limit, use_cache=False,
+                                    progress=False)
+            with torch.no_grad():
+                got, want = fast(*inputs).float(), model(*inputs).float()
+            row["relative_error"] = ((got - want).abs().max() / want.abs().max()).item()
+            row["seconds"] = time.time() - start
+            row["report"] = fast.report()
+            if device == "cuda":
+                with torch.no_grad():
+                    for key, fn in (("eager_us", model), ("mirage_us", fast)):
+                        row[key] = time_graph(lambda fn=fn, xs=inputs: fn(*xs), replays=100).median_us
+        except mi.MirageError as error:
+            row["error"] = f"{type(error).__name__}: {error}"
+        rows.append(row)
+        print({k: v for k, v in row.items() if k != "report"}, flush=True)
+    write_record(args.out, "unseen", facts, rows)
+
+
+if __name__ == "__main__":
+    main()
