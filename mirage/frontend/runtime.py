@@ -19,7 +19,7 @@ import logging
 import operator
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -147,13 +147,21 @@ class Specialization:
 
     def report(self) -> str:
         lines = [f"inputs: {self.signature.describe()}", self.partition.summary()]
+        stitched = {n.target for n in self.module.graph.nodes if n.op == "call_module"}
         for s in self.partition.subprograms:
             c = self.choices[s.name]
-            lines.append(f"  {s.name}: {len(s.nodes)} torch ops, {s.num_ops} kernel-graph ops; µGraph from "
-                         f"{c.source} ({c.detail})")
+            runs = (f"µGraph from {c.source} ({c.detail})" if s.name in stitched
+                    else f"runs in PyTorch, as nothing beat its reference graph ({c.detail})")
+            lines.append(f"  {s.name}: {len(s.nodes)} torch ops, {s.num_ops} kernel-graph ops; {runs}")
         lines += [f"  {n}" for n in self.partition.notices()]
         lines.append("  time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items()))
         return "\n".join(lines)
+
+
+def runs_in_pytorch(choice: Choice, options: Options) -> bool:
+    """Whether a subprogram keeps its torch ops: a search ran (or was asked for) and found nothing
+    better than the reference graph.  With ``search=False`` the reference graph runs as generated code."""
+    return options.search and choice.source == "reference"
 
 
 def choose_all(subprograms: Sequence[Subprogram], options: Options,
@@ -237,9 +245,12 @@ class MirageModule(nn.Module):
         start = time.perf_counter()
         choices = choose_all(part.subprograms, self.options, profile_device(args, kwargs, self.options))
         seconds["choose"] = time.perf_counter() - start
-        modules = {s.name: SubprogramModule(s, choices[s.name], self.options) for s in part.subprograms}
+        # a subprogram whose search found nothing better than its reference graph keeps its torch ops:
+        # the reference graph, op by op, is slower than PyTorch's own kernels
+        replaced = tuple(s for s in part.subprograms if not runs_in_pytorch(choices[s.name], self.options))
+        modules = {s.name: SubprogramModule(s, choices[s.name], self.options) for s in replaced}
         captured = gm.graph
-        stitched = stitch(gm, part, modules)
+        stitched = stitch(gm, replace(part, subprograms=replaced), modules)
         spec = Specialization(signature, stitched, captured, part, choices, seconds)
         self._first = self._first or signature
         self._specializations[signature] = spec

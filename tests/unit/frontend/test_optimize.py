@@ -302,3 +302,22 @@ def test_a_failing_search_keeps_the_given_candidates(isolated_cache, monkeypatch
     assert choice.source == "candidate" and "search failed: RuntimeError" in choice.detail
     assert "running the verified candidates" in caplog.text
     torch.testing.assert_close(fast(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
+
+
+def test_a_fruitless_search_leaves_the_subprogram_in_pytorch(monkeypatch, isolated_cache):
+    """Nothing better than the reference graph: the torch ops stay (faster than the reference graph
+    op by op); with search=False the reference graph runs as mirage code, as before."""
+    from mirage.frontend.runtime import SubprogramModule
+
+    def finds_nothing(reference, settings, progress=True):
+        return None, "0 verified µGraph(s); search stopped: test", []
+
+    monkeypatch.setattr(optimize, "run_search", finds_nothing)
+    fast = mi.superoptimize(program, INPUTS)
+    spec = fast.specializations[0]
+    assert spec.choices["sp0"].source == "reference"
+    assert not [m for m in spec.module.modules() if isinstance(m, SubprogramModule)]
+    assert "runs in PyTorch, as nothing beat its reference graph" in fast.report()
+    torch.testing.assert_close(fast(*INPUTS), program(*INPUTS))
+    plain = mi.superoptimize(program, INPUTS, search=False)
+    assert [m for m in plain.specializations[0].module.modules() if isinstance(m, SubprogramModule)]
