@@ -235,6 +235,22 @@ def _rms_norm(b: RegionBuilder, node, p):
     return out
 
 
+def _layer_norm(b: RegionBuilder, node, p):  # (x − mean) / sqrt(mean((x − mean)²) + eps) · weight + bias
+    x = b.tensor_operand(p["input"])
+    if len(p["normalized_shape"]) != 1:
+        raise Unlowerable("layer_norm over more than the last dim")
+    eps = float(p.get("eps", 1e-5))
+    last = [len(x.shape) - 1]
+    centered = b.add(x, b.reduce(x, last, True, mean=True), -1.0)
+    variance = b.reduce(power(b, centered, 2.0), last, True, mean=True)
+    out = b.product(centered, power(b, b.shift(variance, eps), 0.5), divide=True)
+    if p.get("weight") is not None:
+        out = b.product(out, b.tensor_operand(p["weight"]))
+    if p.get("bias") is not None:
+        out = b.add(out, b.tensor_operand(p["bias"]))
+    return out
+
+
 def _attention(b: RegionBuilder, node, p):
     """softmax(q @ kᵀ · scale + mask) @ v, grouped-query heads folded into the query rows."""
     q, k, v = (b.tensor_operand(p[name]) for name in ("query", "key", "value"))
@@ -366,6 +382,7 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("_safe_softmax", C, _softmax, "as softmax (rows are never all −inf here)"),
         Lowering("linalg_vector_norm", C, _vector_norm, "2-norm: sqrt(Σx²) over dims"),
         Lowering("rms_norm", C, _rms_norm, "rms_norm(x, eps) · weight over the last dim"),
+        Lowering("layer_norm", C, _layer_norm, "(x − mean) / √(var + eps) · weight + bias over the last dim"),
         Lowering("scaled_dot_product_attention", C, _attention,
                  "softmax(q kᵀ·scale + mask) v, decomposed; grouped-query heads folded into rows"),
         Lowering("view", L, _view, "relabel"),

@@ -77,6 +77,11 @@ CASES = [
                                                                             scale=0.3),
          ((1, 4, 1, 8), (1, 2, 6, 8), (1, 2, 6, 8), (1, 1, 1, 6)),
          {Op.MATMUL: 2, Op.MUL_SCALAR: 1, Op.ADD: 1, Op.EXP: 1, Op.REDUCTION: 1, Op.DIV: 1}),
+    # the centred values' scaling is an rms_norm (the rms_norm pattern finds it): mean, subtract, rms
+    Case("layer_norm", lambda x, w, b: F.layer_norm(x, (8,), w, b, 1e-5), ((3, 8), (8,), (8,)),
+         {Op.REDUCTION: 1, Op.MUL_SCALAR: 1, Op.SUB: 1, Op.RMS_NORM: 1, Op.MUL: 1, Op.ADD: 1}),
+    Case("layer_norm_3d_no_affine", lambda x: F.layer_norm(x, (8,)), ((2, 3, 8),),
+         {Op.REDUCTION: 1, Op.MUL_SCALAR: 1, Op.SUB: 1, Op.RMS_NORM: 1}),
     Case("views_inside", lambda x, w: (x @ w).view(2, 3, 5).transpose(0, 1).reshape(6, 5).relu(),
          ((6, 4), (4, 5)), {Op.MATMUL: 1}),  # the transpose moves data: relu runs in a second subprogram
 ]
