@@ -60,11 +60,9 @@ class Choice:
 
 def auto_config(graph: KernelGraph) -> str:
     """The named search space that suits a subprogram: ``attention`` when it exponentiates
-    (softmax) between two matrix products (scores, then values), ``lora`` when it adds two matrix
-    products, ``mlp`` otherwise (a softmax of one product, or of no product, is an ``mlp`` search:
-    the attention space, built around the second product, finds nothing for it)."""
+    (softmax), ``lora`` when it adds two matrix products, ``mlp`` otherwise."""
     ops = [n.op for n in graph.nodes]
-    if Op.EXP in ops and ops.count(Op.MATMUL) >= 2:
+    if Op.EXP in ops:
         return "attention"
     for node in graph.nodes:
         if node.op is Op.ADD and all(graph.nodes[r.node].op is Op.MATMUL for r in node.inputs):

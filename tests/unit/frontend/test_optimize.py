@@ -321,25 +321,3 @@ def test_a_fruitless_search_leaves_the_subprogram_in_pytorch(monkeypatch, isolat
     torch.testing.assert_close(fast(*INPUTS), program(*INPUTS))
     plain = mi.superoptimize(program, INPUTS, search=False)
     assert [m for m in plain.specializations[0].module.modules() if isinstance(m, SubprogramModule)]
-
-
-def test_the_search_space_suits_the_subprogram():
-    """attention only where a softmax sits between two products; a softmax of one product or of
-    none searches the mlp space (where the search verifies µGraphs for it)."""
-    from mirage.frontend.optimize import auto_config
-
-    def graph(build):
-        g = mi.new_kernel_graph()
-        x = g.new_input(dims=(4, 8), dtype=mi.float32)
-        w = g.new_input(dims=(8, 8), dtype=mi.float32)
-        g.mark_output(build(g, x, w))
-        return g.freeze()
-
-    def softmax(g, t):
-        e = g.exp(t)
-        return g.div(e, g.reduction(e, 1))
-
-    assert auto_config(graph(lambda g, x, w: g.matmul(softmax(g, g.matmul(x, w)), w))) == "attention"
-    assert auto_config(graph(lambda g, x, w: softmax(g, g.matmul(x, w)))) == "mlp"
-    assert auto_config(graph(lambda g, x, w: softmax(g, x))) == "mlp"
-    assert auto_config(graph(lambda g, x, w: g.add(g.matmul(x, w), g.matmul(x, w)))) == "lora"
