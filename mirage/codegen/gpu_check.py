@@ -78,6 +78,20 @@ class CheckResult:
     def worst_error(self) -> float:
         return max((o.relative_error for o in self.outputs), default=0.0)
 
+    @property
+    def unwritten(self) -> int:
+        """Non-finite output elements where the reference is finite (overflow, or never written)."""
+        return sum(o.unwritten for o in self.outputs)
+
+    def failure(self) -> str:
+        """Why the check failed, in a few words (empty when it passed)."""
+        if self.passed:
+            return ""
+        if self.unwritten:
+            return (f"{self.unwritten} output element(s) NaN or inf where the float64 reference is "
+                    f"finite (an overflow, or elements never written)")
+        return f"relative error {self.worst_error:.3g}"
+
     def as_dict(self) -> dict:
         return {
             "name": self.name,

@@ -153,7 +153,7 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
         if result.passed:
             best = trial
             break
-        trial.failure = f"float check: relative error {result.worst_error:.3g}"
+        trial.failure = f"float check: {result.failure()}"
     selection = Selection(best, trials, getattr(best, "program", None), time.perf_counter() - start)
     if best is None:
         reasons = "; ".join(f"{t.variant.label}: {t.failure}" for t in trials[:5])

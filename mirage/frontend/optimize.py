@@ -265,9 +265,15 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
             if g not in given and g not in searched and _fits(g, reference, "a searched µGraph"):
                 searched.append(g)
         ranked = searched[:max(PROFILE_CANDIDATES - len(given), 1)] + given
+        from mirage.codegen.select import SelectionError
+
         try:
             found, profiled, build = profile_choice(reference, ranked)
             note = f"{note}; {profiled}"
+        except SelectionError as error:  # no build matched the reference on this GPU: run none of them
+            logger.warning("mirage: no searched µGraph of %s matched the reference on the GPU (%s); "
+                           "running the reference", reference.name or "a subprogram", error)
+            found, note = None, f"{note}; none matched the reference on the GPU"
         except Exception as error:  # noqa: BLE001 - keep the cost model's pick, say why
             logger.warning("mirage: profiling %s on the GPU failed (%s: %s); keeping the cost model's pick",
                            reference.name or "a subprogram", type(error).__name__, error)

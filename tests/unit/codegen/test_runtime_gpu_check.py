@@ -79,3 +79,18 @@ def test_suite_runs_cases_in_workers_and_writes_a_report(tmp_path):
     assert saved["summary"] == {"search": {"cases": 2, "passed": 2}}
     assert "| softmax_a | search | 0 | yes |" in md_path.read_text()
     assert np.isfinite(saved["cases"][0]["worst_error"])
+
+
+def test_a_failed_check_says_whether_outputs_were_non_finite():
+    from mirage.codegen.gpu_check import CheckResult
+
+    graph = softmax_graph()
+    inputs = random_inputs(graph, seed=3, device="cpu")
+    (reference,) = mi.interpret(graph, inputs)
+    good = torch.from_numpy(reference).half()
+    overflowed = good.index_fill(0, torch.tensor([2]), float("inf"))
+    results = [CheckResult("softmax", compare([t], [reference], graph), 0, 0.0, 0.0)
+               for t in (good, overflowed, good * 1.05)]
+    assert [r.failure() for r in results][0] == ""
+    assert results[1].unwritten == 32 and "32 output element(s) NaN or inf" in results[1].failure()
+    assert results[2].failure().startswith("relative error 0.05")

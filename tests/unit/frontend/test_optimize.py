@@ -260,6 +260,32 @@ def test_profiling_picks_among_all_verified_graphs_and_keys_the_cache_per_gpu(mo
     assert plain.build is None
 
 
+def test_when_no_build_matches_on_the_gpu_none_runs(monkeypatch, tmp_path):
+    """Every searched µGraph failed the GPU float check (an fp16 overflow, say): the reference is
+    chosen, not the cost model's pick; any other profiling failure keeps the pick."""
+    from mirage.codegen.select import SelectionError
+
+    reference = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
+    other = _rewritten(reference)
+
+    def search(ref, settings, progress=True):
+        return other, "1 verified µGraph(s); search stopped: test", [other]
+
+    def mismatched(ref, candidates):
+        raise SelectionError("none of 2 candidate builds compiled, ran and matched the reference")
+
+    def broken(ref, candidates):
+        raise RuntimeError("no CUDA driver")
+
+    monkeypatch.setattr(optimize, "run_search", search)
+    settings = optimize.SearchSettings(config="mlp")
+    monkeypatch.setattr(optimize, "profile_choice", mismatched)
+    choice = optimize.choose(reference, settings, profile_on="Some GPU")
+    assert choice.source == "reference" and "none matched the reference on the GPU" in choice.detail
+    monkeypatch.setattr(optimize, "profile_choice", broken)
+    assert optimize.choose(reference, settings, profile_on="Some GPU").source == "search"
+
+
 def _wrong(reference):
     """Same signature, another function (silu(x·w) without the factor 2)."""
     g = mi.new_kernel_graph()
