@@ -47,7 +47,8 @@ def _select(monkeypatch, programs: list[FakeProgram], overlap: bool = True):
                         lambda fn, replays=100: SimpleNamespace(median_us=fn().times[fn().mode]))
     monkeypatch.setattr(dependent_launch, "available", lambda device: overlap)
     monkeypatch.setattr(gpu_check, "check_on_gpu", lambda reference, program, inputs=None: SimpleNamespace(
-        passed=not program.wrong, worst_error=1.0 if program.wrong else 1e-4))
+        passed=not program.wrong, worst_error=1.0 if program.wrong else 1e-4,
+        failure=lambda: "relative error 1" if program.wrong else ""))
     inputs = [SimpleNamespace(device=SimpleNamespace(index=0))]
     case = CASES["gqa_b1"]
     candidates = variants("gqa_b1")[: len(programs)]
