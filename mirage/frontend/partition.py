@@ -263,19 +263,34 @@ def _is_compute(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor) and not node.target.__name__.startswith("_assert")
 
 
-def partition(gm: fx.GraphModule, budget: Budget | None = None) -> Partition:
-    """Partition a captured (aten-level) program."""
+PRODUCTS = frozenset({"linear", "matmul", "mm", "bmm", "addmm"})
+
+
+def product_cuts(gm: fx.GraphModule, subprogram: Subprogram) -> frozenset[str]:
+    """Where to split a subprogram that no µGraph beat: before each matrix product that reads a value
+    computed in the same subprogram (the next layer: a down projection after a gated product, a
+    linear after a norm).  Each part is a smaller search."""
+    members = set(subprogram.nodes)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    return frozenset(name for name, op in zip(subprogram.nodes, subprogram.ops, strict=True)
+                     if op in PRODUCTS and any(p.name in members for p in nodes[name].all_input_nodes))
+
+
+def partition(gm: fx.GraphModule, budget: Budget | None = None, cuts: frozenset[str] = frozenset()
+              ) -> Partition:
+    """Partition a captured (aten-level) program.  ``cuts``: nodes that start a subprogram of their
+    own instead of joining their operands' (:func:`product_cuts`)."""
     budget = budget or Budget()
     kept: frozenset[fx.Node] = frozenset()
     while True:
-        part, widened = _partition(gm, budget, kept)
+        part, widened = _partition(gm, budget, kept, cuts)
         if not widened - kept:
             return part
         kept |= widened
 
 
-def _partition(gm: fx.GraphModule, budget: Budget, kept: frozenset[fx.Node]
-               ) -> tuple[Partition, frozenset[fx.Node]]:
+def _partition(gm: fx.GraphModule, budget: Budget, kept: frozenset[fx.Node],
+               cuts: frozenset[str] = frozenset()) -> tuple[Partition, frozenset[fx.Node]]:
     """One round: the partition keeping the upcasts ``kept`` in PyTorch, and the upcasts behind the
     widened values its subprograms keep live (to keep in the next round; none with "exact" off)."""
     nodes = list(gm.graph.nodes)
@@ -303,6 +318,8 @@ def _partition(gm: fx.GraphModule, budget: Budget, kept: frozenset[fx.Node]
         if row.kind is Kind.LAYOUT:  # joins the subprogram of its operand, or stays a PyTorch view
             operand = node.args[0] if node.args else None
             attempts = [[region_of[operand]]] if operand in region_of else []
+        elif node.name in cuts:
+            attempts = [[]]
         else:
             attempts = [candidates] if len(candidates) > 1 else []
             attempts += [[c] for c in sorted(candidates, key=lambda c: -len(regions[c]))]

@@ -38,7 +38,7 @@ from mirage.frontend.errors import InputError, InputGradError
 from mirage.frontend.executor import make_executor
 from mirage.frontend.optimize import Choice, choose
 from mirage.frontend.options import Options
-from mirage.frontend.partition import Partition, Subprogram, partition
+from mirage.frontend.partition import Partition, Subprogram, partition, product_cuts
 
 logger = logging.getLogger("mirage.frontend")
 
@@ -243,7 +243,9 @@ class MirageModule(nn.Module):
                 self._noticed.add(notice)
                 logger.warning(notice)
         start = time.perf_counter()
-        choices = choose_all(part.subprograms, self.options, profile_device(args, kwargs, self.options))
+        device = profile_device(args, kwargs, self.options)
+        choices = choose_all(part.subprograms, self.options, device)
+        part, choices = self._split_fruitless(gm, part, choices, device)
         seconds["choose"] = time.perf_counter() - start
         # a subprogram whose search found nothing better than its reference graph keeps its torch ops:
         # the reference graph, op by op, is slower than PyTorch's own kernels
@@ -256,6 +258,26 @@ class MirageModule(nn.Module):
         self._specializations[signature] = spec
         logger.info("mirage: specialized %s for %s: %s", self.name, signature.describe(), part.summary())
         return spec
+
+    def _split_fruitless(self, gm: fx.GraphModule, part: Partition, choices: dict[str, Choice],
+                         device: str | None) -> tuple[Partition, dict[str, Choice]]:
+        """Once: split each subprogram whose search found nothing before the products that start its
+        next layer (``partition.product_cuts``), and search the parts; subprograms left as they were
+        keep their choices.  The split is kept only where it changes the partition."""
+        cuts = frozenset().union(*(product_cuts(gm, s) for s in part.subprograms
+                                   if runs_in_pytorch(choices[s.name], self.options)))
+        if not cuts:
+            return part, choices
+        split = partition(gm, self.options.budget, cuts)
+        before = {s.nodes: choices[s.name] for s in part.subprograms}
+        if {s.nodes for s in split.subprograms} == set(before):
+            return part, choices
+        logger.info("mirage: %s: splitting subprograms that no µGraph beat before %s", self.name,
+                    ", ".join(sorted(cuts)))
+        new = [s for s in split.subprograms if s.nodes not in before]
+        fresh = choose_all(new, self.options, device)
+        return split, {s.name: before[s.nodes] if s.nodes in before else fresh[s.name]
+                       for s in split.subprograms}
 
     def forward(self, *args, **kwargs):
         signature = signature_of(args, kwargs)

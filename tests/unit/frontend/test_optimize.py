@@ -347,3 +347,36 @@ def test_a_fruitless_search_leaves_the_subprogram_in_pytorch(monkeypatch, isolat
     torch.testing.assert_close(fast(*INPUTS), program(*INPUTS))
     plain = mi.superoptimize(program, INPUTS, search=False)
     assert [m for m in plain.specializations[0].module.modules() if isinstance(m, SubprogramModule)]
+
+
+def test_a_fruitless_subprogram_is_split_before_its_next_layer_and_the_parts_searched(monkeypatch):
+    """x + (silu(x·Wg) · (x·Wu))·Wd: no µGraph for all six ops, so the subprogram is split before
+    the down projection (a product of a value computed inside it) and each part is searched."""
+    import torch.nn.functional as F
+
+    from mirage.frontend.capture import as_module, capture
+    from mirage.frontend.partition import PRODUCTS, partition, product_cuts
+
+    searched = []
+
+    def small_only(reference, settings, progress=True):
+        ops = sum(1 for n in reference.nodes if n.op is not Op.INPUT)
+        searched.append(ops)
+        return (None if ops > 4 else reference), "test", []
+
+    monkeypatch.setattr(optimize, "run_search", small_only)
+
+    def block(x, wg, wu, wd):
+        return x + (F.silu(x @ wg) * (x @ wu)) @ wd
+
+    inputs = (torch.randn(16, 8), torch.randn(8, 12), torch.randn(8, 12), torch.randn(12, 8))
+    fast = mi.superoptimize(block, inputs, use_cache=False, progress=False)
+    spec = fast.specializations[0]
+    assert searched == [6, 4, 2]
+    assert [len(s.nodes) for s in spec.partition.subprograms] == [4, 2]
+    assert {c.source for c in spec.choices.values()} == {"search"}
+    torch.testing.assert_close(fast(*inputs), block(*inputs), rtol=1e-4, atol=1e-4)
+    gm = capture(as_module(block), inputs, {})
+    (only,) = partition(gm).subprograms
+    (cut,) = product_cuts(gm, only)
+    assert only.ops[only.nodes.index(cut)] in PRODUCTS and only.nodes.index(cut) == 4
