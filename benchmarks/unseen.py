@@ -57,11 +57,27 @@ class SwiGLU(nn.Module):
         return F.silu(x @ self.w1) * (x @ self.w2)
 
 
+class Block(nn.Module):
+    """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(512)
+        self.gate = nn.Linear(512, 1024, bias=False)
+        self.up = nn.Linear(512, 1024, bias=False)
+        self.down = nn.Linear(1024, 512, bias=False)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
 PROGRAMS = {
     "gate": (Gate, [(8, 1024), (8, 1024), (8, 1024)]),
     "softmax_projection": (SoftmaxProjection, [(16, 256)]),
     "norm_projection": (NormProjection, [(4, 512)]),
     "swiglu": (SwiGLU, [(4, 512)]),
+    "block": (Block, [(8, 512)]),
 }
 
 
