@@ -164,17 +164,15 @@ def copy_probe(w: torch.Tensor, stages: int, threads: int) -> float:
     """µs to read ``w`` box by box through ``cp.async`` and a ring of ``stages`` rounds."""
     import cupy
 
-    kernel = cupy.RawKernel(COPY_SOURCE % {"stages": stages}, "read_copies", options=("-std=c++17",))
+    from benchmarks.stream_floor import cuda_kernel, launch
+
     smem = stages * 4 * threads * 16
-    kernel.max_dynamic_shared_size_bytes = smem
+    kernel = cuda_kernel(COPY_SOURCE % {"stages": stages}, "read_copies", smem)
     sink = torch.zeros(1, dtype=torch.int32, device="cuda")
     rows, cols = w.shape
-
-    def run():
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        arguments = (w.data_ptr(), cupy.int32(cols // 8), cupy.int32(rows), cupy.int32(6), sink.data_ptr())
-        kernel((cols // 48,), (threads,), arguments, shared_mem=smem, stream=stream)
-    return time_graph(run, replays=100).median_us
+    arguments = (w.data_ptr(), cupy.int32(cols // 8), cupy.int32(rows), cupy.int32(6), sink.data_ptr())
+    return time_graph(lambda: launch(kernel, (cols // 48,), (threads,), arguments, smem),
+                      replays=100).median_us
 
 
 def shared_bytes(warps: int, stages: int, rows: int) -> int:
@@ -184,12 +182,10 @@ def shared_bytes(warps: int, stages: int, rows: int) -> int:
 
 def probe(warps: int, stages: int, rows: int):
     """The probe with ``warps`` warps, ``stages`` slices of ``rows`` weight rows each in flight."""
-    import cupy
+    from benchmarks.stream_floor import cuda_kernel
 
-    kernel = cupy.RawKernel(SOURCE % {"warps": warps, "stages": stages, "rows": rows}, "gemv_warps",
-                            options=("-std=c++17",))
-    kernel.max_dynamic_shared_size_bytes = shared_bytes(warps, stages, rows)
-    return kernel
+    return cuda_kernel(SOURCE % {"warps": warps, "stages": stages, "rows": rows}, "gemv_warps",
+                       shared_bytes(warps, stages, rows))
 
 
 def main(argv=None) -> None:
@@ -205,7 +201,7 @@ def main(argv=None) -> None:
     expected = (x.float() @ w.float())
     rows = [{"what": "torch.mm", "us": time_graph(lambda: torch.mm(x, w), replays=100).median_us}]
     print(rows[-1], flush=True)
-    from benchmarks.stream_floor import read_boxes, write_record
+    from benchmarks.stream_floor import launch, read_boxes, write_record
 
     for threads in (256, 512):
         us = read_boxes(w, 128, 1, threads)
@@ -223,9 +219,8 @@ def main(argv=None) -> None:
         y = torch.empty(16, n, device="cuda").half()
 
         def run(kernel=kernel, smem=smem, warps=warps, y=y):
-            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-            kernel((n // 48,), (warps * 32,), (x.data_ptr(), w.data_ptr(), y.data_ptr(), cupy.int32(k),
-                                              cupy.int32(n)), shared_mem=smem, stream=stream)
+            arguments = (x.data_ptr(), w.data_ptr(), y.data_ptr(), cupy.int32(k), cupy.int32(n))
+            launch(kernel, (n // 48,), (warps * 32,), arguments, smem)
         run()
         torch.cuda.synchronize()
         error = ((y.float() - expected).abs().max() / expected.abs().max()).item()

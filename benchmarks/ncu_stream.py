@@ -12,21 +12,16 @@ import dataclasses
 
 
 def main() -> None:
-    import cupy
     import torch
 
     from benchmarks.rms_forms import gemv
-    from benchmarks.stream_floor import TILE_READ_KERNEL
+    from benchmarks.stream_floor import box_reader
     from mirage.codegen.lower_program import generate_cuda_program
     from mirage.codegen.runtime import build_many
     from mirage.optimizer import OptimizerOptions
 
     weight = torch.randn(4096, 6144, device="cuda").half()
-    sink = torch.zeros(1, dtype=torch.int32, device="cuda")
-    kernel = cupy.RawKernel(TILE_READ_KERNEL, "read_boxes")
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    kernel((128, 1), (512,), (weight.data_ptr(), cupy.int32(768), cupy.int32(4096), cupy.int32(6),
-                              sink.data_ptr()), stream=stream)
+    box_reader(weight, 128, 1, 512)()
     inputs = [torch.randn(16, 4096, device="cuda").half(), torch.randn(1, 4096, device="cuda").half(), weight]
     programs = [generate_cuda_program(gemv(8, 128, 16, 512), None,
                                       options=dataclasses.replace(OptimizerOptions(), stages=stages))

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -77,41 +78,61 @@ CASES = {"rmsnorm_b1": (2, (4096, 6144), 1), "rmsnorm_b8": (16, (4096, 6144), 1)
          "gatedmlp_m1": (1, (4096, 4096), 2), "gatedmlp_m8": (8, (4096, 4096), 2)}
 
 
+def cuda_kernel(source: str, name: str, shared_bytes: int = 0):
+    """A CuPy kernel of hand-written CUDA (C++17), allowed ``shared_bytes`` of dynamic shared memory."""
+    import cupy
+
+    kernel = cupy.RawKernel(source, name, options=("-std=c++17",))
+    if shared_bytes:
+        kernel.max_dynamic_shared_size_bytes = shared_bytes
+    return kernel
+
+
+def launch(kernel, grid: tuple, block: tuple, arguments: tuple, shared_bytes: int = 0) -> None:
+    """Launch on torch's current stream, the one that ``time_graph`` captures."""
+    import cupy
+
+    with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; a raw handle still needs it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    kernel(grid, block, arguments, shared_mem=shared_bytes, stream=stream)
+
+
 def read_floor(weights: list[torch.Tensor], sm_count: int) -> tuple[float, int]:
     """The fastest read of ``weights`` over a few grid sizes: (µs, blocks per SM)."""
     import cupy
 
-    kernel = cupy.RawKernel(READ_KERNEL, "read_all")
+    kernel = cuda_kernel(READ_KERNEL, "read_all")
     sink = torch.zeros(1, dtype=torch.int32, device="cuda")
     best = None
     for per_sm in (1, 2, 4, 8):
         def run(per_sm=per_sm):
-            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
             for w in weights:
                 n = w.numel() * w.element_size() // 16
-                kernel((sm_count * per_sm,), (512,), (w.data_ptr(), cupy.int64(n), sink.data_ptr()),
-                       stream=stream)
+                launch(kernel, (sm_count * per_sm,), (512,), (w.data_ptr(), cupy.int64(n), sink.data_ptr()))
         us = time_graph(run, replays=100).median_us
         if best is None or us < best[0]:
             best = (us, per_sm)
     return best
 
 
-def read_boxes(weight: torch.Tensor, strips: int, chunks: int, threads: int) -> float:
-    """µs to read ``weight`` (K, N) with a grid of ``strips`` column strips × ``chunks`` row chunks."""
+def box_reader(weight: torch.Tensor, strips: int, chunks: int, threads: int):
+    """A function that reads ``weight`` (K, N) once, a grid of ``strips`` column strips × ``chunks``
+    row chunks, each block its own box."""
     import cupy
 
-    kernel = cupy.RawKernel(TILE_READ_KERNEL, "read_boxes")
+    kernel = cuda_kernel(TILE_READ_KERNEL, "read_boxes")
     sink = torch.zeros(1, dtype=torch.int32, device="cuda")
     rows, cols = weight.shape
     row_vectors = cols * weight.element_size() // 16
+    arguments = (weight.data_ptr(), cupy.int32(row_vectors), cupy.int32(rows // chunks),
+                 cupy.int32(row_vectors // strips), sink.data_ptr())
+    return lambda: launch(kernel, (strips, chunks), (threads,), arguments)
 
-    def run():
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        kernel((strips, chunks), (threads,), (weight.data_ptr(), cupy.int32(row_vectors),
-                                               cupy.int32(rows // chunks), cupy.int32(row_vectors // strips),
-                                               sink.data_ptr()), stream=stream)
-    return time_graph(run, replays=100).median_us
+
+def read_boxes(weight: torch.Tensor, strips: int, chunks: int, threads: int) -> float:
+    """µs to read ``weight`` box by box (:func:`box_reader`)."""
+    return time_graph(box_reader(weight, strips, chunks, threads), replays=100).median_us
 
 
 def split_k_gemv(b: int, n_blocks: int, k_splits: int, iters: int, threads: int) -> mi.KernelGraph:

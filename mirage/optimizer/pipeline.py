@@ -89,7 +89,8 @@ class OptimizerOptions:
     # kernel, after a cluster barrier (cluster_fold)
     max_cluster: int = 16  # blocks per cluster of a fold (more than 8: sm_90's non-portable sizes)
     counter_folds: bool = False  # the same folds, their blocks meeting at a counter in device memory
-    # instead of a cluster barrier (any GPU; grids of at most one block per SM; cluster_folds first)
+    # instead of a cluster barrier (no clusters: sm_70 and later; grids of at most one block per SM;
+    # cluster_folds first)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 // The barriers of folds (mirage.optimizer.cluster_fold): the blocks that wrote a combine's partials
 // meet before they read them back. A cluster fold meets at a thread-block cluster's barrier (sm_90);
-// a counter fold at a counter in device memory (any GPU, grids of one wave).
+// a counter fold at a counter in device memory (no clusters: sm_70 and later; grids of one wave).
 #pragma once
 
 #include <cute/arch/cluster_sm90.hpp>
