@@ -97,7 +97,8 @@ class KernelLowering:
             self._place_softmax(smem_limit)
         self.row_loop = RowLoopLowering(self, kernel.row_loop) if kernel.row_loop is not None else None
         self.iterators = tuple(self._iterator(k, i) for k, i in enumerate(self.graph.input_nodes))
-        pipelined = {it.stages for it in self.iterators if it.pipelined}
+        # a multicast input's ring has one slot more than the pipeline's stages (optimizer.multicast)
+        pipelined = {it.stages - (it.multicast > 1) for it in self.iterators if it.pipelined}
         if len(pipelined) > 1:
             raise LoweringError(f"pipelined inputs of {name} have different stage counts {sorted(pipelined)}")
         self.stages = pipelined.pop() if pipelined else 1
@@ -195,6 +196,9 @@ class KernelLowering:
         tile = self.tile(i)
         grid = self.graph.grid_dim
         shared_by_blocks = any(grid[a] > 1 and it.input_map[a] == -1 for a in range(3))
+        multicast = self.kernel.cluster if i in self.kernel.multicast and pipelined else 0
+        earlier = [b for b in self.kernel.memory.buffers if b.node in self.kernel.multicast and b.node < i
+                   and b.kind is BufferKind.INPUT_STAGES]
         return ctx.InputIteratorContext(
             name=f"in{i}",
             node=i,
@@ -205,7 +209,10 @@ class KernelLowering:
             forloop_dim=rank4_dim(rank, it.forloop_dim),
             stages=buffer.slots if pipelined else 1,
             pipelined=pipelined,
-            staggered=self.stagger_shared_loads and shared_by_blocks and tile.layout.rows > 1,
+            staggered=(self.stagger_shared_loads and shared_by_blocks and tile.layout.rows > 1
+                       and not multicast),
+            multicast=multicast,
+            barriers=self.kernel.memory.barriers + 16 * sum(b.slots for b in earlier) if multicast else -1,
         )
 
     def _saver(self, j: int, i: int) -> ctx.OutputSaverContext:
@@ -692,7 +699,18 @@ class KernelLowering:
             pre_loop=tuple(steps[Phase.PRE_LOOP]),
             loop=tuple(steps[Phase.LOOP]),
             post_loop=tuple(steps[Phase.POST_LOOP]),
+            cluster_shape=(self._multicast_cluster(steps[Phase.LOOP]), 1, 1),
         )
+
+    def _multicast_cluster(self, loop: list[ctx.Step]) -> int:
+        """Blocks per cluster along x: the multicast inputs' (1 without). Their slots are released after
+        the barrier that ends each iteration, so the loop must end with one."""
+        if not any(it.multicast for it in self.iterators):
+            return 1
+        if self.loads_after_barrier or not loop or not isinstance(loop[-1], ctx.BarrierStep):
+            raise LoweringError(f"{self.name}: multicast inputs need a barrier at the end of each iteration; "
+                                "build without OptimizerOptions.multicast_cluster")
+        return self.kernel.cluster
 
 
 LOWERED_OPS = (

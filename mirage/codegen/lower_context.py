@@ -72,6 +72,8 @@ class InputIteratorContext:
     pipelined: bool  # loaded stage by stage across the for-loop (cp.async pipeline)
     direct: bool = False  # no shared tile: a row-local loop reads its elements from global memory
     staggered: bool = False  # blocks that load the same tile start at different rows (a rotation)
+    multicast: int = 0  # > 1: read once per cluster of this many blocks (dev::MulticastIterator)
+    barriers: int = -1  # the multicast slots' barriers: offset in shared memory
 
 
 @dataclass(frozen=True)
@@ -487,10 +489,20 @@ class KernelContext:
     pre_loop: tuple[Step, ...]
     loop: tuple[Step, ...]
     post_loop: tuple[Step, ...]
+    cluster_shape: tuple[int, int, int] = (1, 1, 1)  # blocks per cluster (multicast inputs)
 
     @property
     def pipelined(self) -> tuple[InputIteratorContext, ...]:
         return tuple(i for i in self.iterators if i.pipelined)
+
+    @property
+    def multicast(self) -> tuple[InputIteratorContext, ...]:
+        return tuple(i for i in self.iterators if i.multicast > 1)
+
+    @property
+    def cluster_dims(self) -> bool:
+        """Whether the kernel is compiled with ``__cluster_dims__``."""
+        return self.cluster_shape != (1, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -511,6 +523,7 @@ class FoldedKernel:
     table: tuple[tuple[int, ...], ...]  # ClusterFold.table
     smem_bytes: int
     counter: bool = False  # a cluster's blocks meet at a counter in device memory (no __cluster_dims__)
+    multicast = ()  # folds and multicast inputs do not mix (optimizer.multicast)
 
     @property
     def threads(self) -> int:

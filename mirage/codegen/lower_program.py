@@ -280,6 +280,7 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
                 context.smem_bytes,
                 tuple(Ref(kernel.node, j) for j in range(len(node.outputs))),
                 node.inputs,
+                cluster=context.cluster_shape,
             )
         )
     code = render(tuple(units), graph.name or "graph", graph.content_hash(), prepared.target)

@@ -254,7 +254,7 @@ class Program:
 
 
 def _warn_on_cluster_waves(fn, launch: KernelLaunch, smem_bytes: int) -> None:
-    """A cluster fold pays only when all its clusters run at once: say so when they cannot."""
+    """A cluster fold or multicast pays only when all its clusters run at once: say so when they cannot."""
     import cupy
 
     if not dependent_launch.available(cupy.cuda.Device().id):
@@ -264,8 +264,8 @@ def _warn_on_cluster_waves(fn, launch: KernelLaunch, smem_bytes: int) -> None:
     clusters = math.prod(launch.grid) // launch.cluster_size
     if active < clusters:
         log.warning("%s: %d clusters of %d blocks, but the GPU runs %d at once, so they run in waves; "
-                    "build without OptimizerOptions.cluster_folds", launch.name, clusters,
-                    launch.cluster_size, active)
+                    "build without OptimizerOptions.cluster_folds or multicast_cluster", launch.name,
+                    clusters, launch.cluster_size, active)
 
 
 @functools.cache
@@ -353,6 +353,7 @@ class BuildChoice:
     stages: int = 2  # pipeline depth (OptimizerOptions.stages)
     dependent_launch: bool = True  # Program.dependent_launch
     spread_blocks: bool = False  # Program.spread_blocks
+    multicast_cluster: int = 0  # OptimizerOptions.multicast_cluster
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -361,16 +362,21 @@ class BuildChoice:
     def from_dict(cls, data: dict | None) -> BuildChoice:
         data = data or {}
         return cls(int(data.get("stages", 2)), bool(data.get("dependent_launch", True)),
-                   bool(data.get("spread_blocks", False)))
+                   bool(data.get("spread_blocks", False)), int(data.get("multicast_cluster", 0)))
+
+    def options(self):
+        """The optimizer options this build takes."""
+        from mirage.optimizer import OptimizerOptions
+
+        return dataclasses.replace(OptimizerOptions(), stages=self.stages,
+                                   multicast_cluster=self.multicast_cluster)
 
 
 def compile_chosen(graph, build: BuildChoice | dict | None = None) -> Program:
     """``graph`` compiled for the current GPU as ``build`` says (a :class:`BuildChoice` or its
     ``as_dict``; default: its defaults)."""
-    from mirage.optimizer import OptimizerOptions
-
     build = build if isinstance(build, BuildChoice) else BuildChoice.from_dict(build)
-    program = compile_program(graph, options=dataclasses.replace(OptimizerOptions(), stages=build.stages))
+    program = compile_program(graph, options=build.options())
     return dataclasses.replace(program, dependent_launch=build.dependent_launch,
                                spread_blocks=build.spread_blocks)
 

@@ -34,14 +34,17 @@ class SelectionError(MirageError):
 
 @dataclass(frozen=True)
 class Variant:
-    """One way to build a candidate: the µGraph and the optimizer's pipeline depth."""
+    """One way to build a candidate: the µGraph, the optimizer's pipeline depth, and whether inputs
+    that every block loads alike are multicast to clusters of blocks (OptimizerOptions.multicast_cluster)."""
 
     graph: KernelGraph
     stages: int = 2
+    multicast_cluster: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.graph.content_hash()[:10]}/s{self.stages}"
+        multicast = f"/mc{self.multicast_cluster}" if self.multicast_cluster > 1 else ""
+        return f"{self.graph.content_hash()[:10]}/s{self.stages}{multicast}"
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Trial:
 
     def as_dict(self) -> dict:
         return {"variant": self.variant.label, "stages": self.variant.stages,
+                "multicast_cluster": self.variant.multicast_cluster,
                 "grids": [b.grid_dim for b in self.variant.graph.block_graphs()],
                 "forloop_ranges": [b.forloop_range for b in self.variant.graph.block_graphs()],
                 "median_us": self.median_us, "dependent_launch": self.dependent_launch,
@@ -66,7 +70,8 @@ class Trial:
     def build(self):
         from mirage.codegen.runtime import BuildChoice
 
-        return BuildChoice(self.variant.stages, self.dependent_launch, self.spread_blocks)
+        return BuildChoice(self.variant.stages, self.dependent_launch, self.spread_blocks,
+                           self.variant.multicast_cluster)
 
 
 @dataclass
@@ -99,13 +104,17 @@ def ranking(trials: Sequence[Trial], ties: float = 0.01) -> list[Trial]:
     return tied + sorted((t for t in timed if t not in tied), key=lambda t: t.median_us)  # type: ignore[arg-type]
 
 
-def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4)) -> list[Variant]:
-    return [Variant(g, s) for g in candidates for s in stages]
+def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4),
+             multicast: Sequence[int] = (0,)) -> list[Variant]:
+    return [Variant(g, s, m) for g in candidates for s in stages for m in multicast]
 
 
 def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], inputs: Sequence | None = None,
                    stages: Sequence[int] = (2, 3, 4), max_workers: int | None = None,
-                   replays: int = 100, ties: float = 0.01) -> Selection:
+                   replays: int = 100, ties: float = 0.01, multicast: Sequence[int] = (0, 2)) -> Selection:
+    """Build every candidate at every pipeline depth in ``stages`` (and, where the µGraph has inputs
+    that every block loads alike, with them multicast to clusters of each size in ``multicast``), time
+    each on the GPU, and keep the fastest that matches ``reference``."""
     from mirage.codegen import dependent_launch
     from mirage.codegen.gpu_check import check_on_gpu, random_inputs
     from mirage.codegen.lower_program import generate_cuda_program
@@ -114,15 +123,21 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
     from mirage.optimizer import OptimizerOptions
 
     start = time.perf_counter()
-    trials = [Trial(v) for v in variants(candidates, stages)]
+    trials = [Trial(v) for v in variants(candidates, stages, multicast)]
     programs, built = [], []
-    for trial in trials:
+    for trial in list(trials):
         try:
-            options = dataclasses.replace(OptimizerOptions(), stages=trial.variant.stages)
-            programs.append(generate_cuda_program(trial.variant.graph, None, options=options))
-            built.append(trial)
+            options = dataclasses.replace(OptimizerOptions(), stages=trial.variant.stages,
+                                          multicast_cluster=trial.variant.multicast_cluster)
+            program = generate_cuda_program(trial.variant.graph, None, options=options)
         except MirageError as error:
             trial.failure = f"generate: {type(error).__name__}: {str(error).splitlines()[0]}"
+            continue
+        if trial.variant.multicast_cluster > 1 and all(k.cluster_size == 1 for k in program.kernels):
+            trials.remove(trial)  # nothing to multicast: the same build as without
+            continue
+        programs.append(program)
+        built.append(trial)
     compiled = dict(zip(map(id, built), build_many(programs, max_workers=max_workers), strict=True))
     if inputs is None:
         inputs = random_inputs(reference, seed=0)

@@ -73,6 +73,7 @@ class MemoryPlan:
     strategy: str  # the fit and order that won, e.g. "best_fit/by_start"
     candidates: tuple[tuple[str, int], ...]  # peak of every fit tried
     levels: int  # length of the timeline
+    barriers: int = -1  # offset of the multicast inputs' slot barriers (after the buffers), or -1
 
     def buffer_of(self, node: int, kind: BufferKind | None = None) -> Buffer:
         for b in self.buffers:
@@ -109,11 +110,13 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
               layouts: dict[int, TensorLayout] | None = None, stages: int = 2,
               accumulator_dtype: DType = DType.FLOAT32,
               in_registers_only: frozenset[int] = frozenset(),
-              read_at: dict[int, int] | None = None) -> tuple[list[Buffer], int]:
+              read_at: dict[int, int] | None = None,
+              multicast: frozenset[int] = frozenset()) -> tuple[list[Buffer], int]:
     """The buffers of ``graph`` with their lifetimes (unplaced), and the timeline length.
     ``in_registers_only``: nodes computed in registers by a chain step (no buffer); ``read_at``:
     nodes that read their operands at another node's step (a chain step runs at its anchor) and
-    not at their own, which would end the operands' lifetimes too early."""
+    not at their own, which would end the operands' lifetimes too early; ``multicast``: pipelined
+    inputs that keep one slot more than ``stages`` (optimizer.multicast)."""
     main, finalize, spans = timeline(schedule)
     reads = {c: max(level, main[read_at[c]]) if c in (read_at or {}) else level for c, level in main.items()}
     loop = spans.get(Phase.LOOP)
@@ -131,7 +134,7 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
         end = max([start, *(reads[c] for c in uses[Ref(i, 0)])])
         kind, slots, itemsize = BufferKind.TILE, 1, t.dtype.itemsize
         if node.op is Op.INPUT and node.attrs.forloop_dim >= 0 and graph.forloop_range > 1 and loop:
-            kind, slots = BufferKind.INPUT_STAGES, max(stages, 1)
+            kind, slots = BufferKind.INPUT_STAGES, max(stages, 1) + (i in multicast)
             start, end = prologue, max(end, loop[1])
         elif node.op in (Op.ACCUM, Op.ACCUM_RESCALE) and loop:
             kind, itemsize = BufferKind.ACCUMULATOR, accumulator_dtype.itemsize
@@ -216,10 +219,12 @@ def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
                 layouts: dict[int, TensorLayout] | None = None, target: Target = DEFAULT_TARGET,
                 stages: int = 2, accumulator_dtype: DType = DType.FLOAT32,
                 in_registers_only: frozenset[int] = frozenset(),
-                read_at: dict[int, int] | None = None) -> MemoryPlan:
-    """Place every buffer of ``graph`` in shared memory (see the module docstring)."""
+                read_at: dict[int, int] | None = None,
+                multicast: frozenset[int] = frozenset()) -> MemoryPlan:
+    """Place every buffer of ``graph`` in shared memory (see the module docstring); ``multicast``
+    inputs' barriers follow the placed buffers."""
     buffers, levels = lifetimes(graph, schedule, registers, layouts, stages, accumulator_dtype,
-                                in_registers_only, read_at)
+                                in_registers_only, read_at, multicast)
     best: tuple[int, str, list[Buffer]] | None = None
     candidates = []
     for fit_name, fit in FITS.items():
@@ -232,10 +237,15 @@ def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
                 best = (peak, name, placed)
     assert best is not None
     peak, name, placed = best
+    barriers = -1
+    if multicast:  # two 8-byte barriers per slot of each multicast input, after the buffers
+        barriers = _align(peak)
+        peak = barriers + 16 * sum(b.slots for b in placed
+                                   if b.node in multicast and b.kind is BufferKind.INPUT_STAGES)
     if peak > target.smem_per_block:
         raise SharedMemoryError(f"the block graph needs {peak} bytes of shared memory ({name}, {stages} "
                                 f"input stages), more than the {target.smem_per_block} of {target.name}; "
                                 "use fewer pipeline stages, a larger grid or forloop_range so tiles "
                                 "get smaller")
     placed.sort(key=lambda b: b.node)
-    return MemoryPlan(tuple(placed), peak, name, tuple(candidates), levels)
+    return MemoryPlan(tuple(placed), peak, name, tuple(candidates), levels, barriers)

@@ -60,7 +60,14 @@ def _folded_attention():
                 if "combine_threads=128" in row.label and "kv_splits=16" in row.label)
 
 
+def _rmsnorm_b8():
+    from benchmarks.mugraphs import mlp
+
+    return mlp.rmsnorm_fused(8, grid=128, iters=16, threads=256)
+
+
 WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds=True)),
+          "rmsnorm_multicast": (_rmsnorm_b8, OptimizerOptions(multicast_cluster=2)),
           "gqa_counter_folded": (_folded_attention, OptimizerOptions(counter_folds=True)),
           "qknorm_key_norms": (_key_scales, OptimizerOptions(chain_key_norms=True))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
@@ -204,6 +211,22 @@ def test_counter_fold_meets_at_an_atomic_counter(built):
     assert "MEMBAR" in sass[:add] and "NANOSLEEP" in sass[add:]
     loads = set(re.findall(r"LDG\.E[\w.]*", sass))
     assert loads and not any("CONSTANT" in load for load in loads)
+    assert "LDL" not in sass and "STL" not in sass
+
+
+def test_multicast_input_is_bulk_copied_to_the_cluster(built):
+    """rmsnorm's X, which every block reads whole, goes to clusters of two blocks by multicast bulk
+    copies counted on transaction barriers; the weight keeps its cp.async copies; no spills."""
+    program, result = built["rmsnorm_multicast"]
+    (launch,) = program.kernels
+    assert launch.cluster == (2, 1, 1) and "__cluster_dims__(2, 1, 1)" in program.code
+    code = program.code
+    steps = [code.index(s) for s in ("in0.init();", "mirage::dev::cluster_sync();", "in0.wait(iteration);",
+                                     "in0.release(iteration);", "in0.done();", "mirage::dev::cluster_wait();")]
+    assert steps == sorted(steps)
+    assert "MulticastIterator<__half" in code and code.count("MulticastIterator<") == 1  # X, not G or W
+    sass = result.sass()
+    assert "UBLKCP.S.G.MULTICAST" in sass and "SYNCS.ARRIVE.TRANS64" in sass and "LDGSTS" in sass
     assert "LDL" not in sass and "STL" not in sass
 
 

@@ -65,7 +65,8 @@ def test_the_fastest_build_wins_in_its_fastest_launch_mode(monkeypatch):
     best = selection.best
     assert selection.program.name == "b" and best.median_us == 7.9
     assert (best.dependent_launch, best.spread_blocks) == (True, True)
-    assert best.build.as_dict() == {"stages": 2, "dependent_launch": True, "spread_blocks": True}
+    assert best.build.as_dict() == {"stages": 2, "dependent_launch": True, "spread_blocks": True,
+                                    "multicast_cluster": 0}
     assert selection.trials[0].launch_us == _times(9.0, 8.5, 8.8)
     assert selection.as_dict()["trials"][0]["dependent_launch"] is True  # a's best mode: dependent
 
@@ -102,3 +103,31 @@ def test_a_wrong_or_broken_build_is_recorded_and_the_next_fastest_kept(monkeypat
 def test_no_right_build_is_an_error_that_names_the_failures(monkeypatch):
     with pytest.raises(SelectionError, match="float check"):
         _select(monkeypatch, [FakeProgram("wrong", _times(5.0, 5.0, 5.0), wrong=True)])
+
+
+def test_multicast_builds_join_only_where_an_input_is_loaded_alike(monkeypatch):
+    """rmsnorm_b8's members get a second build each with X multicast to clusters of two (timed like
+    any other, and the winner's build choice carries it); GQA's have no such input, so no extra
+    builds."""
+    built = []
+
+    def build_many(programs, max_workers=None):
+        built.extend(programs)
+        return [FakeProgram(str(i), _times(9.0, 9.0, 9.0 - 0.1 * i)) for i in range(len(programs))]
+
+    monkeypatch.setattr(runtime, "build_many", build_many)
+    monkeypatch.setattr(profile, "time_graph", lambda fn, replays=100: SimpleNamespace(
+        median_us=fn().times[fn().mode]))
+    monkeypatch.setattr(dependent_launch, "available", lambda device: True)
+    monkeypatch.setattr(gpu_check, "check_on_gpu", lambda reference, program, inputs=None: SimpleNamespace(
+        passed=True, worst_error=1e-4, failure=lambda: ""))
+    inputs = [SimpleNamespace(device=SimpleNamespace(index=0))]
+    rms = variants("rmsnorm_b8")[:2]
+    selection = select_fastest(CASES["rmsnorm_b8"].reference(), rms, inputs, stages=(2,))
+    assert [k.cluster for p in built for k in p.kernels] == [(1, 1, 1), (2, 1, 1)] * 2
+    assert [t.variant.label.endswith("/mc2") for t in selection.trials] == [False, True] * 2
+    assert selection.best.build.multicast_cluster == 2  # the last build timed fastest
+    assert runtime.BuildChoice.from_dict(selection.best.build.as_dict()) == selection.best.build
+    built.clear()
+    gqa = select_fastest(CASES["gqa_b1"].reference(), variants("gqa_b1")[:2], inputs, stages=(2,))
+    assert len(gqa.trials) == 2 and all(k.cluster == (1, 1, 1) for p in built for k in p.kernels)

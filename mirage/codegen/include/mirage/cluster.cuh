@@ -19,6 +19,12 @@ MIRAGE_DEVICE void cluster_sync() {
   asm volatile("" ::: "memory");
 }
 
+// The wait half of a cluster barrier whose arrival came earlier (a multicast iterator's done()).
+MIRAGE_DEVICE void cluster_wait() {
+  cute::cluster_wait();
+  asm volatile("" ::: "memory");
+}
+
 // The `blocks` blocks of a group meet at `*arrivals`, a counter in device memory that starts at 0
 // when the module loads and only grows: each launch adds `blocks` to it. Thread 0 of each block
 // publishes the block's stores (fence, after the block barrier) and adds one; the block then waits

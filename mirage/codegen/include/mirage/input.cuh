@@ -27,6 +27,12 @@
 #include "layout.cuh"
 #include "tile_map.cuh"
 
+// The L2 prefetch size that the 16-byte copies ask for (128 or 256 bytes): a tile row narrower than
+// a line leaves the rest of the line to the neighbouring blocks' copies.
+#ifndef MIRAGE_CP_ASYNC_L2_BYTES
+#define MIRAGE_CP_ASYNC_L2_BYTES 128
+#endif
+
 namespace mirage::dev {
 
 template <int Stages>
@@ -210,7 +216,12 @@ class InputIterator {
         const int col = (chunk % kChunksPerRow) * kVector;
         const auto* from = reinterpret_cast<const cute::uint128_t*>(source + row_offset(row) + col);
         auto* to = reinterpret_cast<cute::uint128_t*>(target + row * L::pitch + col);
+#if MIRAGE_CP_ASYNC_L2_BYTES == 256
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(
+                         static_cast<uint32_t>(__cvta_generic_to_shared(to))), "l"(from));
+#else
         cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(*from, *to);
+#endif
       }
     }
   }

@@ -10,6 +10,9 @@
 //   accumulator.cuh  forloop accumulators, including the online-softmax rescale
 //   output.cuh       OutputSaver (16-byte stores)
 //   cluster.cuh      the barriers of folds: a cluster barrier (sm_90), a counter in device memory
+//
+// Included by the kernels that need it, not here:
+//   multicast.cuh    MulticastIterator: a tile read once per cluster, multicast to its blocks (sm_90)
 #pragma once
 
 #include "accumulator.cuh"
