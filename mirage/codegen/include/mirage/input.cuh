@@ -35,6 +35,18 @@
 
 namespace mirage::dev {
 
+// Whether every row of every tile of L that `coordinate` locates starts on a 16-byte boundary with
+// unit-stride elements: what 16-byte copies of whole rows need (checked once per block).
+template <class L, class T>
+MIRAGE_DEVICE bool rows_aligned(const T* global, const Strides& strides, TileCoordinate coordinate) {
+  constexpr int kVector = kVectorElements<T>;
+  bool ok = reinterpret_cast<uintptr_t>(global) % kVectorBytes == 0 && strides.stride[3] == 1 &&
+            coordinate.base % kVector == 0 && coordinate.iteration_step % kVector == 0;
+  ok = ok && (L::dim0 == 1 || strides.stride[0] % kVector == 0);
+  ok = ok && (L::dim1 == 1 || strides.stride[1] % kVector == 0);
+  return ok && (L::dim2 == 1 || strides.stride[2] % kVector == 0);
+}
+
 template <int Stages>
 struct Pipeline {
   static_assert(Stages >= 1, "a pipeline has at least one stage");
@@ -190,12 +202,7 @@ class InputIterator {
 
  private:
   static MIRAGE_DEVICE bool aligned(const T* global, const Strides& strides, TileCoordinate coordinate) {
-    bool ok = reinterpret_cast<uintptr_t>(global) % kVectorBytes == 0 && strides.stride[3] == 1 &&
-              coordinate.base % kVector == 0 && coordinate.iteration_step % kVector == 0;
-    ok = ok && (L::dim0 == 1 || strides.stride[0] % kVector == 0);
-    ok = ok && (L::dim1 == 1 || strides.stride[1] % kVector == 0);
-    ok = ok && (L::dim2 == 1 || strides.stride[2] % kVector == 0);
-    return ok;
+    return rows_aligned<L>(global, strides, coordinate);
   }
 
   MIRAGE_DEVICE int64_t row_offset(int row) const { return strided_row_offset<L>(strides_, row); }

@@ -32,6 +32,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "cluster.cuh"
+#include "input.cuh"
 #include "layout.cuh"
 #include "tile_map.cuh"
 
@@ -62,7 +63,7 @@ class MulticastIterator {
         shared_(shared),
         barriers_(barriers),
         rank_(static_cast<int>(cute::block_rank_in_cluster())),
-        bulk_(kBulkShape && aligned(global, strides, coordinate)) {}
+        bulk_(kBulkShape && rows_aligned<L>(global, strides, coordinate)) {}
 
   // One thread initializes the barriers; the caller then meets the cluster (cluster_sync).
   MIRAGE_DEVICE void init() const {
@@ -127,14 +128,6 @@ class MulticastIterator {
   MIRAGE_DEVICE void done() const { cute::cluster_arrive(); }
 
  private:
-  static MIRAGE_DEVICE bool aligned(const T* global, const Strides& strides, TileCoordinate coordinate) {
-    bool ok = reinterpret_cast<uintptr_t>(global) % 16 == 0 && strides.stride[3] == 1 &&
-              coordinate.base % kVector == 0 && coordinate.iteration_step % kVector == 0;
-    ok = ok && (L::dim0 == 1 || strides.stride[0] % kVector == 0);
-    ok = ok && (L::dim1 == 1 || strides.stride[1] % kVector == 0);
-    return ok && (L::dim2 == 1 || strides.stride[2] % kVector == 0);
-  }
-
   MIRAGE_DEVICE uint64_t* full(int slot) const { return barriers_ + slot; }
   MIRAGE_DEVICE uint64_t* empty(int slot) const { return barriers_ + Slots + slot; }
 
