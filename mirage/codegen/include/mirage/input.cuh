@@ -27,10 +27,14 @@
 #include "layout.cuh"
 #include "tile_map.cuh"
 
-// The L2 prefetch size that the 16-byte copies ask for (128 or 256 bytes): a tile row narrower than
-// a line leaves the rest of the line to the neighbouring blocks' copies.
+// The L2 prefetch size that the 16-byte copies ask for (128 or 256 bytes, or 0 for no hint): a tile
+// row narrower than a line leaves the rest of the line to the neighbouring blocks' copies.
 #ifndef MIRAGE_CP_ASYNC_L2_BYTES
 #define MIRAGE_CP_ASYNC_L2_BYTES 128
+#endif
+// With no prefetch hint: mark the copied lines first to leave L2 (a stream read once).
+#ifndef MIRAGE_CP_ASYNC_EVICT_FIRST
+#define MIRAGE_CP_ASYNC_EVICT_FIRST 0
 #endif
 
 namespace mirage::dev {
@@ -225,6 +229,14 @@ class InputIterator {
         auto* to = reinterpret_cast<cute::uint128_t*>(target + row * L::pitch + col);
 #if MIRAGE_CP_ASYNC_L2_BYTES == 256
         asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(
+                         static_cast<uint32_t>(__cvta_generic_to_shared(to))), "l"(from));
+#elif MIRAGE_CP_ASYNC_L2_BYTES == 0 && MIRAGE_CP_ASYNC_EVICT_FIRST
+        uint64_t policy;
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(
+                         static_cast<uint32_t>(__cvta_generic_to_shared(to))), "l"(from), "l"(policy));
+#elif MIRAGE_CP_ASYNC_L2_BYTES == 0
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
                          static_cast<uint32_t>(__cvta_generic_to_shared(to))), "l"(from));
 #else
         cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(*from, *to);
