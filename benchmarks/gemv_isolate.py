@@ -11,6 +11,8 @@ its for-loop taken out, timed in one run (timing only: the cut builds compute no
 * ``l2_256``, ``l2_none``: nothing removed, the copies ask L2 for 256-byte prefetches instead of
   128, or for none (``MIRAGE_CP_ASYNC_L2_BYTES``); ``evict_first``: no prefetch hint, and every copied
   line marked first to leave L2 (``MIRAGE_CP_ASYNC_EVICT_FIRST``);
+* ``bulk_w``: W copied by the TMA unit, one bulk copy a tile row (``MulticastIterator`` with
+  clusters of one block), which must match ``as_generated`` bit for bit;
 * ``multicast2``: the kernel built with X read once per cluster of 2 blocks
   (``OptimizerOptions.multicast_cluster``), which must match ``as_generated`` bit for bit.
 
@@ -61,6 +63,29 @@ def cut(code: str, patterns: tuple[str, ...]) -> str:
     return code
 
 
+def bulk_weights(program) -> str:
+    """``program``'s code with W (the input split along grid x) copied by the TMA unit, one bulk copy a
+    tile row counted on a transaction barrier per stage, instead of 16-byte cp.async by every thread."""
+    code = "#include <mirage/multicast.cuh>\n" + program.code
+    (launch,) = program.kernels
+    name = re.search(r"InputIterator<[^;]*?> (in\d+)\([^;]*?DimMap\{3, -1, -1\}", code, flags=re.S).group(1)
+    barriers = (launch.smem_bytes + 15) // 16 * 16
+    declaration = rf"InputIterator<(__half, mirage::dev::Layout<[^>]*>), (\d+), kThreads> {name}\(([^;]*?)\);"
+    code = re.sub(declaration, rf"MulticastIterator<\1, \2, kThreads, 1> {name}(\3, "
+                  rf"mirage::dev::shared_at<uint64_t>(shared, {barriers}));", code, flags=re.S)
+    code = code.replace("mirage::dev::wait_for_prerequisite_grids();",
+                        f"{name}.init(); __syncthreads(); mirage::dev::wait_for_prerequisite_grids();")
+    code = re.sub(r"(mirage::dev::Pipeline<\d+>::wait\(\);)", rf"\1 {name}.wait(iteration);", code)
+    return code, barriers + 256
+
+
+def _bulk(program):
+    """``program`` with :func:`bulk_weights`, its launch asking for the barriers' bytes too."""
+    code, smem = bulk_weights(program)
+    return dataclasses.replace(program, code=code,
+                               kernels=(dataclasses.replace(program.kernels[0], smem_bytes=smem),))
+
+
 def _with(program, name: str) -> str:
     """The code of ``program`` as the cut ``name`` makes it."""
     return DEFINES.get(name, "") + cut(program.code, CUTS[name])
@@ -104,9 +129,11 @@ def main(argv=None) -> None:
                     print("skipped", b, form, iters, threads, stages, error)
                     continue
                 variants = {name: dataclasses.replace(program, code=_with(program, name)) for name in CUTS}
+                variants["bulk_w"] = _bulk(program)
                 try:  # X's ring has a slot more: it may not fit where the plain build does
                     variants["multicast2"] = generate_cuda_program(graph, None, options=dataclasses.replace(
                         OptimizerOptions(), stages=stages, multicast_cluster=2))
+                    variants["bulk_w_multicast2"] = _bulk(variants["multicast2"])
                 except mi.MirageError as error:
                     print("skipped multicast", b, form, iters, threads, stages, error)
                 for name, variant in variants.items():
@@ -119,7 +146,7 @@ def main(argv=None) -> None:
         x = inputs[row["b"]]
         program.load()
         key = (row["b"], row["form"], row["iters"], row["threads"], row["stages"])
-        if row["cut"] == "as_generated" or "multicast" in row["cut"]:
+        if row["cut"] == "as_generated" or "multicast" in row["cut"] or "bulk" in row["cut"]:
             (out,) = program.launch(x)
             torch.cuda.synchronize()
             reference.setdefault(key, out.float())
