@@ -196,8 +196,9 @@ class KernelLowering:
         tile = self.tile(i)
         grid = self.graph.grid_dim
         shared_by_blocks = any(grid[a] > 1 and it.input_map[a] == -1 for a in range(3))
-        multicast = self.kernel.cluster if i in self.kernel.multicast and pipelined else 0
-        earlier = [b for b in self.kernel.memory.buffers if b.node in self.kernel.multicast and b.node < i
+        inputs = self.kernel.multicast.inputs
+        multicast = self.kernel.multicast.size if i in inputs and pipelined else 0
+        earlier = [b for b in self.kernel.memory.buffers if b.node in inputs and b.node < i
                    and b.kind is BufferKind.INPUT_STAGES]
         return ctx.InputIteratorContext(
             name=f"in{i}",
@@ -699,18 +700,18 @@ class KernelLowering:
             pre_loop=tuple(steps[Phase.PRE_LOOP]),
             loop=tuple(steps[Phase.LOOP]),
             post_loop=tuple(steps[Phase.POST_LOOP]),
-            cluster_shape=(self._multicast_cluster(steps[Phase.LOOP]), 1, 1),
+            cluster_shape=self._multicast_cluster(steps[Phase.LOOP]),
         )
 
-    def _multicast_cluster(self, loop: list[ctx.Step]) -> int:
-        """Blocks per cluster along x: the multicast inputs' (1 without). Their slots are released after
-        the barrier that ends each iteration, so the loop must end with one."""
+    def _multicast_cluster(self, loop: list[ctx.Step]) -> tuple[int, int, int]:
+        """Blocks per cluster along each grid axis: the multicast inputs' ((1, 1, 1) without). Their slots
+        are released after the barrier that ends each iteration, so the loop must end with one."""
         if not any(it.multicast for it in self.iterators):
-            return 1
+            return (1, 1, 1)
         if self.loads_after_barrier or not loop or not isinstance(loop[-1], ctx.BarrierStep):
             raise LoweringError(f"{self.name}: multicast inputs need a barrier at the end of each iteration; "
                                 "build without OptimizerOptions.multicast_cluster")
-        return self.kernel.cluster
+        return self.kernel.multicast.shape
 
 
 LOWERED_OPS = (

@@ -1,7 +1,8 @@
-"""Multicast inputs: a pipelined input tile that every block along grid x loads alike (its input map
-leaves x unmapped, as a weight-streaming GEMV's X) is read from L2 once per thread-block cluster of
-``OptimizerOptions.multicast_cluster`` blocks along x, and lands in every block's shared memory
-(``mirage/multicast.cuh``; sm_90 bulk copies with ``.multicast::cluster``).
+"""Multicast inputs: a pipelined input tile that every block along a grid axis loads alike (its input
+map leaves the axis unmapped, as a weight-streaming GEMV's X along x, or attention's K and V along the
+query splits) is read from L2 once per thread-block cluster of ``OptimizerOptions.multicast_cluster``
+blocks along that axis, and lands in every block's shared memory (``mirage/multicast.cuh``; sm_90 bulk
+copies with ``.multicast::cluster``).
 
 Each such input keeps one slot more than the pipeline's stages, so that a block refilling a slot
 finds the other blocks long done with it (they release it after their end-of-iteration barrier) and
@@ -10,6 +11,8 @@ does not wait for them; the slots' barriers (two 8-byte words per slot) follow t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mirage.mugraph.graph import BlockGraph
 from mirage.mugraph.target import Target
 
@@ -17,25 +20,53 @@ MIN_COMPUTE_CAPABILITY = 90  # thread-block clusters and bulk copies
 BARRIER_BYTES_PER_SLOT = 16  # a slot's `full` and `empty` barriers
 
 
+@dataclass(frozen=True)
+class Multicast:
+    """The inputs of a block graph read once per cluster of ``size`` blocks along grid ``axis``."""
+
+    inputs: frozenset[int] = frozenset()
+    axis: int = 0
+    size: int = 1
+
+    def __bool__(self) -> bool:
+        return bool(self.inputs)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Blocks per cluster along each grid axis (``__cluster_dims__``)."""
+        return tuple(self.size if a == self.axis and self.inputs else 1 for a in range(3))  # type: ignore[return-value]
+
+
 def multicast_inputs(block: BlockGraph, target: Target, cluster: int, one_barrier_loops: bool = False,
-                     folds: bool = False) -> frozenset[int]:
-    """The input nodes of ``block`` to multicast across clusters of ``cluster`` blocks along grid x:
-    none unless ``cluster`` > 1, the target has clusters, the loop ends each iteration with a barrier
-    (not ``one_barrier_loops``), no fold may claim the kernel's clusters (``folds``), and grid x is a
-    multiple of ``cluster``; then the pipelined inputs whose map leaves grid x unmapped, whose rows
-    are whole 16-byte vectors, and that have a row for every block of the cluster to copy (a gain
-    vector of one row is not worth a cluster-wide handshake)."""
-    grid_x = block.grid_dim[0]
+                     folds: bool = False) -> Multicast:
+    """The inputs of ``block`` to multicast across clusters of ``cluster`` blocks along one grid axis:
+    none unless ``cluster`` > 1, the target has clusters, the block graph has a for-loop that ends
+    each iteration with a barrier (not ``one_barrier_loops``), and no fold may claim the kernel's
+    clusters (``folds``). Along an axis whose grid size is a multiple of ``cluster``, an input
+    qualifies when it is pipelined, its map leaves that axis unmapped (every block along it loads the
+    same tile), its rows are whole 16-byte vectors, and it has a row for every block of the cluster
+    to copy (a gain vector of one row is not worth a cluster-wide handshake). The axis whose inputs
+    have the most bytes per iteration wins (the first on ties): grid x for a GEMV's X, the query
+    splits for attention's K and V."""
     if (cluster <= 1 or target.compute_capability < MIN_COMPUTE_CAPABILITY or one_barrier_loops or folds
-            or grid_x < cluster or grid_x % cluster or block.forloop_range <= 1):
-        return frozenset()
-    chosen = set()
-    for i in block.input_nodes:
-        node = block.nodes[i]
-        attrs, tile = node.attrs, node.outputs[0]
-        if attrs.forloop_dim < 0 or attrs.input_map[0] != -1:
+            or block.forloop_range <= 1):
+        return Multicast()
+    best = Multicast()
+    best_bytes = 0
+    for axis, grid in enumerate(block.grid_dim):
+        if grid < cluster or grid % cluster:
             continue
-        rows = tile.numel // tile.shape[-1]
-        if tile.shape[-1] * tile.dtype.itemsize % 16 == 0 and rows >= cluster:
-            chosen.add(i)
-    return frozenset(chosen)
+        chosen = [i for i in block.input_nodes if _qualifies(block, i, axis, cluster)]
+        size = sum(block.nodes[i].outputs[0].nbytes for i in chosen)
+        if size > best_bytes:
+            best, best_bytes = Multicast(frozenset(chosen), axis, cluster), size
+    return best
+
+
+def _qualifies(block: BlockGraph, i: int, axis: int, cluster: int) -> bool:
+    node = block.nodes[i]
+    attrs, tile = node.attrs, node.outputs[0]
+    if attrs.forloop_dim < 0 or attrs.input_map[axis] != -1:
+        return False
+    rows = tile.numel // tile.shape[-1]
+    return tile.shape[-1] * tile.dtype.itemsize % 16 == 0 and rows >= cluster

@@ -43,7 +43,7 @@ from mirage.optimizer.fusion import FusionResult, fuse_thread_graphs
 from mirage.optimizer.graphs import customized_nodes
 from mirage.optimizer.layout import LayoutCosts, LayoutPlan, TensorLayout, select_layouts
 from mirage.optimizer.memory import MemoryPlan, pipeline_depth, plan_memory
-from mirage.optimizer.multicast import multicast_inputs
+from mirage.optimizer.multicast import Multicast, multicast_inputs
 from mirage.optimizer.registers import RegisterOptions, RegisterPlan, plan_registers
 from mirage.optimizer.row_loop import RowLoop
 from mirage.optimizer.row_loop import match as match_row_loop
@@ -92,9 +92,9 @@ class OptimizerOptions:
     counter_folds: bool = False  # the same folds, their blocks meeting at a counter in device memory
     # instead of a cluster barrier (no clusters: sm_70 and later; grids of at most one block per SM;
     # cluster_folds first)
-    multicast_cluster: int = 0  # > 1: inputs that every block along grid x loads alike (a GEMV's X) are
-    # read once per cluster of this many blocks and multicast into each block's shared memory (sm_90;
-    # optimizer.multicast); clusters of 4 run in waves at one block per SM (docs/performance.md §3)
+    multicast_cluster: int = 0  # > 1: inputs that every block along a grid axis loads alike (a GEMV's X)
+    # are read once per cluster of this many blocks and multicast into each block's shared memory
+    # (sm_90; optimizer.multicast); clusters of 4 run in waves at one block per SM (docs/performance.md §3)
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,7 @@ class PreparedKernel:
     output_layouts: tuple[TensorLayout, ...]  # device tensors written, in output-saver order
     softmax_chain: SoftmaxChain | None = None  # an online-softmax chain run in registers
     row_loop: RowLoop | None = None  # a loop body run per thread in registers
-    multicast: frozenset[int] = frozenset()  # inputs read once per cluster (optimizer.multicast)
-    cluster: int = 1  # blocks per cluster along grid x (> 1 with multicast inputs)
+    multicast: Multicast = Multicast()  # inputs read once per cluster of blocks (optimizer.multicast)
 
     @property
     def smem_bytes(self) -> int:
@@ -246,10 +245,10 @@ def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
     read_at = {n: chain.anchor for n in chain.computed} if chain is not None else {}
     return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
                        layouts, state.target, stages, o.accumulator_dtype, in_registers, read_at,
-                       _multicast(block, state.target, o))
+                       _multicast(block, state.target, o).inputs)
 
 
-def _multicast(block: BlockGraph, target: Target, o: OptimizerOptions) -> frozenset[int]:
+def _multicast(block: BlockGraph, target: Target, o: OptimizerOptions) -> Multicast:
     return multicast_inputs(block, target, o.multicast_cluster, o.one_barrier_loops,
                             o.cluster_folds or o.counter_folds)
 
@@ -305,8 +304,7 @@ def prepare(graph, target: Target = DEFAULT_TARGET,
             input_layouts=tuple(layouts.of_device(r) for r in node.inputs),
             output_layouts=tuple(layouts.of_device(Ref(k, j)) for j in range(len(node.outputs))),
             softmax_chain=plans["plan_softmax_chain"][k], row_loop=plans["plan_row_loop"][k],
-            multicast=(multicast := _multicast(block, target, options)),
-            cluster=options.multicast_cluster if multicast else 1))
+            multicast=_multicast(block, target, options)))
     clusters = options.cluster_folds and target.compute_capability >= 90
     folds = find_folds(result, options.max_cluster) if clusters else ()
     if not clusters and options.counter_folds:

@@ -1,7 +1,8 @@
 """Multicast inputs on a GPU (mirage.optimizer.multicast): a tile that every block loads alike, read
 once per cluster of blocks and multicast into each block's shared memory.
 
-Each program is built with and without multicast; the multicast build must pass the float check
+GEMVs multicast X along grid x; attention kernels K and V along the query splits (grid z). Each
+program is built with and without multicast; the multicast build must pass the float check
 against the float64 reference and equal the plain build bit for bit (only where the tile comes from
 changes), over several launches, since the slots' barriers carry their phases from iteration to
 iteration. A misaligned X takes the element-copy path of the same protocol.
@@ -18,6 +19,7 @@ pytest.importorskip("cupy")
 
 from benchmarks.mugraphs import mlp  # noqa: E402
 from benchmarks.rms_forms import gemv  # noqa: E402
+from benchmarks.variants import family  # noqa: E402
 from mirage.codegen.gpu_check import check_on_gpu, random_inputs  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
@@ -31,13 +33,20 @@ GRAPHS = {
     "gatedmlp_m8": lambda: mlp.gatedmlp_fused(8, grid=128, iters=16, threads=256),
     "gemv_b8": lambda: gemv(8, 128, 16, 256),
     "lora_k_loop": lambda: mlp.lora_fused(16, grid=64, iters=2, threads=128),
+    # K and V along the query splits (clusters of two along grid z)
+    "gqa_b8": lambda: _member("gqa_b8", "kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8"),
+    "qknorm_b1_key_scales": lambda: _member("qknorm_b1", "key_scales=True", "q_splits=4"),
 }
+
+
+def _member(case: str, *parts: str):
+    return next(g for row, g in family(case) if all(p in row.label for p in parts))
 
 
 def _builds(graph, stages: int):
     options = dataclasses.replace(OptimizerOptions(), stages=stages)
     multicast = generate_cuda_program(graph, None, options=dataclasses.replace(options, multicast_cluster=2))
-    assert any(k.cluster == (2, 1, 1) for k in multicast.kernels)
+    assert any(k.cluster_size == 2 for k in multicast.kernels)
     return build_many([multicast, generate_cuda_program(graph, None, options=options)])
 
 

@@ -30,9 +30,23 @@ def test_only_the_tile_every_block_loads_alike_with_a_row_per_block():
     block = _block(mlp.rmsnorm_fused(8, grid=128, iters=16, threads=256))
     names = _inputs(block)
     # X (16 rows, unmapped on grid x) yes; G (one row) no; W (split along grid x) no
-    assert multicast_inputs(block, H100, 2) == {names["X"]}
-    assert multicast_inputs(block, H100, 16) == {names["X"]}
-    assert multicast_inputs(_block(mlp.rmsnorm_fused(1, grid=128, iters=16, threads=256)), H100, 4) == set()
+    chosen = multicast_inputs(block, H100, 2)
+    assert chosen.inputs == {names["X"]} and chosen.axis == 0 and chosen.shape == (2, 1, 1)
+    assert multicast_inputs(block, H100, 16).inputs == {names["X"]}
+    assert not multicast_inputs(_block(mlp.rmsnorm_fused(1, grid=128, iters=16, threads=256)), H100, 4)
+
+
+def test_attention_keys_and_values_go_to_the_query_splits():
+    """GQA's kernel 1 (grid: heads, key splits, query splits): K and V are the same for every query
+    split, Q differs and is not pipelined; the combine kernel has no for-loop."""
+    from benchmarks.variants import family
+
+    _, graph = next((r, g) for r, g in family("gqa_b8") if "q_splits=2" in r.label)
+    attention, combine = graph.block_graphs()
+    chosen = multicast_inputs(attention, H100, 2)
+    q, k, v = attention.input_nodes
+    assert chosen.inputs == {k, v} and chosen.axis == 2 and chosen.shape == (1, 1, 2)
+    assert not multicast_inputs(combine, H100, 2)
 
 
 @pytest.mark.parametrize("why, kwargs", [
@@ -41,18 +55,18 @@ def test_only_the_tile_every_block_loads_alike_with_a_row_per_block():
     ("no clusters before sm_90", {"target": TARGETS["A100"]}),
     ("the loop has no end-of-iteration barrier", {"one_barrier_loops": True}),
     ("a fold claims the clusters", {"folds": True}),
-    ("grid x not a multiple of the cluster", {"cluster": 3}),
+    ("no grid axis a multiple of the cluster", {"cluster": 3}),
 ])
 def test_no_multicast(why, kwargs):
     block = _block(mlp.rmsnorm_fused(8, grid=128, iters=16, threads=256))
     arguments = {"target": H100, "cluster": 2} | kwargs
-    assert multicast_inputs(block, arguments.pop("target"), arguments.pop("cluster"), **arguments) == set(), why
+    assert not multicast_inputs(block, arguments.pop("target"), arguments.pop("cluster"), **arguments), why
 
 
 def test_no_multicast_without_a_for_loop():
     block = _block(mlp.lora_fused(16, grid=64))  # K in one step
     assert block.forloop_range == 1
-    assert multicast_inputs(block, H100, 2) == set()
+    assert not multicast_inputs(block, H100, 2)
 
 
 def test_the_ring_has_a_slot_more_and_its_barriers_follow_the_buffers():
@@ -61,7 +75,7 @@ def test_the_ring_has_a_slot_more_and_its_barriers_follow_the_buffers():
     (kernel,) = prepare(graph, H100, OptimizerOptions(stages=3, multicast_cluster=2)).kernels
     (before,) = plain.kernels
     x = _inputs(kernel.block_graph)["X"]
-    assert kernel.multicast == {x} and kernel.cluster == 2 and before.cluster == 1
+    assert kernel.multicast.inputs == {x} and kernel.multicast.size == 2 and not before.multicast
     assert kernel.memory.buffer_of(x, BufferKind.INPUT_STAGES).slots == 4
     assert before.memory.buffer_of(x, BufferKind.INPUT_STAGES).slots == 3
     end = max(b.offset + b.size for b in kernel.memory.buffers)
