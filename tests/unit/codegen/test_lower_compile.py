@@ -221,8 +221,8 @@ def test_multicast_input_is_bulk_copied_to_the_cluster(built):
     (launch,) = program.kernels
     assert launch.cluster == (2, 1, 1) and "__cluster_dims__(2, 1, 1)" in program.code
     code = program.code
-    protocol = ("in0.init();", "mirage::dev::cluster_sync();", "in0.wait(iteration);", "in0.release(iteration);",
-                "in0.done();", "mirage::dev::cluster_wait();")
+    protocol = ("in0.init();", "mirage::dev::cluster_sync();", "in0.wait(iteration);",
+                "in0.release(iteration);", "in0.done();", "mirage::dev::cluster_wait();")
     steps = [code.index(s) for s in protocol]
     assert steps == sorted(steps)
     assert "MulticastIterator<__half" in code and code.count("MulticastIterator<") == 1  # X, not G or W
