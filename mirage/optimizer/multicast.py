@@ -38,11 +38,11 @@ class Multicast:
 
 
 def multicast_inputs(block: BlockGraph, target: Target, cluster: int, one_barrier_loops: bool = False,
-                     folds: bool = False) -> Multicast:
+                     folds: bool = False, axes: tuple[int, ...] = (0,)) -> Multicast:
     """The inputs of ``block`` to multicast across clusters of ``cluster`` blocks along one grid axis:
     none unless ``cluster`` > 1, the target has clusters, the block graph has a for-loop that ends
     each iteration with a barrier (not ``one_barrier_loops``), and no fold may claim the kernel's
-    clusters (``folds``). Along an axis whose grid size is a multiple of ``cluster``, an input
+    clusters (``folds``). Along an axis of ``axes`` whose grid size is a multiple of ``cluster``, an input
     qualifies when it is pipelined, its map leaves that axis unmapped (every block along it loads the
     same tile), its rows are whole 16-byte vectors, and it has a row for every block of the cluster
     to copy (a gain vector of one row is not worth a cluster-wide handshake). The axis whose inputs
@@ -54,7 +54,7 @@ def multicast_inputs(block: BlockGraph, target: Target, cluster: int, one_barrie
     best = Multicast()
     best_bytes = 0
     for axis, grid in enumerate(block.grid_dim):
-        if grid < cluster or grid % cluster:
+        if axis not in axes or grid < cluster or grid % cluster:
             continue
         chosen = [i for i in block.input_nodes if _qualifies(block, i, axis, cluster)]
         size = sum(block.nodes[i].outputs[0].nbytes for i in chosen)

@@ -95,6 +95,8 @@ class OptimizerOptions:
     multicast_cluster: int = 0  # > 1: inputs that every block along a grid axis loads alike (a GEMV's X)
     # are read once per cluster of this many blocks and multicast into each block's shared memory
     # (sm_90; optimizer.multicast); clusters of 4 run in waves at one block per SM (docs/performance.md §3)
+    multicast_axes: tuple[int, ...] = (0,)  # the grid axes a multicast cluster may span; along z
+    # (attention's K and V, shared by the query splits) it measured 1.3-1.6x slower
 
 
 @dataclass(frozen=True)
@@ -250,7 +252,7 @@ def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
 
 def _multicast(block: BlockGraph, target: Target, o: OptimizerOptions) -> Multicast:
     return multicast_inputs(block, target, o.multicast_cluster, o.one_barrier_loops,
-                            o.cluster_folds or o.counter_folds)
+                            o.cluster_folds or o.counter_folds, o.multicast_axes)
 
 
 PIPELINE: tuple[Pass, ...] = (

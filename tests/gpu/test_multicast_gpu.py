@@ -44,7 +44,7 @@ def _member(case: str, *parts: str):
 
 
 def _builds(graph, stages: int):
-    options = dataclasses.replace(OptimizerOptions(), stages=stages)
+    options = dataclasses.replace(OptimizerOptions(), stages=stages, multicast_axes=(0, 1, 2))
     multicast = generate_cuda_program(graph, None, options=dataclasses.replace(options, multicast_cluster=2))
     assert any(k.cluster_size == 2 for k in multicast.kernels)
     return build_many([multicast, generate_cuda_program(graph, None, options=options)])
