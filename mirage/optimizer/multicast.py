@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from mirage.mugraph.graph import BlockGraph
 from mirage.mugraph.target import Target
+from mirage.optimizer.cluster_fold import MAX_CLUSTER
 
 MIN_COMPUTE_CAPABILITY = 90  # thread-block clusters and bulk copies
 BARRIER_BYTES_PER_SLOT = 16  # a slot's `full` and `empty` barriers
@@ -48,6 +49,9 @@ def multicast_inputs(block: BlockGraph, target: Target, cluster: int, one_barrie
     to copy (a gain vector of one row is not worth a cluster-wide handshake). The axis whose inputs
     have the most bytes per iteration wins (the first on ties): grid x for a GEMV's X, the query
     splits for attention's K and V."""
+    if cluster > MAX_CLUSTER:
+        raise ValueError(f"multicast_cluster={cluster}: a thread-block cluster has at most {MAX_CLUSTER} "
+                         "blocks (2 is what measured fastest; 0 turns multicast off)")
     if (cluster <= 1 or target.compute_capability < MIN_COMPUTE_CAPABILITY or one_barrier_loops or folds
             or block.forloop_range <= 1):
         return Multicast()

@@ -84,3 +84,9 @@ def test_the_ring_has_a_slot_more_and_its_barriers_follow_the_buffers():
     assert kernel.memory.barriers >= end and kernel.memory.barriers % 8 == 0
     assert kernel.memory.total == kernel.memory.barriers + 16 * 4
     assert before.memory.barriers == -1
+
+
+def test_a_cluster_larger_than_the_hardware_allows_is_a_clear_error():
+    block = _block(mlp.rmsnorm_fused(8, grid=128, iters=16, threads=256))
+    with pytest.raises(ValueError, match="at most 16 blocks"):
+        multicast_inputs(block, H100, 32)
