@@ -11,8 +11,6 @@ its for-loop taken out, timed in one run (timing only: the cut builds compute no
 * ``l2_256``, ``l2_none``: nothing removed, the copies ask L2 for 256-byte prefetches instead of
   128, or for none (``MIRAGE_CP_ASYNC_L2_BYTES``); ``evict_first``: no prefetch hint, and every copied
   line marked first to leave L2 (``MIRAGE_CP_ASYNC_EVICT_FIRST``);
-* ``bulk_w``: W copied by the TMA unit, one bulk copy a tile row (``MulticastIterator`` with
-  clusters of one block), which must match ``as_generated`` bit for bit;
 * ``tma_w`` (plain GEMV only): W's tiles copied by one TMA tensor copy each (a tensor map per W),
   into unpadded rows, which must match ``as_generated`` bit for bit;
 * ``multicast2``: the kernel built with X read once per cluster of 2 blocks
@@ -63,22 +61,6 @@ def cut(code: str, patterns: tuple[str, ...]) -> str:
         if not count and not optional:
             raise ValueError(f"{pattern!r} matches nothing in the generated kernel")
     return code
-
-
-def bulk_weights(program) -> str:
-    """``program``'s code with W (the input split along grid x) copied by the TMA unit, one bulk copy a
-    tile row counted on a transaction barrier per stage, instead of 16-byte cp.async by every thread."""
-    code = "#include <mirage/multicast.cuh>\n" + program.code
-    (launch,) = program.kernels
-    name = re.search(r"InputIterator<[^;]*?> (in\d+)\([^;]*?DimMap\{3, -1, -1\}", code, flags=re.S).group(1)
-    barriers = (launch.smem_bytes + 15) // 16 * 16
-    declaration = rf"InputIterator<(__half, mirage::dev::Layout<[^>]*>), (\d+), kThreads> {name}\(([^;]*?)\);"
-    code = re.sub(declaration, rf"MulticastIterator<\1, \2, kThreads, 1> {name}(\3, "
-                  rf"mirage::dev::shared_at<uint64_t>(shared, {barriers}));", code, flags=re.S)
-    code = code.replace("mirage::dev::wait_for_prerequisite_grids();",
-                        f"{name}.init(); __syncthreads(); mirage::dev::wait_for_prerequisite_grids();")
-    code = re.sub(r"(mirage::dev::Pipeline<\d+>::wait\(\);)", rf"\1 {name}.wait(iteration);", code)
-    return code, barriers + 256
 
 
 # W's tiles copied by one TMA tensor copy each (a probe: the tensor map's device address is compiled in)
@@ -157,13 +139,6 @@ def tensor_tiles(program, map_buffer: torch.Tensor):
                                kernels=(dataclasses.replace(launch, smem_bytes=barriers + 8 * int(stages)),))
 
 
-def _bulk(program):
-    """``program`` with :func:`bulk_weights`, its launch asking for the barriers' bytes too."""
-    code, smem = bulk_weights(program)
-    return dataclasses.replace(program, code=code,
-                               kernels=(dataclasses.replace(program.kernels[0], smem_bytes=smem),))
-
-
 def _with(program, name: str) -> str:
     """The code of ``program`` as the cut ``name`` makes it."""
     return DEFINES.get(name, "") + cut(program.code, CUTS[name])
@@ -209,7 +184,6 @@ def main(argv=None) -> None:
                     print("skipped", b, form, iters, threads, stages, error)
                     continue
                 variants = {name: dataclasses.replace(program, code=_with(program, name)) for name in CUTS}
-                variants["bulk_w"] = _bulk(program)
                 if form == "gemv" and 4096 // iters <= 256:  # a TMA box has at most 256 rows
                     rows_per_tile = 4096 // iters
                     buffer = maps.setdefault((b, rows_per_tile), tensor_map(inputs[b][2], rows_per_tile, 48))
@@ -217,7 +191,6 @@ def main(argv=None) -> None:
                 try:  # X's ring has a slot more: it may not fit where the plain build does
                     variants["multicast2"] = generate_cuda_program(graph, None, options=dataclasses.replace(
                         OptimizerOptions(), stages=stages, multicast_cluster=2))
-                    variants["bulk_w_multicast2"] = _bulk(variants["multicast2"])
                 except mi.MirageError as error:
                     print("skipped multicast", b, form, iters, threads, stages, error)
                 for name, variant in variants.items():
@@ -229,7 +202,7 @@ def main(argv=None) -> None:
         x = inputs[row["b"]]
         program.load()
         key = (row["b"], row["form"], row["iters"], row["threads"], row["stages"])
-        if row["cut"] == "as_generated" or any(k in row["cut"] for k in ("multicast", "bulk", "tma")):
+        if row["cut"] == "as_generated" or any(k in row["cut"] for k in ("multicast", "tma")):
             (out,) = program.launch(x)
             torch.cuda.synchronize()
             reference.setdefault(key, out.float())

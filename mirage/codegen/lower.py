@@ -196,10 +196,7 @@ class KernelLowering:
         tile = self.tile(i)
         grid = self.graph.grid_dim
         shared_by_blocks = any(grid[a] > 1 and it.input_map[a] == -1 for a in range(3))
-        inputs = self.kernel.multicast.inputs
-        multicast = self.kernel.multicast.size if i in inputs and pipelined else 0
-        earlier = [b for b in self.kernel.memory.buffers if b.node in inputs and b.node < i
-                   and b.kind is BufferKind.INPUT_STAGES]
+        multicast = self.kernel.multicast.size if i in self.kernel.multicast.inputs and pipelined else 0
         return ctx.InputIteratorContext(
             name=f"in{i}",
             node=i,
@@ -213,7 +210,7 @@ class KernelLowering:
             staggered=(self.stagger_shared_loads and shared_by_blocks and tile.layout.rows > 1
                        and not multicast),
             multicast=multicast,
-            barriers=self.kernel.memory.barriers + 16 * sum(b.slots for b in earlier) if multicast else -1,
+            barriers=self.kernel.memory.barriers_of(i) if multicast else -1,
         )
 
     def _saver(self, j: int, i: int) -> ctx.OutputSaverContext:

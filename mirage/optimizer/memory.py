@@ -41,6 +41,9 @@ from mirage.optimizer.schedule import Action, Barrier, Phase, Schedule
 ALIGNMENT = 128
 
 
+SLOT_BARRIER_BYTES = 16  # a multicast slot's `full` and `empty` barriers (optimizer.multicast)
+
+
 class BufferKind(enum.Enum):
     TILE = "tile"
     INPUT_STAGES = "input_stages"
@@ -73,13 +76,17 @@ class MemoryPlan:
     strategy: str  # the fit and order that won, e.g. "best_fit/by_start"
     candidates: tuple[tuple[str, int], ...]  # peak of every fit tried
     levels: int  # length of the timeline
-    barriers: int = -1  # offset of the multicast inputs' slot barriers (after the buffers), or -1
+    barriers: tuple[tuple[int, int], ...] = ()  # (multicast input, offset of its slots' barriers)
 
     def buffer_of(self, node: int, kind: BufferKind | None = None) -> Buffer:
         for b in self.buffers:
             if b.node == node and (kind is None or b.kind is kind):
                 return b
         raise KeyError(f"node %{node} has no shared-memory buffer")
+
+    def barriers_of(self, node: int) -> int:
+        """Where the slot barriers of multicast input ``node`` start (after the buffers)."""
+        return dict(self.barriers)[node]
 
     def live_bytes(self) -> int:
         """The most bytes alive at one level: a lower bound on any plan's peak."""
@@ -237,15 +244,17 @@ def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
                 best = (peak, name, placed)
     assert best is not None
     peak, name, placed = best
-    barriers = -1
-    if multicast:  # two 8-byte barriers per slot of each multicast input, after the buffers
-        barriers = _align(peak)
-        peak = barriers + 16 * sum(b.slots for b in placed
-                                   if b.node in multicast and b.kind is BufferKind.INPUT_STAGES)
+    barriers = []
+    if multicast:  # each multicast input's slot barriers, one after another after the buffers
+        peak = _align(peak)
+        for b in sorted(placed, key=lambda b: b.node):
+            if b.node in multicast and b.kind is BufferKind.INPUT_STAGES:
+                barriers.append((b.node, peak))
+                peak += SLOT_BARRIER_BYTES * b.slots
     if peak > target.smem_per_block:
         raise SharedMemoryError(f"the block graph needs {peak} bytes of shared memory ({name}, {stages} "
                                 f"input stages), more than the {target.smem_per_block} of {target.name}; "
                                 "use fewer pipeline stages, a larger grid or forloop_range so tiles "
                                 "get smaller")
     placed.sort(key=lambda b: b.node)
-    return MemoryPlan(tuple(placed), peak, name, tuple(candidates), levels, barriers)
+    return MemoryPlan(tuple(placed), peak, name, tuple(candidates), levels, tuple(barriers))

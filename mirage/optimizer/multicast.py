@@ -18,7 +18,6 @@ from mirage.mugraph.target import Target
 from mirage.optimizer.cluster_fold import MAX_CLUSTER
 
 MIN_COMPUTE_CAPABILITY = 90  # thread-block clusters and bulk copies
-BARRIER_BYTES_PER_SLOT = 16  # a slot's `full` and `empty` barriers
 
 
 @dataclass(frozen=True)

@@ -81,9 +81,10 @@ def test_the_ring_has_a_slot_more_and_its_barriers_follow_the_buffers():
     assert kernel.memory.buffer_of(x, BufferKind.INPUT_STAGES).slots == 4
     assert before.memory.buffer_of(x, BufferKind.INPUT_STAGES).slots == 3
     end = max(b.offset + b.size for b in kernel.memory.buffers)
-    assert kernel.memory.barriers >= end and kernel.memory.barriers % 8 == 0
-    assert kernel.memory.total == kernel.memory.barriers + 16 * 4
-    assert before.memory.barriers == -1
+    barriers = kernel.memory.barriers_of(x)
+    assert barriers >= end and barriers % 8 == 0
+    assert kernel.memory.total == barriers + 16 * 4
+    assert before.memory.barriers == ()
 
 
 def test_a_cluster_larger_than_the_hardware_allows_is_a_clear_error():

@@ -23,10 +23,6 @@
 //   }
 //   in0.done();  ... the rest of the kernel ...  mirage::dev::cluster_wait();
 //
-// With ClusterSize 1 the iterator is a plain bulk copy of the block's own tile (no `empty` wait, no
-// release: the block's end-of-iteration barrier frees the slot). Measured much slower than cp.async
-// for a GEMV's 96-byte weight rows (docs/performance.md §3); kept for that probe.
-//
 // done() and the final wait keep every block resident until the other blocks' last arrivals on its
 // barriers have landed. Tiles whose rows cannot be bulk-copied (rows not a multiple of 16 bytes, or
 // a global row not 16-byte aligned: checked once at run time, alike in every block of the cluster)
@@ -54,7 +50,7 @@ class MulticastIterator {
   static constexpr int kStageElements = round_up(L::storage, kVector);
   static constexpr int kSharedBytes = Slots * kStageElements * static_cast<int>(sizeof(T));
   static constexpr int kBarrierBytes = 2 * Slots * static_cast<int>(sizeof(uint64_t));
-  static_assert(ClusterSize >= 1 && ClusterSize <= 16, "a multicast spans 1 (a plain bulk copy) to 16 blocks");
+  static_assert(ClusterSize >= 2 && ClusterSize <= 16, "a multicast spans 2 to 16 blocks");
   static_assert(ClusterSize <= NumThreads, "one thread per block of the cluster releases a slot");
 
   // `barriers`: kBarrierBytes of shared memory (8-byte aligned), the same offset in every block.
@@ -66,7 +62,7 @@ class MulticastIterator {
         forloop_range_(forloop_range),
         shared_(shared),
         barriers_(barriers),
-        rank_(ClusterSize > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0),
+        rank_(static_cast<int>(cute::block_rank_in_cluster())),
         bulk_(kBulkShape && rows_aligned<L>(global, strides, coordinate)) {}
 
   // One thread initializes the barriers; the caller then meets the cluster (cluster_sync).
@@ -103,17 +99,6 @@ class MulticastIterator {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr uint16_t kAllBlocks = static_cast<uint16_t>((1u << ClusterSize) - 1);
     const int first = rank_ + ClusterSize * thread_index();
-    if constexpr (ClusterSize == 1) {  // the block's own copies: its end-of-iteration barrier frees the slot
-      for (int row = first; row < L::rows; row += NumThreads) {
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                cute::cast_smem_ptr_to_uint(target + row * L::pitch)),
-            "l"(source + strided_row_offset<L>(strides_, row)), "r"(kRowBytes),
-            "r"(cute::cast_smem_ptr_to_uint(full(slot)))
-            : "memory");
-      }
-      return;
-    }
     if (first < L::rows && iteration >= Slots) Barrier::wait(empty(slot), (iteration / Slots - 1) & 1);
     for (int row = first; row < L::rows; row += ClusterSize * NumThreads) {
       asm volatile(
@@ -134,15 +119,13 @@ class MulticastIterator {
   // After the block's barrier that ends `iteration`: tell every block of the cluster that this block
   // is done with the slot (only for slots that are loaded again).
   MIRAGE_DEVICE void release(int iteration) const {
-    if (ClusterSize > 1 && bulk_ && thread_index() < ClusterSize && iteration + Slots < forloop_range_) {
+    if (bulk_ && thread_index() < ClusterSize && iteration + Slots < forloop_range_) {
       Barrier::arrive(empty(iteration % Slots), static_cast<uint32_t>(thread_index()), 1u);
     }
   }
 
   // After the for-loop: arrive at the cluster barrier that the kernel waits for at its end.
-  MIRAGE_DEVICE void done() const {
-    if constexpr (ClusterSize > 1) cute::cluster_arrive();
-  }
+  MIRAGE_DEVICE void done() const { cute::cluster_arrive(); }
 
  private:
   MIRAGE_DEVICE uint64_t* full(int slot) const { return barriers_ + slot; }
