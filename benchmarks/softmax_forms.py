@@ -5,9 +5,10 @@ kernels with other ``MIRAGE_SOFTMAX_*`` macros (``mirage/gen/softmax.cuh``):
   interleaved per 16 keys;
 * ``per_element``: the score functor applied to each score, then log2(e) (the chain before the fold);
 * ``two_pass``: the default with exponentials and products in two passes, which must agree with
-  ``default`` bit for bit;
-* ``column_pairs``: column reductions (QKNorm's sum of squares over the K tile) two outputs a
-  thread, one 4-byte load per element (``MIRAGE_COLUMN_PAIRS=1``, ``mirage/reduction.cuh``).
+  ``default`` bit for bit.
+
+(A ``column_pairs`` form, column reductions two outputs a thread, was measured within noise and
+removed; its record is ``softmax_forms_h100_2026-11-22_column_pairs.json``.)
 
 Every build is float-checked against float64.  Writes softmax_forms_<date>.json into ``--out``
 (default benchmarks/results).
@@ -34,7 +35,6 @@ FORMS = {
     "default": "",
     "per_element": "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n",
     "two_pass": "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n",
-    "column_pairs": "#define MIRAGE_COLUMN_PAIRS 1\n",
 }
 
 

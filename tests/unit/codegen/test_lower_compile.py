@@ -72,11 +72,9 @@ WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds
           "qknorm_key_norms": (_key_scales, OptimizerOptions(chain_key_norms=True))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
 PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
-COLUMN_PAIRS = "#define MIRAGE_COLUMN_PAIRS 1\n"
 # name → (the build it recompiles, the macros before its code)
 PREFIXES = {"qknorm_two_pass": ("qknorm_registers", TWO_PASS),
-            "qknorm_per_element": ("qknorm_registers", PER_ELEMENT),
-            "qknorm_column_pairs": ("qknorm_key_scales", COLUMN_PAIRS)}
+            "qknorm_per_element": ("qknorm_registers", PER_ELEMENT)}
 
 
 @pytest.fixture(scope="module")
@@ -241,13 +239,3 @@ def test_key_norms_come_from_the_k_fragments(built):
     assert "reduce_apply<" not in loop and "map_apply<" not in loop
     sass = result.sass()
     assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
-
-
-def test_column_pairs_read_two_columns_a_load(built):
-    """MIRAGE_COLUMN_PAIRS=1: QKNorm's sum of squares over the K tile reads two adjacent columns with
-    one 4-byte shared load per row: fewer shared loads than one column a thread, no spills."""
-    _, pairs = built["qknorm_column_pairs"]
-    _, singles = built["qknorm_key_scales"]
-    count = lambda sass: len(re.findall(r"\bLDS\.U16\b", sass))  # noqa: E731
-    assert count(pairs.sass()) < count(singles.sass())
-    assert "LDL" not in pairs.sass() and "STL" not in pairs.sass()

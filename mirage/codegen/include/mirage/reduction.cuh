@@ -110,12 +110,6 @@ MIRAGE_DEVICE float combine_warps(float value, int output, float* partial) {
 template <int NumThreads>
 constexpr int kScratchFloats = NumThreads / kWarpSize > 0 ? NumThreads / kWarpSize : 1;
 
-// 1: column reductions of 16-bit tiles two outputs a thread (reduce_column_pairs). Measured within
-// noise on QKNorm's column sums (docs/performance.md §3), so off: one output a thread.
-#ifndef MIRAGE_COLUMN_PAIRS
-#define MIRAGE_COLUMN_PAIRS 0
-#endif
-
 // Shared memory for the cross-warp combine of block-wide reductions (kScratchFloats floats,
 // 4-byte aligned), handed to reduce_apply and gen::rms_norm_apply by the caller.
 struct ReductionScratch {
@@ -130,52 +124,6 @@ constexpr int warps_per_output(int group, int outputs, int extent, int threads) 
   return BlockWide && group == kWarpSize ? reduction_warps(outputs, extent, threads) : 1;
 }
 
-// A reduction over a dim other than the last, of 16-bit elements, in rows of an even length: each
-// thread reduces two adjacent outputs, reading both with one 4-byte load per element of the dim and
-// stepping a pointer (no index arithmetic per element). Lanes of a group split the dim as below.
-template <int NumThreads, int Dim, class In, class InLayout>
-constexpr bool kColumnPairs = Dim != 3 && sizeof(In) == 2 && InLayout::dim3 % 2 == 0 && InLayout::pitch % 2 == 0 &&
-                              InLayout::dim(Dim) >= 4 &&
-                              (Resized<InLayout, Dim, 1>::size / 2) * 2 <= NumThreads;
-
-template <int NumThreads, int Dim, class Reduce, class In, class InLayout, class Prologue, class Store>
-MIRAGE_DEVICE void reduce_column_pairs(SharedTile<In, InLayout> in, Prologue prologue, Store store) {
-  using OutLayout = Resized<InLayout, Dim, 1>;
-  constexpr int kPairs = OutLayout::size / 2;
-  constexpr int kExtent = InLayout::dim(Dim);
-  constexpr int kLanes = reduction_group(kPairs, kExtent, NumThreads);  // threads per pair
-  constexpr int kStride = Dim == 2 ? InLayout::pitch : Dim == 1 ? InLayout::dim2 * InLayout::pitch
-                                                                : InLayout::dim1 * InLayout::dim2 * InLayout::pitch;
-  static_assert(kLanes == 1 || NumThreads % kWarpSize == 0, "shuffle reductions need whole warps");
-  const Reduce reduce{};
-  for (int base = 0; base < kPairs * kLanes; base += NumThreads) {
-    const int slot = base + thread_index();
-    const int pair = slot / kLanes;
-    const int lane = slot % kLanes;
-    float low = Reduce::identity(), high = Reduce::identity();
-    if (pair < kPairs) {
-      int index[4];
-      OutLayout::coordinates(2 * pair, index);
-      index[Dim] = lane;
-      const In* element = in.data + InLayout::offset(index[0], index[1], index[2], index[3]);
-#pragma unroll 4
-      for (int e = lane; e < kExtent; e += kLanes, element += kLanes * kStride) {
-        const uint32_t word = *reinterpret_cast<const uint32_t*>(element);
-        In two[2];
-        memcpy(two, &word, sizeof(word));
-        low = reduce(low, prologue(to_float(two[0])));
-        high = reduce(high, prologue(to_float(two[1])));
-      }
-    }
-    low = combine_lanes<kLanes, Reduce>(low);
-    high = combine_lanes<kLanes, Reduce>(high);
-    if (pair < kPairs && lane == 0) {
-      store(2 * pair, low);
-      store(2 * pair + 1, high);
-    }
-  }
-}
-
 template <int NumThreads, int Dim, class Reduce, bool BlockWide, class In, class InLayout, class Prologue,
           class Store>
 MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, Store store, float* scratch) {
@@ -185,12 +133,6 @@ MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, 
   constexpr int kExtent = InLayout::dim(Dim);
   constexpr int kGroup = reduction_group(kOutputs, kExtent, NumThreads);
   constexpr int kWarps = warps_per_output<BlockWide>(kGroup, kOutputs, kExtent, NumThreads);
-#if MIRAGE_COLUMN_PAIRS
-  if constexpr (kWarps == 1 && kColumnPairs<NumThreads, Dim, In, InLayout>) {
-    reduce_column_pairs<NumThreads, Dim, Reduce>(in, prologue, store);
-    return;
-  }
-#endif
   constexpr int kLanes = kGroup * kWarps;  // threads per output
   static_assert(kGroup == 1 || NumThreads % kWarpSize == 0, "shuffle reductions need whole warps");
   const Reduce reduce{};
