@@ -92,6 +92,8 @@ class KernelLowering:
         self.folded = frozenset(p for p, _, _ in self.scaled_operands.values())
         self._check_nodes()
         self.softmax = kernel.softmax_chain
+        # a warpgroup chain reads its K and V tiles through the async proxy (Pipeline<S, true>)
+        self.async_readers = self.softmax is not None and self.softmax.warpgroup
         self.softmax_scratch = 0  # bytes of the key-group merge scratch after the plan
         if self.softmax is not None:
             self._place_softmax(smem_limit)
@@ -161,6 +163,9 @@ class KernelLowering:
             element = self.element(i)
             pitch = plan_pitch(shape, plan.strides) if plan is not None and row_major else None
             layout = tile_layout(shape, element, buffer.slot_bytes, row_major, pitch)
+            chain = self.kernel.softmax_chain
+            if chain is not None and i in chain.swizzled:  # a warpgroup chain's K or V
+                layout = ctx.TileLayout(layout.dims, 64, swizzled=True)
             pipelined = buffer.kind is BufferKind.INPUT_STAGES
             name = f"t{i}" if slot == 0 else f"t{i}_previous"
             offset = -1 if pipelined else buffer.offset + slot * buffer.slot_bytes
@@ -595,7 +600,8 @@ class KernelLowering:
                     # the loop instead, for what reads the last iteration's tiles)
                     self.loads_after_barrier = True
                     continue
-                steps.append(ctx.BarrierStep(item.reason, pending_copies, in_flight if pending_copies else 0))
+                steps.append(ctx.BarrierStep(item.reason, pending_copies, in_flight if pending_copies else 0,
+                                             self.async_readers))
                 pending_copies = emitted = False
                 continue
             if item.epilogue_of is not None or item.prologue_of is not None:
@@ -698,6 +704,7 @@ class KernelLowering:
             loop=tuple(steps[Phase.LOOP]),
             post_loop=tuple(steps[Phase.POST_LOOP]),
             cluster_shape=self._multicast_cluster(steps[Phase.LOOP]),
+            async_readers=self.async_readers,
         )
 
     def _multicast_cluster(self, loop: list[ctx.Step]) -> tuple[int, int, int]:

@@ -29,10 +29,13 @@ def initial_value(is_max: bool) -> str:
 
 @dataclass(frozen=True)
 class TileLayout:
-    """``mirage::dev::Layout<dims..., pitch>``: four logical dims (leading 1s pad lower ranks)."""
+    """``mirage::dev::Layout<dims..., pitch>``: four logical dims (leading 1s pad lower ranks);
+    ``swizzled``: ``mirage::dev::Swizzled128Layout<dims...>`` instead (a warpgroup chain's K and V,
+    unpadded; ``pitch`` is then the 64 elements of a swizzle row)."""
 
     dims: tuple[int, int, int, int]
     pitch: int
+    swizzled: bool = False
 
     @property
     def rows(self) -> int:
@@ -44,7 +47,7 @@ class TileLayout:
 
     @property
     def storage(self) -> int:
-        return self.rows * self.pitch
+        return self.size if self.swizzled else self.rows * self.pitch
 
 
 @dataclass(frozen=True)
@@ -418,6 +421,7 @@ class BarrierStep:
     reason: str
     wait_copies: bool  # non-pipelined copies were issued since the last barrier: wait for them first
     groups_in_flight: int = 0  # copy groups issued after those that may stay in flight (the prologue)
+    async_readers: bool = False  # the landed tiles are read by warpgroup MMAs (Pipeline<S, true>)
 
 
 @dataclass(frozen=True)
@@ -490,6 +494,7 @@ class KernelContext:
     loop: tuple[Step, ...]
     post_loop: tuple[Step, ...]
     cluster_shape: tuple[int, int, int] = (1, 1, 1)  # blocks per cluster (multicast inputs)
+    async_readers: bool = False  # pipelined tiles read by warpgroup MMAs (Pipeline<S, true>)
 
     @property
     def pipelined(self) -> tuple[InputIteratorContext, ...]:

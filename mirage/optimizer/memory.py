@@ -18,7 +18,9 @@ Loop state is cleared, and pipelined inputs are first fetched (the prologue), in
 level (the first loop level when there is no pre-loop phase), so their lifetimes start there.
 
 Results consumed in registers (epilogue producers) get no buffer.  Sizes include layout padding and
-are rounded up to 128 bytes.  Three online fits — first-fit, best-fit and worst-fit — each over two
+are rounded up to 128 bytes.  The K and V tiles of a warpgroup softmax chain (``swizzled``) are stored
+unpadded in the 128-byte swizzled form that sm_90's warpgroup MMA reads, and start on a 1024-byte
+boundary (the swizzle pattern repeats every 8 rows of 128 bytes).  Three online fits — first-fit, best-fit and worst-fit — each over two
 orders (by start time, by size) place the buffers; the plan with the lowest peak wins.  A plan over
 the target's shared memory raises :class:`~mirage.errors.SharedMemoryError`.
 """
@@ -39,6 +41,7 @@ from mirage.optimizer.registers import RegisterPlan
 from mirage.optimizer.schedule import Action, Barrier, Phase, Schedule
 
 ALIGNMENT = 128
+SWIZZLE_ALIGNMENT = 1024  # a 128-byte swizzled tile (dev::Swizzled128Layout) starts on this boundary
 
 
 SLOT_BARRIER_BYTES = 16  # a multicast slot's `full` and `empty` barriers (optimizer.multicast)
@@ -60,6 +63,7 @@ class Buffer:
     start: int  # first level alive (inclusive)
     end: int  # last level alive (inclusive)
     offset: int = -1  # byte offset in the block's shared memory (set by the plan)
+    align: int = ALIGNMENT  # the offset's alignment (SWIZZLE_ALIGNMENT for a swizzled tile)
 
     @property
     def size(self) -> int:
@@ -94,8 +98,8 @@ class MemoryPlan:
                    default=0)
 
 
-def _align(n: int) -> int:
-    return -(-n // ALIGNMENT) * ALIGNMENT
+def _align(n: int, alignment: int = ALIGNMENT) -> int:
+    return -(-n // alignment) * alignment
 
 
 def timeline(schedule: Schedule) -> tuple[dict[int, int], dict[int, int], dict[Phase, tuple[int, int]]]:
@@ -118,12 +122,14 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
               accumulator_dtype: DType = DType.FLOAT32,
               in_registers_only: frozenset[int] = frozenset(),
               read_at: dict[int, int] | None = None,
-              multicast: frozenset[int] = frozenset()) -> tuple[list[Buffer], int]:
+              multicast: frozenset[int] = frozenset(),
+              swizzled: frozenset[int] = frozenset()) -> tuple[list[Buffer], int]:
     """The buffers of ``graph`` with their lifetimes (unplaced), and the timeline length.
     ``in_registers_only``: nodes computed in registers by a chain step (no buffer); ``read_at``:
     nodes that read their operands at another node's step (a chain step runs at its anchor) and
     not at their own, which would end the operands' lifetimes too early; ``multicast``: pipelined
-    inputs that keep one slot more than ``stages`` (optimizer.multicast)."""
+    inputs that keep one slot more than ``stages`` (optimizer.multicast); ``swizzled``: tiles stored
+    unpadded and 1024-byte aligned (a warpgroup chain's K and V)."""
     main, finalize, spans = timeline(schedule)
     reads = {c: max(level, main[read_at[c]]) if c in (read_at or {}) else level for c, level in main.items()}
     loop = spans.get(Phase.LOOP)
@@ -136,7 +142,8 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
         if node.op is Op.OUTPUT or i in registers.register_only or i in in_registers_only:
             continue
         t = node.outputs[0]
-        elements = layouts[i].physical_elements if layouts and i in layouts else t.numel
+        elements = layouts[i].physical_elements if layouts and i in layouts and i not in swizzled else t.numel
+        align = SWIZZLE_ALIGNMENT if i in swizzled else ALIGNMENT
         start = main[i]
         end = max([start, *(reads[c] for c in uses[Ref(i, 0)])])
         kind, slots, itemsize = BufferKind.TILE, 1, t.dtype.itemsize
@@ -153,7 +160,7 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
             start, end = prologue, max(end, loop[1])
         elif loop and start < loop[0] <= end:
             end = max(end, loop[1])  # a pre-loop tile read in the loop is read every iteration
-        buffers.append(Buffer(i, kind, slots, _align(elements * itemsize), start, end))
+        buffers.append(Buffer(i, kind, slots, _align(elements * itemsize, align), start, end, align=align))
     return buffers, max([*main.values(), *finalize.values()], default=0) + 1
 
 
@@ -161,14 +168,16 @@ Fit = Callable[[list[tuple[int, int]], int], int]
 
 
 def _gaps(placed: list[Buffer], buffer: Buffer) -> list[tuple[int, int]]:
-    """Free (offset, size) gaps below the top among buffers alive with ``buffer``; last gap unbounded."""
+    """Free (offset, size) gaps below the top among buffers alive with ``buffer``, each starting on
+    ``buffer``'s alignment; last gap unbounded."""
     busy = sorted((b.offset, b.offset + b.size) for b in placed if b.overlaps_in_time(buffer))
     gaps, cursor = [], 0
     for lo, hi in busy:
-        if lo > cursor:
-            gaps.append((cursor, lo - cursor))
+        start = _align(cursor, buffer.align)
+        if lo > start:
+            gaps.append((start, lo - start))
         cursor = max(cursor, hi)
-    gaps.append((cursor, -1))  # -1: unbounded
+    gaps.append((_align(cursor, buffer.align), -1))  # -1: unbounded
     return gaps
 
 
@@ -227,11 +236,12 @@ def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
                 stages: int = 2, accumulator_dtype: DType = DType.FLOAT32,
                 in_registers_only: frozenset[int] = frozenset(),
                 read_at: dict[int, int] | None = None,
-                multicast: frozenset[int] = frozenset()) -> MemoryPlan:
+                multicast: frozenset[int] = frozenset(),
+                swizzled: frozenset[int] = frozenset()) -> MemoryPlan:
     """Place every buffer of ``graph`` in shared memory (see the module docstring); ``multicast``
     inputs' barriers follow the placed buffers."""
     buffers, levels = lifetimes(graph, schedule, registers, layouts, stages, accumulator_dtype,
-                                in_registers_only, read_at, multicast)
+                                in_registers_only, read_at, multicast, swizzled)
     best: tuple[int, str, list[Buffer]] | None = None
     candidates = []
     for fit_name, fit in FITS.items():

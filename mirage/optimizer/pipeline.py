@@ -49,7 +49,7 @@ from mirage.optimizer.row_loop import RowLoop
 from mirage.optimizer.row_loop import match as match_row_loop
 from mirage.optimizer.schedule import Schedule, build_schedule
 from mirage.optimizer.softmax import SoftmaxResult, online_softmax
-from mirage.optimizer.softmax_chain import SoftmaxChain
+from mirage.optimizer.softmax_chain import SoftmaxChain, warpgroup_form
 from mirage.optimizer.softmax_chain import match as match_softmax_chain
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,8 @@ class OptimizerOptions:
     multicast_cluster: int = 0  # > 1: inputs that every block along a grid axis loads alike (a GEMV's X)
     # are read once per cluster of this many blocks and multicast into each block's shared memory
     # (sm_90; optimizer.multicast); clusters of 4 run in waves at one block per SM (docs/performance.md §3)
+    warpgroup_softmax: bool = False  # sm_90a: online-softmax chains run both products as warpgroup MMAs
+    # (wgmma) reading K and V in the 128-byte swizzled form (softmax_chain.warpgroup_form)
     multicast_axes: tuple[int, ...] = (0,)  # the grid axes a multicast cluster may span; along z
     # (attention's K and V, shared by the query splits) it measured 1.3-1.6x slower
 
@@ -225,7 +227,13 @@ def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain 
         return None
     layouts = state.records["select_layouts"].of_kernel(k)
     schedule = dict(state.records["schedule"])[k]
-    return match_softmax_chain(block, schedule, layouts, state.options.chain_key_norms)
+    chain = match_softmax_chain(block, schedule, layouts, state.options.chain_key_norms)
+    if chain is None or not state.options.warpgroup_softmax or state.target.compute_capability != 90:
+        return chain
+    warpgroup = warpgroup_form(block, chain)
+    if warpgroup.swizzled & _multicast(block, state.target, state.options).inputs:
+        return chain  # a multicast copies whole rows, not swizzled tiles
+    return warpgroup
 
 
 def _row_loop(k: int, block: BlockGraph, state: PassState) -> RowLoop | None:
@@ -247,7 +255,7 @@ def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
     read_at = {n: chain.anchor for n in chain.computed} if chain is not None else {}
     return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
                        layouts, state.target, stages, o.accumulator_dtype, in_registers, read_at,
-                       _multicast(block, state.target, o).inputs)
+                       _multicast(block, state.target, o).inputs, chain.swizzled if chain is not None else frozenset())
 
 
 def _multicast(block: BlockGraph, target: Target, o: OptimizerOptions) -> Multicast:

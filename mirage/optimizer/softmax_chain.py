@@ -34,6 +34,7 @@ and g run in no step of their own, need no tile, and the barrier before the chai
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -69,6 +70,10 @@ class SoftmaxChain:
     column: int | None = None  # the score's per-key operand c (its step stores f(1, c))
     qk_argument: int = 0  # the product's position among the score's operands
     key_norm: tuple[int, int] | None = None  # (sum, square) when c = g(Σ_d K[d, n]²): the chain computes c
+    # the sm_90a form (warpgroup_form): both products as warpgroup MMAs reading K and V (``swizzled``)
+    # from shared memory in the 128-byte swizzled form
+    warpgroup: bool = False
+    swizzled: frozenset[int] = frozenset()
 
     @property
     def anchor(self) -> int:
@@ -311,6 +316,30 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
     scratch = 4 * groups * rows * (width + 2) if groups > 1 else 0
     return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch, column,
                         qk_argument, key_norm)
+
+
+def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain) -> SoftmaxChain:
+    """``chain`` in the warpgroup form when it qualifies, else unchanged (the reason logged): K and V
+    are input tiles that only the chain reads (its copies write them swizzled), the warps form whole
+    warpgroups of whole 64-row tiles (one key group), and the keys and V's width come in blocks of 64
+    (wgmma m64n64k16; the chain's sub-tiles are then 64 keys).  The caller checks the target (sm_90a)."""
+    try:
+        uses = graph.consumers()
+        require(chain.groups == 1 and chain.key_norm is None, "key groups or key norms")
+        k_ref, v_ref = graph.nodes[chain.qk].inputs[1], graph.nodes[chain.pv].inputs[1]
+        require(k_ref.node != v_ref.node, "K and V are one tile")
+        for ref, user in ((k_ref, chain.qk), (v_ref, chain.pv)):
+            require(graph.nodes[ref.node].op is Op.INPUT, f"%{ref.node} is not an input tile")
+            require(_only(uses, ref.node) == [user], f"%{ref.node} has readers besides the chain")
+        rows, keys = graph.type_of(graph.nodes[chain.qk].inputs[0]).shape[-2], graph.type_of(k_ref).shape[-1]
+        width = graph.type_of(v_ref).shape[-1]
+        warps, row_tiles = math.prod(graph.block_dim) // 32, rows // 16
+        require(warps % 4 == 0 and row_tiles % warps == 0, f"{warps} warps over {row_tiles} row tiles")
+        require(keys % 64 == 0 and width % 64 == 0, f"{keys} keys, V width {width}: not in blocks of 64")
+    except NoMatch as reason:
+        log.debug("online-softmax chain kept on warp MMAs: %s", reason)
+        return chain
+    return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset({k_ref.node, v_ref.node}))
 
 
 def row_bytes_of(graph: BlockGraph, layouts: dict[int, TensorLayout] | None) -> Callable[[int], int]:

@@ -60,6 +60,14 @@ def _folded_attention():
                 if "combine_threads=128" in row.label and "kv_splits=16" in row.label)
 
 
+def _gqa_b8():
+    """The suite's gqa_b8 member: 128 query rows over 4 warps (one warpgroup, two 64-row tiles)."""
+    from benchmarks.variants import family
+
+    return next(g for row, g in family("gqa_b8") if "threads=128" in row.label and "iters=8" in row.label
+                and "combine_rows=8" in row.label)
+
+
 def _rmsnorm_b8():
     from benchmarks.mugraphs import mlp
 
@@ -69,7 +77,8 @@ def _rmsnorm_b8():
 WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds=True)),
           "rmsnorm_multicast": (_rmsnorm_b8, OptimizerOptions(multicast_cluster=2)),
           "gqa_counter_folded": (_folded_attention, OptimizerOptions(counter_folds=True)),
-          "qknorm_key_norms": (_key_scales, OptimizerOptions(chain_key_norms=True))}
+          "qknorm_key_norms": (_key_scales, OptimizerOptions(chain_key_norms=True)),
+          "gqa_warpgroup": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
 PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
 # name → (the build it recompiles, the macros before its code)
@@ -239,3 +248,19 @@ def test_key_norms_come_from_the_k_fragments(built):
     assert "reduce_apply<" not in loop and "map_apply<" not in loop
     sass = result.sass()
     assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
+
+
+def test_warpgroup_chain_runs_wgmma_on_swizzled_tiles(built):
+    """With warpgroup_softmax both products of the chain are warpgroup MMAs (HGMMA, B from shared
+    memory through descriptors, transposed: K and V are contiguous along N) reading K and V from
+    swizzled tiles published with a proxy fence; no ldmatrix of K or V, no spills."""
+    program, result = built["gqa_warpgroup"]
+    first = program.code.split('extern "C"')[1]
+    assert first.count("Swizzled128Layout<1, 1, 64, 64>") >= 4  # K and V: iterators and the chain
+    assert "Pipeline<2, true>::wait()" in first and "__align__(1024)" in first
+    functions = {f.split()[0]: f for f in result.sass().split("Function : ")[1:]}
+    attention = functions[program.kernels[0].name]
+    assert re.search(r"HGMMA\.64x64x16\.F32 .*gdesc\[UR\d+\]\.tnspB", attention)
+    assert "HMMA" not in attention and "FENCE.VIEW.ASYNC.S" in attention
+    assert attention.count("LDSM") == attention.count("LDSM.16.M88.4")  # Q's fragments only, not transposed
+    assert "LDL" not in attention and "STL" not in attention

@@ -238,3 +238,56 @@ def test_the_chain_keeps_its_operands_alive_until_its_anchor():
     factors = memory.buffer_of(chain.column)
     assert k_tile.overlaps_in_time(factors)
     assert k_tile.offset + k_tile.size <= factors.offset or factors.offset + factors.size <= k_tile.offset
+
+
+# ---- the warpgroup form (sm_90a) -------------------------------------------------------------------
+
+WARPGROUP = {"warpgroup_softmax": True}
+
+
+def _gqa(**splits):
+    return attention_fused(8, False, row_sums=True, combine_rows=8, **splits)
+
+
+@pytest.mark.parametrize(
+    ("splits", "warpgroup"),
+    [
+        (dict(kv_splits=8, q_splits=2, iters=8, threads=128), True),  # 128 rows: 2 tiles of 64 a warpgroup
+        (dict(kv_splits=8, q_splits=2, iters=8, threads=256), True),  # 2 warpgroups of one tile each
+        (dict(kv_splits=8, q_splits=2, iters=8, threads=512), False),  # 16 warps, 8 row tiles: key groups
+        (dict(kv_splits=8, q_splits=8, iters=4, threads=64), False),  # 2 warps: not a warpgroup
+        (dict(kv_splits=8, q_splits=8, iters=16, threads=128), False),  # 32 keys an iteration
+    ],
+)
+def test_warpgroup_form_needs_whole_warpgroups_and_key_blocks(splits, warpgroup):
+    first, _ = _kernels(_gqa(**splits), **WARPGROUP)
+    chain = first.softmax_chain
+    assert chain is not None and chain.warpgroup is warpgroup
+    nodes = first.block_graph.nodes
+    k, v = nodes[chain.qk].inputs[1].node, nodes[chain.pv].inputs[1].node
+    assert chain.swizzled == (frozenset({k, v}) if warpgroup else frozenset())
+
+
+def test_warpgroup_tiles_are_unpadded_and_1024_byte_aligned():
+    """K and V's stages hold 64 x 64 fp16 elements each (8 KB, no padding) from a 1024-byte boundary;
+    Q keeps its padded rows (ldmatrix reads it)."""
+    (plain, _), (first, _) = (_kernels(_gqa(**SPLITS | dict(q_splits=2, iters=8)), **o) for o in ({}, WARPGROUP))
+    for node in first.softmax_chain.swizzled:
+        buffer = first.memory.buffer_of(node)
+        assert buffer.offset % 1024 == 0 and buffer.slot_bytes == 64 * 64 * 2 and buffer.align == 1024
+        assert plain.memory.buffer_of(node).slot_bytes == 64 * 72 * 2
+    q = first.block_graph.nodes[first.softmax_chain.qk].inputs[0].node
+    assert first.memory.buffer_of(q).slot_bytes == plain.memory.buffer_of(q).slot_bytes
+
+
+def test_warpgroup_form_is_refused_where_k_has_other_readers_or_the_target_has_no_wgmma():
+    first, _ = _kernels(_key_scale_graph(kv_splits=8, q_splits=2, iters=8, threads=128),
+                        **WARPGROUP, **STEPPED_FACTORS)
+    assert first.softmax_chain is not None and not first.softmax_chain.warpgroup  # K's column reduction
+    graph = _gqa(kv_splits=8, q_splits=2, iters=8, threads=128)
+    from mirage.mugraph.target import TARGETS
+
+    program = prepare(graph, TARGETS["A100"], dataclasses.replace(OptimizerOptions(), **WARPGROUP))
+    assert not program.kernels[0].softmax_chain.warpgroup
+    code = generate_cuda_program(graph, 80, options=dataclasses.replace(OptimizerOptions(), **WARPGROUP)).code
+    assert "Swizzled128Layout" not in code and "__align__(128)" in code

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
+#include <cutlass/arch/barrier.h>
 
 #include <type_traits>
 
@@ -51,7 +52,10 @@ MIRAGE_DEVICE bool rows_aligned(const T* global, const Strides& strides, TileCoo
   return ok && (L::dim2 == 1 || strides.stride[2] % kVector == 0);
 }
 
-template <int Stages>
+// AsyncReaders: tiles of the pipeline are read by sm_90's warpgroup MMA (wgmma), which reads shared
+// memory through the async proxy: each thread orders its landed copies before those reads
+// (fence.proxy.async) ahead of the barrier that publishes them.
+template <int Stages, bool AsyncReaders = false>
 struct Pipeline {
   static_assert(Stages >= 1, "a pipeline has at least one stage");
   // Close the group of copies issued since the last commit.
@@ -59,18 +63,24 @@ struct Pipeline {
   // Wait until the oldest outstanding group has landed and make it visible to the block.
   static MIRAGE_DEVICE void wait() {
     cute::cp_async_wait<Stages - 1>();
-    __syncthreads();
+    publish();
   }
   // The same before this iteration's loads are issued (Stages − 1 groups outstanding, not Stages):
   // the barrier also tells that every thread is done with the previous iteration's stage.
   static MIRAGE_DEVICE void wait_before_loads() {
     static_assert(Stages >= 2, "a pipeline that loads ahead has at least two stages");
     cute::cp_async_wait<Stages - 2>();
-    __syncthreads();
+    publish();
   }
   // Wait for every outstanding group.
   static MIRAGE_DEVICE void wait_all() {
     cute::cp_async_wait<0>();
+    publish();
+  }
+
+ private:
+  static MIRAGE_DEVICE void publish() {
+    if constexpr (AsyncReaders) cutlass::arch::fence_view_async_shared();
     __syncthreads();
   }
 };
@@ -226,7 +236,7 @@ class InputIterator {
         }
         const int col = (chunk % kChunksPerRow) * kVector;
         const auto* from = reinterpret_cast<const cute::uint128_t*>(source + row_offset(row) + col);
-        auto* to = reinterpret_cast<cute::uint128_t*>(target + row * L::pitch + col);
+        auto* to = reinterpret_cast<cute::uint128_t*>(target + L::element_offset(row, col));
 #if MIRAGE_CP_ASYNC_L2_BYTES == 256
         asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(
                          static_cast<uint32_t>(__cvta_generic_to_shared(to))), "l"(from));
@@ -259,7 +269,7 @@ class InputIterator {
     if (iteration < 0 || iteration >= forloop_range_) return;
     T* target = stage(iteration).data;
     for_staged(iteration, [&](T& value, int element) {
-      target[(element / L::cols) * L::pitch + element % L::cols] = value;
+      target[L::element_offset(element / L::cols, element % L::cols)] = value;
     });
   }
 
@@ -282,7 +292,7 @@ class InputIterator {
     for (int element = thread_index(); element < L::size; element += NumThreads) {
       const int row = element / L::cols;
       const int col = element % L::cols;
-      target[row * L::pitch + col] = source[row_offset(row) + col * strides_.stride[3]];
+      target[L::element_offset(row, col)] = source[row_offset(row) + col * strides_.stride[3]];
     }
   }
 

@@ -30,13 +30,18 @@ struct Layout {
     return d == 0 ? D0 : d == 1 ? D1 : d == 2 ? D2 : D3;
   }
 
+  static constexpr bool swizzled = false;
+
+  // Storage offset of element `col` of row `row` (a row: one index of the first three dims).
+  static MIRAGE_HOST_DEVICE constexpr int element_offset(int row, int col) { return row * Pitch + col; }
+
   static MIRAGE_HOST_DEVICE constexpr int offset(int i0, int i1, int i2, int i3) {
-    return ((i0 * D1 + i1) * D2 + i2) * Pitch + i3;
+    return element_offset((i0 * D1 + i1) * D2 + i2, i3);
   }
 
   // Storage offset of the element with logical row-major index `linear`.
   static MIRAGE_HOST_DEVICE constexpr int offset_of(int linear) {
-    return (linear / D3) * Pitch + linear % D3;
+    return element_offset(linear / D3, linear % D3);
   }
 
   // Logical coordinates of the element with row-major index `linear`.
@@ -47,6 +52,42 @@ struct Layout {
     row /= D2;
     index[1] = row % D1;
     index[0] = row / D1;
+  }
+};
+
+// A tile of 16-bit elements in the canonical 128-byte swizzled form of sm_90's warpgroup MMA
+// operands read "MN-major" (contiguous along N: a K tile [D, keys], a V tile [keys, E]). The columns
+// come in blocks of 64 (128 bytes); a block holds every row, 128 bytes apart, and the 16-byte chunks
+// of row r are permuted by XOR with r mod 8 (CuTe's Swizzle<3, 4, 3>), so the eight rows of a core
+// matrix fall in eight different bank groups. Rows % 8 == 0, cols % 64 == 0, 1024-byte aligned;
+// `pitch` is the 64 elements of a swizzle row, not a stride of the tile. Only wgmma (through
+// descriptors: detail::wgmma_descriptor) and the input iterators' copies touch such a tile.
+template <int D0, int D1, int D2, int D3>
+struct Swizzled128Layout {
+  static constexpr int dim0 = D0;
+  static constexpr int dim1 = D1;
+  static constexpr int dim2 = D2;
+  static constexpr int dim3 = D3;
+  static constexpr int rows = D0 * D1 * D2;
+  static constexpr int cols = D3;
+  static constexpr int pitch = 64;
+  static constexpr int size = rows * cols;
+  static constexpr int storage = size;
+  static constexpr bool swizzled = true;
+  static constexpr int kBlockElements = rows * 64;  // one block of 64 columns
+  static_assert(rows % 8 == 0 && cols % 64 == 0, "a 128-byte swizzled tile has rows % 8 == 0, cols % 64 == 0");
+
+  static MIRAGE_HOST_DEVICE constexpr int dim(int d) { return d == 0 ? D0 : d == 1 ? D1 : d == 2 ? D2 : D3; }
+
+  static MIRAGE_HOST_DEVICE constexpr int element_offset(int row, int col) {
+    return (col / 64) * kBlockElements + row * 64 + (((col % 64) / 8) ^ (row % 8)) * 8 + col % 8;
+  }
+  static MIRAGE_HOST_DEVICE constexpr int offset(int i0, int i1, int i2, int i3) {
+    return element_offset((i0 * D1 + i1) * D2 + i2, i3);
+  }
+  static MIRAGE_HOST_DEVICE constexpr int offset_of(int linear) { return element_offset(linear / D3, linear % D3); }
+  static MIRAGE_HOST_DEVICE void coordinates(int linear, int (&index)[4]) {
+    Layout<D0, D1, D2, D3>::coordinates(linear, index);
   }
 };
 

@@ -46,6 +46,7 @@ class MulticastIterator {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   static constexpr int kVector = kVectorElements<T>;
   static constexpr int kRowBytes = L::cols * static_cast<int>(sizeof(T));
+  static_assert(!L::swizzled, "multicast copies whole rows: no swizzled tiles");
   static constexpr bool kBulkShape = kRowBytes % 16 == 0 && (L::pitch * sizeof(T)) % 16 == 0;
   static constexpr int kStageElements = round_up(L::storage, kVector);
   static constexpr int kSharedBytes = Slots * kStageElements * static_cast<int>(sizeof(T));
@@ -90,7 +91,7 @@ class MulticastIterator {
     if (!bulk_) {
       for (int element = thread_index(); element < L::size; element += NumThreads) {
         const int row = element / L::cols, col = element % L::cols;
-        target[row * L::pitch + col] = source[strided_row_offset<L>(strides_, row) + col * strides_.stride[3]];
+        target[L::element_offset(row, col)] = source[strided_row_offset<L>(strides_, row) + col * strides_.stride[3]];
       }
       if (thread_index() == 0) Barrier::arrive(full(slot));
       return;

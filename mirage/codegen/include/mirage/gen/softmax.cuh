@@ -29,11 +29,22 @@
 // key's factor before the row maxima (Score is then ColumnScore, a scale of 1).
 //   Chain::write_back(state, scratch, max_tile, running_tile, sum_tile, out_tile);  after the loop;
 //                                                              a barrier must follow before others read
+//
+// The warpgroup form (sm_90a), chosen by K and V tiles in dev::Swizzled128Layout: both products run
+// as warpgroup MMAs (wgmma m64n64k16) whose B operand, K or V, is read from shared memory through a
+// descriptor (no ldmatrix of K or V), and whose A operand is a register fragment (Q's, loaded by
+// ldmatrix, and P, converted from the scores as above). The accumulators of a wgmma have the layout
+// of mma.sync's C fragments, 16 rows a warp, so the softmax between the products is the same code.
+// Each warpgroup (4 warps) takes whole 64-row tiles; P·V's products of 16 keys are issued
+// asynchronously and overlap the exponentials of the next 16 keys. The loop's pipeline must publish
+// its tiles with Pipeline<Stages, true> (a proxy fence before the barrier).
 #pragma once
 
 #include <type_traits>
 
 #include <cute/arch/copy_sm75.hpp>
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "../mirage.cuh"
 #include "kernel.cuh"
@@ -86,6 +97,46 @@ MIRAGE_DEVICE float exp2_fast(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// A warpgroup MMA m64n64k16 with fp32 accumulators, A from registers (K-major, the layout of
+// mma.sync's A fragments, 16 rows a warp), B from shared memory, MN-major (dev::Swizzled128Layout).
+template <class T>
+struct Wgmma64;
+template <>
+struct Wgmma64<__half> {
+  using Op = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::MN>;
+};
+template <>
+struct Wgmma64<__nv_bfloat16> {
+  using Op =
+      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::MN>;
+};
+
+// c (+)= a · B, c a warp's 16 x 64 slice of the warpgroup's accumulator (eight 16 x 8 C fragments).
+template <class T>
+MIRAGE_DEVICE void wgmma64(float (&c)[8][4], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  Wgmma64<T>::Op::fma(a[0], a[1], a[2], a[3], b, c[0][0], c[0][1], c[0][2], c[0][3], c[1][0], c[1][1], c[1][2],
+                      c[1][3], c[2][0], c[2][1], c[2][2], c[2][3], c[3][0], c[3][1], c[3][2], c[3][3], c[4][0],
+                      c[4][1], c[4][2], c[4][3], c[5][0], c[5][1], c[5][2], c[5][3], c[6][0], c[6][1], c[6][2],
+                      c[6][3], c[7][0], c[7][1], c[7][2], c[7][3],
+                      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+// The descriptor of the B operand rows [row, row + 16) x columns [col, col + 64) of a swizzled tile
+// (row % 8 == 0, col % 64 == 0): 8-row groups 1024 bytes apart (stride offset), blocks of 64 columns
+// kBlockElements apart (leading offset), 128-byte swizzle.
+template <class L, class T>
+MIRAGE_DEVICE uint64_t wgmma_descriptor(const T* tile, int row, int col) {
+  static_assert(L::swizzled && sizeof(T) == 2, "wgmma reads 16-bit tiles in the 128-byte swizzled form");
+  cute::GmmaDescriptor descriptor;
+  descriptor.bitfield.start_address_ =
+      static_cast<uint16_t>(cute::cast_smem_ptr_to_uint(tile + L::element_offset(row, col)) >> 4);
+  descriptor.bitfield.leading_byte_offset_ = static_cast<uint16_t>(L::kBlockElements * sizeof(T) >> 4);
+  descriptor.bitfield.stride_byte_offset_ = static_cast<uint16_t>(8 * L::pitch * sizeof(T) >> 4);
+  descriptor.bitfield.base_offset_ = 0;
+  descriptor.bitfield.layout_type_ = static_cast<uint8_t>(cute::SM90::GMMA::LayoutType::B128);
+  return descriptor.desc_;
 }
 
 // Score::kLinearScale when the score functor declares one (the function is x · kLinearScale, > 0)
@@ -183,6 +234,7 @@ struct OnlineSoftmax {
   // Keys of one S sub-tile per warp: at most 128 scores a row, over all of the warp's row tiles
   // (which share every K and V fragment that the warp loads), a multiple of 16 dividing kKeys.
   static constexpr int sub_keys() {
+    if (KLayout::swizzled) return 64;  // the warpgroup form: one key block of its wgmmas a sub-tile
     const int cap = 128 / kTilesPerWarp < 16 ? 16 : 128 / kTilesPerWarp;
     for (int keys = (kKeys < cap ? kKeys : cap) / 16 * 16; keys > 16; keys -= 16)
       if (kKeys % keys == 0) return keys;
@@ -199,6 +251,13 @@ struct OnlineSoftmax {
                 "the warps must divide the row tiles or be a multiple of them (every warp works)");
   static_assert(KLayout::rows == D && VLayout::rows == N, "Q [R, D], K [D, N], V [N, E]");
   static constexpr bool kKeyNorms = IsKeyNorms<Columns>::value;
+  // the warpgroup form (see the top of the file): K and V in 128-byte swizzled tiles
+  static constexpr bool kWarpgroup = KLayout::swizzled;
+  static_assert(VLayout::swizzled == kWarpgroup && !QLayout::swizzled, "K and V swizzled together, Q not");
+  static_assert(!kWarpgroup || (kWarps % 4 == 0 && kRowTiles % kWarps == 0 && kKeys % 64 == 0 &&
+                                E % 64 == 0 && !kKeyNorms),
+                "the warpgroup form: whole warpgroups of whole 64-row tiles, keys and E in blocks of 64, "
+                "no key norms (the lowering checks them first)");
   template <class C>
   static constexpr bool covers_keys() {
     if constexpr (std::is_same_v<C, NoTile> || IsKeyNorms<C>::value) {
@@ -230,7 +289,10 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE int warp() { return dev::thread_index() / dev::kWarpSize; }
   static MIRAGE_DEVICE int lane() { return dev::thread_index() % dev::kWarpSize; }
   static MIRAGE_DEVICE int key_group() { return kWarps >= kRowTiles ? warp() / kRowTiles : 0; }
+  // The 16-row tile of the warp's tile t (in the warpgroup form: warp w of warpgroup g takes rows
+  // 16 w .. 16 w + 15 of the warpgroup's 64-row tiles g · kTilesPerWarp + t).
   static MIRAGE_DEVICE int row_tile(int t) {
+    if constexpr (kWarpgroup) return ((warp() / 4) * kTilesPerWarp + t) * 4 + warp() % 4;
     return kWarps >= kRowTiles ? warp() % kRowTiles : warp() * kTilesPerWarp + t;
   }
 
@@ -362,25 +424,23 @@ struct OnlineSoftmax {
     float offset[kTilesPerWarp][2];
 #pragma unroll
     for (int t = 0; t < kTilesPerWarp; ++t) rescale(state, t, score[t], offset[t]);
-#if MIRAGE_SOFTMAX_INTERLEAVE
     // P of 16 keys, then its P·V products: the exponentials of the next 16 keys (SFU) issue while
-    // the tensor cores run these (same operations and sums as the two-pass order, same results)
-#pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-      uint32_t p[kTilesPerWarp][4];
-#pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t) probabilities(state, t, score[t], kk, offset[t], p[t]);
-      accumulate_keys(state, p, v, key0, kk);
-    }
-#else
+    // the tensor cores run these (same operations and sums as the two-pass order, same results).
+    // Every P fragment stays live until the products are done (a warpgroup MMA reads its A
+    // registers asynchronously).
+    constexpr bool kInterleave = MIRAGE_SOFTMAX_INTERLEAVE;
     uint32_t p[kKeyTiles / 2][kTilesPerWarp][4];
 #pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk)
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
 #pragma unroll
       for (int t = 0; t < kTilesPerWarp; ++t) probabilities(state, t, score[t], kk, offset[t], p[kk][t]);
+      if constexpr (kInterleave) accumulate_keys(state, p[kk], v, key0, kk);
+    }
+    if constexpr (!kInterleave) {
 #pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk) accumulate_keys(state, p[kk], v, key0, kk);
-#endif
+      for (int kk = 0; kk < kKeyTiles / 2; ++kk) accumulate_keys(state, p[kk], v, key0, kk);
+    }
+    if constexpr (kWarpgroup) cute::warpgroup_wait<0>();  // O complete, K and V no longer read
   }
 
   // Row tile t's new running maxima from its scores, the rescale of its O and l by
@@ -459,6 +519,10 @@ struct OnlineSoftmax {
   // loaded once for all of the warp's row tiles
   static MIRAGE_DEVICE void scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int key0,
                                    float (&score)[kTilesPerWarp][kKeyTiles][4]) {
+    if constexpr (kWarpgroup) {
+      warpgroup_scores(q, k, key0, score);
+      return;
+    }
     clear(score);
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16) {
@@ -553,19 +617,57 @@ struct OnlineSoftmax {
     }
   }
 
+  // The warpgroup form of scores: Q's fragments of every k-step first (a wgmma reads them while
+  // the next ones issue), then a wgmma per 64-row tile, 64 keys and 16 of D.
+  static MIRAGE_DEVICE void warpgroup_scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
+                                             int key0, float (&score)[kTilesPerWarp][kKeyTiles][4]) {
+    uint32_t a[kTilesPerWarp][D / 16][4];
+#pragma unroll
+    for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+      for (int d = 0; d < D / 16; ++d) load_q(q, t, d * 16, a[t][d]);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+      for (int b = 0; b < kSubKeys / 64; ++b)
+#pragma unroll
+        for (int d = 0; d < D / 16; ++d)
+          softmax_detail::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&score[t][8 * b]), a[t][d],
+                                     softmax_detail::wgmma_descriptor<KLayout>(k.data, d * 16, key0 + 64 * b),
+                                     d > 0);
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+  }
+
   // out[t] += P[t][:, 16 kk : 16 kk + 16] · V[key0 + 16 kk : key0 + 16 kk + 16, :] for every row
-  // tile t, P given as A fragments: each V fragment loaded once for all of them.
+  // tile t, P given as A fragments: each V fragment loaded once for all of them. In the warpgroup
+  // form, one asynchronous batch of wgmmas (sub_step waits for them).
   static MIRAGE_DEVICE void accumulate_keys(State& state, const uint32_t (&a)[kTilesPerWarp][4],
                                             dev::SharedTile<T, VLayout> v, int key0, int kk) {
+    if constexpr (kWarpgroup) {
+      cute::warpgroup_arrive();
 #pragma unroll
-    for (int j = 0; j < kOutTiles; j += 2) {
-      uint32_t b[4];
-      const T* b_address = v.data + (key0 + kk * 16 + lane() % 16) * VLayout::pitch + j * 8 + (lane() / 16) * 8;
-      cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2], b[3]);
+      for (int t = 0; t < kTilesPerWarp; ++t)
 #pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t) {
-        mma(state.out[t][j], a[t], b[0], b[1]);
-        mma(state.out[t][j + 1], a[t], b[2], b[3]);
+        for (int b = 0; b < E / 64; ++b)
+          softmax_detail::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&state.out[t][8 * b]), a[t],
+                                     softmax_detail::wgmma_descriptor<VLayout>(v.data, key0 + kk * 16, 64 * b),
+                                     true);
+      cute::warpgroup_commit_batch();
+    } else {
+#pragma unroll
+      for (int j = 0; j < kOutTiles; j += 2) {
+        uint32_t b[4];
+        const T* b_address =
+            v.data + (key0 + kk * 16 + lane() % 16) * VLayout::pitch + j * 8 + (lane() / 16) * 8;
+        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2],
+                                      b[3]);
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t) {
+          mma(state.out[t][j], a[t], b[0], b[1]);
+          mma(state.out[t][j + 1], a[t], b[2], b[3]);
+        }
       }
     }
   }
