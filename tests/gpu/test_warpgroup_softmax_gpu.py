@@ -46,7 +46,8 @@ def _member(case: str, *parts: str):
 
 def _programs(graph, stages: int):
     options = dataclasses.replace(OptimizerOptions(), stages=stages)
-    warpgroup = generate_cuda_program(graph, None, options=dataclasses.replace(options, warpgroup_softmax=True))
+    warpgroup = generate_cuda_program(graph, None,
+                                      options=dataclasses.replace(options, warpgroup_softmax=True))
     assert "Swizzled128Layout" in warpgroup.code  # the form was chosen
     return warpgroup, generate_cuda_program(graph, None, options=options)
 
