@@ -21,9 +21,9 @@ Results consumed in registers (epilogue producers) get no buffer.  Sizes include
 are rounded up to 128 bytes.  The K and V tiles of a warpgroup softmax chain (``swizzled``) are stored
 unpadded in the 128-byte swizzled form that sm_90's warpgroup MMA reads, and start on a 1024-byte
 boundary (the swizzle pattern repeats every 8 rows of 128 bytes).  Three online fits — first-fit,
-best-fit and worst-fit — each over two
-orders (by start time, by size) place the buffers; the plan with the lowest peak wins.  A plan over
-the target's shared memory raises :class:`~mirage.errors.SharedMemoryError`.
+best-fit and worst-fit — each over two orders (by start time, by size) place the buffers; the plan
+with the lowest peak wins.  A plan over the target's shared memory raises
+:class:`~mirage.errors.SharedMemoryError`.
 """
 
 from __future__ import annotations
