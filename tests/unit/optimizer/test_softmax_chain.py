@@ -271,7 +271,8 @@ def test_warpgroup_form_needs_whole_warpgroups_and_key_blocks(splits, warpgroup)
 def test_warpgroup_tiles_are_unpadded_and_1024_byte_aligned():
     """K and V's stages hold 64 x 64 fp16 elements each (8 KB, no padding) from a 1024-byte boundary;
     Q keeps its padded rows (ldmatrix reads it)."""
-    (plain, _), (first, _) = (_kernels(_gqa(**SPLITS | dict(q_splits=2, iters=8)), **o) for o in ({}, WARPGROUP))
+    graph = _gqa(**SPLITS | dict(q_splits=2, iters=8))
+    (plain, _), (first, _) = (_kernels(graph, **o) for o in ({}, WARPGROUP))
     for node in first.softmax_chain.swizzled:
         buffer = first.memory.buffer_of(node)
         assert buffer.offset % 1024 == 0 and buffer.slot_bytes == 64 * 64 * 2 and buffer.align == 1024
