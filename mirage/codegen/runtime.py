@@ -354,6 +354,7 @@ class BuildChoice:
     dependent_launch: bool = True  # Program.dependent_launch
     spread_blocks: bool = False  # Program.spread_blocks
     multicast_cluster: int = 0  # OptimizerOptions.multicast_cluster
+    warpgroup_softmax: bool = False  # OptimizerOptions.warpgroup_softmax
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -362,14 +363,16 @@ class BuildChoice:
     def from_dict(cls, data: dict | None) -> BuildChoice:
         data = data or {}
         return cls(int(data.get("stages", 2)), bool(data.get("dependent_launch", True)),
-                   bool(data.get("spread_blocks", False)), int(data.get("multicast_cluster", 0)))
+                   bool(data.get("spread_blocks", False)), int(data.get("multicast_cluster", 0)),
+                   bool(data.get("warpgroup_softmax", False)))
 
     def options(self):
         """The optimizer options this build takes."""
         from mirage.optimizer import OptimizerOptions
 
         return dataclasses.replace(OptimizerOptions(), stages=self.stages,
-                                   multicast_cluster=self.multicast_cluster)
+                                   multicast_cluster=self.multicast_cluster,
+                                   warpgroup_softmax=self.warpgroup_softmax)
 
 
 def compile_chosen(graph, build: BuildChoice | dict | None = None) -> Program:

@@ -34,17 +34,28 @@ class SelectionError(MirageError):
 
 @dataclass(frozen=True)
 class Variant:
-    """One way to build a candidate: the µGraph, the optimizer's pipeline depth, and whether inputs
-    that every block loads alike are multicast to clusters of blocks (OptimizerOptions.multicast_cluster)."""
+    """One way to build a candidate: the µGraph, the optimizer's pipeline depth, whether inputs
+    that every block loads alike are multicast to clusters of blocks (OptimizerOptions.multicast_cluster),
+    and whether online-softmax chains run on warpgroup MMAs (OptimizerOptions.warpgroup_softmax)."""
 
     graph: KernelGraph
     stages: int = 2
     multicast_cluster: int = 0
+    warpgroup_softmax: bool = False
 
     @property
     def label(self) -> str:
         multicast = f"/mc{self.multicast_cluster}" if self.multicast_cluster > 1 else ""
-        return f"{self.graph.content_hash()[:10]}/s{self.stages}{multicast}"
+        warpgroup = "/wg" if self.warpgroup_softmax else ""
+        return f"{self.graph.content_hash()[:10]}/s{self.stages}{multicast}{warpgroup}"
+
+    @property
+    def options(self):
+        """The optimizer options of this build."""
+        from mirage.codegen.runtime import BuildChoice
+
+        return BuildChoice(self.stages, multicast_cluster=self.multicast_cluster,
+                           warpgroup_softmax=self.warpgroup_softmax).options()
 
 
 @dataclass
@@ -60,6 +71,7 @@ class Trial:
     def as_dict(self) -> dict:
         return {"variant": self.variant.label, "stages": self.variant.stages,
                 "multicast_cluster": self.variant.multicast_cluster,
+                "warpgroup_softmax": self.variant.warpgroup_softmax,
                 "grids": [b.grid_dim for b in self.variant.graph.block_graphs()],
                 "forloop_ranges": [b.forloop_range for b in self.variant.graph.block_graphs()],
                 "median_us": self.median_us, "dependent_launch": self.dependent_launch,
@@ -71,7 +83,7 @@ class Trial:
         from mirage.codegen.runtime import BuildChoice
 
         return BuildChoice(self.variant.stages, self.dependent_launch, self.spread_blocks,
-                           self.variant.multicast_cluster)
+                           self.variant.multicast_cluster, self.variant.warpgroup_softmax)
 
 
 @dataclass
@@ -105,36 +117,39 @@ def ranking(trials: Sequence[Trial], ties: float = 0.01) -> list[Trial]:
 
 
 def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4),
-             multicast: Sequence[int] = (0,)) -> list[Variant]:
-    return [Variant(g, s, m) for g in candidates for s in stages for m in multicast]
+             multicast: Sequence[int] = (0,), warpgroup: Sequence[bool] = (False,)) -> list[Variant]:
+    return [Variant(g, s, m, w) for g in candidates for s in stages for m in multicast for w in warpgroup]
 
 
 def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], inputs: Sequence | None = None,
                    stages: Sequence[int] = (2, 3, 4), max_workers: int | None = None,
-                   replays: int = 100, ties: float = 0.01, multicast: Sequence[int] = (0, 2)) -> Selection:
+                   replays: int = 100, ties: float = 0.01, multicast: Sequence[int] = (0, 2),
+                   warpgroup: Sequence[bool] = (False, True)) -> Selection:
     """Build every candidate at every pipeline depth in ``stages`` (and, where the µGraph has inputs
-    that every block loads alike, with them multicast to clusters of each size in ``multicast``), time
-    each on the GPU, and keep the fastest that matches ``reference``."""
+    that every block loads alike, with them multicast to clusters of each size in ``multicast``; where
+    it has an online-softmax chain that qualifies, with its products on warpgroup MMAs or not, as
+    ``warpgroup`` lists), time each on the GPU, and keep the fastest that matches ``reference``."""
     from mirage.codegen import dependent_launch
     from mirage.codegen.gpu_check import check_on_gpu, random_inputs
     from mirage.codegen.lower_program import generate_cuda_program
     from mirage.codegen.profile import time_graph
     from mirage.codegen.runtime import build_many
-    from mirage.optimizer import OptimizerOptions
 
     start = time.perf_counter()
-    trials = [Trial(v) for v in variants(candidates, stages, multicast)]
+    trials = [Trial(v) for v in variants(candidates, stages, multicast, warpgroup)]
     programs, built = [], []
     for trial in list(trials):
         try:
-            options = dataclasses.replace(OptimizerOptions(), stages=trial.variant.stages,
-                                          multicast_cluster=trial.variant.multicast_cluster)
-            program = generate_cuda_program(trial.variant.graph, None, options=options)
+            program = generate_cuda_program(trial.variant.graph, None, options=trial.variant.options)
         except MirageError as error:
             trial.failure = f"generate: {type(error).__name__}: {str(error).splitlines()[0]}"
             continue
         if trial.variant.multicast_cluster > 1 and all(k.cluster_size == 1 for k in program.kernels):
             trials.remove(trial)  # nothing to multicast: the same build as without
+            continue
+        if trial.variant.warpgroup_softmax and not any(
+                k.softmax_chain is not None and k.softmax_chain.warpgroup for k in program.prepared.kernels):
+            trials.remove(trial)  # no chain in the warpgroup form: the same build as without
             continue
         programs.append(program)
         built.append(trial)

@@ -52,7 +52,7 @@ def _select(monkeypatch, programs: list[FakeProgram], overlap: bool = True):
     inputs = [SimpleNamespace(device=SimpleNamespace(index=0))]
     case = CASES["gqa_b1"]
     candidates = variants("gqa_b1")[: len(programs)]
-    return select_fastest(case.reference(), candidates, inputs, stages=(2,))
+    return select_fastest(case.reference(), candidates, inputs, stages=(2,), warpgroup=(False,))
 
 
 def _times(plain, dependent, spread):
@@ -66,7 +66,7 @@ def test_the_fastest_build_wins_in_its_fastest_launch_mode(monkeypatch):
     assert selection.program.name == "b" and best.median_us == 7.9
     assert (best.dependent_launch, best.spread_blocks) == (True, True)
     assert best.build.as_dict() == {"stages": 2, "dependent_launch": True, "spread_blocks": True,
-                                    "multicast_cluster": 0}
+                                    "multicast_cluster": 0, "warpgroup_softmax": False}
     assert selection.trials[0].launch_us == _times(9.0, 8.5, 8.8)
     assert selection.as_dict()["trials"][0]["dependent_launch"] is True  # a's best mode: dependent
 
@@ -129,5 +129,35 @@ def test_multicast_builds_join_only_where_an_input_is_loaded_alike(monkeypatch):
     assert selection.best.build.multicast_cluster == 2  # the last build timed fastest
     assert runtime.BuildChoice.from_dict(selection.best.build.as_dict()) == selection.best.build
     built.clear()
-    gqa = select_fastest(CASES["gqa_b1"].reference(), variants("gqa_b1")[:2], inputs, stages=(2,))
+    gqa = select_fastest(CASES["gqa_b1"].reference(), variants("gqa_b1")[:2], inputs, stages=(2,),
+                         warpgroup=(False,))
     assert len(gqa.trials) == 2 and all(k.cluster == (1, 1, 1) for p in built for k in p.kernels)
+
+
+def test_warpgroup_builds_join_only_where_a_chain_qualifies(monkeypatch):
+    """GQA's members get a second build each with the chain on warpgroup MMAs (its swizzled tiles in
+    the code, the choice carried by the winner's build); rmsnorm has no chain, so no extra builds."""
+    built = []
+
+    def build_many(programs, max_workers=None):
+        built.extend(programs)
+        return [FakeProgram(str(i), _times(9.0, 9.0, 9.0 - 0.1 * i)) for i in range(len(programs))]
+
+    monkeypatch.setattr(runtime, "build_many", build_many)
+    monkeypatch.setattr(profile, "time_graph", lambda fn, replays=100: SimpleNamespace(
+        median_us=fn().times[fn().mode]))
+    monkeypatch.setattr(dependent_launch, "available", lambda device: True)
+    monkeypatch.setattr(gpu_check, "check_on_gpu", lambda reference, program, inputs=None: SimpleNamespace(
+        passed=True, worst_error=1e-4, failure=lambda: ""))
+    inputs = [SimpleNamespace(device=SimpleNamespace(index=0))]
+    gqa = select_fastest(CASES["gqa_b8"].reference(), variants("gqa_b8")[:2], inputs, stages=(2,),
+                         multicast=(0,))
+    assert [t.variant.label.endswith("/wg") for t in gqa.trials] == [False, True] * 2
+    assert ["Swizzled128Layout" in p.code for p in built] == [False, True] * 2
+    assert gqa.best.build.warpgroup_softmax  # the last build timed fastest
+    assert runtime.BuildChoice.from_dict(gqa.best.build.as_dict()) == gqa.best.build
+    assert gqa.best.build.options().warpgroup_softmax
+    built.clear()
+    rms = select_fastest(CASES["rmsnorm_b8"].reference(), variants("rmsnorm_b8")[:2], inputs, stages=(2,),
+                         multicast=(0,))
+    assert len(rms.trials) == 2 and not any("Swizzled128Layout" in p.code for p in built)
