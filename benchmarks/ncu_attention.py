@@ -1,0 +1,38 @@
+"""Launch the suite's gqa_b8 attention member once per build, for Nsight Compute: 128 and 256
+threads a block, the online-softmax chain on warp MMAs (mma.sync) and on warpgroup MMAs (wgmma).
+
+    ncu --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \\
+        -k regex:gqa_k3 python -m benchmarks.ncu_attention
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def main() -> None:
+    import torch
+
+    from benchmarks.variants import family
+    from mirage.codegen.gpu_check import random_inputs
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.codegen.runtime import build_many
+    from mirage.optimizer import OptimizerOptions
+
+    programs, graph = [], None
+    for threads in (128, 256):
+        label = f"kv_splits=8,q_splits=2,iters=8,threads={threads},"
+        graph = next(g for row, g in family("gqa_b8", wide=True) if label in row.label
+                     and "combine_rows=8" in row.label)
+        for warpgroup in (False, True):
+            options = dataclasses.replace(OptimizerOptions(), warpgroup_softmax=warpgroup)
+            programs.append(generate_cuda_program(graph, None, options=options))
+    inputs = random_inputs(graph, seed=0)
+    for program in build_many(programs):
+        program.load()
+        program.launch(inputs)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
