@@ -322,24 +322,34 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain) -> SoftmaxChain:
     """``chain`` in the warpgroup form when it qualifies, else unchanged (the reason logged): K and V
     are input tiles that only the chain reads (its copies write them swizzled), the warps form whole
     warpgroups of whole 64-row tiles (one key group), and the keys and V's width come in blocks of 64
-    (wgmma m64n64k16; the chain's sub-tiles are then 64 keys).  The caller checks the target (sm_90a)."""
+    (wgmma m64n64k16; the chain's sub-tiles are then 64 keys).  Q is swizzled too, and read by the
+    wgmmas from shared memory, when it is an input tile only the chain reads with D a multiple of 64;
+    else the chain loads its fragments into registers.  The caller checks the target (sm_90a)."""
     try:
         uses = graph.consumers()
         require(chain.groups == 1 and chain.key_norm is None, "key groups or key norms")
-        k_ref, v_ref = graph.nodes[chain.qk].inputs[1], graph.nodes[chain.pv].inputs[1]
+        q_ref, k_ref = graph.nodes[chain.qk].inputs
+        v_ref = graph.nodes[chain.pv].inputs[1]
         require(k_ref.node != v_ref.node, "K and V are one tile")
         for ref, user in ((k_ref, chain.qk), (v_ref, chain.pv)):
-            require(graph.nodes[ref.node].op is Op.INPUT, f"%{ref.node} is not an input tile")
-            require(_only(uses, ref.node) == [user], f"%{ref.node} has readers besides the chain")
-        rows, keys = graph.type_of(graph.nodes[chain.qk].inputs[0]).shape[-2], graph.type_of(k_ref).shape[-1]
+            require(_only_input_of(graph, uses, ref.node, user),
+                    f"%{ref.node}: not an input the chain reads alone")
+        q, keys = graph.type_of(q_ref).shape, graph.type_of(k_ref).shape[-1]
         width = graph.type_of(v_ref).shape[-1]
-        warps, row_tiles = math.prod(graph.block_dim) // 32, rows // 16
+        warps, row_tiles = math.prod(graph.block_dim) // 32, q[-2] // 16
         require(warps % 4 == 0 and row_tiles % warps == 0, f"{warps} warps over {row_tiles} row tiles")
         require(keys % 64 == 0 and width % 64 == 0, f"{keys} keys, V width {width}: not in blocks of 64")
     except NoMatch as reason:
         log.debug("online-softmax chain kept on warp MMAs: %s", reason)
         return chain
-    return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset({k_ref.node, v_ref.node}))
+    swizzled = {k_ref.node, v_ref.node}
+    if q[-1] % 64 == 0 and q_ref.node not in swizzled and _only_input_of(graph, uses, q_ref.node, chain.qk):
+        swizzled.add(q_ref.node)
+    return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset(swizzled))
+
+
+def _only_input_of(graph: BlockGraph, uses: dict[Ref, list[int]], node: int, user: int) -> bool:
+    return graph.nodes[node].op is Op.INPUT and _only(uses, node) == [user]
 
 
 def row_bytes_of(graph: BlockGraph, layouts: dict[int, TensorLayout] | None) -> Callable[[int], int]:

@@ -264,21 +264,31 @@ def test_warpgroup_form_needs_whole_warpgroups_and_key_blocks(splits, warpgroup)
     chain = first.softmax_chain
     assert chain is not None and chain.warpgroup is warpgroup
     nodes = first.block_graph.nodes
-    k, v = nodes[chain.qk].inputs[1].node, nodes[chain.pv].inputs[1].node
-    assert chain.swizzled == (frozenset({k, v}) if warpgroup else frozenset())
+    (q, k), v = (r.node for r in nodes[chain.qk].inputs), nodes[chain.pv].inputs[1].node
+    assert chain.swizzled == (frozenset({q, k, v}) if warpgroup else frozenset())
 
 
 def test_warpgroup_tiles_are_unpadded_and_1024_byte_aligned():
-    """K and V's stages hold 64 x 64 fp16 elements each (8 KB, no padding) from a 1024-byte boundary;
-    Q keeps its padded rows (ldmatrix reads it)."""
+    """Q's tile (128 x 64) and K and V's stages (64 x 64 each) hold unpadded fp16 rows from 1024-byte
+    boundaries."""
     graph = _gqa(**SPLITS | dict(q_splits=2, iters=8))
     (plain, _), (first, _) = (_kernels(graph, **o) for o in ({}, WARPGROUP))
+    assert len(first.softmax_chain.swizzled) == 3
     for node in first.softmax_chain.swizzled:
         buffer = first.memory.buffer_of(node)
-        assert buffer.offset % 1024 == 0 and buffer.slot_bytes == 64 * 64 * 2 and buffer.align == 1024
-        assert plain.memory.buffer_of(node).slot_bytes == 64 * 72 * 2
-    q = first.block_graph.nodes[first.softmax_chain.qk].inputs[0].node
-    assert first.memory.buffer_of(q).slot_bytes == plain.memory.buffer_of(q).slot_bytes
+        rows = first.block_graph.nodes[node].outputs[0].shape[-2]
+        assert buffer.offset % 1024 == 0 and buffer.slot_bytes == rows * 64 * 2 and buffer.align == 1024
+        assert plain.memory.buffer_of(node).slot_bytes == rows * 72 * 2
+
+
+def test_a_q_that_other_steps_read_stays_in_registers():
+    """QKNorm's Q, normalized in the block before the chain reads it: K and V only are swizzled."""
+    graph = attention_fused(1, True, row_sums=True, combine_rows=16, normalize_k=True, norm_blocks=64,
+                            kv_splits=16, q_splits=2, iters=4, threads=256)
+    first = next(k for k in _kernels(graph, **WARPGROUP) if k.softmax_chain is not None)
+    chain = first.softmax_chain
+    assert chain.warpgroup and len(chain.swizzled) == 2
+    assert first.block_graph.nodes[chain.qk].inputs[0].node not in chain.swizzled
 
 
 def test_warpgroup_form_is_refused_where_k_has_other_readers_or_the_target_has_no_wgmma():
