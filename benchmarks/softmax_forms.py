@@ -5,7 +5,11 @@ kernels with other ``MIRAGE_SOFTMAX_*`` macros (``mirage/gen/softmax.cuh``):
   interleaved per 16 keys;
 * ``per_element``: the score functor applied to each score, then log2(e) (the chain before the fold);
 * ``two_pass``: the default with exponentials and products in two passes, which must agree with
-  ``default`` bit for bit.
+  ``default`` bit for bit;
+* ``warpgroup``: the chain on warpgroup MMAs (``OptimizerOptions.warpgroup_softmax``) where a member
+  qualifies, each sub-tile's P·V issued with the next sub-tile's Q·K (``MIRAGE_SOFTMAX_DEFER_PV``);
+* ``warpgroup_in_step``: the same with each P·V in its own step, which must agree with ``warpgroup``
+  bit for bit.
 
 (A ``column_pairs`` form, column reductions two outputs a thread, was measured within noise and
 removed; its record is ``softmax_forms_h100_2026-11-22_column_pairs.json``.)
@@ -29,13 +33,19 @@ from mirage.codegen.gpu_check import check_on_gpu, random_inputs
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.codegen.profile import device_facts, time_graph
 from mirage.codegen.runtime import build_many
+from mirage.optimizer import OptimizerOptions
 
 CASES_TIMED = ("gqa_b1", "gqa_b8", "qknorm_b1", "qknorm_b8")
+# form → (macros before the code, OptimizerOptions overrides)
 FORMS = {
-    "default": "",
-    "per_element": "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n",
-    "two_pass": "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n",
+    "default": ("", {}),
+    "per_element": ("#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n", {}),
+    "two_pass": ("#define MIRAGE_SOFTMAX_INTERLEAVE 0\n", {}),
+    "warpgroup": ("", {"warpgroup_softmax": True}),
+    "warpgroup_in_step": ("#define MIRAGE_SOFTMAX_DEFER_PV 0\n", {"warpgroup_softmax": True}),
 }
+# pairs of forms that must give the same bits
+SAME = (("default", "two_pass"), ("warpgroup", "warpgroup_in_step"))
 
 
 def main(argv=None) -> None:
@@ -48,10 +58,12 @@ def main(argv=None) -> None:
     rows, programs = [], []
     for case in cases:
         for variant, graph in family(case):
-            program = generate_cuda_program(graph, None)
-            for form, prefix in forms.items():
+            for form, (prefix, options) in forms.items():
+                program = generate_cuda_program(graph, None,
+                                                options=dataclasses.replace(OptimizerOptions(), **options))
                 programs.append(dataclasses.replace(program, code=prefix + program.code))
-                rows.append({"case": case, "label": variant.label, "form": form})
+                rows.append({"case": case, "label": variant.label, "form": form,
+                             "warpgroup": "Swizzled128Layout" in program.code})
     built = build_many(programs)
     results = {}
     for row, program in zip(rows, built, strict=True):
@@ -66,9 +78,12 @@ def main(argv=None) -> None:
         row["passed"], row["relative_error"] = check.passed, check.worst_error
         results[(row["case"], row["label"], row["form"])] = program(*inputs)[0]
         print(row, flush=True)
-    same = [torch.equal(results[(c, lab, "default")], results[(c, lab, "two_pass")])
-            for (c, lab, f) in results if f == "default" and (c, lab, "two_pass") in results]
-    print(f"two_pass bit-identical to default: {sum(same)} of {len(same)}")
+    identical = {}
+    for first, second in SAME:
+        same = [torch.equal(results[(c, lab, first)], results[(c, lab, second)])
+                for (c, lab, f) in results if f == first and (c, lab, second) in results]
+        identical[f"{second}/{first}"] = [sum(same), len(same)]
+        print(f"{second} bit-identical to {first}: {sum(same)} of {len(same)}")
     best = {}
     for case in cases:
         for form in forms:
@@ -78,8 +93,7 @@ def main(argv=None) -> None:
     facts = device_facts()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     with open(Path(args.out) / f"softmax_forms_{facts['date']}.json", "w") as f:
-        json.dump({"facts": facts, "builds": rows, "best": best,
-                   "two_pass_bit_identical": [sum(same), len(same)]}, f, indent=1)
+        json.dump({"facts": facts, "builds": rows, "best": best, "bit_identical": identical}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -99,8 +99,11 @@ class KernelLowering:
             self._place_softmax(smem_limit)
         self.row_loop = RowLoopLowering(self, kernel.row_loop) if kernel.row_loop is not None else None
         self.iterators = tuple(self._iterator(k, i) for k, i in enumerate(self.graph.input_nodes))
-        # a multicast input's ring has one slot more than the pipeline's stages (optimizer.multicast)
-        pipelined = {it.stages - (it.multicast > 1) for it in self.iterators if it.pipelined}
+        # a multicast input's ring has one slot more than the pipeline's stages (optimizer.multicast), as
+        # has a tile that a warpgroup chain reads one iteration late (its V)
+        late = self.softmax.late if self.softmax is not None else frozenset()
+        pipelined = {it.stages - (it.multicast > 1 or it.node in late)
+                     for it in self.iterators if it.pipelined}
         if len(pipelined) > 1:
             raise LoweringError(f"pipelined inputs of {name} have different stage counts {sorted(pipelined)}")
         self.stages = pipelined.pop() if pipelined else 1

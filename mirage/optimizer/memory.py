@@ -124,13 +124,15 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
               in_registers_only: frozenset[int] = frozenset(),
               read_at: dict[int, int] | None = None,
               multicast: frozenset[int] = frozenset(),
-              swizzled: frozenset[int] = frozenset()) -> tuple[list[Buffer], int]:
+              swizzled: frozenset[int] = frozenset(),
+              late: frozenset[int] = frozenset()) -> tuple[list[Buffer], int]:
     """The buffers of ``graph`` with their lifetimes (unplaced), and the timeline length.
     ``in_registers_only``: nodes computed in registers by a chain step (no buffer); ``read_at``:
     nodes that read their operands at another node's step (a chain step runs at its anchor) and
     not at their own, which would end the operands' lifetimes too early; ``multicast``: pipelined
     inputs that keep one slot more than ``stages`` (optimizer.multicast); ``swizzled``: tiles stored
-    unpadded and 1024-byte aligned (a warpgroup chain's K and V)."""
+    unpadded and 1024-byte aligned (a warpgroup chain's Q, K and V); ``late``: pipelined inputs read
+    one iteration late, which keep one slot more too (a warpgroup chain's V)."""
     main, finalize, spans = timeline(schedule)
     reads = {c: max(level, main[read_at[c]]) if c in (read_at or {}) else level for c, level in main.items()}
     loop = spans.get(Phase.LOOP)
@@ -149,7 +151,7 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
         end = max([start, *(reads[c] for c in uses[Ref(i, 0)])])
         kind, slots, itemsize = BufferKind.TILE, 1, t.dtype.itemsize
         if node.op is Op.INPUT and node.attrs.forloop_dim >= 0 and graph.forloop_range > 1 and loop:
-            kind, slots = BufferKind.INPUT_STAGES, max(stages, 1) + (i in multicast)
+            kind, slots = BufferKind.INPUT_STAGES, max(stages, 1) + (i in multicast or i in late)
             start, end = prologue, max(end, loop[1])
         elif node.op in (Op.ACCUM, Op.ACCUM_RESCALE) and loop:
             kind, itemsize = BufferKind.ACCUMULATOR, accumulator_dtype.itemsize
@@ -238,11 +240,12 @@ def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
                 in_registers_only: frozenset[int] = frozenset(),
                 read_at: dict[int, int] | None = None,
                 multicast: frozenset[int] = frozenset(),
-                swizzled: frozenset[int] = frozenset()) -> MemoryPlan:
+                swizzled: frozenset[int] = frozenset(),
+                late: frozenset[int] = frozenset()) -> MemoryPlan:
     """Place every buffer of ``graph`` in shared memory (see the module docstring); ``multicast``
     inputs' barriers follow the placed buffers."""
     buffers, levels = lifetimes(graph, schedule, registers, layouts, stages, accumulator_dtype,
-                                in_registers_only, read_at, multicast, swizzled)
+                                in_registers_only, read_at, multicast, swizzled, late)
     best: tuple[int, str, list[Buffer]] | None = None
     candidates = []
     for fit_name, fit in FITS.items():

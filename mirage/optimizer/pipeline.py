@@ -253,10 +253,10 @@ def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
             in_registers |= plan.register_only
     # the chain's step reads Q, K and V where it runs (its anchor), not at its first product's place
     read_at = {n: chain.anchor for n in chain.computed} if chain is not None else {}
-    swizzled = chain.swizzled if chain is not None else frozenset()
+    swizzled, late = (chain.swizzled, chain.late) if chain is not None else (frozenset(), frozenset())
     return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
                        layouts, state.target, stages, o.accumulator_dtype, in_registers, read_at,
-                       _multicast(block, state.target, o).inputs, swizzled)
+                       _multicast(block, state.target, o).inputs, swizzled, late)
 
 
 def _multicast(block: BlockGraph, target: Target, o: OptimizerOptions) -> Multicast:

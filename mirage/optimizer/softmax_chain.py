@@ -74,6 +74,9 @@ class SoftmaxChain:
     # from shared memory in the 128-byte swizzled form
     warpgroup: bool = False
     swizzled: frozenset[int] = frozenset()
+    # pipelined tiles read one iteration late, which keep one ring slot more (the warpgroup form's V:
+    # each sub-tile's P·V runs with the next sub-tile's Q·K, gen/softmax.cuh's MIRAGE_SOFTMAX_DEFER_PV)
+    late: frozenset[int] = frozenset()
 
     @property
     def anchor(self) -> int:
@@ -345,7 +348,8 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain) -> SoftmaxChain:
     swizzled = {k_ref.node, v_ref.node}
     if q[-1] % 64 == 0 and q_ref.node not in swizzled and _only_input_of(graph, uses, q_ref.node, chain.qk):
         swizzled.add(q_ref.node)
-    return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset(swizzled))
+    return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset(swizzled),
+                               late=frozenset({v_ref.node}))
 
 
 def _only_input_of(graph: BlockGraph, uses: dict[Ref, list[int]], node: int, user: int) -> bool:

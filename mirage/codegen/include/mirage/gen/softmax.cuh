@@ -63,6 +63,15 @@
 #define MIRAGE_SOFTMAX_FOLD_SCALE 1
 #endif
 
+// 1: in the warpgroup form, each sub-tile's P·V is issued with the next sub-tile's Q·K, so that the
+// tensor cores run it while the warps compute that sub-tile's exponentials (FlashAttention-3's
+// intra-warpgroup overlap; the V tile is read one iteration late, so its input keeps one ring slot
+// more, which the memory plan gives it); 0: each sub-tile's P·V within its own step (build with
+// -DMIRAGE_SOFTMAX_DEFER_PV=0 to compare: the results are the same)
+#ifndef MIRAGE_SOFTMAX_DEFER_PV
+#define MIRAGE_SOFTMAX_DEFER_PV 1
+#endif
+
 namespace mirage::gen {
 
 // A result the chain does not write (its node is absent from the µGraph).
@@ -133,6 +142,17 @@ MIRAGE_DEVICE void wgmma64(float (&c)[8][4], const A& a, uint64_t b, bool accumu
                         c[4][1], c[4][2], c[4][3], c[5][0], c[5][1], c[5][2], c[5][3], c[6][0], c[6][1], c[6][2],
                         c[6][3], c[7][0], c[7][1], c[7][2], c[7][3], scale);
   }
+}
+
+// Pins registers that an asynchronous wgmma reads or writes in place until here (called after the
+// wgmma.wait_group that completes it): the compiler may neither read them earlier nor reuse them
+// for other values before.
+MIRAGE_DEVICE void fence(float& value) { cute::warpgroup_fence_operand(value); }
+MIRAGE_DEVICE void fence(uint32_t& value) { cute::warpgroup_fence_operand(value); }
+template <class A, int N>
+MIRAGE_DEVICE void fence(A (&values)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) fence(values[i]);
 }
 
 // The descriptor of a 64 x 16 operand of a swizzled tile at (row, col), row % 8 == 0. MN-major (B:
@@ -296,10 +316,18 @@ struct OnlineSoftmax {
   static constexpr float kUnits =
       kFoldScale ? softmax_detail::kLog2e * softmax_detail::LinearScore<Score>::scale : 1.0f;
 
+  // the warpgroup form with deferred P·V (MIRAGE_SOFTMAX_DEFER_PV)
+  static constexpr bool kDeferred = kWarpgroup && MIRAGE_SOFTMAX_DEFER_PV;
+
   struct State {
     float out[kTilesPerWarp][kOutTiles][4];
     float maximum[kTilesPerWarp][2];  // rows group and group + 8 of each row tile, in log2 units
     float sum[kTilesPerWarp][2];      // this thread's columns only (quad-summed at write-back)
+    // kDeferred: the P of the last sub-tile, whose P·V is not issued yet, its V tile (nullptr: none)
+    // and its first key
+    uint32_t p[kDeferred ? kKeyTiles / 2 : 1][kTilesPerWarp][4];
+    const T* v;
+    int key0;
   };
 
   static MIRAGE_DEVICE int warp() { return dev::thread_index() / dev::kWarpSize; }
@@ -325,6 +353,8 @@ struct OnlineSoftmax {
         state.sum[t][h] = 0.0f;
       }
     }
+    state.v = nullptr;
+    state.key0 = 0;
   }
 
   // One iteration of the chain over this iteration's K and V tiles, in sub-tiles of at most
@@ -344,6 +374,15 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE void write_back(State& state, float* scratch, MaxTile max_tile, RunningTile running_tile,
                                        SumTile sum_tile, OutTile out_tile) {
     using softmax_detail::store;
+    if constexpr (kDeferred) {  // the last sub-tile's P·V
+      if (state.v != nullptr) {
+        cute::warpgroup_arrive();
+        issue_values(state, state.p, state.v, state.key0);
+        cute::warpgroup_wait<0>();
+        softmax_detail::fence(state.p);
+        softmax_detail::fence(state.out);
+      }
+    }
     const int group = lane() / 4;
     const int pair = (lane() % 4) * 2;
     if constexpr (kGroups == 1) {
@@ -417,11 +456,30 @@ struct OnlineSoftmax {
   using Mma = typename Atom::Operation;
 
   // One online-softmax step over kSubKeys keys for every row tile of the warp.
+  // The deferred form's sub-step in two straight-line versions, with a P·V pending from the last
+  // sub-tile (Pending) and without (the first): a branch between the issue of a wgmma and its wait
+  // would leave the compiler unsure which registers the asynchronous products still read.
+  static MIRAGE_DEVICE void sub_step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
+                                     dev::SharedTile<T, VLayout> v, Columns columns, int key0) {
+    if constexpr (kDeferred) {
+      if (state.v != nullptr) {
+        sub_step<true>(state, q, k, v, columns, key0);
+      } else {
+        sub_step<false>(state, q, k, v, columns, key0);
+      }
+    } else {
+      sub_step<false>(state, q, k, v, columns, key0);
+    }
+  }
+
+  template <bool Pending>
   static MIRAGE_DEVICE void sub_step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
                                      dev::SharedTile<T, VLayout> v, Columns columns, int key0) {
     float score[kTilesPerWarp][kKeyTiles][4];
     if constexpr (kKeyNorms) {
       scaled_scores(q, k, key0, score);
+    } else if constexpr (kWarpgroup) {
+      warpgroup_scores<Pending>(state, q, k, key0, score);
     } else {
       scores(q, k, key0, score);
     }
@@ -438,14 +496,38 @@ struct OnlineSoftmax {
       }
     }
     float offset[kTilesPerWarp][2];
+    float factor[kTilesPerWarp][2];
 #pragma unroll
-    for (int t = 0; t < kTilesPerWarp; ++t) rescale(state, t, score[t], offset[t]);
+    for (int t = 0; t < kTilesPerWarp; ++t) rescale(state, t, score[t], offset[t], factor[t]);
+    if constexpr (kDeferred) {
+      // the exponentials while the last sub-tile's P·V runs; then O's rescale and P's fragments (in
+      // the registers that P·V read), once that is done
+#pragma unroll
+      for (int kk = 0; kk < kKeyTiles / 2; ++kk)
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t) exponentials(state, t, score[t], kk, offset[t]);
+      softmax_detail::fence(score);  // computed before the wait, not moved past it
+      cute::warpgroup_wait<0>();
+      softmax_detail::fence(state.p);  // the last P·V's A fragments, read until this wait
+      softmax_detail::fence(state.out);
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) rescale_out(state, t, factor[t]);
+#pragma unroll
+      for (int kk = 0; kk < kKeyTiles / 2; ++kk)
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t) pack_probabilities(score[t], kk, state.p[kk][t]);
+      state.v = v.data;
+      state.key0 = key0;
+      return;
+    }
+    uint32_t p[kKeyTiles / 2][kTilesPerWarp][4];
+#pragma unroll
+    for (int t = 0; t < kTilesPerWarp; ++t) rescale_out(state, t, factor[t]);
     // P of 16 keys, then its P·V products: the exponentials of the next 16 keys (SFU) issue while
     // the tensor cores run these (same operations and sums as the two-pass order, same results).
     // Every P fragment stays live until the products are done (a warpgroup MMA reads its A
     // registers asynchronously).
     constexpr bool kInterleave = MIRAGE_SOFTMAX_INTERLEAVE;
-    uint32_t p[kKeyTiles / 2][kTilesPerWarp][4];
 #pragma unroll
     for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
 #pragma unroll
@@ -456,12 +538,17 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int kk = 0; kk < kKeyTiles / 2; ++kk) accumulate_keys(state, p[kk], v, key0, kk);
     }
-    if constexpr (kWarpgroup) cute::warpgroup_wait<0>();  // O complete, K and V no longer read
+    if constexpr (kWarpgroup) {
+      cute::warpgroup_wait<0>();  // O complete, K and V no longer read
+      softmax_detail::fence(p);
+      softmax_detail::fence(state.out);
+    }
   }
 
-  // Row tile t's new running maxima from its scores, the rescale of its O and l by
-  // 2^(m_prev − m), and offset = −m for the exponentials.
-  static MIRAGE_DEVICE void rescale(State& state, int t, float (&score)[kKeyTiles][4], float (&offset)[2]) {
+  // Row tile t's new running maxima from its scores, the rescale of its l by factor = 2^(m_prev − m)
+  // (rescale_out: of its O), and offset = −m for the exponentials.
+  static MIRAGE_DEVICE void rescale(State& state, int t, float (&score)[kKeyTiles][4], float (&offset)[2],
+                                    float (&factor)[2]) {
     // S in log2 units: exp(S − m) = 2^(S·log2e − m·log2e). With kFoldScale, S = c · raw and the
     // maxima are over the raw products (c > 0 keeps their order); c · log2e is applied later.
     float tile_max[2] = {negative_infinity(), negative_infinity()};
@@ -472,7 +559,6 @@ struct OnlineSoftmax {
         if constexpr (!kFoldScale) score[j][e] = Score{}(score[j][e]) * softmax_detail::kLog2e;
         tile_max[e / 2] = fmaxf(tile_max[e / 2], score[j][e]);
       }
-    float factor[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float seen = softmax_detail::quad_max(tile_max[h]);
@@ -484,6 +570,9 @@ struct OnlineSoftmax {
       state.sum[t][h] *= factor[h];
       offset[h] = -current;
     }
+  }
+
+  static MIRAGE_DEVICE void rescale_out(State& state, int t, const float (&factor)[2]) {
 #pragma unroll
     for (int j = 0; j < kOutTiles; ++j)
 #pragma unroll
@@ -493,22 +582,34 @@ struct OnlineSoftmax {
   // The A fragment of P[:, 16 kk : 16 kk + 16] = 2^(S · kUnits − m) from the C fragments of S
   // (score tiles 2 kk and 2 kk + 1; offset = −m): an FFMA and a MUFU per key, added to the
   // thread's row sums in fp32, then packed.
-  static MIRAGE_DEVICE void probabilities(State& state, int t, const float (&s)[kKeyTiles][4], int kk,
+  static MIRAGE_DEVICE void probabilities(State& state, int t, float (&s)[kKeyTiles][4], int kk,
                                           const float (&offset)[2], uint32_t (&a)[4]) {
+    exponentials(state, t, s, kk, offset);
+    pack_probabilities(s, kk, a);
+  }
+
+  // The exponentials of score tiles 2 kk and 2 kk + 1, in place, added to the row sums.
+  static MIRAGE_DEVICE void exponentials(State& state, int t, float (&s)[kKeyTiles][4], int kk,
+                                         const float (&offset)[2]) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float x[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) x[e] = fmaf(s[2 * kk + half][e], kUnits, offset[e / 2]);
+    for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        x[e] = softmax_detail::exp2_fast(x[e]);
-        state.sum[t][e / 2] += x[e];
+        float& x = s[2 * kk + half][e];
+        x = softmax_detail::exp2_fast(fmaf(x, kUnits, offset[e / 2]));
+        state.sum[t][e / 2] += x;
       }
-      a[2 * half] = softmax_detail::pack<T>(x[0], x[1]);
-      a[2 * half + 1] = softmax_detail::pack<T>(x[2], x[3]);
+  }
+
+  // Those tiles as the A fragment of P[:, 16 kk : 16 kk + 16].
+  static MIRAGE_DEVICE void pack_probabilities(const float (&s)[kKeyTiles][4], int kk, uint32_t (&a)[4]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      a[2 * half] = softmax_detail::pack<T>(s[2 * kk + half][0], s[2 * kk + half][1]);
+      a[2 * half + 1] = softmax_detail::pack<T>(s[2 * kk + half][2], s[2 * kk + half][3]);
     }
   }
+
 
   static MIRAGE_DEVICE void clear(float (&score)[kTilesPerWarp][kKeyTiles][4]) {
 #pragma unroll
@@ -535,10 +636,6 @@ struct OnlineSoftmax {
   // loaded once for all of the warp's row tiles
   static MIRAGE_DEVICE void scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int key0,
                                    float (&score)[kTilesPerWarp][kKeyTiles][4]) {
-    if constexpr (kWarpgroup) {
-      warpgroup_scores(q, k, key0, score);
-      return;
-    }
     clear(score);
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16) {
@@ -636,8 +733,10 @@ struct OnlineSoftmax {
   // The warpgroup form of scores: a wgmma per 64-row tile, 64 keys and 16 of D, Q read from its
   // swizzled tile through descriptors, or from registers (its fragments of every k-step first: a
   // wgmma reads them while the next ones issue).
-  static MIRAGE_DEVICE void warpgroup_scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
-                                             int key0, float (&score)[kTilesPerWarp][kKeyTiles][4]) {
+  template <bool Pending>
+  static MIRAGE_DEVICE void warpgroup_scores(State& state, dev::SharedTile<T, QLayout> q,
+                                             dev::SharedTile<T, KLayout> k, int key0,
+                                             float (&score)[kTilesPerWarp][kKeyTiles][4]) {
     using A = std::conditional_t<QLayout::swizzled, uint64_t, uint32_t[4]>;
     A a[kTilesPerWarp][D / 16];
 #pragma unroll
@@ -661,7 +760,34 @@ struct OnlineSoftmax {
                                      softmax_detail::wgmma_descriptor<KLayout>(k.data, d * 16, key0 + 64 * b),
                                      d > 0);
     cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<0>();
+    if constexpr (Pending) {  // the last sub-tile's P·V behind these; wait for the scores only
+      softmax_detail::fence(state.out);
+      softmax_detail::fence(state.p);
+      cute::warpgroup_arrive();
+      issue_values(state, state.p, state.v, state.key0);
+      softmax_detail::fence(state.out);
+      softmax_detail::fence(state.p);
+      cute::warpgroup_wait<1>();
+    } else {
+      cute::warpgroup_wait<0>();
+    }
+    softmax_detail::fence(score);
+    if constexpr (!QLayout::swizzled) softmax_detail::fence(a);
+  }
+
+  // The deferred form's P·V of a sub-tile: every wgmma of out += P · V[key0 : key0 + kSubKeys, :]
+  // as one batch (after a warpgroup_arrive), not waited for.
+  using DeferredP = uint32_t[kDeferred ? kKeyTiles / 2 : 1][kTilesPerWarp][4];
+  static MIRAGE_DEVICE void issue_values(State& state, const DeferredP& p, const T* v, int key0) {
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk)
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+        for (int b = 0; b < E / 64; ++b)
+          softmax_detail::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&state.out[t][8 * b]), p[kk][t],
+                                     softmax_detail::wgmma_descriptor<VLayout>(v, key0 + kk * 16, 64 * b), true);
+    cute::warpgroup_commit_batch();
   }
 
   // out[t] += P[t][:, 16 kk : 16 kk + 16] · V[key0 + 16 kk : key0 + 16 kk + 16, :] for every row
