@@ -7,7 +7,7 @@ kernels with other ``MIRAGE_SOFTMAX_*`` macros (``mirage/gen/softmax.cuh``):
 * ``two_pass``: the default with exponentials and products in two passes, which must agree with
   ``default`` bit for bit;
 * ``warpgroup``: the chain on warpgroup MMAs (``OptimizerOptions.warpgroup_softmax``) where a member
-  qualifies, each sub-tile's P·V issued with the next sub-tile's Q·K (``MIRAGE_SOFTMAX_DEFER_PV``);
+  qualifies, each sub-tile's P·V issued with the next sub-tile's Q·K (``OptimizerOptions.defer_values``);
 * ``warpgroup_in_step``: the same with each P·V in its own step, which must agree with ``warpgroup``
   bit for bit.
 
@@ -41,8 +41,8 @@ FORMS = {
     "default": ("", {}),
     "per_element": ("#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n", {}),
     "two_pass": ("#define MIRAGE_SOFTMAX_INTERLEAVE 0\n", {}),
-    "warpgroup": ("", {"warpgroup_softmax": True}),
-    "warpgroup_in_step": ("#define MIRAGE_SOFTMAX_DEFER_PV 0\n", {"warpgroup_softmax": True}),
+    "warpgroup": ("", {"warpgroup_softmax": True, "defer_values": True}),
+    "warpgroup_in_step": ("", {"warpgroup_softmax": True}),
 }
 # pairs of forms that must give the same bits
 SAME = (("default", "two_pass"), ("warpgroup", "warpgroup_in_step"))

@@ -454,9 +454,10 @@ class KernelLowering:
                                          key_norms=f"mirage::gen::Compose<{g}, {factor}>")
         if chain.column is not None:  # the products times per-key factors (the column's step stores them)
             return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, "mirage::gen::ColumnScore",
-                                         self.tile(chain.column))
+                                         self.tile(chain.column), defer_values=chain.defer_values)
         score = self.function(chain.score) if chain.score is not None else "mirage::dev::Identity"
-        return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, score)
+        return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, score,
+                                     defer_values=chain.defer_values)
 
     def column_factor(self) -> ctx.Link:
         """The link that turns the chain's per-key values c into the factors f(1, c) before their

@@ -254,6 +254,7 @@ class OnlineSoftmaxType:
     score: str  # functor applied to Q·K (a ThreadFunction name, or mirage::dev::Identity)
     columns: Tile | None = None  # per-key factors of the products (gen/softmax.cuh's Columns)
     key_norms: str | None = None  # ...or their functor of each key's sum of squares (KeyNorms)
+    defer_values: bool = False  # the warpgroup form's P·V issued with the next Q·K (DeferValues)
 
     @property
     def state(self) -> str:

@@ -355,6 +355,7 @@ class BuildChoice:
     spread_blocks: bool = False  # Program.spread_blocks
     multicast_cluster: int = 0  # OptimizerOptions.multicast_cluster
     warpgroup_softmax: bool = False  # OptimizerOptions.warpgroup_softmax
+    defer_values: bool = False  # OptimizerOptions.defer_values
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -364,7 +365,7 @@ class BuildChoice:
         data = data or {}
         return cls(int(data.get("stages", 2)), bool(data.get("dependent_launch", True)),
                    bool(data.get("spread_blocks", False)), int(data.get("multicast_cluster", 0)),
-                   bool(data.get("warpgroup_softmax", False)))
+                   bool(data.get("warpgroup_softmax", False)), bool(data.get("defer_values", False)))
 
     def options(self):
         """The optimizer options this build takes."""
@@ -372,7 +373,7 @@ class BuildChoice:
 
         return dataclasses.replace(OptimizerOptions(), stages=self.stages,
                                    multicast_cluster=self.multicast_cluster,
-                                   warpgroup_softmax=self.warpgroup_softmax)
+                                   warpgroup_softmax=self.warpgroup_softmax, defer_values=self.defer_values)
 
 
 def compile_chosen(graph, build: BuildChoice | dict | None = None) -> Program:

@@ -36,17 +36,19 @@ class SelectionError(MirageError):
 class Variant:
     """One way to build a candidate: the µGraph, the optimizer's pipeline depth, whether inputs
     that every block loads alike are multicast to clusters of blocks (OptimizerOptions.multicast_cluster),
-    and whether online-softmax chains run on warpgroup MMAs (OptimizerOptions.warpgroup_softmax)."""
+    and whether online-softmax chains run on warpgroup MMAs (OptimizerOptions.warpgroup_softmax), with
+    each P·V issued with the next Q·K (OptimizerOptions.defer_values) or not."""
 
     graph: KernelGraph
     stages: int = 2
     multicast_cluster: int = 0
     warpgroup_softmax: bool = False
+    defer_values: bool = False
 
     @property
     def label(self) -> str:
         multicast = f"/mc{self.multicast_cluster}" if self.multicast_cluster > 1 else ""
-        warpgroup = "/wg" if self.warpgroup_softmax else ""
+        warpgroup = ("/wgd" if self.defer_values else "/wg") if self.warpgroup_softmax else ""
         return f"{self.graph.content_hash()[:10]}/s{self.stages}{multicast}{warpgroup}"
 
     @property
@@ -55,7 +57,7 @@ class Variant:
         from mirage.codegen.runtime import BuildChoice
 
         return BuildChoice(self.stages, multicast_cluster=self.multicast_cluster,
-                           warpgroup_softmax=self.warpgroup_softmax).options()
+                           warpgroup_softmax=self.warpgroup_softmax, defer_values=self.defer_values).options()
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Trial:
         return {"variant": self.variant.label, "stages": self.variant.stages,
                 "multicast_cluster": self.variant.multicast_cluster,
                 "warpgroup_softmax": self.variant.warpgroup_softmax,
+                "defer_values": self.variant.defer_values,
                 "grids": [b.grid_dim for b in self.variant.graph.block_graphs()],
                 "forloop_ranges": [b.forloop_range for b in self.variant.graph.block_graphs()],
                 "median_us": self.median_us, "dependent_launch": self.dependent_launch,
@@ -82,8 +85,9 @@ class Trial:
     def build(self):
         from mirage.codegen.runtime import BuildChoice
 
-        return BuildChoice(self.variant.stages, self.dependent_launch, self.spread_blocks,
-                           self.variant.multicast_cluster, self.variant.warpgroup_softmax)
+        v = self.variant
+        return BuildChoice(v.stages, self.dependent_launch, self.spread_blocks, v.multicast_cluster,
+                           v.warpgroup_softmax, v.defer_values)
 
 
 @dataclass
@@ -116,19 +120,25 @@ def ranking(trials: Sequence[Trial], ties: float = 0.01) -> list[Trial]:
     return tied + sorted((t for t in timed if t not in tied), key=lambda t: t.median_us)  # type: ignore[arg-type]
 
 
+# the chain's forms a selection may time: (OptimizerOptions.warpgroup_softmax, .defer_values)
+WARPGROUP_FORMS = ((False, False), (True, False), (True, True))
+
+
 def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4),
-             multicast: Sequence[int] = (0,), warpgroup: Sequence[bool] = (False,)) -> list[Variant]:
-    return [Variant(g, s, m, w) for g in candidates for s in stages for m in multicast for w in warpgroup]
+             multicast: Sequence[int] = (0,), warpgroup: Sequence[tuple[bool, bool]] = ((False, False),)
+             ) -> list[Variant]:
+    return [Variant(g, s, m, *w) for g in candidates for s in stages for m in multicast for w in warpgroup]
 
 
 def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], inputs: Sequence | None = None,
                    stages: Sequence[int] = (2, 3, 4), max_workers: int | None = None,
                    replays: int = 100, ties: float = 0.01, multicast: Sequence[int] = (0, 2),
-                   warpgroup: Sequence[bool] = (False, True)) -> Selection:
+                   warpgroup: Sequence[tuple[bool, bool]] = WARPGROUP_FORMS) -> Selection:
     """Build every candidate at every pipeline depth in ``stages`` (and, where the µGraph has inputs
     that every block loads alike, with them multicast to clusters of each size in ``multicast``; where
-    it has an online-softmax chain that qualifies, with its products on warpgroup MMAs or not, as
-    ``warpgroup`` lists), time each on the GPU, and keep the fastest that matches ``reference``."""
+    it has an online-softmax chain that qualifies, in each of the chain's forms that ``warpgroup``
+    lists: warp or warpgroup MMAs, P·V deferred or not), time each on the GPU, and keep the fastest
+    that matches ``reference``."""
     from mirage.codegen import dependent_launch
     from mirage.codegen.gpu_check import check_on_gpu, random_inputs
     from mirage.codegen.lower_program import generate_cuda_program

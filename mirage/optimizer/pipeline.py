@@ -97,6 +97,8 @@ class OptimizerOptions:
     # (sm_90; optimizer.multicast); clusters of 4 run in waves at one block per SM (docs/performance.md §3)
     warpgroup_softmax: bool = False  # sm_90a: online-softmax chains run both products as warpgroup MMAs
     # (wgmma) reading K and V in the 128-byte swizzled form (softmax_chain.warpgroup_form)
+    defer_values: bool = False  # ...each sub-tile's P·V issued with the next sub-tile's Q·K (V keeps one
+    # more ring slot); faster on some members, slower on others (docs/performance.md §3)
     multicast_axes: tuple[int, ...] = (0,)  # the grid axes a multicast cluster may span; along z
     # (attention's K and V, shared by the query splits) it measured 1.3-1.6x slower
 
@@ -230,7 +232,7 @@ def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain 
     chain = match_softmax_chain(block, schedule, layouts, state.options.chain_key_norms)
     if chain is None or not state.options.warpgroup_softmax or state.target.compute_capability != 90:
         return chain
-    warpgroup = warpgroup_form(block, chain)
+    warpgroup = warpgroup_form(block, chain, state.options.defer_values)
     if warpgroup.swizzled & _multicast(block, state.target, state.options).inputs:
         return chain  # a multicast copies whole rows, not swizzled tiles
     return warpgroup

@@ -74,9 +74,13 @@ class SoftmaxChain:
     # from shared memory in the 128-byte swizzled form
     warpgroup: bool = False
     swizzled: frozenset[int] = frozenset()
-    # pipelined tiles read one iteration late, which keep one ring slot more (the warpgroup form's V:
-    # each sub-tile's P·V runs with the next sub-tile's Q·K, gen/softmax.cuh's MIRAGE_SOFTMAX_DEFER_PV)
+    # pipelined tiles read one iteration late, which keep one ring slot more (the warpgroup form's V
+    # when each sub-tile's P·V runs with the next sub-tile's Q·K: gen/softmax.cuh's DeferValues)
     late: frozenset[int] = frozenset()
+
+    @property
+    def defer_values(self) -> bool:
+        return bool(self.late)
 
     @property
     def anchor(self) -> int:
@@ -321,13 +325,15 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
                         qk_argument, key_norm)
 
 
-def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain) -> SoftmaxChain:
+def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = False) -> SoftmaxChain:
     """``chain`` in the warpgroup form when it qualifies, else unchanged (the reason logged): K and V
     are input tiles that only the chain reads (its copies write them swizzled), the warps form whole
     warpgroups of whole 64-row tiles (one key group), and the keys and V's width come in blocks of 64
     (wgmma m64n64k16; the chain's sub-tiles are then 64 keys).  Q is swizzled too, and read by the
     wgmmas from shared memory, when it is an input tile only the chain reads with D a multiple of 64;
-    else the chain loads its fragments into registers.  The caller checks the target (sm_90a)."""
+    else the chain loads its fragments into registers.  ``defer_values``: each sub-tile's P·V is issued
+    with the next sub-tile's Q·K (V then keeps one ring slot more: ``late``).  The caller checks the
+    target (sm_90a)."""
     try:
         uses = graph.consumers()
         require(chain.groups == 1 and chain.key_norm is None, "key groups or key norms")
@@ -349,7 +355,7 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain) -> SoftmaxChain:
     if q[-1] % 64 == 0 and q_ref.node not in swizzled and _only_input_of(graph, uses, q_ref.node, chain.qk):
         swizzled.add(q_ref.node)
     return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset(swizzled),
-                               late=frozenset({v_ref.node}))
+                               late=frozenset({v_ref.node}) if defer_values else frozenset())
 
 
 def _only_input_of(graph: BlockGraph, uses: dict[Ref, list[int]], node: int, user: int) -> bool:

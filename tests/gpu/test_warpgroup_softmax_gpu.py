@@ -4,8 +4,9 @@ both products as sm_90a warpgroup MMAs reading K and V from 128-byte swizzled ti
 Each attention program is built with and without the form. The warpgroup build must be chosen (its
 source declares swizzled tiles and its SASS runs HGMMA), pass the float check against the float64
 reference, and agree with the warp-MMA build to fp16 rounding, over several launches (the pipeline's
-stages are refilled and re-read through the async proxy every iteration). A misaligned K takes the
-iterator's element path, which writes the same swizzled tiles.
+stages are refilled and re-read through the async proxy every iteration), with each P·V in its own
+step or deferred to the next (``defer_values``). A misaligned K takes the iterator's element path,
+which writes the same swizzled tiles.
 """
 
 from __future__ import annotations
@@ -44,19 +45,20 @@ def _member(case: str, *parts: str):
     return next(g for row, g in family(case, wide=True) if all(p in row.label for p in parts))
 
 
-def _programs(graph, stages: int):
+def _programs(graph, stages: int, defer: bool = False):
     options = dataclasses.replace(OptimizerOptions(), stages=stages)
-    warpgroup = generate_cuda_program(graph, None,
-                                      options=dataclasses.replace(options, warpgroup_softmax=True))
+    warpgroup = generate_cuda_program(graph, None, options=dataclasses.replace(
+        options, warpgroup_softmax=True, defer_values=defer))
     assert "Swizzled128Layout" in warpgroup.code  # the form was chosen
     return warpgroup, generate_cuda_program(graph, None, options=options)
 
 
 @pytest.mark.parametrize("name", list(MEMBERS))
 @pytest.mark.parametrize("stages", [2, 3])
-def test_warpgroup_chain_matches_reference_and_warp_chain(name, stages):
+@pytest.mark.parametrize("defer", [False, True])
+def test_warpgroup_chain_matches_reference_and_warp_chain(name, stages, defer):
     graph = _member(*MEMBERS[name])
-    ours, theirs = build_many(list(_programs(graph, stages)))
+    ours, theirs = build_many(list(_programs(graph, stages, defer)))
     inputs = random_inputs(graph, seed=7)
     result = check_on_gpu(graph, ours.with_poison(), inputs=inputs)
     assert result.passed, result.as_dict()
@@ -79,3 +81,13 @@ def test_misaligned_k_is_copied_element_by_element():
     for _ in range(2):
         (out,) = ours.with_poison()(q, shifted, v)
         torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("name", ["gqa_b8_128", "gqa_b8_256", "qknorm_b1"])
+def test_deferred_values_change_no_bit(name):
+    """P·V deferred to the next step adds the same products in the same order."""
+    graph = _member(*MEMBERS[name])
+    deferred, in_step = build_many([_programs(graph, 2, defer)[0] for defer in (True, False)])
+    inputs = random_inputs(graph, seed=9)
+    for x, y in zip(deferred.with_poison()(*inputs), in_step(*inputs), strict=True):
+        assert torch.equal(x, y)

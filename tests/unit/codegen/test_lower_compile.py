@@ -78,7 +78,8 @@ WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds
           "rmsnorm_multicast": (_rmsnorm_b8, OptimizerOptions(multicast_cluster=2)),
           "gqa_counter_folded": (_folded_attention, OptimizerOptions(counter_folds=True)),
           "qknorm_key_norms": (_key_scales, OptimizerOptions(chain_key_norms=True)),
-          "gqa_warpgroup": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True))}
+          "gqa_warpgroup": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True)),
+          "gqa_warpgroup_deferred": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True, defer_values=True))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
 PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
 # name → (the build it recompiles, the macros before its code)
@@ -250,17 +251,23 @@ def test_key_norms_come_from_the_k_fragments(built):
     assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
 
 
-def test_warpgroup_chain_runs_wgmma_on_swizzled_tiles(built):
+@pytest.mark.parametrize("name", ["gqa_warpgroup", "gqa_warpgroup_deferred"])
+def test_warpgroup_chain_runs_wgmma_on_swizzled_tiles(built, name):
     """With warpgroup_softmax both products of the chain are warpgroup MMAs (HGMMA, B from shared
-    memory through descriptors, transposed: K and V are contiguous along N) reading K and V from
-    swizzled tiles published with a proxy fence; no ldmatrix of K or V, no spills."""
-    program, result = built["gqa_warpgroup"]
+    memory through descriptors, transposed: K and V are contiguous along N) reading Q, K and V from
+    swizzled tiles published with a proxy fence; no ldmatrix, no spills. Deferred P·V: V's ring has
+    a third slot."""
+    program, result = built[name]
     first = program.code.split('extern "C"')[1]
     assert first.count("Swizzled128Layout<1, 1, 64, 64>") >= 4  # K and V: iterators and the chain
+    assert "Swizzled128Layout<1, 1, 128, 64>" in first  # Q
     assert "Pipeline<2, true>::wait()" in first and "__align__(1024)" in first
+    deferred = name.endswith("deferred")
+    assert ("mirage::gen::NoTile, true>;" in first) == deferred
+    assert ("Swizzled128Layout<1, 1, 64, 64>, 3, kThreads> in2" in first) == deferred
     functions = {f.split()[0]: f for f in result.sass().split("Function : ")[1:]}
     attention = functions[program.kernels[0].name]
     assert re.search(r"HGMMA\.64x64x16\.F32 .*gdesc\[UR\d+\]\.tnspB", attention)
     assert "HMMA" not in attention and "FENCE.VIEW.ASYNC.S" in attention
-    assert attention.count("LDSM") == attention.count("LDSM.16.M88.4")  # Q's fragments only, not transposed
+    assert "LDSM" not in attention
     assert "LDL" not in attention and "STL" not in attention

@@ -52,7 +52,7 @@ def _select(monkeypatch, programs: list[FakeProgram], overlap: bool = True):
     inputs = [SimpleNamespace(device=SimpleNamespace(index=0))]
     case = CASES["gqa_b1"]
     candidates = variants("gqa_b1")[: len(programs)]
-    return select_fastest(case.reference(), candidates, inputs, stages=(2,), warpgroup=(False,))
+    return select_fastest(case.reference(), candidates, inputs, stages=(2,), warpgroup=((False, False),))
 
 
 def _times(plain, dependent, spread):
@@ -66,7 +66,7 @@ def test_the_fastest_build_wins_in_its_fastest_launch_mode(monkeypatch):
     assert selection.program.name == "b" and best.median_us == 7.9
     assert (best.dependent_launch, best.spread_blocks) == (True, True)
     assert best.build.as_dict() == {"stages": 2, "dependent_launch": True, "spread_blocks": True,
-                                    "multicast_cluster": 0, "warpgroup_softmax": False}
+                                    "multicast_cluster": 0, "warpgroup_softmax": False, "defer_values": False}
     assert selection.trials[0].launch_us == _times(9.0, 8.5, 8.8)
     assert selection.as_dict()["trials"][0]["dependent_launch"] is True  # a's best mode: dependent
 
@@ -130,7 +130,7 @@ def test_multicast_builds_join_only_where_an_input_is_loaded_alike(monkeypatch):
     assert runtime.BuildChoice.from_dict(selection.best.build.as_dict()) == selection.best.build
     built.clear()
     gqa = select_fastest(CASES["gqa_b1"].reference(), variants("gqa_b1")[:2], inputs, stages=(2,),
-                         warpgroup=(False,))
+                         warpgroup=((False, False),))
     assert len(gqa.trials) == 2 and all(k.cluster == (1, 1, 1) for p in built for k in p.kernels)
 
 
@@ -152,11 +152,12 @@ def test_warpgroup_builds_join_only_where_a_chain_qualifies(monkeypatch):
     inputs = [SimpleNamespace(device=SimpleNamespace(index=0))]
     gqa = select_fastest(CASES["gqa_b8"].reference(), variants("gqa_b8")[:2], inputs, stages=(2,),
                          multicast=(0,))
-    assert [t.variant.label.endswith("/wg") for t in gqa.trials] == [False, True] * 2
-    assert ["Swizzled128Layout" in p.code for p in built] == [False, True] * 2
-    assert gqa.best.build.warpgroup_softmax  # the last build timed fastest
+    assert [t.variant.label.rsplit("/", 1)[-1] for t in gqa.trials] == ["s2", "wg", "wgd"] * 2
+    assert ["Swizzled128Layout" in p.code for p in built] == [False, True, True] * 2
+    assert ["mirage::gen::NoTile, true>" in p.code for p in built] == [False, False, True] * 2
+    assert gqa.best.build.warpgroup_softmax and gqa.best.build.defer_values  # the last build timed fastest
     assert runtime.BuildChoice.from_dict(gqa.best.build.as_dict()) == gqa.best.build
-    assert gqa.best.build.options().warpgroup_softmax
+    assert gqa.best.build.options().warpgroup_softmax and gqa.best.build.options().defer_values
     built.clear()
     rms = select_fastest(CASES["rmsnorm_b8"].reference(), variants("rmsnorm_b8")[:2], inputs, stages=(2,),
                          multicast=(0,))

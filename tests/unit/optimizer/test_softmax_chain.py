@@ -281,6 +281,16 @@ def test_warpgroup_tiles_are_unpadded_and_1024_byte_aligned():
         assert plain.memory.buffer_of(node).slot_bytes == rows * 72 * 2
 
 
+def test_deferred_values_give_v_one_ring_slot_more():
+    graph = _gqa(**SPLITS | dict(q_splits=2, iters=8))
+    (step, _), (deferred, _) = (_kernels(graph, **WARPGROUP, defer_values=d) for d in (False, True))
+    v = deferred.block_graph.nodes[deferred.softmax_chain.pv].inputs[1].node
+    k = deferred.block_graph.nodes[deferred.softmax_chain.qk].inputs[1].node
+    assert not step.softmax_chain.late and deferred.softmax_chain.late == {v}
+    assert (step.memory.buffer_of(v).slots, deferred.memory.buffer_of(v).slots) == (2, 3)
+    assert deferred.memory.buffer_of(k).slots == 2
+
+
 def test_a_q_that_other_steps_read_stays_in_registers():
     """QKNorm's Q, normalized in the block before the chain reads it: K and V only are swizzled."""
     graph = attention_fused(1, True, row_sums=True, combine_rows=16, normalize_k=True, norm_blocks=64,

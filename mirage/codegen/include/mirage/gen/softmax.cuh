@@ -63,15 +63,6 @@
 #define MIRAGE_SOFTMAX_FOLD_SCALE 1
 #endif
 
-// 1: in the warpgroup form, each sub-tile's P·V is issued with the next sub-tile's Q·K, so that the
-// tensor cores run it while the warps compute that sub-tile's exponentials (FlashAttention-3's
-// intra-warpgroup overlap; the V tile is read one iteration late, so its input keeps one ring slot
-// more, which the memory plan gives it); 0: each sub-tile's P·V within its own step (build with
-// -DMIRAGE_SOFTMAX_DEFER_PV=0 to compare: the results are the same)
-#ifndef MIRAGE_SOFTMAX_DEFER_PV
-#define MIRAGE_SOFTMAX_DEFER_PV 1
-#endif
-
 namespace mirage::gen {
 
 // A result the chain does not write (its node is absent from the µGraph).
@@ -254,7 +245,7 @@ struct Compose {
 };
 
 template <int NumThreads, class T, class QLayout, class KLayout, class VLayout, class Score,
-          class Columns = NoTile>
+          class Columns = NoTile, bool DeferValues = false>
 struct OnlineSoftmax {
   using Atom = dev::detail::MmaAtom<T>;
   static constexpr int R = QLayout::rows;
@@ -316,8 +307,12 @@ struct OnlineSoftmax {
   static constexpr float kUnits =
       kFoldScale ? softmax_detail::kLog2e * softmax_detail::LinearScore<Score>::scale : 1.0f;
 
-  // the warpgroup form with deferred P·V (MIRAGE_SOFTMAX_DEFER_PV)
-  static constexpr bool kDeferred = kWarpgroup && MIRAGE_SOFTMAX_DEFER_PV;
+  // the warpgroup form with deferred P·V (DeferValues): each sub-tile's P·V issued with the next
+  // sub-tile's Q·K, the tensor cores meant to run it while the warps compute that sub-tile's
+  // exponentials (FlashAttention-3's intra-warpgroup overlap). The V tile is then read one iteration
+  // late: its input must keep one ring slot more than the pipeline (the memory plan gives it one).
+  // The results are the same either way, bit for bit.
+  static constexpr bool kDeferred = kWarpgroup && DeferValues;
 
   struct State {
     float out[kTilesPerWarp][kOutTiles][4];
