@@ -11,12 +11,10 @@ import dataclasses
 
 
 def main() -> None:
-    import torch
-
+    from benchmarks.ncu_stream import launch_once
     from benchmarks.variants import family
     from mirage.codegen.gpu_check import random_inputs
     from mirage.codegen.lower_program import generate_cuda_program
-    from mirage.codegen.runtime import build_many
     from mirage.optimizer import OptimizerOptions
 
     programs, graph = [], None
@@ -27,11 +25,7 @@ def main() -> None:
         for warpgroup in (False, True):
             options = dataclasses.replace(OptimizerOptions(), warpgroup_softmax=warpgroup)
             programs.append(generate_cuda_program(graph, None, options=options))
-    inputs = random_inputs(graph, seed=0)
-    for program in build_many(programs):
-        program.load()
-        program.launch(inputs)
-    torch.cuda.synchronize()
+    launch_once(programs, random_inputs(graph, seed=0))
 
 
 if __name__ == "__main__":

@@ -17,10 +17,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 
+from gpu_helpers import assert_checked_and_matching, misaligned  # noqa: E402
+
 from benchmarks.mugraphs import mlp  # noqa: E402
 from benchmarks.rms_forms import gemv  # noqa: E402
 from benchmarks.variants import family  # noqa: E402
-from mirage.codegen.gpu_check import check_on_gpu, random_inputs  # noqa: E402
+from mirage.codegen.gpu_check import random_inputs  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
 from mirage.optimizer import OptimizerOptions  # noqa: E402
@@ -55,13 +57,11 @@ def _builds(graph, stages: int):
 def test_multicast_build_matches_the_plain_build(name, stages):
     graph = GRAPHS[name]()
     ours, theirs = _builds(graph, stages)
-    inputs = random_inputs(graph, seed=5)
-    result = check_on_gpu(graph, ours.with_poison(), inputs=inputs)
-    assert result.passed, result.as_dict()
-    expected = theirs(*inputs)
-    for _ in range(3):
-        for x, y in zip(ours.with_poison()(*inputs), expected, strict=True):
-            assert torch.equal(x, y)
+    assert_checked_and_matching(graph, ours, theirs, 5, _equal)
+
+
+def _equal(x, y) -> None:
+    assert torch.equal(x, y)
 
 
 def test_misaligned_tile_is_copied_element_by_element():
@@ -69,10 +69,7 @@ def test_misaligned_tile_is_copied_element_by_element():
     graph = GRAPHS["rmsnorm_b8"]()
     ours, theirs = _builds(graph, 2)
     x, g, w = random_inputs(graph, seed=6)
-    storage = torch.empty(x.numel() + 8, dtype=x.dtype, device=x.device)
-    shifted = storage[1:1 + x.numel()].view_as(x)
-    shifted.copy_(x)
-    assert shifted.data_ptr() % 16 == 2
+    shifted = misaligned(x)
     (expected,) = theirs(x, g, w)
     for _ in range(2):
         (out,) = ours.with_poison()(shifted, g, w)

@@ -18,8 +18,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 
+from gpu_helpers import assert_checked_and_matching, misaligned  # noqa: E402
+
 from benchmarks.variants import family  # noqa: E402
-from mirage.codegen.gpu_check import check_on_gpu, random_inputs  # noqa: E402
+from mirage.codegen.gpu_check import random_inputs  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
 from mirage.optimizer import OptimizerOptions  # noqa: E402
@@ -59,13 +61,8 @@ def _programs(graph, stages: int, defer: bool = False):
 def test_warpgroup_chain_matches_reference_and_warp_chain(name, stages, defer):
     graph = _member(*MEMBERS[name])
     ours, theirs = build_many(list(_programs(graph, stages, defer)))
-    inputs = random_inputs(graph, seed=7)
-    result = check_on_gpu(graph, ours.with_poison(), inputs=inputs)
-    assert result.passed, result.as_dict()
-    expected = theirs(*inputs)
-    for _ in range(3):
-        for x, y in zip(ours.with_poison()(*inputs), expected, strict=True):
-            torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-3)
+    assert_checked_and_matching(graph, ours, theirs, 7,
+                                lambda x, y: torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-3))
 
 
 def test_misaligned_k_is_copied_element_by_element():
@@ -73,10 +70,7 @@ def test_misaligned_k_is_copied_element_by_element():
     graph = _member(*MEMBERS["gqa_b8_128"])
     ours, theirs = build_many(list(_programs(graph, 2)))
     q, k, v = random_inputs(graph, seed=8)
-    storage = torch.empty(k.numel() + 8, dtype=k.dtype, device=k.device)
-    shifted = storage[1:1 + k.numel()].view_as(k)
-    shifted.copy_(k)
-    assert shifted.data_ptr() % 16 == 2
+    shifted = misaligned(k)
     (expected,) = theirs(q, k, v)
     for _ in range(2):
         (out,) = ours.with_poison()(q, shifted, v)

@@ -105,10 +105,9 @@ def test_no_right_build_is_an_error_that_names_the_failures(monkeypatch):
         _select(monkeypatch, [FakeProgram("wrong", _times(5.0, 5.0, 5.0), wrong=True)])
 
 
-def test_multicast_builds_join_only_where_an_input_is_loaded_alike(monkeypatch):
-    """rmsnorm_b8's members get a second build each with X multicast to clusters of two (timed like
-    any other, and the winner's build choice carries it); GQA's have no such input, so no extra
-    builds."""
+def _record_builds(monkeypatch) -> tuple[list, list]:
+    """Selection with builds recorded (each timed 0.1 µs faster than the one before, in every launch
+    mode), every float check passing; returns the list the builds go to and the inputs."""
     built = []
 
     def build_many(programs, max_workers=None):
@@ -121,7 +120,14 @@ def test_multicast_builds_join_only_where_an_input_is_loaded_alike(monkeypatch):
     monkeypatch.setattr(dependent_launch, "available", lambda device: True)
     monkeypatch.setattr(gpu_check, "check_on_gpu", lambda reference, program, inputs=None: SimpleNamespace(
         passed=True, worst_error=1e-4, failure=lambda: ""))
-    inputs = [SimpleNamespace(device=SimpleNamespace(index=0))]
+    return built, [SimpleNamespace(device=SimpleNamespace(index=0))]
+
+
+def test_multicast_builds_join_only_where_an_input_is_loaded_alike(monkeypatch):
+    """rmsnorm_b8's members get a second build each with X multicast to clusters of two (timed like
+    any other, and the winner's build choice carries it); GQA's have no such input, so no extra
+    builds."""
+    built, inputs = _record_builds(monkeypatch)
     rms = variants("rmsnorm_b8")[:2]
     selection = select_fastest(CASES["rmsnorm_b8"].reference(), rms, inputs, stages=(2,))
     assert [k.cluster for p in built for k in p.kernels] == [(1, 1, 1), (2, 1, 1)] * 2
@@ -137,19 +143,7 @@ def test_multicast_builds_join_only_where_an_input_is_loaded_alike(monkeypatch):
 def test_warpgroup_builds_join_only_where_a_chain_qualifies(monkeypatch):
     """GQA's members get a second build each with the chain on warpgroup MMAs (its swizzled tiles in
     the code, the choice carried by the winner's build); rmsnorm has no chain, so no extra builds."""
-    built = []
-
-    def build_many(programs, max_workers=None):
-        built.extend(programs)
-        return [FakeProgram(str(i), _times(9.0, 9.0, 9.0 - 0.1 * i)) for i in range(len(programs))]
-
-    monkeypatch.setattr(runtime, "build_many", build_many)
-    monkeypatch.setattr(profile, "time_graph", lambda fn, replays=100: SimpleNamespace(
-        median_us=fn().times[fn().mode]))
-    monkeypatch.setattr(dependent_launch, "available", lambda device: True)
-    monkeypatch.setattr(gpu_check, "check_on_gpu", lambda reference, program, inputs=None: SimpleNamespace(
-        passed=True, worst_error=1e-4, failure=lambda: ""))
-    inputs = [SimpleNamespace(device=SimpleNamespace(index=0))]
+    built, inputs = _record_builds(monkeypatch)
     gqa = select_fastest(CASES["gqa_b8"].reference(), variants("gqa_b8")[:2], inputs, stages=(2,),
                          multicast=(0,))
     assert [t.variant.label.rsplit("/", 1)[-1] for t in gqa.trials] == ["s2", "wg", "wgd"] * 2

@@ -63,21 +63,13 @@ struct Layout {
 // `pitch` is the 64 elements of a swizzle row, not a stride of the tile. Only wgmma (through
 // descriptors: detail::wgmma_descriptor) and the input iterators' copies touch such a tile.
 template <int D0, int D1, int D2, int D3>
-struct Swizzled128Layout {
-  static constexpr int dim0 = D0;
-  static constexpr int dim1 = D1;
-  static constexpr int dim2 = D2;
-  static constexpr int dim3 = D3;
-  static constexpr int rows = D0 * D1 * D2;
-  static constexpr int cols = D3;
+struct Swizzled128Layout : Layout<D0, D1, D2, D3> {
+  using Dense = Layout<D0, D1, D2, D3>;
   static constexpr int pitch = 64;
-  static constexpr int size = rows * cols;
-  static constexpr int storage = size;
+  static constexpr int storage = Dense::size;
   static constexpr bool swizzled = true;
-  static constexpr int kBlockElements = rows * 64;  // one block of 64 columns
-  static_assert(rows % 8 == 0 && cols % 64 == 0, "a 128-byte swizzled tile has rows % 8 == 0, cols % 64 == 0");
-
-  static MIRAGE_HOST_DEVICE constexpr int dim(int d) { return d == 0 ? D0 : d == 1 ? D1 : d == 2 ? D2 : D3; }
+  static constexpr int kBlockElements = Dense::rows * 64;  // one block of 64 columns
+  static_assert(Dense::rows % 8 == 0 && D3 % 64 == 0, "a 128-byte swizzled tile has rows % 8 == 0, cols % 64 == 0");
 
   static MIRAGE_HOST_DEVICE constexpr int element_offset(int row, int col) {
     return (col / 64) * kBlockElements + row * 64 + (((col % 64) / 8) ^ (row % 8)) * 8 + col % 8;
@@ -86,9 +78,6 @@ struct Swizzled128Layout {
     return element_offset((i0 * D1 + i1) * D2 + i2, i3);
   }
   static MIRAGE_HOST_DEVICE constexpr int offset_of(int linear) { return element_offset(linear / D3, linear % D3); }
-  static MIRAGE_HOST_DEVICE void coordinates(int linear, int (&index)[4]) {
-    Layout<D0, D1, D2, D3>::coordinates(linear, index);
-  }
 };
 
 namespace detail {

@@ -1,0 +1,29 @@
+"""Helpers of the GPU tests."""
+
+from __future__ import annotations
+
+
+def misaligned(tensor):
+    """A copy of ``tensor`` that starts 2 bytes past a 16-byte boundary (16-bit elements): what the
+    input iterators' element-copy paths take."""
+    import torch
+
+    storage = torch.empty(tensor.numel() + 8, dtype=tensor.dtype, device=tensor.device)
+    shifted = storage[1:1 + tensor.numel()].view_as(tensor)
+    shifted.copy_(tensor)
+    assert shifted.data_ptr() % 16 == 2
+    return shifted
+
+
+def assert_checked_and_matching(graph, ours, theirs, seed: int, same, launches: int = 3) -> None:
+    """``ours`` passes the float check against the float64 reference of ``graph``, and its outputs
+    (into poisoned buffers, ``launches`` times) match ``theirs`` by ``same(x, y)``, which asserts."""
+    from mirage.codegen.gpu_check import check_on_gpu, random_inputs
+
+    inputs = random_inputs(graph, seed=seed)
+    result = check_on_gpu(graph, ours.with_poison(), inputs=inputs)
+    assert result.passed, result.as_dict()
+    expected = theirs(*inputs)
+    for _ in range(launches):
+        for x, y in zip(ours.with_poison()(*inputs), expected, strict=True):
+            same(x, y)
