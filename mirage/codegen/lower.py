@@ -167,7 +167,7 @@ class KernelLowering:
             pitch = plan_pitch(shape, plan.strides) if plan is not None and row_major else None
             layout = tile_layout(shape, element, buffer.slot_bytes, row_major, pitch)
             chain = self.kernel.softmax_chain
-            if chain is not None and i in chain.swizzled:  # a warpgroup chain's K or V
+            if chain is not None and i in chain.swizzled:  # a warpgroup chain's Q, K or V
                 layout = ctx.TileLayout(layout.dims, 64, swizzled=True)
             pipelined = buffer.kind is BufferKind.INPUT_STAGES
             name = f"t{i}" if slot == 0 else f"t{i}_previous"

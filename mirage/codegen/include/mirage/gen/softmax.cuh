@@ -32,8 +32,9 @@
 //
 // The warpgroup form (sm_90a), chosen by K and V tiles in dev::Swizzled128Layout: both products run
 // as warpgroup MMAs (wgmma m64n64k16) whose B operand, K or V, is read from shared memory through a
-// descriptor (no ldmatrix of K or V), and whose A operand is a register fragment (Q's, loaded by
-// ldmatrix, and P, converted from the scores as above). The accumulators of a wgmma have the layout
+// descriptor (no ldmatrix of K or V), and whose A operand is Q's swizzled tile (through a descriptor,
+// when the optimizer swizzled it) or Q's ldmatrix fragments, and P, converted from the scores as above
+// (gen/wgmma.cuh has the instructions and descriptors). The accumulators of a wgmma have the layout
 // of mma.sync's C fragments, 16 rows a warp, so the softmax between the products is the same code.
 // Each warpgroup (4 warps) takes whole 64-row tiles; P·V's products of 16 keys are issued
 // asynchronously and overlap the exponentials of the next 16 keys. The loop's pipeline must publish
@@ -43,11 +44,10 @@
 #include <type_traits>
 
 #include <cute/arch/copy_sm75.hpp>
-#include <cute/arch/mma_sm90_desc.hpp>
-#include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "../mirage.cuh"
 #include "kernel.cuh"
+#include "wgmma.cuh"
 
 // 1: each 16 keys' exponentials, then their P·V products, so the SFU and the tensor cores overlap;
 // 0: all exponentials of a sub-tile, then all its products (build with -DMIRAGE_SOFTMAX_INTERLEAVE=0
@@ -97,72 +97,6 @@ MIRAGE_DEVICE float exp2_fast(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-// Warpgroup MMAs m64n64k16 with fp32 accumulators and B from shared memory, MN-major
-// (dev::Swizzled128Layout): Rs takes A from registers (K-major, the layout of mma.sync's A
-// fragments, 16 rows a warp), Ss from shared memory, K-major (the same swizzled form).
-template <class T>
-struct Wgmma64;
-template <>
-struct Wgmma64<__half> {
-  using Rs = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::MN>;
-  using Ss = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::MN>;
-};
-template <>
-struct Wgmma64<__nv_bfloat16> {
-  using Rs =
-      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::MN>;
-  using Ss =
-      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::MN>;
-};
-
-// c (+)= A · B, c a warp's 16 x 64 slice of the warpgroup's accumulator (eight 16 x 8 C fragments),
-// A a register fragment or (uint64_t) a descriptor.
-template <class T, class A>
-MIRAGE_DEVICE void wgmma64(float (&c)[8][4], const A& a, uint64_t b, bool accumulate) {
-  const auto scale = accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero;
-  if constexpr (std::is_same_v<A, uint64_t>) {
-    Wgmma64<T>::Ss::fma(a, b, c[0][0], c[0][1], c[0][2], c[0][3], c[1][0], c[1][1], c[1][2], c[1][3], c[2][0],
-                        c[2][1], c[2][2], c[2][3], c[3][0], c[3][1], c[3][2], c[3][3], c[4][0], c[4][1], c[4][2],
-                        c[4][3], c[5][0], c[5][1], c[5][2], c[5][3], c[6][0], c[6][1], c[6][2], c[6][3], c[7][0],
-                        c[7][1], c[7][2], c[7][3], scale);
-  } else {
-    Wgmma64<T>::Rs::fma(a[0], a[1], a[2], a[3], b, c[0][0], c[0][1], c[0][2], c[0][3], c[1][0], c[1][1], c[1][2],
-                        c[1][3], c[2][0], c[2][1], c[2][2], c[2][3], c[3][0], c[3][1], c[3][2], c[3][3], c[4][0],
-                        c[4][1], c[4][2], c[4][3], c[5][0], c[5][1], c[5][2], c[5][3], c[6][0], c[6][1], c[6][2],
-                        c[6][3], c[7][0], c[7][1], c[7][2], c[7][3], scale);
-  }
-}
-
-// Pins registers that an asynchronous wgmma reads or writes in place until here (called after the
-// wgmma.wait_group that completes it): the compiler may neither read them earlier nor reuse them
-// for other values before.
-MIRAGE_DEVICE void fence(float& value) { cute::warpgroup_fence_operand(value); }
-MIRAGE_DEVICE void fence(uint32_t& value) { cute::warpgroup_fence_operand(value); }
-template <class A, int N>
-MIRAGE_DEVICE void fence(A (&values)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) fence(values[i]);
-}
-
-// The descriptor of a 64 x 16 operand of a swizzled tile at (row, col), row % 8 == 0. MN-major (B:
-// K rows [row, row + 16) x N columns [col, col + 64), col % 64 == 0): 8-row groups 1024 bytes apart
-// (stride offset), blocks of 64 columns kBlockElements apart (leading offset). K-major (A: M rows
-// [row, row + 64) x K columns [col, col + 16), col % 16 == 0): rows 128 bytes apart in 8-row groups
-// 1024 bytes apart (stride offset; the leading offset is unused), the start moving along the
-// swizzled row. 128-byte swizzle either way.
-template <class L, bool KMajor = false, class T>
-MIRAGE_DEVICE uint64_t wgmma_descriptor(const T* tile, int row, int col) {
-  static_assert(L::swizzled && sizeof(T) == 2, "wgmma reads 16-bit tiles in the 128-byte swizzled form");
-  cute::GmmaDescriptor descriptor;
-  descriptor.bitfield.start_address_ =
-      static_cast<uint16_t>(cute::cast_smem_ptr_to_uint(tile + L::element_offset(row, col)) >> 4);
-  descriptor.bitfield.leading_byte_offset_ = KMajor ? 1 : static_cast<uint16_t>(L::kBlockElements * sizeof(T) >> 4);
-  descriptor.bitfield.stride_byte_offset_ = static_cast<uint16_t>(8 * L::pitch * sizeof(T) >> 4);
-  descriptor.bitfield.base_offset_ = 0;
-  descriptor.bitfield.layout_type_ = static_cast<uint8_t>(cute::SM90::GMMA::LayoutType::B128);
-  return descriptor.desc_;
 }
 
 // Score::kLinearScale when the score functor declares one (the function is x · kLinearScale, > 0)
@@ -374,8 +308,8 @@ struct OnlineSoftmax {
         cute::warpgroup_arrive();
         issue_values(state, state.p, state.v, state.key0);
         cute::warpgroup_wait<0>();
-        softmax_detail::fence(state.p);
-        softmax_detail::fence(state.out);
+        wgmma::fence(state.p);
+        wgmma::fence(state.out);
       }
     }
     const int group = lane() / 4;
@@ -450,8 +384,8 @@ struct OnlineSoftmax {
  private:
   using Mma = typename Atom::Operation;
 
-  // One online-softmax step over kSubKeys keys for every row tile of the warp.
-  // The deferred form's sub-step in two straight-line versions, with a P·V pending from the last
+  // One online-softmax step over kSubKeys keys for every row tile of the warp. The deferred form's
+  // sub-step in two straight-line versions, with a P·V pending from the last
   // sub-tile (Pending) and without (the first): a branch between the issue of a wgmma and its wait
   // would leave the compiler unsure which registers the asynchronous products still read.
   static MIRAGE_DEVICE void sub_step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
@@ -501,10 +435,10 @@ struct OnlineSoftmax {
       for (int kk = 0; kk < kKeyTiles / 2; ++kk)
 #pragma unroll
         for (int t = 0; t < kTilesPerWarp; ++t) exponentials(state, t, score[t], kk, offset[t]);
-      softmax_detail::fence(score);  // computed before the wait, not moved past it
+      wgmma::fence(score);  // computed before the wait, not moved past it
       cute::warpgroup_wait<0>();
-      softmax_detail::fence(state.p);  // the last P·V's A fragments, read until this wait
-      softmax_detail::fence(state.out);
+      wgmma::fence(state.p);  // the last P·V's A fragments, read until this wait
+      wgmma::fence(state.out);
 #pragma unroll
       for (int t = 0; t < kTilesPerWarp; ++t) rescale_out(state, t, factor[t]);
 #pragma unroll
@@ -535,8 +469,8 @@ struct OnlineSoftmax {
     }
     if constexpr (kWarpgroup) {
       cute::warpgroup_wait<0>();  // O complete, K and V no longer read
-      softmax_detail::fence(p);
-      softmax_detail::fence(state.out);
+      wgmma::fence(p);
+      wgmma::fence(state.out);
     }
   }
 
@@ -604,7 +538,6 @@ struct OnlineSoftmax {
       a[2 * half + 1] = softmax_detail::pack<T>(s[2 * kk + half][2], s[2 * kk + half][3]);
     }
   }
-
 
   static MIRAGE_DEVICE void clear(float (&score)[kTilesPerWarp][kKeyTiles][4]) {
 #pragma unroll
@@ -739,7 +672,7 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
         if constexpr (QLayout::swizzled) {
-          a[t][d] = softmax_detail::wgmma_descriptor<QLayout, true>(q.data, row_tile(t) / 4 * 64, d * 16);
+          a[t][d] = wgmma::wgmma_descriptor<QLayout, true>(q.data, row_tile(t) / 4 * 64, d * 16);
         } else {
           load_q(q, t, d * 16, a[t][d]);
         }
@@ -751,23 +684,23 @@ struct OnlineSoftmax {
       for (int b = 0; b < kSubKeys / 64; ++b)
 #pragma unroll
         for (int d = 0; d < D / 16; ++d)
-          softmax_detail::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&score[t][8 * b]), a[t][d],
-                                     softmax_detail::wgmma_descriptor<KLayout>(k.data, d * 16, key0 + 64 * b),
+          wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&score[t][8 * b]), a[t][d],
+                                     wgmma::wgmma_descriptor<KLayout>(k.data, d * 16, key0 + 64 * b),
                                      d > 0);
     cute::warpgroup_commit_batch();
     if constexpr (Pending) {  // the last sub-tile's P·V behind these; wait for the scores only
-      softmax_detail::fence(state.out);
-      softmax_detail::fence(state.p);
+      wgmma::fence(state.out);
+      wgmma::fence(state.p);
       cute::warpgroup_arrive();
       issue_values(state, state.p, state.v, state.key0);
-      softmax_detail::fence(state.out);
-      softmax_detail::fence(state.p);
+      wgmma::fence(state.out);
+      wgmma::fence(state.p);
       cute::warpgroup_wait<1>();
     } else {
       cute::warpgroup_wait<0>();
     }
-    softmax_detail::fence(score);
-    if constexpr (!QLayout::swizzled) softmax_detail::fence(a);
+    wgmma::fence(score);
+    if constexpr (!QLayout::swizzled) wgmma::fence(a);
   }
 
   // The deferred form's P·V of a sub-tile: every wgmma of out += P · V[key0 : key0 + kSubKeys, :]
@@ -780,8 +713,8 @@ struct OnlineSoftmax {
       for (int t = 0; t < kTilesPerWarp; ++t)
 #pragma unroll
         for (int b = 0; b < E / 64; ++b)
-          softmax_detail::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&state.out[t][8 * b]), p[kk][t],
-                                     softmax_detail::wgmma_descriptor<VLayout>(v, key0 + kk * 16, 64 * b), true);
+          wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&state.out[t][8 * b]), p[kk][t],
+                                     wgmma::wgmma_descriptor<VLayout>(v, key0 + kk * 16, 64 * b), true);
     cute::warpgroup_commit_batch();
   }
 
@@ -796,8 +729,8 @@ struct OnlineSoftmax {
       for (int t = 0; t < kTilesPerWarp; ++t)
 #pragma unroll
         for (int b = 0; b < E / 64; ++b)
-          softmax_detail::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&state.out[t][8 * b]), a[t],
-                                     softmax_detail::wgmma_descriptor<VLayout>(v.data, key0 + kk * 16, 64 * b),
+          wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&state.out[t][8 * b]), a[t],
+                                     wgmma::wgmma_descriptor<VLayout>(v.data, key0 + kk * 16, 64 * b),
                                      true);
       cute::warpgroup_commit_batch();
     } else {
