@@ -461,7 +461,7 @@ class KernelLowering:
 
     def column_factor(self) -> ctx.Link:
         """The link that turns the chain's per-key values c into the factors f(1, c) before their
-        step stores them (gen/softmax.cuh's ColumnFactor)."""
+        step stores them (gen/softmax_detail.cuh's ColumnFactor)."""
         chain = self.softmax
         assert chain is not None and chain.column is not None and chain.score is not None
         function = f"mirage::gen::ColumnFactor<{self.function(chain.score)}, {chain.qk_argument}>"

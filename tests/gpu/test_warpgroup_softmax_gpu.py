@@ -85,3 +85,24 @@ def test_deferred_values_change_no_bit(name):
     inputs = random_inputs(graph, seed=9)
     for x, y in zip(deferred.with_poison()(*inputs), in_step(*inputs), strict=True):
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("name", ["gqa_b8_128", "gqa_b8_256", "gqa_b1", "qknorm_b1"])
+def test_rising_maxima_raise_the_reference(name):
+    """Each score plus a bias that rises from −24 to 0 over every 128 keys (Q's first column 8, K's
+    the bias): a row's maximum passes the chain's slack (MIRAGE_SOFTMAX_RESCALE_SLACK, 8 in log2
+    units) from one 64-key sub-tile to the next, so the reference m is raised and O rescaled again and
+    again, while the saved maxima stay small. Both forms pass the float check with that slack, and so
+    does the default build (no slack)."""
+    from mirage.codegen.gpu_check import check_on_gpu
+
+    graph = _member(*MEMBERS[name])
+    lazy = [dataclasses.replace(p, code="#define MIRAGE_SOFTMAX_RESCALE_SLACK 8\n" + p.code)
+            for p in _programs(graph, 2)]
+    q, k, v = random_inputs(graph, seed=10)
+    keys = torch.arange(k.shape[-1], device=k.device)
+    q[..., 0] = 8.0
+    k[:, 0, :] = (-24.0 + 24.0 * (keys % 128) / 128).to(k.dtype)
+    for program in build_many([*lazy, _programs(graph, 2)[1]]):
+        result = check_on_gpu(graph, program.with_poison(), inputs=(q, k, v))
+        assert result.passed, result.as_dict()

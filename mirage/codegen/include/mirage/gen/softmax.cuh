@@ -47,6 +47,7 @@
 
 #include "../mirage.cuh"
 #include "kernel.cuh"
+#include "softmax_detail.cuh"
 #include "wgmma.cuh"
 
 // 1: each 16 keys' exponentials, then their P·V products, so the SFU and the tensor cores overlap;
@@ -63,120 +64,17 @@
 #define MIRAGE_SOFTMAX_FOLD_SCALE 1
 #endif
 
-namespace mirage::gen {
-
-// A result the chain does not write (its node is absent from the µGraph).
-struct NoTile {};
-
-namespace softmax_detail {
-
-constexpr float kLog2e = 1.4426950408889634f;
-
-MIRAGE_DEVICE float quad_max(float value) {
-  value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));
-  return fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 2));
-}
-
-MIRAGE_DEVICE float quad_sum(float value) {
-  value += __shfl_xor_sync(0xffffffffu, value, 1);
-  return value + __shfl_xor_sync(0xffffffffu, value, 2);
-}
-
-// Two fp32 values as one 32-bit register of two 16-bit elements (the A-fragment packing).
-template <class T>
-MIRAGE_DEVICE uint32_t pack(float low, float high) {
-  const float values[2] = {low, high};
-  uint32_t word[1];
-  dev::pack_words<T>(values, word);
-  return word[0];
-}
-
-// 2^x by the SFU's approximation (MUFU.EX2, flushing denormal results to 0): one instruction where
-// exp2f adds range handling; its relative error (~2^-22) is far below the fp16 P it feeds.
-MIRAGE_DEVICE float exp2_fast(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Score::kLinearScale when the score functor declares one (the function is x · kLinearScale, > 0)
-template <class Score, class = void>
-struct LinearScore {
-  static constexpr bool value = false;
-  static constexpr float scale = 1.0f;
-};
-template <class Score>
-struct LinearScore<Score, std::void_t<decltype(Score::kLinearScale)>> {
-  static constexpr bool value = true;
-  static constexpr float scale = Score::kLinearScale;
-};
-
-// The two factors of keys `key` and `key + 1` (even) of a [1, N] tile of per-key factors.
-template <class T, class L>
-MIRAGE_DEVICE void column_pair(dev::SharedTile<T, L> columns, int key, float (&factor)[2]) {
-  factor[0] = columns.load(key);
-  factor[1] = columns.load(key + 1);
-}
-
-template <class T, class L>
-MIRAGE_DEVICE void store(dev::SharedTile<T, L> tile, int linear, float value) {
-  tile.store(linear, value);
-}
-MIRAGE_DEVICE void store(NoTile, int, float) {}
-
-}  // namespace softmax_detail
-
-// f(1, c): the factor of a key whose value is c, for a score f linear in the product Q·K, which is
-// argument QkArgument of f (the other is c).
-template <class Score, int QkArgument>
-struct ColumnFactor {
-  MIRAGE_DEVICE float operator()(float c) const {
-    if constexpr (QkArgument == 0) {
-      return Score{}(1.0f, c);
-    } else {
-      return Score{}(c, 1.0f);
-    }
-  }
-};
-
-// The score of a chain with per-key factors: the product times its factor, nothing more.
-struct ColumnScore {
-  static constexpr float kLinearScale = 1.0f;
-  MIRAGE_DEVICE float operator()(float x) const { return x; }
-};
-
-// Per-key factors computed by the chain itself from its K tile: Factor(Σ_d K[d][n]²) for key n (the
-// factor f(1, g(c)) of a score that divides by a function g of each key's sum of squares, QKNorm's
-// rms). The sums come from the tensor cores: the K fragments a warp loads for Q·K are, reordered,
-// the A fragments of Kᵀ, so Kᵀ·K runs on them with no load of its own, and its diagonal (exact
-// fp16 / bf16 products, fp32 sums) is each key's sum of squares. No shared tile, no barrier.
-template <class Factor>
-struct KeyNorms {};
-
-// Keys whose sums of squares KeyNorms accumulates at a time (a multiple of 16): more interleave
-// more independent products, and hold more accumulators.
-#ifndef MIRAGE_SOFTMAX_NORM_KEYS
-#define MIRAGE_SOFTMAX_NORM_KEYS 32
+// How far (in log2 units) a row's maximum may pass the reference m before m is raised: while it does
+// not, P = 2^(S·log2e − m) stays below 2^slack in fp32 accumulators, O and l keep their scale, and a
+// warp whose rows all keep theirs skips O's rescale (FlashAttention-4's lazy rescale). After the loop
+// O and l are normalized once and m becomes the rows' log-sum-exp (settle): the saved M is then a
+// reference of the same range as the maximum, which a combine takes like one. The results are those
+// of slack 0 in exact arithmetic. 0: m is every row's running maximum, as FlashAttention-2 keeps it.
+#ifndef MIRAGE_SOFTMAX_RESCALE_SLACK
+#define MIRAGE_SOFTMAX_RESCALE_SLACK 0
 #endif
 
-template <class C>
-struct IsKeyNorms : std::false_type {};
-template <class Factor>
-struct IsKeyNorms<KeyNorms<Factor>> : std::true_type {};
-template <class C>
-struct KeyFactor {
-  using type = ColumnScore;  // unused: no key norms
-};
-template <class Factor>
-struct KeyFactor<KeyNorms<Factor>> {
-  using type = Factor;
-};
-
-// The factor for a key's value v: f(1, g(v)), g and the ColumnFactor f as functors.
-template <class G, class F>
-struct Compose {
-  MIRAGE_DEVICE float operator()(float v) const { return F{}(G{}(v)); }
-};
+namespace mirage::gen {
 
 template <int NumThreads, class T, class QLayout, class KLayout, class VLayout, class Score,
           class Columns = NoTile, bool DeferValues = false>
@@ -247,10 +145,13 @@ struct OnlineSoftmax {
   // late: its input must keep one ring slot more than the pipeline (the memory plan gives it one).
   // The results are the same either way, bit for bit.
   static constexpr bool kDeferred = kWarpgroup && DeferValues;
+  // none for the chain that computes the key norms itself: at 255 registers, the settle spills
+  static constexpr float kRescaleSlack = kKeyNorms ? 0.0f : MIRAGE_SOFTMAX_RESCALE_SLACK;
 
   struct State {
     float out[kTilesPerWarp][kOutTiles][4];
-    float maximum[kTilesPerWarp][2];  // rows group and group + 8 of each row tile, in log2 units
+    float maximum[kTilesPerWarp][2];  // rows group and group + 8 of each row tile, in log2 units: the
+                                      // reference m of O and l (at most kRescaleSlack below the maxima)
     float sum[kTilesPerWarp][2];      // this thread's columns only (quad-summed at write-back)
     // kDeferred: the P of the last sub-tile, whose P·V is not issued yet, its V tile (nullptr: none)
     // and its first key
@@ -312,6 +213,7 @@ struct OnlineSoftmax {
         wgmma::fence(state.out);
       }
     }
+    settle(state);
     const int group = lane() / 4;
     const int pair = (lane() % 4) * 2;
     if constexpr (kGroups == 1) {
@@ -480,20 +382,21 @@ struct OnlineSoftmax {
                                     float (&factor)[2]) {
     // S in log2 units: exp(S − m) = 2^(S·log2e − m·log2e). With kFoldScale, S = c · raw and the
     // maxima are over the raw products (c > 0 keeps their order); c · log2e is applied later.
-    float tile_max[2] = {negative_infinity(), negative_infinity()};
+    float row[2][2 * kKeyTiles];
 #pragma unroll
     for (int j = 0; j < kKeyTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if constexpr (!kFoldScale) score[j][e] = Score{}(score[j][e]) * softmax_detail::kLog2e;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], score[j][e]);
+        row[e / 2][2 * j + e % 2] = score[j][e];
       }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float seen = softmax_detail::quad_max(tile_max[h]);
+      float seen = softmax_detail::quad_max(row_max(row[h]));
       if constexpr (kFoldScale) seen *= kUnits;
-      const float current = fmaxf(state.maximum[t][h], seen);
       const float previous = state.maximum[t][h];
+      const float current = kRescaleSlack > 0 ? (seen > previous + kRescaleSlack ? seen : previous)
+                                              : fmaxf(previous, seen);
       factor[h] = previous == current ? 1.0f : softmax_detail::exp2_fast(previous - current);
       state.maximum[t][h] = current;
       state.sum[t][h] *= factor[h];
@@ -501,7 +404,41 @@ struct OnlineSoftmax {
     }
   }
 
+  // A row's maximum over this thread's scores: in the warpgroup form (16 a row) as a balanced tree,
+  // which measured 0.2–0.3 µs faster on gqa_b8's warpgroup members; in the warp form as a chain (its
+  // tree measured 0.1–0.3 µs slower: docs/performance.md §3).
+  static MIRAGE_DEVICE float row_max(const float (&v)[2 * kKeyTiles]) {
+    if constexpr (kWarpgroup) return softmax_detail::tree_max<0, 2 * kKeyTiles>(v);
+    float m = negative_infinity();
+#pragma unroll
+    for (int i = 0; i < 2 * kKeyTiles; ++i) m = fmaxf(m, v[i]);
+    return m;
+  }
+
+  // Before the write-back, with a slack: O and l divided by l, and m raised by log2 l (the rows'
+  // log-sum-exp), so that O, l and M stay consistent and in range when saved in 16 bits: l is 1 and
+  // O the softmax-weighted values, where with a stale m they could reach 2^slack times the keys.
+  static MIRAGE_DEVICE void settle(State& state) {
+    if constexpr (kRescaleSlack > 0) {
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) {
+        float factor[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float total = softmax_detail::quad_sum(state.sum[t][h]);
+          factor[h] = total > 0.0f ? 1.0f / total : 1.0f;  // none: no key seen, m is −∞
+          if (total > 0.0f) state.maximum[t][h] += __log2f(total);
+          state.sum[t][h] *= factor[h];
+        }
+        rescale_out(state, t, factor);
+      }
+    }
+  }
+
   static MIRAGE_DEVICE void rescale_out(State& state, int t, const float (&factor)[2]) {
+    if constexpr (kRescaleSlack > 0) {  // warp-uniform: skipped while no row of the warp raised m
+      if (!__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) return;
+    }
 #pragma unroll
     for (int j = 0; j < kOutTiles; ++j)
 #pragma unroll
