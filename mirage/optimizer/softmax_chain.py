@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import AccumKind, BlockGraph, Node, Ref, ThreadGraph
-from mirage.mugraph.ops import Op
+from mirage.mugraph.ops import UNARY, Op
 from mirage.optimizer.graphs import NoMatch, require
 from mirage.optimizer.layout import TensorLayout
 from mirage.optimizer.schedule import Action, Phase, Schedule, Step
@@ -341,8 +341,8 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
         v_ref = graph.nodes[chain.pv].inputs[1]
         require(k_ref.node != v_ref.node, "K and V are one tile")
         for ref, user in ((k_ref, chain.qk), (v_ref, chain.pv)):
-            require(_only_input_of(graph, uses, ref.node, user),
-                    f"%{ref.node}: not an input the chain reads alone")
+            require(graph.nodes[ref.node].op is Op.INPUT and _offset_readers(graph, uses, ref.node, user),
+                    f"%{ref.node}: not an input that only the chain and column reductions read")
         q, keys = graph.type_of(q_ref).shape, graph.type_of(k_ref).shape[-1]
         width = graph.type_of(v_ref).shape[-1]
         warps, row_tiles = math.prod(graph.block_dim) // 32, q[-2] // 16
@@ -356,6 +356,28 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
         swizzled.add(q_ref.node)
     return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset(swizzled),
                                late=frozenset({v_ref.node}) if defer_values else frozenset())
+
+
+def _offset_readers(graph: BlockGraph, uses: dict[Ref, list[int]], node: int, user: int) -> bool:
+    """Whether every reader of ``node`` but ``user`` addresses its tile element by element through the
+    layout's offsets, so that it may be swizzled: reductions over a dim other than the last (QKNorm's
+    sum of squares of each key), directly or through one element-wise op that only they read (their
+    prologue). Readers that take rows by their pitch (matmuls, row reductions, savers) disqualify it."""
+    rank = graph.nodes[node].outputs[0].rank
+
+    def column_reduction(i: int) -> bool:
+        n = graph.nodes[i]
+        return n.op in (Op.REDUCTION, Op.REDUCTION_MAX) and n.attrs.dim != rank - 1
+
+    for reader in _only(uses, node):
+        if reader == user or column_reduction(reader):
+            continue
+        n = graph.nodes[reader]
+        readers = _only(uses, reader)
+        if not ((n.op is Op.FUSED or n.op in UNARY) and len(n.inputs) == 1 and readers
+                and all(column_reduction(r) for r in readers)):
+            return False
+    return True
 
 
 def _only_input_of(graph: BlockGraph, uses: dict[Ref, list[int]], node: int, user: int) -> bool:

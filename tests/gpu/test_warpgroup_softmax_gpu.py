@@ -40,6 +40,11 @@ MEMBERS = {
     # QKNorm with K normalized by a kernel of its own, then the same attention
     "qknorm_b1": ("qknorm_b1", "kv_splits=16,q_splits=2,iters=4,threads=256,", "combine_rows=16",
                   "normalize_k=True"),
+    # QKNorm with each key's rms from a column reduction of the swizzled K tile, in the same block
+    "qknorm_b8_scales": ("qknorm_b8", "kv_splits=8,q_splits=2,iters=8,threads=128,",
+                         "combine_rows=8,key_scales"),
+    "qknorm_b1_scales": ("qknorm_b1", "kv_splits=16,q_splits=2,iters=2,threads=256,",
+                         "combine_rows=8,key_scales"),
 }
 
 

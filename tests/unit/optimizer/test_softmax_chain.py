@@ -301,10 +301,51 @@ def test_a_q_that_other_steps_read_stays_in_registers():
     assert first.block_graph.nodes[chain.qk].inputs[0].node not in chain.swizzled
 
 
-def test_warpgroup_form_is_refused_where_k_has_other_readers_or_the_target_has_no_wgmma():
+def test_qknorms_column_reduction_may_read_a_swizzled_k():
+    """QKNorm's per-key factors come from a sum of squares of K over d (a reduction over a dim other
+    than the last, which addresses the tile element by element): K and V are swizzled all the same;
+    Q, normalized by a step of its own, is not."""
     first, _ = _kernels(_key_scale_graph(kv_splits=8, q_splits=2, iters=8, threads=128),
                         **WARPGROUP, **STEPPED_FACTORS)
-    assert first.softmax_chain is not None and not first.softmax_chain.warpgroup  # K's column reduction
+    chain = first.softmax_chain
+    assert chain is not None and chain.warpgroup and chain.column is not None
+    nodes = first.block_graph.nodes
+    (q, k), v = (r.node for r in nodes[chain.qk].inputs), nodes[chain.pv].inputs[1].node
+    assert chain.swizzled == {k, v} and q not in chain.swizzled
+
+
+def _k_read_by(extra):
+    """A block graph whose K tile [64, 128] is read by Q·K and by ``extra(tb, k)``: (graph, K, Q·K)."""
+    import mirage as mi
+
+    g = mi.new_kernel_graph("readers")
+    q_in, k_in = g.new_input(dims=(64, 64), name="Q"), g.new_input(dims=(64, 128), name="K")
+    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
+    q, k = tb.new_input(q_in), tb.new_input(k_in)
+    tb.new_output(tb.forloop_accum(tb.matmul(q, k)))
+    tb.new_output(tb.forloop_accum(extra(tb, k)))
+    for out in g.customized([q_in, k_in], tb):
+        g.mark_output(out)
+    block = next(n.attrs for n in g.freeze().nodes if n.op is Op.CUSTOMIZED)
+    k_node = next(i for i, n in enumerate(block.nodes) if n.op is Op.INPUT and n.outputs[0].shape == (64, 128))
+    matmul = next(i for i, n in enumerate(block.nodes) if n.op is Op.MATMUL)
+    return block, k_node, matmul
+
+
+@pytest.mark.parametrize(("extra", "allowed"), [
+    (lambda tb, k: tb.reduction(tb.square(k), 0), True),  # Σ_d K², QKNorm's keys (a prologue)
+    (lambda tb, k: tb.reduction_max(k, 0), True),  # a column maximum
+    (lambda tb, k: tb.reduction(k, 1), False),  # a row sum: reads rows by their pitch
+    (lambda tb, k: tb.exp(k), False),  # an element-wise step that saves K's values
+])
+def test_only_offset_addressed_readers_leave_k_swizzlable(extra, allowed):
+    from mirage.optimizer.softmax_chain import _offset_readers
+
+    block, k, matmul = _k_read_by(extra)
+    assert _offset_readers(block, block.consumers(), k, matmul) is allowed
+
+
+def test_warpgroup_form_is_refused_where_the_target_has_no_wgmma():
     graph = _gqa(kv_splits=8, q_splits=2, iters=8, threads=128)
     from mirage.mugraph.target import TARGETS
 
