@@ -327,9 +327,8 @@ def _k_read_by(extra):
     for out in g.customized([q_in, k_in], tb):
         g.mark_output(out)
     block = next(n.attrs for n in g.freeze().nodes if n.op is Op.CUSTOMIZED)
-    k_node = next(i for i, n in enumerate(block.nodes) if n.op is Op.INPUT and n.outputs[0].shape == (64, 128))
     matmul = next(i for i, n in enumerate(block.nodes) if n.op is Op.MATMUL)
-    return block, k_node, matmul
+    return block, block.nodes[matmul].inputs[1].node, matmul
 
 
 @pytest.mark.parametrize(("extra", "allowed"), [
