@@ -327,7 +327,8 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
 
 def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = False) -> SoftmaxChain:
     """``chain`` in the warpgroup form when it qualifies, else unchanged (the reason logged): K and V
-    are input tiles that only the chain reads (its copies write them swizzled), the warps form whole
+    are input tiles that only the chain and column reductions read (its copies write them swizzled;
+    :func:`_offset_readers`), the warps form whole
     warpgroups of whole 64-row tiles (one key group), and the keys and V's width come in blocks of 64
     (wgmma m64n64k16; the chain's sub-tiles are then 64 keys).  Q is swizzled too, and read by the
     wgmmas from shared memory, when it is an input tile only the chain reads with D a multiple of 64;
