@@ -238,8 +238,14 @@ WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
                                 threads=(128, 256))
                         + _rows((2,), grid=(64, 96, 128), iters=(8, 16), threads=(256, 512))
                         # more, narrower blocks: two blocks on some SMs, more weight streams
-                        + _rows((2, 3), grid=(192, 256), iters=(8, 16), threads=(128, 256))),
-    "gatedmlp": lambda: _rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(128, 256)),
+                        + _rows((2, 3), grid=(192, 256), iters=(8, 16), threads=(128, 256))
+                        # fewer, wider blocks with deeper rings of shorter K tiles (torch.compile's
+                        # Triton template at b = 8: 48 blocks of 128 columns, K tiles of 128, 4 stages):
+                        # measured slower, best 24.9 µs at b = 8 with 96 blocks, 36.4 with 48
+                        # (explore_h100_2026-11-23_wide_gemv_blocks.json)
+                        + _rows((3, 4, 5), grid=(48, 64, 96), iters=(32, 64), threads=(256, 512))),
+    "gatedmlp": lambda: (_rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(128, 256))
+                         + _rows((3, 4), grid=(64,), iters=(32, 64), threads=(256, 512))),
 }
 
 
