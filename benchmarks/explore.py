@@ -31,7 +31,7 @@ log = logging.getLogger("benchmarks.explore")
 def explore_case(
     case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False,
     also: dict | None = None, plain_launch: bool = False, spread: bool = False, match: str = "",
-    fold: bool = False,
+    fold: bool = False, depths: tuple[int, ...] = (),
 ) -> list[dict]:
     from benchmarks.mugraphs import CASES
     from benchmarks.variants import family
@@ -49,7 +49,7 @@ def explore_case(
     for variant, graph in family(case_name, wide=wide, fold=fold):
         if match and not re.search(match, variant.label):
             continue
-        for stages in variant.stages:
+        for stages in depths or variant.stages:
             for chain, two, extra in itertools.product((True, False) if op_by_op else (True,),
                                                        (True, False) if one_block else (False,),
                                                        ({}, also) if also else ({},)):
@@ -133,6 +133,8 @@ def main(argv=None) -> int:
                         help="also time every build with one block per SM for grids of one wave")
     parser.add_argument("--match", default="",
                         help="only the members whose label matches this regular expression, e.g. threads=512")
+    parser.add_argument("--stages", default="",
+                        help="pipeline depths to build every member at, e.g. 3,4 (default: the family's)")
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
@@ -147,7 +149,8 @@ def main(argv=None) -> int:
         result["cases"][case] = explore_case(case, args.family == "wide", args.op_by_op, args.replays,
                                              one_block=args.one_block, also=_options(args.also),
                                              plain_launch=args.plain_launch, spread=args.spread,
-                                             match=args.match, fold=args.family == "fold")
+                                             match=args.match, fold=args.family == "fold",
+                                             depths=tuple(int(d) for d in args.stages.split(",") if d))
         (out / f"explore_{facts['date']}.json").write_text(json.dumps(result, indent=1))
     bad = [r for rows in result["cases"].values() for r in rows if "passed" in r and not r["passed"]]
     return 1 if bad else 0
