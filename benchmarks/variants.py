@@ -95,8 +95,7 @@ def _attention_rows(program: str, twins: bool = False) -> list[Variant]:
     for (kv_splits, q_splits, iters, threads, combine_rows), extra in ATTENTION_SPLITS[program]:
         splits = (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
                   ("row_sums", True))
-        # depths 2–4: the warpgroup builds ran fastest at 4 (explore_h100_2026-11-23_depths.json)
-        rows.append(Variant((*splits, ("combine_rows", combine_rows), *extra), (2, 3, 4)))
+        rows.append(Variant((*splits, ("combine_rows", combine_rows), *extra), (2, 3)))
         fold_rows = QUERIES // q_splits // kv_splits
         if twins and kv_splits <= MAX_CLUSTER and fold_rows >= 2:
             twin = (*splits, ("combine_rows", fold_rows), ("combine_threads", threads), *extra)

@@ -127,7 +127,13 @@ WARPGROUP_FORMS = ((False, False), (True, False), (True, True))
 def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4),
              multicast: Sequence[int] = (0,), warpgroup: Sequence[tuple[bool, bool]] = ((False, False),)
              ) -> list[Variant]:
-    return [Variant(g, s, m, *w) for g in candidates for s in stages for m in multicast for w in warpgroup]
+    """Every candidate at every depth in ``stages``, multicast size and chain form; the warpgroup forms
+    also one stage deeper than ``stages`` goes: their swizzled tiles are unpadded, so the deeper ring
+    fits where the warp form's does, and on gqa_b8 every warpgroup member ran fastest at depth 4
+    (explore_h100_2026-11-23_depths.json)."""
+    deeper = (max(stages) + 1,) if stages and any(form[0] for form in warpgroup) else ()
+    return [Variant(g, s, m, *w) for g in candidates for s in (*stages, *deeper) for m in multicast
+            for w in warpgroup if s in stages or w[0]]
 
 
 def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], inputs: Sequence | None = None,
@@ -152,6 +158,9 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
         try:
             program = generate_cuda_program(trial.variant.graph, None, options=trial.variant.options)
         except MirageError as error:
+            if trial.variant.stages not in stages:  # the warpgroup forms' extra depth: only where it fits
+                trials.remove(trial)
+                continue
             trial.failure = f"generate: {type(error).__name__}: {str(error).splitlines()[0]}"
             continue
         if trial.variant.multicast_cluster > 1 and all(k.cluster_size == 1 for k in program.kernels):

@@ -141,15 +141,18 @@ def test_multicast_builds_join_only_where_an_input_is_loaded_alike(monkeypatch):
 
 
 def test_warpgroup_builds_join_only_where_a_chain_qualifies(monkeypatch):
-    """GQA's members get a second build each with the chain on warpgroup MMAs (its swizzled tiles in
-    the code, the choice carried by the winner's build); rmsnorm has no chain, so no extra builds."""
+    """GQA's members get more builds each with the chain on warpgroup MMAs, at the depths asked for and
+    one deeper (its swizzled tiles in the code, the choice carried by the winner's build); rmsnorm has
+    no chain, so no extra builds."""
     built, inputs = _record_builds(monkeypatch)
     gqa = select_fastest(CASES["gqa_b8"].reference(), variants("gqa_b8")[:2], inputs, stages=(2,),
                          multicast=(0,))
-    assert [t.variant.label.rsplit("/", 1)[-1] for t in gqa.trials] == ["s2", "wg", "wgd"] * 2
-    assert ["Swizzled128Layout" in p.code for p in built] == [False, True, True] * 2
-    assert ["mirage::gen::NoTile, true>" in p.code for p in built] == [False, False, True] * 2
+    labels = ["s2", "s2/wg", "s2/wgd", "s3/wg", "s3/wgd"]
+    assert [t.variant.label.split("/", 1)[-1] for t in gqa.trials] == labels * 2
+    assert ["Swizzled128Layout" in p.code for p in built] == [False, True, True, True, True] * 2
+    assert ["mirage::gen::NoTile, true>" in p.code for p in built] == [False, False, True, False, True] * 2
     assert gqa.best.build.warpgroup_softmax and gqa.best.build.defer_values  # the last build timed fastest
+    assert gqa.best.build.stages == 3
     assert runtime.BuildChoice.from_dict(gqa.best.build.as_dict()) == gqa.best.build
     assert gqa.best.build.options().warpgroup_softmax and gqa.best.build.options().defer_values
     built.clear()
