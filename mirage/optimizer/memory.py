@@ -18,7 +18,7 @@ Loop state is cleared, and pipelined inputs are first fetched (the prologue), in
 level (the first loop level when there is no pre-loop phase), so their lifetimes start there.
 
 Results consumed in registers (epilogue producers) get no buffer.  Sizes include layout padding and
-are rounded up to 128 bytes.  The K and V tiles of a warpgroup softmax chain (``swizzled``) are stored
+are rounded up to 128 bytes.  The Q, K and V tiles of a warpgroup softmax chain (``swizzled``) are stored
 unpadded in the 128-byte swizzled form that sm_90's warpgroup MMA reads, and start on a 1024-byte
 boundary (the swizzle pattern repeats every 8 rows of 128 bytes).  Three online fits — first-fit,
 best-fit and worst-fit — each over two orders (by start time, by size) place the buffers; the plan
@@ -43,8 +43,6 @@ from mirage.optimizer.schedule import Action, Barrier, Phase, Schedule
 
 ALIGNMENT = 128
 SWIZZLE_ALIGNMENT = 1024  # a 128-byte swizzled tile (dev::Swizzled128Layout) starts on this boundary
-
-
 SLOT_BARRIER_BYTES = 16  # a multicast slot's `full` and `empty` barriers (optimizer.multicast)
 
 

@@ -167,6 +167,10 @@ STATIC_CHECKS = [
         "shape not supported by tensor cores",
     ),
     ("RegisterTile<RowMajor<4, 6>, 128, 4> r;", "a chunk must lie within one row"),
+    (
+        "TensorCoreMatmul<__half, RowMajor<16, 64>, Swizzled128Layout<1, 1, 64, 64>, 128>::Accumulator acc;",
+        "a swizzled tile (wgmma's form) is read by pitch here",
+    ),
 ]
 
 

@@ -80,6 +80,17 @@ struct Swizzled128Layout : Layout<D0, D1, D2, D3> {
   static MIRAGE_HOST_DEVICE constexpr int offset_of(int linear) { return element_offset(linear / D3, linear % D3); }
 };
 
+// For readers that take a tile's rows by their pitch (matmuls, row reductions, savers): true, or a
+// compile error when a layout is swizzled, whose rows are not `pitch` apart as stored.
+//   static_assert(dev::read_by_pitch<ALayout, BLayout>());
+template <class... Layouts>
+constexpr bool read_by_pitch() {
+  static_assert((!Layouts::swizzled && ...),
+                "a swizzled tile (wgmma's form) is read by pitch here: only the softmax chain, the input "
+                "iterators and steps that address elements through the layout's offsets may read one");
+  return true;
+}
+
 namespace detail {
 template <int... Dims>
 struct LayoutOf;

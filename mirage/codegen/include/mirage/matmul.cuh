@@ -236,7 +236,7 @@ struct ResolveWarpGrid<FixedWarpGrid<WarpsM, WarpsN, WarpsK>> {
 // (rescale_rows, scale_rows) apply to every partial; for_each and for_each_pair see group 0 only.
 template <class T, class ALayout, class BLayout, int NumThreads, class Grid = DefaultWarpGrid>
 struct TensorCoreMatmul {
-  static_assert(!ALayout::swizzled && !BLayout::swizzled, "a swizzled tile (wgmma's form) is read by pitch here: only the chain, the input iterators and offset-addressed steps may read one");
+  static_assert(read_by_pitch<ALayout, BLayout>());
   using Atom = detail::MmaAtom<T>;
   static constexpr int M = ALayout::rows;
   static constexpr int K = ALayout::cols;
@@ -569,7 +569,7 @@ struct TensorCoreMatmul {
 
 template <class T, class ALayout, class BLayout, int NumThreads>
 struct SimtMatmul {
-  static_assert(!ALayout::swizzled && !BLayout::swizzled, "a swizzled tile (wgmma's form) is read by pitch here: only the chain, the input iterators and offset-addressed steps may read one");
+  static_assert(read_by_pitch<ALayout, BLayout>());
   static constexpr int M = ALayout::rows;
   static constexpr int K = ALayout::cols;
   static constexpr int N = BLayout::cols;

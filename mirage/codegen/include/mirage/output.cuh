@@ -32,8 +32,7 @@ struct OutputSaver {
   static MIRAGE_DEVICE void save(T* global, const Strides& strides, int64_t base, SharedTile<Source, SourceLayout> tile,
                                  Epilogue epilogue = {}) {
     static_assert(kSameShape<SourceLayout, L>, "the saved tile must have the saver's shape");
-    static_assert(!SourceLayout::swizzled, "a swizzled tile (wgmma's form) is read by pitch here: only the chain, "
-                                           "the input iterators and offset-addressed steps may read one");
+    static_assert(read_by_pitch<SourceLayout>());
     T* target = global + base;
     if constexpr (kVectorizableShape) {
       if (aligned(global, strides, base)) {

@@ -145,7 +145,7 @@ MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, 
       int index[4];
       OutLayout::coordinates(output, index);
       if constexpr (Dim == 3) {
-        static_assert(!InLayout::swizzled, "a swizzled tile (wgmma's form) is read by pitch here: only the chain, the input iterators and offset-addressed steps may read one");
+        static_assert(read_by_pitch<InLayout>());
         const In* row = in.data + InLayout::offset(index[0], index[1], index[2], 0);
         value = reduce_row_slice<kExtent, kLanes, InLayout::pitch, Reduce>(row, lane, prologue);
       } else {

@@ -92,7 +92,7 @@ namespace detail {
 
 template <int NumThreads, bool BlockWide, class T, class L, class Emit>
 MIRAGE_DEVICE void rms_norm_apply(dev::SharedTile<T, L> in, float eps, Emit emit, float* scratch) {
-  static_assert(!L::swizzled, "a swizzled tile (wgmma's form) is read by pitch here: only the chain, the input iterators and offset-addressed steps may read one");
+  static_assert(dev::read_by_pitch<L>());
   constexpr int kRows = L::rows;
   constexpr int kExtent = L::cols;
   constexpr int kGroup = dev::detail::reduction_group(kRows, kExtent, NumThreads);
@@ -339,7 +339,7 @@ constexpr int row_sum_lanes(int rows, int cols, int threads) {
 // and no shared-memory write, where a block reduction per iteration would add into a shared tile.
 template <int NumThreads, class T, class L, class Prologue>
 struct RowSums {
-  static_assert(!L::swizzled, "a swizzled tile (wgmma's form) is read by pitch here: only the chain, the input iterators and offset-addressed steps may read one");
+  static_assert(dev::read_by_pitch<L>());
   static constexpr int kCols = L::cols;
   static constexpr int kRows = L::rows;
   static constexpr int kLanes = row_sum_lanes(kRows, kCols, NumThreads);
@@ -447,7 +447,7 @@ struct MixedSimtMatmul {
 // One product A · B of a (batched) block matmul: A [batch..., M, K], B [batch..., K, N].
 template <class TA, class TB, class ALayout, class BLayout>
 struct Product {
-  static_assert(!ALayout::swizzled && !BLayout::swizzled, "a swizzled tile (wgmma's form) is read by pitch here: only the chain, the input iterators and offset-addressed steps may read one");
+  static_assert(dev::read_by_pitch<ALayout, BLayout>());
   using A = TA;
   using B = TB;
   static constexpr int kBatch = ALayout::dim0 * ALayout::dim1;

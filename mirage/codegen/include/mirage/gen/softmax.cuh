@@ -405,7 +405,7 @@ struct OnlineSoftmax {
   }
 
   // A row's maximum over this thread's scores: in the warpgroup form (16 a row) as a balanced tree,
-  // which measured 0.2–0.3 µs faster on gqa_b8's warpgroup members; in the warp form as a chain (its
+  // which measured 0.15–0.35 µs faster on gqa_b8's warpgroup members; in the warp form as a chain (its
   // tree measured 0.1–0.3 µs slower: docs/performance.md §3).
   static MIRAGE_DEVICE float row_max(const float (&v)[2 * kKeyTiles]) {
     if constexpr (kWarpgroup) return softmax_detail::tree_max<0, 2 * kKeyTiles>(v);
