@@ -78,11 +78,11 @@ CASES = {"rmsnorm_b1": (2, (4096, 6144), 1), "rmsnorm_b8": (16, (4096, 6144), 1)
          "gatedmlp_m1": (1, (4096, 4096), 2), "gatedmlp_m8": (8, (4096, 4096), 2)}
 
 
-def cuda_kernel(source: str, name: str, shared_bytes: int = 0):
+def cuda_kernel(source: str, name: str, shared_bytes: int = 0, extra_options: tuple[str, ...] = ()):
     """A CuPy kernel of hand-written CUDA (C++17), allowed ``shared_bytes`` of dynamic shared memory."""
     import cupy
 
-    kernel = cupy.RawKernel(source, name, options=("-std=c++17",))
+    kernel = cupy.RawKernel(source, name, options=("-std=c++17", *extra_options))
     if shared_bytes:
         kernel.max_dynamic_shared_size_bytes = shared_bytes
     return kernel
