@@ -10,6 +10,8 @@ kernels with other ``MIRAGE_SOFTMAX_*`` macros (``mirage/gen/softmax.cuh``):
   qualifies, each sub-tile's P·V issued with the next sub-tile's Q·K (``OptimizerOptions.defer_values``);
 * ``warpgroup_in_step``: the same with each P·V in its own step, which must agree with ``warpgroup``
   bit for bit.
+* ``warpgroup_tma`` and ``warpgroup_deferred_tma``: ``warpgroup_in_step`` and ``warpgroup`` with K and V
+  copied by TMA (``OptimizerOptions.tma_copies``), which must agree with them bit for bit.
 * ``lazy_rescale`` and ``warpgroup_lazy``: ``default`` and ``warpgroup_in_step`` with the reference
   maximum raised only when a row's maximum passes it by 2^8 (``MIRAGE_SOFTMAX_RESCALE_SLACK 8``), O's
   rescale skipped by the warps none of whose rows raised it.
@@ -47,11 +49,14 @@ FORMS = {
     "two_pass": ("#define MIRAGE_SOFTMAX_INTERLEAVE 0\n", {}),
     "warpgroup": ("", {"warpgroup_softmax": True, "defer_values": True}),
     "warpgroup_in_step": ("", {"warpgroup_softmax": True}),
+    "warpgroup_tma": ("", {"warpgroup_softmax": True, "tma_copies": True}),
+    "warpgroup_deferred_tma": ("", {"warpgroup_softmax": True, "defer_values": True, "tma_copies": True}),
     "lazy_rescale": (LAZY, {}),
     "warpgroup_lazy": (LAZY, {"warpgroup_softmax": True}),
 }
 # pairs of forms that must give the same bits
-SAME = (("default", "two_pass"), ("warpgroup", "warpgroup_in_step"))
+SAME = (("default", "two_pass"), ("warpgroup", "warpgroup_in_step"), ("warpgroup_in_step", "warpgroup_tma"),
+        ("warpgroup", "warpgroup_deferred_tma"))
 
 
 def main(argv=None) -> None:

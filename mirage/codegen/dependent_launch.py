@@ -52,17 +52,24 @@ def _config(grid: Sequence[int], block: Sequence[int], smem_bytes: int, attribut
 
 
 def launch(function: int, grid: Sequence[int], block: Sequence[int], smem_bytes: int, stream: int,
-           pointers: Sequence[int]) -> None:
+           pointers: Sequence[int], by_value: Sequence[bytes] = (), overlap: bool = True) -> None:
     """Launch the kernel ``function`` (a ``CUfunction`` handle) on ``stream`` (a ``CUstream``
-    handle) with pointer arguments ``pointers``, allowed to overlap the previous kernel."""
+    handle) with pointer arguments ``pointers``, then arguments passed by value from the bytes of
+    ``by_value`` (tensor maps), allowed to overlap the previous kernel when ``overlap``."""
     from cuda.bindings import driver
 
     attribute = driver.CUlaunchAttribute()
     attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attribute.value.programmaticStreamSerializationAllowed = 1
+    attribute.value.programmaticStreamSerializationAllowed = int(overlap)
     config = _config(grid, block, smem_bytes, attribute)
     config.hStream = driver.CUstream(stream)
-    arguments = (tuple(int(p) for p in pointers), (ctypes.c_void_p,) * len(pointers))
+    if by_value:  # kernelParams as the driver takes it: an array of pointers to each argument's bytes
+        storage = [ctypes.c_uint64(int(p)) for p in pointers]
+        storage += [(ctypes.c_uint8 * len(blob)).from_buffer_copy(blob) for blob in by_value]
+        array = (ctypes.c_void_p * len(storage))(*(ctypes.addressof(s) for s in storage))
+        arguments = ctypes.addressof(array)
+    else:
+        arguments = (tuple(int(p) for p in pointers), (ctypes.c_void_p,) * len(pointers))
     result = driver.cuLaunchKernelEx(config, driver.CUfunction(function), arguments, 0)
     error = result[0] if isinstance(result, tuple) else result
     if error != driver.CUresult.CUDA_SUCCESS:

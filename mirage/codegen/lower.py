@@ -205,6 +205,7 @@ class KernelLowering:
         grid = self.graph.grid_dim
         shared_by_blocks = any(grid[a] > 1 and it.input_map[a] == -1 for a in range(3))
         multicast = self.kernel.multicast.size if i in self.kernel.multicast.inputs and pipelined else 0
+        tma = i in self.kernel.tma_inputs and pipelined
         return ctx.InputIteratorContext(
             name=f"in{i}",
             node=i,
@@ -218,7 +219,8 @@ class KernelLowering:
             staggered=(self.stagger_shared_loads and shared_by_blocks and tile.layout.rows > 1
                        and not multicast),
             multicast=multicast,
-            barriers=self.kernel.memory.barriers_of(i) if multicast else -1,
+            barriers=self.kernel.memory.barriers_of(i) if multicast or tma else -1,
+            tma=tma,
         )
 
     def _saver(self, j: int, i: int) -> ctx.OutputSaverContext:

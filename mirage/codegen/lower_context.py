@@ -76,7 +76,8 @@ class InputIteratorContext:
     direct: bool = False  # no shared tile: a row-local loop reads its elements from global memory
     staggered: bool = False  # blocks that load the same tile start at different rows (a rotation)
     multicast: int = 0  # > 1: read once per cluster of this many blocks (dev::MulticastIterator)
-    barriers: int = -1  # the multicast slots' barriers: offset in shared memory
+    barriers: int = -1  # the multicast or tma slots' barriers: offset in shared memory
+    tma: bool = False  # copied by the TMA unit through a tensor map (dev::TensorMapIterator)
 
 
 @dataclass(frozen=True)
@@ -504,6 +505,11 @@ class KernelContext:
     @property
     def multicast(self) -> tuple[InputIteratorContext, ...]:
         return tuple(i for i in self.iterators if i.multicast > 1)
+
+    @property
+    def tma(self) -> tuple[InputIteratorContext, ...]:
+        """Inputs copied through tensor maps: each adds a ``tmap<k>`` kernel parameter."""
+        return tuple(i for i in self.iterators if i.tma)
 
     @property
     def cluster_dims(self) -> bool:

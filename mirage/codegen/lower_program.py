@@ -29,7 +29,8 @@ from typing import Any
 from mirage.codegen import lower_context as ctx
 from mirage.codegen.lower import KernelLowering
 from mirage.codegen.lower_context import FoldedKernel, KernelContext
-from mirage.codegen.lower_ops import LoweringError, element_type
+from mirage.codegen.lower_ops import LoweringError, element_type, rank4
+from mirage.codegen.tensor_maps import SWIZZLE_BYTES, TensorMapSpec
 from mirage.mugraph.graph import KernelGraph, Ref
 from mirage.mugraph.target import TARGETS, Target, detect_target
 from mirage.optimizer.cluster_fold import ClusterFold
@@ -52,6 +53,7 @@ class KernelLaunch:
     consumer: int = -1  # a graph-defined op folded into this kernel (cluster fold), or -1
     cluster: tuple[int, int, int] = (1, 1, 1)  # blocks per cluster (compiled into the kernel)
     counter: bool = False  # a counter fold: every block must run at once (at most one per SM)
+    tensor_maps: tuple[TensorMapSpec, ...] = ()  # inputs copied by TMA: by-value parameters after the rest
 
     @property
     def arguments(self) -> tuple[Ref, ...]:
@@ -78,6 +80,7 @@ class KernelLaunch:
             "consumer": self.consumer,
             "cluster": list(self.cluster),
             "counter": self.counter,
+            "tensor_maps": [m.to_dict() for m in self.tensor_maps],
         }
 
     @classmethod
@@ -93,6 +96,7 @@ class KernelLaunch:
             d.get("consumer", -1),
             tuple(d.get("cluster", (1, 1, 1))),
             d.get("counter", False),
+            tuple(TensorMapSpec.from_dict(m) for m in d.get("tensor_maps", ())),
         )
 
 
@@ -281,10 +285,17 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
                 tuple(Ref(kernel.node, j) for j in range(len(node.outputs))),
                 node.inputs,
                 cluster=context.cluster_shape,
+                tensor_maps=tuple(_tensor_map(kernel, it) for it in context.tma),
             )
         )
     code = render(tuple(units), graph.name or "graph", graph.content_hash(), prepared.target)
     return CudaProgram(graph, code, tuple(launches), prepared.target, tuple(contexts.values()), prepared)
+
+
+def _tensor_map(kernel, it: ctx.InputIteratorContext) -> TensorMapSpec:
+    """Input ``it`` of ``kernel`` copied by TMA: boxes of its tile's dims, 64 16-bit columns wide."""
+    tile = rank4(kernel.block_graph.nodes[it.node].outputs[0].shape)
+    return TensorMapSpec(int(it.parameter.removeprefix("input")), (*tile[:3], SWIZZLE_BYTES // 2))
 
 
 def generate_cuda_program(

@@ -25,7 +25,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mirage.codegen import dependent_launch
+from mirage.codegen import dependent_launch, tensor_maps
 from mirage.errors import MirageError
 from mirage.mugraph.graph import KernelGraph, Ref
 from mirage.mugraph.ops import REGISTRY, Op
@@ -240,6 +240,16 @@ class Program:
         device = tensors[0].device
         pointers = tuple(np.uint64(t.data_ptr()) for t in tensors)
         stream = torch.cuda.current_stream(device)
+        if launch.tensor_maps:  # by-value CUtensorMap parameters: through the driver's launch
+            if not dependent_launch.available(device.index):
+                raise LaunchError(f"{launch.name} copies inputs by TMA, which needs an sm_90 GPU and the "
+                                  "cuda-bindings package; build without OptimizerOptions.tma_copies")
+            maps = [tensor_maps.encode(inputs[m.input], m) for m in launch.tensor_maps]
+            with cupy.cuda.Device(device.index):
+                dependent_launch.launch(fn.kernel.ptr, launch.grid, launch.block, self._shared_bytes(launch),
+                                        stream.cuda_stream, [int(p) for p in pointers], maps,
+                                        overlap=self.dependent_launch)
+            return
         if self.dependent_launch and dependent_launch.available(device.index):
             with cupy.cuda.Device(device.index):
                 dependent_launch.launch(fn.kernel.ptr, launch.grid, launch.block, self._shared_bytes(launch),
@@ -356,6 +366,7 @@ class BuildChoice:
     multicast_cluster: int = 0  # OptimizerOptions.multicast_cluster
     warpgroup_softmax: bool = False  # OptimizerOptions.warpgroup_softmax
     defer_values: bool = False  # OptimizerOptions.defer_values
+    tma_copies: bool = False  # OptimizerOptions.tma_copies
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -365,7 +376,8 @@ class BuildChoice:
         data = data or {}
         return cls(int(data.get("stages", 2)), bool(data.get("dependent_launch", True)),
                    bool(data.get("spread_blocks", False)), int(data.get("multicast_cluster", 0)),
-                   bool(data.get("warpgroup_softmax", False)), bool(data.get("defer_values", False)))
+                   bool(data.get("warpgroup_softmax", False)), bool(data.get("defer_values", False)),
+                   bool(data.get("tma_copies", False)))
 
     def options(self):
         """The optimizer options this build takes."""
@@ -373,7 +385,8 @@ class BuildChoice:
 
         return dataclasses.replace(OptimizerOptions(), stages=self.stages,
                                    multicast_cluster=self.multicast_cluster,
-                                   warpgroup_softmax=self.warpgroup_softmax, defer_values=self.defer_values)
+                                   warpgroup_softmax=self.warpgroup_softmax, defer_values=self.defer_values,
+                                   tma_copies=self.tma_copies)
 
 
 def compile_chosen(graph, build: BuildChoice | dict | None = None) -> Program:

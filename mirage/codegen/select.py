@@ -37,19 +37,22 @@ class Variant:
     """One way to build a candidate: the µGraph, the optimizer's pipeline depth, whether inputs
     that every block loads alike are multicast to clusters of blocks (OptimizerOptions.multicast_cluster),
     and whether online-softmax chains run on warpgroup MMAs (OptimizerOptions.warpgroup_softmax), with
-    each P·V issued with the next Q·K (OptimizerOptions.defer_values) or not."""
+    each P·V issued with the next Q·K (OptimizerOptions.defer_values) or not, and with their K and V
+    copied by TMA (OptimizerOptions.tma_copies) or not."""
 
     graph: KernelGraph
     stages: int = 2
     multicast_cluster: int = 0
     warpgroup_softmax: bool = False
     defer_values: bool = False
+    tma_copies: bool = False
 
     @property
     def label(self) -> str:
         multicast = f"/mc{self.multicast_cluster}" if self.multicast_cluster > 1 else ""
         warpgroup = ("/wgd" if self.defer_values else "/wg") if self.warpgroup_softmax else ""
-        return f"{self.graph.content_hash()[:10]}/s{self.stages}{multicast}{warpgroup}"
+        tma = "/tma" if self.tma_copies else ""
+        return f"{self.graph.content_hash()[:10]}/s{self.stages}{multicast}{warpgroup}{tma}"
 
     @property
     def options(self):
@@ -57,7 +60,8 @@ class Variant:
         from mirage.codegen.runtime import BuildChoice
 
         return BuildChoice(self.stages, multicast_cluster=self.multicast_cluster,
-                           warpgroup_softmax=self.warpgroup_softmax, defer_values=self.defer_values).options()
+                           warpgroup_softmax=self.warpgroup_softmax, defer_values=self.defer_values,
+                           tma_copies=self.tma_copies).options()
 
 
 @dataclass
@@ -74,7 +78,7 @@ class Trial:
         return {"variant": self.variant.label, "stages": self.variant.stages,
                 "multicast_cluster": self.variant.multicast_cluster,
                 "warpgroup_softmax": self.variant.warpgroup_softmax,
-                "defer_values": self.variant.defer_values,
+                "defer_values": self.variant.defer_values, "tma_copies": self.variant.tma_copies,
                 "grids": [b.grid_dim for b in self.variant.graph.block_graphs()],
                 "forloop_ranges": [b.forloop_range for b in self.variant.graph.block_graphs()],
                 "median_us": self.median_us, "dependent_launch": self.dependent_launch,
@@ -87,7 +91,7 @@ class Trial:
 
         v = self.variant
         return BuildChoice(v.stages, self.dependent_launch, self.spread_blocks, v.multicast_cluster,
-                           v.warpgroup_softmax, v.defer_values)
+                           v.warpgroup_softmax, v.defer_values, v.tma_copies)
 
 
 @dataclass
@@ -120,12 +124,15 @@ def ranking(trials: Sequence[Trial], ties: float = 0.01) -> list[Trial]:
     return tied + sorted((t for t in timed if t not in tied), key=lambda t: t.median_us)  # type: ignore[arg-type]
 
 
-# the chain's forms a selection may time: (OptimizerOptions.warpgroup_softmax, .defer_values)
-WARPGROUP_FORMS = ((False, False), (True, False), (True, True))
+# the chain's forms a selection may time: (OptimizerOptions.warpgroup_softmax, .defer_values,
+# .tma_copies); the deferred P·V only with TMA copies, the in-step one with and without
+# (attention_tma_h100_2026-11-23.json: TMA faster in 32 of 36 builds)
+WARPGROUP_FORMS = ((False, False, False), (True, False, False), (True, False, True), (True, True, True))
+Form = tuple[bool, bool] | tuple[bool, bool, bool]
 
 
 def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4),
-             multicast: Sequence[int] = (0,), warpgroup: Sequence[tuple[bool, bool]] = ((False, False),)
+             multicast: Sequence[int] = (0,), warpgroup: Sequence[Form] = ((False, False),)
              ) -> list[Variant]:
     """Every candidate at every depth in ``stages``, multicast size and chain form; the warpgroup forms
     also one stage deeper than ``stages`` goes: their swizzled tiles are unpadded, so the deeper ring
@@ -139,11 +146,12 @@ def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4
 def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], inputs: Sequence | None = None,
                    stages: Sequence[int] = (2, 3, 4), max_workers: int | None = None,
                    replays: int = 100, ties: float = 0.01, multicast: Sequence[int] = (0, 2),
-                   warpgroup: Sequence[tuple[bool, bool]] = WARPGROUP_FORMS) -> Selection:
+                   warpgroup: Sequence[Form] = WARPGROUP_FORMS) -> Selection:
     """Build every candidate at every pipeline depth in ``stages`` (and, where the µGraph has inputs
     that every block loads alike, with them multicast to clusters of each size in ``multicast``; where
     it has an online-softmax chain that qualifies, in each of the chain's forms that ``warpgroup``
-    lists: warp or warpgroup MMAs, P·V deferred or not), time each on the GPU, and keep the fastest
+    lists: warp or warpgroup MMAs, P·V deferred or not, K and V copied by TMA or not), time each on
+    the GPU, and keep the fastest
     that matches ``reference``."""
     from mirage.codegen import dependent_launch
     from mirage.codegen.gpu_check import check_on_gpu, random_inputs
@@ -169,6 +177,9 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
         if trial.variant.warpgroup_softmax and not any(
                 k.softmax_chain is not None and k.softmax_chain.warpgroup for k in program.prepared.kernels):
             trials.remove(trial)  # no chain in the warpgroup form: the same build as without
+            continue
+        if trial.variant.tma_copies and not any(k.tensor_maps for k in program.kernels):
+            trials.remove(trial)  # no input copied by TMA: the same build as without
             continue
         programs.append(program)
         built.append(trial)

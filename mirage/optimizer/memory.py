@@ -79,7 +79,7 @@ class MemoryPlan:
     strategy: str  # the fit and order that won, e.g. "best_fit/by_start"
     candidates: tuple[tuple[str, int], ...]  # peak of every fit tried
     levels: int  # length of the timeline
-    barriers: tuple[tuple[int, int], ...] = ()  # (multicast input, offset of its slots' barriers)
+    barriers: tuple[tuple[int, int], ...] = ()  # (multicast or tma input, offset of its slots' barriers)
 
     def buffer_of(self, node: int, kind: BufferKind | None = None) -> Buffer:
         for b in self.buffers:
@@ -88,7 +88,7 @@ class MemoryPlan:
         raise KeyError(f"node %{node} has no shared-memory buffer")
 
     def barriers_of(self, node: int) -> int:
-        """Where the slot barriers of multicast input ``node`` start (after the buffers)."""
+        """Where the slot barriers of multicast or tma input ``node`` start (after the buffers)."""
         return dict(self.barriers)[node]
 
     def live_bytes(self) -> int:
@@ -239,9 +239,10 @@ def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
                 read_at: dict[int, int] | None = None,
                 multicast: frozenset[int] = frozenset(),
                 swizzled: frozenset[int] = frozenset(),
-                late: frozenset[int] = frozenset()) -> MemoryPlan:
+                late: frozenset[int] = frozenset(),
+                tma: frozenset[int] = frozenset()) -> MemoryPlan:
     """Place every buffer of ``graph`` in shared memory (see the module docstring); ``multicast``
-    inputs' barriers follow the placed buffers."""
+    and ``tma`` inputs' slot barriers follow the placed buffers."""
     buffers, levels = lifetimes(graph, schedule, registers, layouts, stages, accumulator_dtype,
                                 in_registers_only, read_at, multicast, swizzled, late)
     best: tuple[int, str, list[Buffer]] | None = None
@@ -257,10 +258,10 @@ def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
     assert best is not None
     peak, name, placed = best
     barriers = []
-    if multicast:  # each multicast input's slot barriers, one after another after the buffers
+    if multicast or tma:  # each such input's slot barriers, one after another after the buffers
         peak = _align(peak)
         for b in sorted(placed, key=lambda b: b.node):
-            if b.node in multicast and b.kind is BufferKind.INPUT_STAGES:
+            if b.node in multicast | tma and b.kind is BufferKind.INPUT_STAGES:
                 barriers.append((b.node, peak))
                 peak += SLOT_BARRIER_BYTES * b.slots
     if peak > target.smem_per_block:

@@ -51,6 +51,7 @@ from mirage.optimizer.schedule import Schedule, build_schedule
 from mirage.optimizer.softmax import SoftmaxResult, online_softmax
 from mirage.optimizer.softmax_chain import SoftmaxChain, warpgroup_form
 from mirage.optimizer.softmax_chain import match as match_softmax_chain
+from mirage.optimizer.tma import tma_inputs
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ class OptimizerOptions:
     # more ring slot); faster on some members, slower on others (docs/performance.md §3)
     multicast_axes: tuple[int, ...] = (0,)  # the grid axes a multicast cluster may span; along z
     # (attention's K and V, shared by the query splits) it measured 1.3-1.6x slower
+    tma_copies: bool = False  # sm_90: a warpgroup chain's pipelined K and V tiles copied by the TMA unit
+    # (one thread, tensor maps encoded at launch) instead of every thread's cp.async (optimizer.tma)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class PreparedKernel:
     softmax_chain: SoftmaxChain | None = None  # an online-softmax chain run in registers
     row_loop: RowLoop | None = None  # a loop body run per thread in registers
     multicast: Multicast = Multicast()  # inputs read once per cluster of blocks (optimizer.multicast)
+    tma_inputs: frozenset[int] = frozenset()  # inputs copied by tensor maps (optimizer.tma)
 
     @property
     def smem_bytes(self) -> int:
@@ -258,7 +262,13 @@ def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
     swizzled, late = (chain.swizzled, chain.late) if chain is not None else (frozenset(), frozenset())
     return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
                        layouts, state.target, stages, o.accumulator_dtype, in_registers, read_at,
-                       _multicast(block, state.target, o).inputs, swizzled, late)
+                       _multicast(block, state.target, o).inputs, swizzled, late,
+                       _tma(block, chain, state.target, o))
+
+
+def _tma(block: BlockGraph, chain: SoftmaxChain | None, target: Target,
+         o: OptimizerOptions) -> frozenset[int]:
+    return tma_inputs(block, chain, target, o.tma_copies, o.cluster_folds or o.counter_folds)
 
 
 def _multicast(block: BlockGraph, target: Target, o: OptimizerOptions) -> Multicast:
@@ -317,7 +327,8 @@ def prepare(graph, target: Target = DEFAULT_TARGET,
             input_layouts=tuple(layouts.of_device(r) for r in node.inputs),
             output_layouts=tuple(layouts.of_device(Ref(k, j)) for j in range(len(node.outputs))),
             softmax_chain=plans["plan_softmax_chain"][k], row_loop=plans["plan_row_loop"][k],
-            multicast=_multicast(block, target, options)))
+            multicast=_multicast(block, target, options),
+            tma_inputs=_tma(block, plans["plan_softmax_chain"][k], target, options)))
     clusters = options.cluster_folds and target.compute_capability >= 90
     folds = find_folds(result, options.max_cluster) if clusters else ()
     if not clusters and options.counter_folds:

@@ -66,7 +66,8 @@ def test_the_fastest_build_wins_in_its_fastest_launch_mode(monkeypatch):
     assert selection.program.name == "b" and best.median_us == 7.9
     assert (best.dependent_launch, best.spread_blocks) == (True, True)
     assert best.build.as_dict() == {"stages": 2, "dependent_launch": True, "spread_blocks": True,
-                                    "multicast_cluster": 0, "warpgroup_softmax": False, "defer_values": False}
+                                    "multicast_cluster": 0, "warpgroup_softmax": False, "defer_values": False,
+                                    "tma_copies": False}
     assert selection.trials[0].launch_us == _times(9.0, 8.5, 8.8)
     assert selection.as_dict()["trials"][0]["dependent_launch"] is True  # a's best mode: dependent
 
@@ -141,20 +142,26 @@ def test_multicast_builds_join_only_where_an_input_is_loaded_alike(monkeypatch):
 
 
 def test_warpgroup_builds_join_only_where_a_chain_qualifies(monkeypatch):
-    """GQA's members get more builds each with the chain on warpgroup MMAs, at the depths asked for and
-    one deeper (its swizzled tiles in the code, the choice carried by the winner's build); rmsnorm has
-    no chain, so no extra builds."""
+    """GQA's members get more builds each with the chain on warpgroup MMAs (in step, in step with K and V
+    copied by TMA, deferred with TMA), at the depths asked for and one deeper (its swizzled tiles and
+    tensor maps in the code, the choice carried by the winner's build); rmsnorm has no chain, so no
+    extra builds."""
     built, inputs = _record_builds(monkeypatch)
     gqa = select_fastest(CASES["gqa_b8"].reference(), variants("gqa_b8")[:2], inputs, stages=(2,),
                          multicast=(0,))
-    labels = ["s2", "s2/wg", "s2/wgd", "s3/wg", "s3/wgd"]
+    labels = ["s2", "s2/wg", "s2/wg/tma", "s2/wgd/tma", "s3/wg", "s3/wg/tma", "s3/wgd/tma"]
     assert [t.variant.label.split("/", 1)[-1] for t in gqa.trials] == labels * 2
-    assert ["Swizzled128Layout" in p.code for p in built] == [False, True, True, True, True] * 2
-    assert ["mirage::gen::NoTile, true>" in p.code for p in built] == [False, False, True, False, True] * 2
+    assert ["Swizzled128Layout" in p.code for p in built] == [False] + [True] * 6 + [False] + [True] * 6
+    deferred = [False, False, False, True, False, False, True]
+    assert ["mirage::gen::NoTile, true>" in p.code for p in built] == deferred * 2
+    tma = [False, False, True, True, False, True, True]
+    assert ["TensorMapIterator" in p.code for p in built] == tma * 2
+    assert [bool(k.tensor_maps) for p in built for k in p.kernels[:1]] == tma * 2
     assert gqa.best.build.warpgroup_softmax and gqa.best.build.defer_values  # the last build timed fastest
-    assert gqa.best.build.stages == 3
+    assert gqa.best.build.stages == 3 and gqa.best.build.tma_copies
     assert runtime.BuildChoice.from_dict(gqa.best.build.as_dict()) == gqa.best.build
-    assert gqa.best.build.options().warpgroup_softmax and gqa.best.build.options().defer_values
+    options = gqa.best.build.options()
+    assert options.warpgroup_softmax and options.defer_values and options.tma_copies
     built.clear()
     rms = select_fastest(CASES["rmsnorm_b8"].reference(), variants("rmsnorm_b8")[:2], inputs, stages=(2,),
                          multicast=(0,))

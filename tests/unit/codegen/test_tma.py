@@ -1,0 +1,90 @@
+"""TMA copies of a warpgroup chain's K and V (``OptimizerOptions.tma_copies``): which inputs qualify,
+what the generated kernel declares and how it launches, that it compiles to TMA instructions instead
+of the threads' copies, and the errors for tensors that a tensor map cannot describe. The GPU checks
+(bit-identical to the cp.async build) are in tests/gpu/test_tma_gpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from codegen_helpers import needs_nvcc
+
+from benchmarks.variants import family
+from mirage.codegen import tensor_maps
+from mirage.codegen.compile import CompileOptions, Stage, compile_sources
+from mirage.codegen.lower_program import KernelLaunch, generate_cuda_program
+from mirage.mugraph.target import TARGETS
+from mirage.optimizer import OptimizerOptions
+
+WARPGROUP = OptimizerOptions(warpgroup_softmax=True)
+TMA = dataclasses.replace(WARPGROUP, tma_copies=True)
+
+
+def _gqa(case: str = "gqa_b8", *parts: str):
+    return next(g for row, g in family(case) if all(p in row.label for p in parts))
+
+
+@pytest.fixture(scope="module")
+def gqa_b8():
+    graph = _gqa("gqa_b8", "kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8")
+    return {name: generate_cuda_program(graph, 90, options=options)
+            for name, options in (("cp_async", WARPGROUP), ("tma", TMA))}
+
+
+def test_k_and_v_of_the_warpgroup_chain_get_tensor_maps(gqa_b8):
+    """K (input 1) and V (input 2) are copied through tensor maps, Q is not (loaded before the loop)."""
+    tma = gqa_b8["tma"]
+    attention = tma.kernels[0]
+    assert attention.tensor_maps == (tensor_maps.TensorMapSpec(1, (1, 1, 64, 64)),
+                                     tensor_maps.TensorMapSpec(2, (1, 1, 64, 64)))
+    assert all(not k.tensor_maps for k in tma.kernels[1:])  # the combine copies nothing by TMA
+    assert KernelLaunch.from_dict(attention.to_dict()) == attention
+    code = tma.code
+    assert "const __grid_constant__ CUtensorMap tmap1," in code
+    assert "const __grid_constant__ CUtensorMap tmap2) {" in code
+    assert len(re.findall(r"TensorMapIterator<__half, mirage::dev::Swizzled128Layout", code)) == 2
+    assert "in1.wait(iteration);" in code and "in2.wait(iteration);" in code
+    assert "InputIterator<__half, mirage::dev::Swizzled128Layout<1, 1, 128, 64>" in code  # Q
+    # the stages' barriers follow the buffers: the plan grows by them
+    assert attention.smem_bytes > gqa_b8["cp_async"].kernels[0].smem_bytes
+
+
+def test_no_tensor_maps_without_the_warpgroup_chain_or_with_folds():
+    graph = _gqa("gqa_b8", "kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8")
+    warp = generate_cuda_program(graph, 90, options=OptimizerOptions(tma_copies=True))
+    assert not any(k.tensor_maps for k in warp.kernels) and "TensorMapIterator" not in warp.code
+    folded = next(g for row, g in family("gqa_b1", fold=True)
+                  if "combine_threads=128" in row.label and "kv_splits=16" in row.label)
+    program = generate_cuda_program(folded, 90, options=dataclasses.replace(TMA, cluster_folds=True))
+    assert "TensorMapIterator" not in program.code
+    rms = next(g for row, g in family("rmsnorm_b8"))
+    assert "TensorMapIterator" not in generate_cuda_program(rms, 90, options=TMA).code
+
+
+@needs_nvcc
+def test_tma_build_compiles_to_tensor_copies(gqa_b8):
+    """The TMA build issues UTMALDG and keeps the threads' LDGSTS only for Q: far fewer than the
+    cp.async build's, which copies K and V too."""
+    results = compile_sources([p.code for p in gqa_b8.values()], CompileOptions(target=TARGETS["H100"]),
+                              dumps={Stage.SASS})
+    cp_async, tma = (r.sass().split("Function : ")[1:] for r in results)
+    attention = {name: next(f for f in functions if "HGMMA" in f)
+                 for name, functions in (("cp_async", cp_async), ("tma", tma))}
+    assert "UTMALDG" in attention["tma"] and "UTMALDG" not in attention["cp_async"]
+    copies = {name: len(re.findall(r"\bLDGSTS", f)) for name, f in attention.items()}
+    assert copies["tma"] * 2 < copies["cp_async"], copies
+    assert "LDL" not in attention["tma"] and "STL" not in attention["tma"]
+
+
+def test_tensor_maps_refuse_what_tma_cannot_copy():
+    torch = pytest.importorskip("torch")
+    spec = tensor_maps.TensorMapSpec(1, (1, 1, 64, 64))
+    with pytest.raises(tensor_maps.TensorMapError, match="fp16/bf16"):
+        tensor_maps.encode(torch.zeros(16, 64, 4096), spec)
+    with pytest.raises(tensor_maps.TensorMapError, match="innermost stride"):
+        tensor_maps.encode(torch.zeros(16, 4096, 64, dtype=torch.float16).transpose(1, 2), spec)
+    rows_of_ten = torch.zeros(16, 64, 4101, dtype=torch.float16)[:, :, :4096]
+    with pytest.raises(tensor_maps.TensorMapError, match="16-byte"):
+        tensor_maps.encode(rows_of_ten, spec)
