@@ -11,7 +11,9 @@ kernels with other ``MIRAGE_SOFTMAX_*`` macros (``mirage/gen/softmax.cuh``):
 * ``warpgroup_in_step``: the same with each P·V in its own step, which must agree with ``warpgroup``
   bit for bit.
 * ``warpgroup_tma`` and ``warpgroup_deferred_tma``: ``warpgroup_in_step`` and ``warpgroup`` with K and V
-  copied by TMA (``OptimizerOptions.tma_copies``), which must agree with them bit for bit.
+  copied by TMA (``OptimizerOptions.tma_copies``), which must agree with them bit for bit;
+  ``warpgroup_tma_release``: ``warpgroup_tma`` with its stages handed back through barriers, no block
+  barrier in the loop (``OptimizerOptions.tma_release``), bit for bit the same.
 * ``lazy_rescale`` and ``warpgroup_lazy``: ``default`` and ``warpgroup_in_step`` with the reference
   maximum raised only when a row's maximum passes it by 2^8 (``MIRAGE_SOFTMAX_RESCALE_SLACK 8``), O's
   rescale skipped by the warps none of whose rows raised it.
@@ -51,12 +53,13 @@ FORMS = {
     "warpgroup_in_step": ("", {"warpgroup_softmax": True}),
     "warpgroup_tma": ("", {"warpgroup_softmax": True, "tma_copies": True}),
     "warpgroup_deferred_tma": ("", {"warpgroup_softmax": True, "defer_values": True, "tma_copies": True}),
+    "warpgroup_tma_release": ("", {"warpgroup_softmax": True, "tma_copies": True, "tma_release": True}),
     "lazy_rescale": (LAZY, {}),
     "warpgroup_lazy": (LAZY, {"warpgroup_softmax": True}),
 }
 # pairs of forms that must give the same bits
 SAME = (("default", "two_pass"), ("warpgroup", "warpgroup_in_step"), ("warpgroup_in_step", "warpgroup_tma"),
-        ("warpgroup", "warpgroup_deferred_tma"))
+        ("warpgroup", "warpgroup_deferred_tma"), ("warpgroup_tma", "warpgroup_tma_release"))
 
 
 def main(argv=None) -> None:

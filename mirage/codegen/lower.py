@@ -65,8 +65,11 @@ class KernelLowering:
         direct_output_stores: bool = True,
         one_barrier_loops: bool = False,
         stagger_shared_loads: bool = False,
+        tma_release: bool = False,
     ) -> None:
         self.kernel = kernel
+        self.tma_release = tma_release
+        self.released_loop = False  # set by steps(): stages handed back through barriers, none in the loop
         self.stagger_shared_loads = stagger_shared_loads
         self.name = name
         self.smem_limit = smem_limit
@@ -539,6 +542,15 @@ class KernelLowering:
         touches no shared memory, so it needs no barrier (and may be unrolled)."""
         return self.row_loop is not None and bool(self.row_loop.plan.direct)
 
+    def _releases(self, loop: list[ctx.Step]) -> bool:
+        """Whether the loop's stages go back through per-stage barriers (``tma_release``): every pipelined
+        input is copied by TMA, and the loop is the warpgroup chain's step alone, with each P·V in its
+        step (the step waits for its products, so a thread that has returned from it reads no stage)."""
+        pipelined = [it for it in self.iterators if it.pipelined]
+        return (self.tma_release and bool(pipelined) and all(it.tma for it in pipelined)
+                and self.softmax is not None and self.softmax.warpgroup and not self.softmax.late
+                and all(isinstance(s, ctx.OnlineSoftmaxStep | ctx.BarrierStep) for s in loop))
+
     def in_registers_loop(self) -> frozenset[int]:
         """Loop nodes computed by a register step (softmax chain or row-local loop)."""
         if self.softmax is not None:
@@ -641,6 +653,10 @@ class KernelLowering:
                     steps.append(ctx.StoreStep(savers[item.node]))
         if self.loads_after_barrier:
             out[Phase.POST_LOOP].insert(0, ctx.BarrierStep("the last iteration's tiles", False))
+        if self._releases(out[Phase.LOOP]):
+            self.released_loop = True
+            out[Phase.LOOP] = [s for s in out[Phase.LOOP] if not isinstance(s, ctx.BarrierStep)]
+            out[Phase.POST_LOOP].insert(0, ctx.BarrierStep("every warp is done with the last stages", False))
         # a barrier with nothing after it in the kernel orders nothing (the last results went to
         # global memory from registers); one that waits for copies stays
         post = out[Phase.POST_LOOP]
@@ -696,6 +712,7 @@ class KernelLowering:
             forloop_range=self.graph.forloop_range,
             stages=self.stages,
             loads_after_barrier=self.loads_after_barrier,
+            released_loop=self.released_loop,
             direct_loop=self._direct_loop(steps[Phase.LOOP]),
             l2_prefetch=self._l2_prefetch(),
             parameters=self.parameters(),

@@ -482,6 +482,7 @@ class KernelContext:
     forloop_range: int
     stages: int  # pipeline depth of the pipelined inputs (1: no pipeline)
     loads_after_barrier: bool  # each iteration: wait and barrier, then the loads (no barrier at its end)
+    released_loop: bool  # TMA stages handed back through per-stage barriers: no block barrier in the loop
     direct_loop: DirectLoop | None  # the for-loop as a barrier-free row-local loop of direct reads
     l2_prefetch: tuple[tuple[str, int], ...]  # (iterator, first tiles) pulled into L2 before the wait
     parameters: tuple[Parameter, ...]  # outputs, then inputs (the launch's argument order)

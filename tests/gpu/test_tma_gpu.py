@@ -1,7 +1,8 @@
 """TMA copies of a warpgroup chain's K and V on a GPU (``OptimizerOptions.tma_copies``): the build
 passes the float check against the float64 reference and gives the same bits as the cp.async build
 of the same warpgroup form (the same tiles land in the same swizzled places; only who copies them
-differs), over several launches, with each P·V in its step or deferred, at two depths; the tensor
+differs), over several launches, with each P·V in its step or deferred, at two depths, and with the
+stages handed back through barriers instead of the loop's block barriers (``tma_release``); the tensor
 maps (by-value kernel parameters) survive a CUDA graph's capture and replay; inputs that a tensor map
 cannot describe are refused with a clear error."""
 
@@ -28,20 +29,22 @@ pytestmark = pytest.mark.gpu
 NAMES = ["gqa_b8_128", "gqa_b8_256", "gqa_b8_512", "gqa_b1", "qknorm_b1", "qknorm_b8_scales"]
 
 
-def _builds(graph, stages: int, defer: bool = False):
-    """(TMA build, cp.async build) of the warpgroup form."""
+def _builds(graph, stages: int, defer: bool = False, release: bool = False):
+    """(TMA build, cp.async build) of the warpgroup form; ``release``: the TMA build hands its stages
+    back through barriers (no block barrier in the loop, where the loop qualifies)."""
     options = OptimizerOptions(stages=stages, warpgroup_softmax=True, defer_values=defer)
-    tma = generate_cuda_program(graph, None, options=dataclasses.replace(options, tma_copies=True))
+    tma = generate_cuda_program(graph, None, options=dataclasses.replace(options, tma_copies=True,
+                                                                        tma_release=release))
     assert tma.kernels[0].tensor_maps or any(k.tensor_maps for k in tma.kernels)  # the copies were chosen
     return tma, generate_cuda_program(graph, None, options=options)
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("stages", [2, 4])
-@pytest.mark.parametrize("defer", [False, True])
-def test_tma_build_gives_the_cp_async_builds_bits(name, stages, defer):
+@pytest.mark.parametrize(("defer", "release"), [(False, False), (True, False), (False, True)])
+def test_tma_build_gives_the_cp_async_builds_bits(name, stages, defer, release):
     graph = _member(*MEMBERS[name])
-    ours, theirs = build_many(list(_builds(graph, stages, defer)))
+    ours, theirs = build_many(list(_builds(graph, stages, defer, release)))
     assert_checked_and_matching(graph, ours, theirs, 11, lambda x, y: torch.testing.assert_close(
         x, y, rtol=0, atol=0))
 
@@ -49,7 +52,7 @@ def test_tma_build_gives_the_cp_async_builds_bits(name, stages, defer):
 def test_tensor_maps_survive_graph_capture():
     """Captured once, replayed with new values in the same tensors: the maps address the tensors."""
     graph = _member(*MEMBERS["gqa_b8_128"])
-    ours, theirs = build_many(list(_builds(graph, 3)))
+    ours, theirs = build_many(list(_builds(graph, 3, release=True)))
     inputs = random_inputs(graph, seed=12)
     out = ours(*inputs)[0]
     stream = torch.cuda.Stream()

@@ -20,6 +20,7 @@ from mirage.optimizer import OptimizerOptions
 
 WARPGROUP = OptimizerOptions(warpgroup_softmax=True)
 TMA = dataclasses.replace(WARPGROUP, tma_copies=True)
+RELEASE = dataclasses.replace(TMA, tma_release=True)
 
 
 def _gqa(case: str = "gqa_b8", *parts: str):
@@ -30,7 +31,7 @@ def _gqa(case: str = "gqa_b8", *parts: str):
 def gqa_b8():
     graph = _gqa("gqa_b8", "kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8")
     return {name: generate_cuda_program(graph, 90, options=options)
-            for name, options in (("cp_async", WARPGROUP), ("tma", TMA))}
+            for name, options in (("cp_async", WARPGROUP), ("tma", TMA), ("release", RELEASE))}
 
 
 def test_k_and_v_of_the_warpgroup_chain_get_tensor_maps(gqa_b8):
@@ -63,19 +64,49 @@ def test_no_tensor_maps_without_the_warpgroup_chain_or_with_folds():
     assert "TensorMapIterator" not in generate_cuda_program(rms, 90, options=TMA).code
 
 
+def _loop(code: str) -> str:
+    return code.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
+
+
+def test_released_stages_take_the_block_barriers_out_of_the_loop(gqa_b8):
+    """With tma_release the loop waits for its stages' transaction barriers and hands each stage back
+    through its empty barrier: no block barrier and no cp.async wait in the loop, one after it."""
+    loop = _loop(gqa_b8["release"].code)
+    assert "__syncthreads" not in loop and "Pipeline" not in loop
+    assert "in1.release(iteration);" in loop and "in2.release(iteration);" in loop
+    assert "TensorMapIterator<__half, mirage::dev::Swizzled128Layout<1, 1, 64, 64>, 2, kThreads>" in (
+        gqa_b8["release"].code)
+    after = gqa_b8["release"].code.split("// ---- after the for-loop")[1]
+    assert after.lstrip().startswith("__syncthreads();")
+    assert "__syncthreads();  // end of iteration" in _loop(gqa_b8["tma"].code)  # without: as before
+
+
+def test_stages_are_not_released_where_the_loop_has_more_than_the_chain():
+    """QKNorm's key-scale members reduce K's columns in the loop (a step with its own barrier), and a
+    deferred P·V still reads V after the step: both keep the block barriers."""
+    scales = next(g for row, g in family("qknorm_b8") if "key_scales" in row.label)
+    program = generate_cuda_program(scales, 90, options=RELEASE)
+    assert "TensorMapIterator" in program.code and "release(iteration)" not in program.code
+    graph = _gqa("gqa_b8", "kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8")
+    deferred = generate_cuda_program(graph, 90, options=dataclasses.replace(RELEASE, defer_values=True))
+    assert "release(iteration)" not in deferred.code
+
+
 @needs_nvcc
 def test_tma_build_compiles_to_tensor_copies(gqa_b8):
     """The TMA build issues UTMALDG and keeps the threads' LDGSTS only for Q: far fewer than the
     cp.async build's, which copies K and V too."""
     results = compile_sources([p.code for p in gqa_b8.values()], CompileOptions(target=TARGETS["H100"]),
                               dumps={Stage.SASS})
-    cp_async, tma = (r.sass().split("Function : ")[1:] for r in results)
-    attention = {name: next(f for f in functions if "HGMMA" in f)
-                 for name, functions in (("cp_async", cp_async), ("tma", tma))}
+    functions = {name: r.sass().split("Function : ")[1:] for name, r in zip(gqa_b8, results, strict=True)}
+    attention = {name: next(f for f in fs if "HGMMA" in f) for name, fs in functions.items()}
     assert "UTMALDG" in attention["tma"] and "UTMALDG" not in attention["cp_async"]
     copies = {name: len(re.findall(r"\bLDGSTS", f)) for name, f in attention.items()}
     assert copies["tma"] * 2 < copies["cp_async"], copies
-    assert "LDL" not in attention["tma"] and "STL" not in attention["tma"]
+    barriers = {name: len(re.findall(r"\bBAR\.SYNC", f)) for name, f in attention.items()}
+    assert barriers["release"] < barriers["tma"], barriers
+    for name in ("tma", "release"):
+        assert "LDL" not in attention[name] and "STL" not in attention[name]
 
 
 def test_tensor_maps_refuse_what_tma_cannot_copy():

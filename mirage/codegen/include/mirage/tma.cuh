@@ -16,6 +16,13 @@
 //     ... use in1.stage(r) ...
 //     __syncthreads();  // stage r may be refilled
 //   }
+//
+// With Releasers > 0 (OptimizerOptions.tma_release) each stage also has an `empty` barrier that
+// Releasers threads arrive on when done with it (release), and the copying thread waits for it before
+// refilling the stage: the loop needs no block barrier (nor the cp.async wait's):
+//
+//   for (r < R) { in1.load(r + S - 1); in1.wait(r); ... use in1.stage(r) ...; in1.release(r); }
+//   __syncthreads();  // before the stages' memory is reused
 #pragma once
 
 #include <cuda.h>
@@ -26,7 +33,7 @@
 
 namespace mirage::dev {
 
-template <class T, class L, int Stages>
+template <class T, class L, int Stages, int Releasers = 0>
 class TensorMapIterator {
  public:
   using Element = T;
@@ -37,7 +44,7 @@ class TensorMapIterator {
   static_assert(L::dim0 <= 256 && L::dim1 <= 256 && L::dim2 <= 256, "a TMA box has at most 256 rows a dim");
   static constexpr int kBoxes = L::cols / 64;  // one copy per 64 columns (128 bytes)
   static constexpr int kBoxElements = L::rows * 64;
-  static constexpr int kBarrierBytes = Stages * static_cast<int>(sizeof(uint64_t));
+  static constexpr int kBarrierBytes = (Releasers > 0 ? 2 : 1) * Stages * static_cast<int>(sizeof(uint64_t));
 
   // `map`: the input's tensor map (a kernel parameter); `barriers`: kBarrierBytes of shared memory.
   MIRAGE_DEVICE TensorMapIterator(const CUtensorMap* map, DimMap imap, int forloop_dim, int forloop_range,
@@ -55,7 +62,10 @@ class TensorMapIterator {
   MIRAGE_DEVICE void init() const {
     if (thread_index() == 0) {
 #pragma unroll
-      for (int s = 0; s < Stages; ++s) Barrier::init(barrier(s), 1);
+      for (int s = 0; s < Stages; ++s) {
+        Barrier::init(barrier(s), 1);
+        if constexpr (Releasers > 0) Barrier::init(empty(s), Releasers);
+      }
       cutlass::arch::fence_barrier_init();
     }
   }
@@ -68,6 +78,10 @@ class TensorMapIterator {
   MIRAGE_DEVICE void load(int iteration) const {
     if (iteration >= forloop_range_ || thread_index() != 0) return;
     uint64_t* full = barrier(iteration % Stages);
+    // the stage's last use (iteration - Stages) is over in every thread
+    if constexpr (Releasers > 0) {
+      if (iteration >= Stages) Barrier::wait(empty(iteration % Stages), (iteration / Stages - 1) & 1);
+    }
     Barrier::arrive_and_expect_tx(full, L::storage * static_cast<int>(sizeof(T)));
     int c[4] = {origin_[0], origin_[1], origin_[2], origin_[3]};
 #pragma unroll
@@ -91,8 +105,16 @@ class TensorMapIterator {
     Barrier::wait(barrier(iteration % Stages), (iteration / Stages) & 1);
   }
 
+  // Every thread, after its last read of the tile of `iteration` (Releasers > 0): the stage may be
+  // refilled once all have arrived.
+  MIRAGE_DEVICE void release(int iteration) const {
+    static_assert(Releasers > 0, "release() belongs to the barrier-free protocol (Releasers > 0)");
+    Barrier::arrive(empty(iteration % Stages));
+  }
+
  private:
   MIRAGE_DEVICE uint64_t* barrier(int slot) const { return barriers_ + slot; }
+  MIRAGE_DEVICE uint64_t* empty(int slot) const { return barriers_ + Stages + slot; }
 
   const CUtensorMap* map_;
   int origin_[4];
