@@ -51,7 +51,7 @@ FORMS = {
     "two_pass": ("#define MIRAGE_SOFTMAX_INTERLEAVE 0\n", {}),
     "warpgroup": ("", {"warpgroup_softmax": True, "defer_values": True}),
     "warpgroup_in_step": ("", {"warpgroup_softmax": True}),
-    "warpgroup_tma": ("", {"warpgroup_softmax": True, "tma_copies": True}),
+    "warpgroup_tma": ("", {"warpgroup_softmax": True, "tma_copies": True, "tma_release": False}),
     "warpgroup_deferred_tma": ("", {"warpgroup_softmax": True, "defer_values": True, "tma_copies": True}),
     "warpgroup_tma_release": ("", {"warpgroup_softmax": True, "tma_copies": True, "tma_release": True}),
     "lazy_rescale": (LAZY, {}),

@@ -34,7 +34,7 @@ def _builds(graph, stages: int, defer: bool = False, release: bool = False):
     back through barriers (no block barrier in the loop, where the loop qualifies)."""
     options = OptimizerOptions(stages=stages, warpgroup_softmax=True, defer_values=defer)
     tma = generate_cuda_program(graph, None, options=dataclasses.replace(options, tma_copies=True,
-                                                                        tma_release=release))
+                                                                        tma_release=release))  # default on
     assert tma.kernels[0].tensor_maps or any(k.tensor_maps for k in tma.kernels)  # the copies were chosen
     return tma, generate_cuda_program(graph, None, options=options)
 

@@ -19,7 +19,7 @@ from mirage.mugraph.target import TARGETS
 from mirage.optimizer import OptimizerOptions
 
 WARPGROUP = OptimizerOptions(warpgroup_softmax=True)
-TMA = dataclasses.replace(WARPGROUP, tma_copies=True)
+TMA = dataclasses.replace(WARPGROUP, tma_copies=True, tma_release=False)
 RELEASE = dataclasses.replace(TMA, tma_release=True)
 
 
