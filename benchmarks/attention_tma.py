@@ -20,13 +20,15 @@ import mirage as mi
 from benchmarks.mugraphs import CASES
 from benchmarks.stream_floor import write_record
 from benchmarks.variants import family
+from mirage.codegen import tensor_maps
 from mirage.codegen.gpu_check import check_on_gpu, random_inputs
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.codegen.profile import device_facts, time_graph
 from mirage.codegen.runtime import build_many
 from mirage.optimizer import OptimizerOptions
 
-# One tile of a 3-d tensor per stage, copied by thread 0 with one TMA tensor copy. `Keys` says which
+# One tile of a 3-d tensor (a 4-d map, its outermost dim 1) per stage, copied by thread 0 with one TMA
+# tensor copy per 64 columns. `Keys` says which
 # coordinate the for-loop and grid y advance: 0 for K (keys innermost), 1 for V (keys second).
 TENSOR_TILES = r"""
 #include <cutlass/arch/barrier.h>
@@ -52,10 +54,10 @@ struct TensorTiles3 {
     const int c1 = Keys == 0 ? 0 : key0;
     for (int block = 0; block < L::cols / 64; ++block) {  // one box per 64 columns (128 bytes)
       const int c0 = (Keys == 0 ? key0 : 0) + 64 * block;
-      asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                   " [%0], [%1, {%2, %3, %4}], [%5];"
+      asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                   " [%0], [%1, {%2, %3, %4, %5}], [%6];"
                    :: "r"(cute::cast_smem_ptr_to_uint(stage(it).data + block * L::rows * 64)), "l"(map),
-                      "r"(c0), "r"(c1), "r"(static_cast<int>(blockIdx.x)),
+                      "r"(c0), "r"(c1), "r"(static_cast<int>(blockIdx.x)), "r"(0),
                       "r"(cute::cast_smem_ptr_to_uint(barrier)) : "memory");
     }
   }
@@ -66,25 +68,9 @@ struct TensorTiles3 {
 
 def tensor_map(x: torch.Tensor, box: tuple[int, int]) -> torch.Tensor:
     """A device buffer holding the TMA tensor map of the 3-d ``x`` (heads, rows, cols) in boxes of
-    ``box`` = (rows, cols) of one head, 128-byte swizzled."""
-    from cuda.bindings import driver
-
-    heads, rows, cols = x.shape
-    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-    size = x.element_size()
-    error, descriptor = driver.cuTensorMapEncodeTiled(
-        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, x.data_ptr(),
-        [u64(cols), u64(rows), u64(heads)], [u64(cols * size), u64(rows * cols * size)],
-        [u32(box[1]), u32(box[0]), u32(1)], [u32(1), u32(1), u32(1)],
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if error != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled: {error}")
-    words = [int(w) for w in descriptor.opaque]
-    return torch.tensor([w - (1 << 64) if w >= 1 << 63 else w for w in words], dtype=torch.int64,
-                        device="cuda")
+    ``box`` = (rows, cols) of one head, 128-byte swizzled (the generator's encoding, 4-d)."""
+    encoded = tensor_maps.encode(x, tensor_maps.TensorMapSpec(0, (1, 1, *box)))
+    return torch.frombuffer(bytearray(encoded), dtype=torch.int64).to("cuda")
 
 
 def box(code: str, name: str) -> tuple[int, int]:
