@@ -164,11 +164,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) gemv_registers(
 }
 
 // The same ring, the loop unrolled DEPTH steps at a time (not fully): a step's loads are issued one
-// loop iteration before their use, across the back edge, where ptxas cannot sink them.
+// loop iteration before their use, across the back edge, where ptxas cannot sink them. Only where the
+// steps come in whole rounds of DEPTH (the other kernels compile for any DEPTH).
+#if (KDIM / (THREADS / 32) / 16) % DEPTH == 0
 extern "C" __global__ void __launch_bounds__(THREADS) gemv_rolled(
     const __half* __restrict__ x, const __half* __restrict__ gain, const __half* __restrict__ w,
     __half* __restrict__ out, int m, int n) {
-  static_assert(STEPS % DEPTH == 0, "whole rounds of DEPTH steps");
   extern __shared__ float partial[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int k0 = warp * SLICE + 4 * t;
@@ -210,6 +211,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) gemv_rolled(
   }
   finish(partial, acc, sq_lo, sq_hi, out, m, n);
 }
+#endif
 
 template <int Bytes>
 __device__ __forceinline__ void copy_async(void* shared, const void* global, bool valid) {
