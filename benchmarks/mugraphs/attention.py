@@ -70,3 +70,35 @@ def fused(b: int, qknorm: bool = False, kv_splits: int = 8, q_splits: int = 16,
     (out,) = g.customized([partial_sums, partial_numerators], tb2)
     g.mark_output(out)
     return g.freeze()
+
+
+def rows_fused(heads: int, queries: int, dim: int, keys: int, kv_splits: int, q_splits: int, iters: int,
+               threads: int, combine_splits: int) -> mi.KernelGraph:
+    """``softmax(Q @ K / sqrt(dim)) @ V`` at any shape, Q (heads, queries, dim), K (heads, dim, keys), V
+    (heads, keys, dim), as the suite's row-sum members split it (``variants.attention_fused``): a
+    first kernel of (heads, kv_splits, q_splits) blocks, ``iters`` key tiles each, that writes per-row
+    partial sums and numerators, and a combine of (heads, combine_splits) blocks. Shapes no case of
+    the suite has (a head dim of 128) go through the same lowering."""
+    g = mi.new_kernel_graph("attention")
+    q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in
+               zip(((heads, queries, dim), (heads, dim, keys), (heads, keys, dim)), "QKV", strict=True))
+    tb = mi.new_threadblock_graph(grid_dim=(heads, kv_splits, q_splits), block_dim=(threads, 1, 1),
+                                  forloop_range=iters, reduction_dimx=64)
+    rows_axis = 1 if q_splits > 1 else -1
+    bq = tb.new_input(q, input_map=(0, -1, rows_axis), forloop_dim=-1)
+    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)
+    bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)
+    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5))
+    sums = tb.forloop_accum(e, acc="sum")
+    numerators = tb.forloop_accum(tb.matmul(e, bv))
+    tb.new_output(sums, output_map=(0, 2, rows_axis))
+    tb.new_output(numerators, output_map=(0, 2, rows_axis))
+    partial_sums, partial_numerators = g.customized([q, k, v], tb)
+    tb2 = mi.new_threadblock_graph(grid_dim=(heads, combine_splits, 1), block_dim=(128, 1, 1),
+                                   forloop_range=1, reduction_dimx=64)
+    total = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")
+    n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)), acc="sum_todimx")
+    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
+    (out,) = g.customized([partial_sums, partial_numerators], tb2)
+    g.mark_output(out)
+    return g.freeze()

@@ -18,6 +18,7 @@ pytest.importorskip("cupy")
 from gpu_helpers import assert_checked_and_matching, misaligned  # noqa: E402
 from test_warpgroup_softmax_gpu import MEMBERS, _member  # noqa: E402
 
+from benchmarks.mugraphs import attention  # noqa: E402
 from mirage.codegen.gpu_check import random_inputs  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
@@ -46,6 +47,16 @@ def test_tma_build_gives_the_cp_async_builds_bits(name, stages, defer, release):
     graph = _member(*MEMBERS[name])
     ours, theirs = build_many(list(_builds(graph, stages, defer, release)))
     assert_checked_and_matching(graph, ours, theirs, 11, lambda x, y: torch.testing.assert_close(
+        x, y, rtol=0, atol=0))
+
+
+@pytest.mark.parametrize("threads", [128, 256])
+def test_head_dim_128_matches_reference_and_cp_async(threads):
+    """A shape of no suite case (head dim 128: V's tiles two boxes wide), released stages."""
+    graph = attention.rows_fused(2, 128, 128, 2048, kv_splits=8, q_splits=1, iters=4, threads=threads,
+                                 combine_splits=2)
+    ours, theirs = build_many(list(_builds(graph, 3, release=True)))
+    assert_checked_and_matching(graph, ours, theirs, 16, lambda x, y: torch.testing.assert_close(
         x, y, rtol=0, atol=0))
 
 

@@ -11,6 +11,7 @@ import re
 import pytest
 from codegen_helpers import needs_nvcc
 
+from benchmarks.mugraphs import attention
 from benchmarks.variants import family
 from mirage.codegen import tensor_maps
 from mirage.codegen.compile import CompileOptions, Stage, compile_sources
@@ -50,6 +51,17 @@ def test_k_and_v_of_the_warpgroup_chain_get_tensor_maps(gqa_b8):
     assert "InputIterator<__half, mirage::dev::Swizzled128Layout<1, 1, 128, 64>" in code  # Q
     # the stages' barriers follow the buffers: the plan grows by them
     assert attention.smem_bytes > gqa_b8["cp_async"].kernels[0].smem_bytes
+
+
+def test_a_head_dim_of_128_gets_two_boxes_a_value_tile():
+    """A shape no suite case has: K's tiles are 128 rows of one box, V's 64 rows of two boxes."""
+    graph = attention.rows_fused(2, 128, 128, 2048, kv_splits=8, q_splits=2, iters=4, threads=128,
+                                 combine_splits=2)
+    program = generate_cuda_program(graph, 90, options=RELEASE)
+    assert program.kernels[0].tensor_maps == (tensor_maps.TensorMapSpec(1, (1, 1, 128, 64)),
+                                              tensor_maps.TensorMapSpec(2, (1, 1, 64, 64)))
+    assert "Swizzled128Layout<1, 1, 64, 128>, 2, kThreads> in2(" in program.code
+    assert "release(iteration)" in program.code
 
 
 def test_no_tensor_maps_without_the_warpgroup_chain_or_with_folds():
