@@ -73,12 +73,13 @@ def fused(b: int, qknorm: bool = False, kv_splits: int = 8, q_splits: int = 16,
 
 
 def rows_fused(heads: int, queries: int, dim: int, keys: int, kv_splits: int, q_splits: int, iters: int,
-               threads: int, combine_splits: int) -> mi.KernelGraph:
+               threads: int, combine_splits: int, scores=None) -> mi.KernelGraph:
     """``softmax(Q @ K / sqrt(dim)) @ V`` at any shape, Q (heads, queries, dim), K (heads, dim, keys), V
     (heads, keys, dim), as the suite's row-sum members split it (``variants.attention_fused``): a
     first kernel of (heads, kv_splits, q_splits) blocks, ``iters`` key tiles each, that writes per-row
     partial sums and numerators, and a combine of (heads, combine_splits) blocks. Shapes no case of
-    the suite has (a head dim of 128) go through the same lowering."""
+    the suite has (a head dim of 128) go through the same lowering. ``scores(tb, q_tile, k_tile)``, if
+    given, replaces the scaled product as what the exponential takes."""
     g = mi.new_kernel_graph("attention")
     q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in
                zip(((heads, queries, dim), (heads, dim, keys), (heads, keys, dim)), "QKV", strict=True))
@@ -88,7 +89,7 @@ def rows_fused(heads: int, queries: int, dim: int, keys: int, kv_splits: int, q_
     bq = tb.new_input(q, input_map=(0, -1, rows_axis), forloop_dim=-1)
     bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)
     bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)
-    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5))
+    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5) if scores is None else scores(tb, bq, bk))
     sums = tb.forloop_accum(e, acc="sum")
     numerators = tb.forloop_accum(tb.matmul(e, bv))
     tb.new_output(sums, output_map=(0, 2, rows_axis))

@@ -151,26 +151,10 @@ def test_key_scales_lowering_stores_factors_then_steps_the_chain():
 
 def _attention_scored_by(scores):
     """Split-KV attention at gqa_b1's shapes whose scores are ``scores(tb, q_tile, k_tile)``."""
-    import mirage as mi
     from benchmarks.mugraphs import attention
 
-    g = mi.new_kernel_graph()
-    q, k, v = (g.new_input(dims=s, dtype=mi.float16) for s in attention.shapes(1))
-    tb = mi.new_threadblock_graph(grid_dim=(2, 8, 4), block_dim=(128, 1, 1), forloop_range=4)
-    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
-    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)
-    bv = tb.new_input(v, input_map=(0, 1, -1), forloop_dim=1)
-    e = tb.exp(scores(tb, bq, bk))
-    tb.new_output(tb.forloop_accum(e, acc="sum"), output_map=(0, 2, 1))
-    tb.new_output(tb.forloop_accum(tb.matmul(e, bv)), output_map=(0, 2, 1))
-    sums, numerators = g.customized([q, k, v], tb)
-    tb2 = mi.new_threadblock_graph(grid_dim=(2, 16, 1), block_dim=(128, 1, 1), forloop_range=1)
-    total = tb2.forloop_accum(tb2.new_input(sums, input_map=(0, 1, -1)), acc="sum")
-    n = tb2.forloop_accum(tb2.new_input(numerators, input_map=(0, 1, -1)), acc="sum_todimx")
-    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
-    (out,) = g.customized([sums, numerators], tb2)
-    g.mark_output(out)
-    return g.freeze()
+    return attention.rows_fused(2, 256, 64, 4096, kv_splits=8, q_splits=4, iters=4, threads=128,
+                                combine_splits=16, scores=scores)
 
 
 def test_key_norms_are_computed_by_the_chain():
