@@ -236,6 +236,10 @@ class Program:
         import torch
 
         fn = self._function(launch)
+        if launch.tensor_maps:  # a tensor map needs 16-byte aligned storage: copy an input that is not
+            inputs = list(inputs)
+            for m in launch.tensor_maps:
+                inputs[m.input] = tensor_maps.aligned(inputs[m.input])
         tensors = list(outputs) + list(inputs)
         device = tensors[0].device
         pointers = tuple(np.uint64(t.data_ptr()) for t in tensors)

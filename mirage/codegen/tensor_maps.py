@@ -1,7 +1,8 @@
 """Tensor maps of the inputs that a kernel copies by TMA (``OptimizerOptions.tma_copies``,
 ``mirage/tma.cuh``): which input, and the box that one copy moves, recorded with the launch; the
 CUtensorMap itself (128 bytes, a ``__grid_constant__`` kernel parameter) encoded by the driver from the
-tensor at each launch, and kept for the next launch of the same tensor."""
+tensor at each launch, and kept for the next launch of the same tensor. The runtime copies an input
+that starts off a 16-byte boundary into aligned storage first (``aligned``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ class TensorMapSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TensorMapSpec:
         return cls(int(d["input"]), tuple(int(b) for b in d["box"]))  # type: ignore[arg-type]
+
+
+def aligned(tensor):
+    """``tensor``, or a copy of it in fresh (256-byte aligned) storage where it starts off a 16-byte
+    boundary, as a slice of a larger tensor may: what a tensor map needs, and the cp.async path's
+    element copies did not."""
+    return tensor.clone() if tensor.data_ptr() % 16 else tensor
 
 
 def encode(tensor, spec: TensorMapSpec) -> bytes:

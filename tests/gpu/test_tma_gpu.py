@@ -3,8 +3,8 @@ passes the float check against the float64 reference and gives the same bits as 
 of the same warpgroup form (the same tiles land in the same swizzled places; only who copies them
 differs), over several launches, with each P·V in its step or deferred, at two depths, and with the
 stages handed back through barriers instead of the loop's block barriers (``tma_release``); the tensor
-maps (by-value kernel parameters) survive a CUDA graph's capture and replay; inputs that a tensor map
-cannot describe are refused with a clear error."""
+maps (by-value kernel parameters) survive a CUDA graph's capture and replay; a misaligned input is
+copied into aligned storage, and the encoder refuses one with a clear error."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from gpu_helpers import assert_checked_and_matching, misaligned  # noqa: E402
 from test_warpgroup_softmax_gpu import MEMBERS, _member  # noqa: E402
 
 from benchmarks.mugraphs import attention  # noqa: E402
+from mirage.codegen import tensor_maps  # noqa: E402
 from mirage.codegen.gpu_check import random_inputs  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
@@ -79,9 +80,23 @@ def test_tensor_maps_survive_graph_capture():
     assert not torch.equal(replayed, out)
 
 
-def test_misaligned_k_is_refused_with_a_clear_error():
+def test_misaligned_k_is_copied_into_aligned_storage():
+    """K starting 2 bytes past a 16-byte boundary (a slice of a larger tensor): a tensor map cannot
+    address it, so the runtime copies it first; the result is the cp.async build's on the same K."""
     graph = _member(*MEMBERS["gqa_b8_128"])
-    (ours,) = build_many([_builds(graph, 2)[0]])
+    ours, theirs = build_many(list(_builds(graph, 2, release=True)))
     q, k, v = random_inputs(graph, seed=15)
+    shifted = misaligned(k)
+    (expected,) = theirs(q, shifted, v)
+    for _ in range(2):
+        (out,) = ours.with_poison()(q, shifted, v)
+        assert torch.equal(out, expected)
+
+
+def test_encoding_refuses_a_misaligned_tensor():
+    """The encoder itself names the problem (the runtime never hands it such a tensor)."""
+    graph = _member(*MEMBERS["gqa_b8_128"])
+    program = _builds(graph, 2)[0]
+    spec = next(k for k in program.kernels if k.tensor_maps).tensor_maps[0]
     with pytest.raises(TensorMapError, match="16-byte aligned"):
-        ours(q, misaligned(k), v)
+        tensor_maps.encode(misaligned(random_inputs(graph, seed=15)[1]), spec)

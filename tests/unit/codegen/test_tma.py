@@ -131,3 +131,14 @@ def test_tensor_maps_refuse_what_tma_cannot_copy():
     rows_of_ten = torch.zeros(16, 64, 4101, dtype=torch.float16)[:, :, :4096]
     with pytest.raises(tensor_maps.TensorMapError, match="16-byte"):
         tensor_maps.encode(rows_of_ten, spec)
+
+
+def test_a_misaligned_input_is_copied_into_aligned_storage():
+    torch = pytest.importorskip("torch")
+    base = torch.arange(16 * 64 * 64 + 8, dtype=torch.float16)
+    shifted = base[1:1 + 16 * 64 * 64].view(16, 64, 64)
+    assert shifted.data_ptr() % 16 == 2
+    copy = tensor_maps.aligned(shifted)
+    assert copy.data_ptr() % 16 == 0 and torch.equal(copy, shifted)
+    whole = base[:16 * 64 * 64].view(16, 64, 64)
+    assert tensor_maps.aligned(whole) is whole
