@@ -27,3 +27,19 @@ def assert_checked_and_matching(graph, ours, theirs, seed: int, same, launches: 
     for _ in range(launches):
         for x, y in zip(ours.with_poison()(*inputs), expected, strict=True):
             same(x, y)
+
+
+def assert_matching_on_misaligned(graph, ours, theirs, index: int, seed: int, same,
+                                  launches: int = 2) -> None:
+    """Input ``index`` of ``graph`` starting 2 bytes past a 16-byte boundary (:func:`misaligned`):
+    ``ours`` on it (into poisoned buffers, ``launches`` times) matches ``theirs`` on the aligned inputs
+    by ``same(x, y)``, which asserts."""
+    from mirage.codegen.gpu_check import random_inputs
+
+    inputs = random_inputs(graph, seed=seed)
+    shifted = list(inputs)
+    shifted[index] = misaligned(inputs[index])
+    expected = theirs(*inputs)
+    for _ in range(launches):
+        for x, y in zip(ours.with_poison()(*shifted), expected, strict=True):
+            same(x, y)
