@@ -9,7 +9,9 @@ into registers with 16-byte loads, sums squares with warp shuffles and one excha
 memory per rms, and writes the output from registers. Its update is rounded to 16 bits before the
 second rms, as the generated kernel's is.
 
-Compares, in one run, at b = 1 and 8: both kernels at 256, 512 and 1024 threads, and torch.compile.
+Compares, in one run, at b = 1 and 8, at 256, 512 and 1024 threads: the generated kernel op by op
+(``generated``, ``row_reductions=False``), this hand-written one (``registers``), and the generator's
+row-local form of the same idea (``row_local``, the default since); and torch.compile.
 Writes ntrans_registers_<date>.json into ``--out``."""
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from benchmarks.suite import ntrans as ntrans_torch
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.codegen.profile import device_facts, time_graph
 from mirage.codegen.runtime import build_many
+from mirage.optimizer import OptimizerOptions
+
+OFF = dataclasses.replace(OptimizerOptions(), row_reductions=False)  # the op-by-op kernel
 
 SOURCE = r"""
 #include <cuda_fp16.h>
@@ -119,9 +124,10 @@ def measure(b: int) -> list[dict]:
     print(rows[-1], flush=True)
     programs, labels = [], []
     for threads in (256, 512, 1024):
-        program = generate_cuda_program(ntrans.fused(b, threads=threads))
-        programs += [program, registers_program(program, threads)]
-        labels += [("generated", threads), ("registers", threads)]
+        graph = ntrans.fused(b, threads=threads)
+        op_by_op = generate_cuda_program(graph, options=OFF)
+        programs += [op_by_op, registers_program(op_by_op, threads), generate_cuda_program(graph)]
+        labels += [("generated", threads), ("registers", threads), ("row_local", threads)]
     outputs = {}
     for (what, threads), program in zip(labels, build_many(programs), strict=True):
         program.load()
@@ -130,7 +136,7 @@ def measure(b: int) -> list[dict]:
         row = {"b": b, "what": what, "threads": threads,
                "relative_error": float((out.double() - want).norm() / want.norm()),
                "us": time_graph(lambda p=program: p.launch(inputs)).median_us}
-        if what == "registers":
+        if what != "generated":
             row["max_abs_vs_generated"] = float((out.float() - outputs["generated", threads].float()).abs().max())
         rows.append(row)
         print(row, flush=True)

@@ -100,6 +100,8 @@ class KernelLowering:
         self.softmax_scratch = 0  # bytes of the key-group merge scratch after the plan
         if self.softmax is not None:
             self._place_softmax(smem_limit)
+        # a row-local body's cross-warp combines (RowLoop.scratch_floats) after the block-wide scratch
+        self.row_scratch_offset = -(-scratch_end // 16) * 16
         self.row_loop = RowLoopLowering(self, kernel.row_loop) if kernel.row_loop is not None else None
         self.iterators = tuple(self._iterator(k, i) for k, i in enumerate(self.graph.input_nodes))
         # a multicast input's ring has one slot more than the pipeline's stages (optimizer.multicast), as
@@ -226,7 +228,14 @@ class KernelLowering:
             tma=tma,
         )
 
-    def _saver(self, j: int, i: int) -> ctx.OutputSaverContext:
+    def direct_saver(self, i: int) -> ctx.OutputSaverContext:
+        """Saver ``i``, for a result written from registers (no shared tile): its tile is the
+        result's dense layout, what the writer's linear indices mean."""
+        (src,) = self.graph.nodes[i].inputs
+        tile = ctx.Tile(f"t{src.node}", self.element(src.node), self._result_layout(src.node), -1)
+        return self._saver(self.graph.output_nodes.index(i), i, tile)
+
+    def _saver(self, j: int, i: int, tile: ctx.Tile | None = None) -> ctx.OutputSaverContext:
         node = self.graph.nodes[i]
         (src,) = node.inputs
         target = node.outputs[0]
@@ -235,7 +244,7 @@ class KernelLowering:
             node=i,
             parameter=f"output{j}",
             element=element_type(target.dtype, f"output %{i}"),
-            tile=self.operand(src),
+            tile=tile or self.operand(src),
             target_dims=rank4(target.shape),
             output_map=rank4_map(target.rank, node.attrs.output_map, self.graph.grid_dim),
         )
@@ -579,7 +588,8 @@ class KernelLowering:
         out: dict[Phase, list[ctx.Step]] = {phase: [] for phase in Phase}
         last_barrier = {item.phase: k for k, item in enumerate(items) if isinstance(item, Barrier)}
         has_pre_loop = any(isinstance(item, Step) and item.phase is Phase.PRE_LOOP for item in items)
-        savers = {i: self._saver(j, i) for j, i in enumerate(self.graph.output_nodes)}
+        written = {saver for _, saver in self.row_loop.plan.outputs} if self.row_loop is not None else set()
+        savers = {i: self._saver(j, i) for j, i in enumerate(self.graph.output_nodes) if i not in written}
         iterators = {it.node: it for it in self.iterators}
         if not has_pre_loop:
             out[Phase.PRE_LOOP] += self.loop_state()
@@ -606,6 +616,9 @@ class KernelLowering:
                 if item.phase is Phase.LOOP and self.barrier_free_loop:
                     continue
                 in_flight = 0
+                if (item.phase is Phase.PRE_LOOP and self.barrier_free_loop and not self.loop_state()
+                        and all(isinstance(x, ctx.RowLoopSetup | ctx.BarrierStep) for x in steps)):
+                    continue  # nothing before the loop wrote shared memory: the barrier orders nothing
                 if item.phase is Phase.PRE_LOOP and k == last_barrier[Phase.PRE_LOOP]:
                     steps += self.loop_state()
                     in_flight = self.stages - 1
@@ -647,8 +660,9 @@ class KernelLowering:
                     emitted = True
                 case Action.FINALIZE:
                     steps.append(self.finalize(item.node))
-                case Action.STORE if self.graph.nodes[item.node].inputs[0].node in self.stored_directly:
-                    pass  # its result went from its chain straight into the output
+                case Action.STORE if (self.graph.nodes[item.node].inputs[0].node in self.stored_directly
+                                       or item.node in written):
+                    pass  # its result went from its chain (or the row-local loop) straight into the output
                 case Action.STORE:
                     steps.append(ctx.StoreStep(savers[item.node]))
         if self.loads_after_barrier:
@@ -669,6 +683,8 @@ class KernelLowering:
         """Dynamic shared memory of the kernel: the plan, and the reduction scratch if a step uses it."""
         if self.softmax_scratch:
             return self._softmax_scratch_offset() + self.softmax_scratch
+        if self.row_loop is not None and self.row_loop.plan.scratch_floats:
+            return self.row_scratch_offset + 4 * self.row_loop.plan.scratch_floats
         if self.scratch_used and self.scratch is not None:
             return self.scratch + 4 * max(self.threads // 32, 1)
         return self.kernel.smem_bytes

@@ -303,6 +303,10 @@ class Statement:
     * ``running_max``: ``previous = state; state = max(state, arguments[0])``
     * ``accumulate``: ``state = state · factor + arguments[0]`` (``combine`` add) or
       ``max(state, arguments[0])``; ``factor = exp(previous − current)`` of ``rescale``, else 1
+    * ``reduce``: the narrow ``result`` = the sum (``combine`` add) or max of the wide ``arguments[0]``
+      over the row: each thread its chunk, then ``dev::row_combine`` over the row's ``lanes`` threads
+      (through the shared floats at ``scratch``, a C++ pointer expression, where rows span warps)
+    * ``rms``: ``result = arguments[0] / sqrt(Σ arguments[0]² / count + eps)``, the sum combined so
     """
 
     kind: str
@@ -313,6 +317,10 @@ class Statement:
     iterator: str = ""
     combine: str = "add"
     rescale: tuple[str, str] | None = None  # (current, previous) names of a running max
+    lanes: int = 1  # reduce, rms: threads of a row (1: the thread's own chunk is the row)
+    scratch: str = "nullptr"  # reduce, rms: the cross-warp combine's shared floats
+    count: int = 1  # rms: elements of a row
+    eps: float = 0.0  # rms
 
 
 @dataclass(frozen=True)
@@ -321,7 +329,7 @@ class State:
 
     value: Value
     initial: str
-    tile: Tile
+    tile: Tile | None  # None: written straight to an output (RowLoopWriteBack.outputs)
     previous: str | None = None  # running maxima keep their value before this iteration
 
 
@@ -361,8 +369,12 @@ class DirectLoop:
 
 @dataclass(frozen=True)
 class RowLoopWriteBack:
+    """After the loop: states into their shared tiles, and those only an output reads (``outputs``)
+    from registers into the device output."""
+
     kind: ClassVar[str] = "row_loop_write_back"
     states: tuple[State, ...]
+    outputs: tuple[tuple[State, OutputSaverContext], ...] = ()
 
 
 @dataclass(frozen=True)

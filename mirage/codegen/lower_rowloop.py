@@ -63,15 +63,29 @@ class RowLoopLowering:
 
     def states(self) -> tuple[State, ...]:
         out = []
+        stored = {state for state, _ in self.plan.outputs}
         for i in self.plan.states:
             node = self.graph.nodes[i]
             value = Value(f"s{i}", self._wide(node.outputs[0].shape))
+            tile = None if i in stored else self.lowering.tile(i)
             if node.op is Op.RUNNING_MAX:
-                out.append(State(value, NEGATIVE_INFINITY, self.lowering.tile(i), f"s{i}_previous"))
+                out.append(State(value, NEGATIVE_INFINITY, tile, f"s{i}_previous"))
             else:
                 initial = initial_value(node.attrs.kind is AccumKind.MAX)
-                out.append(State(value, initial, self.lowering.tile(i)))
+                out.append(State(value, initial, tile))
         return tuple(out)
+
+    def _reduction(self, i: int, kind: str, **fields) -> Statement:
+        """A ``reduce`` or ``rms`` statement of node ``i`` along the row (see Statement)."""
+        node = self.graph.nodes[i]
+        argument = self._operand(node.inputs[0])
+        lanes = self.plan.row_threads if argument.wide else 1
+        scratch = "nullptr"
+        if lanes > 32:  # this reduction's floats after the memory plan, one per warp
+            floats = self.plan.reductions.index(i) * self.lowering.threads // 32
+            scratch = f"mirage::dev::shared_at<float>(shared, {self.lowering.row_scratch_offset}) + {floats}"
+        result = Value(f"v{i}", self._wide(node.outputs[0].shape))
+        return Statement(kind, result, (argument,), lanes=lanes, scratch=scratch, **fields)
 
     def setup(self) -> RowLoopSetup:
         return RowLoopSetup(self.plan.rows, self.plan.row_threads, self.plan.chunk, self.states(),
@@ -85,6 +99,14 @@ class RowLoopLowering:
                 arguments = tuple(self._operand(r) for r in node.inputs)
                 value = Value(f"v{i}", wide)
                 self.statements.append(Statement("map", value, arguments, self.lowering.function(i)))
+            elif node.op in (Op.REDUCTION, Op.REDUCTION_MAX) and i in self.plan.reductions:
+                combine = "max" if node.op is Op.REDUCTION_MAX else "add"
+                self.statements.append(self._reduction(i, "reduce", combine=combine))
+                value = self.statements[-1].result
+            elif node.op is Op.RMS_NORM:
+                count = self.graph.type_of(node.inputs[0]).shape[-1]
+                self.statements.append(self._reduction(i, "rms", count=count, eps=node.attrs.eps))
+                value = self.statements[-1].result
             elif node.op in (Op.REDUCTION, Op.REDUCTION_MAX):
                 value = Value(f"v{i}", wide)
                 self.statements.append(Statement("copy", value, (self._operand(node.inputs[0]),)))
@@ -115,4 +137,8 @@ class RowLoopLowering:
         return DirectLoop(batch, reads, wide, step)
 
     def write_back(self) -> RowLoopWriteBack:
-        return RowLoopWriteBack(self.states())
+        states = self.states()
+        by_node = dict(zip(self.plan.states, states, strict=True))
+        outputs = tuple((by_node[state], self.lowering.direct_saver(saver))
+                        for state, saver in self.plan.outputs)
+        return RowLoopWriteBack(tuple(s for s in states if s.tile is not None), outputs)

@@ -67,6 +67,8 @@ class OptimizerOptions:
     # off: measured slower than their own step (docs/performance.md §3)
     row_loops: bool = True  # row-local loop bodies run per thread in registers (row_loop)
     direct_row_loads: bool = True  # ...reading their per-iteration inputs from global memory
+    row_reductions: bool = True  # ...reducing along their rows (sum, max, rms_norm), one-iteration
+    # kernels included: nGPT's update in registers from its inputs to its output (row_loop)
     two_blocks_per_sm: bool = False  # softmax-chain kernels of 256+ threads: registers for 2 blocks per SM
     l2_prefetch_iterations: int = 0  # tiles of each input pulled into L2 before the dependency wait
     register_row_sums: bool = True  # mean / rms accumulators of a tile summed in registers (gen::RowSums)
@@ -248,7 +250,8 @@ def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain 
 def _row_loop(k: int, block: BlockGraph, state: PassState) -> RowLoop | None:
     if not state.options.row_loops or dict(state.records["plan_softmax_chain"])[k] is not None:
         return None
-    return match_row_loop(block, dict(state.records["schedule"])[k], state.options.direct_row_loads)
+    o = state.options
+    return match_row_loop(block, dict(state.records["schedule"])[k], o.direct_row_loads, o.row_reductions)
 
 
 def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:

@@ -26,6 +26,17 @@ it from global memory (16-byte vectors where the chunk allows).  When every such
 directly, the loop touches no shared memory, so it needs no barrier and no copy pipeline; unrolled,
 the loads of all its iterations are in flight at once.  A split-KV combine then costs about one
 memory round trip, where the staged loop paid a barrier and a pipeline wait per key split.
+
+Row reductions (``row_reductions``).  A body may also reduce along its rows: a sum or max over the
+last dim of a wide value (a narrow result) and rms_norm of a wide value.  Each thread reduces its own
+chunk, the row's threads combine by warp shuffles, and where a row spans several warps, through one
+float per warp in shared memory (:attr:`RowLoop.scratch_floats`) and one barrier.  Such a body must
+have every thread on a row (``rows · row_threads`` = the block's threads), a power-of-two count of
+threads per row, and, when its rows span warps, one iteration (a second use of the scratch would need a
+second barrier).  With them a one-iteration kernel of element-wise ops and row norms (nGPT's update,
+a layer's RMSNorm) runs in registers from its inputs' global memory to its output: every input read
+once with 16-byte loads, no tile in shared memory.  States that only an output saver reads are then
+written from registers straight into the device output (:attr:`RowLoop.outputs`).
 """
 
 from __future__ import annotations
@@ -54,11 +65,24 @@ class RowLoop:
     nodes: tuple[int, ...]  # loop nodes in execution order
     states: tuple[int, ...]  # accumulators and running maxima (registers across iterations)
     direct: tuple[int, ...] = ()  # per-iteration inputs read from global memory by each thread
+    reductions: tuple[int, ...] = ()  # nodes reducing along a wide row (sum, max, rms_norm)
+    outputs: tuple[tuple[int, int], ...] = ()  # (state, saver): written from registers to the output
+    threads: int = 0  # of the block
 
     @property
     def register_only(self) -> frozenset[int]:
-        """Nodes with no shared-memory buffer: loop values in registers and the direct inputs."""
-        return (frozenset(self.nodes) - frozenset(self.states)) | frozenset(self.direct)
+        """Nodes with no shared-memory buffer: loop values in registers, the direct inputs and the
+        states written straight to outputs."""
+        stored = frozenset(state for state, _ in self.outputs)
+        return (frozenset(self.nodes) - frozenset(self.states)) | frozenset(self.direct) | stored
+
+    @property
+    def scratch_floats(self) -> int:
+        """Shared floats the cross-warp combines use: one per warp and row reduction, when rows span
+        warps (each reduction its own, so that one barrier each suffices)."""
+        if self.row_threads <= 32:
+            return 0
+        return len(self.reductions) * self.threads // 32
 
     @property
     def row_threads(self) -> int:
@@ -83,17 +107,41 @@ def _chunk(rows: int, width: int, threads: int) -> int | None:
 
 
 def _direct_inputs(graph: BlockGraph, members: set[int]) -> tuple[int, ...]:
-    """The inputs that change every iteration, if the loop body is their only reader (all or
-    none: one staged input would bring back the pipeline and its barriers)."""
+    """The inputs that change every iteration (every input of a one-iteration loop), if the loop
+    body is their only reader (all or none: one staged input would bring back the pipeline and its
+    barriers)."""
     uses = graph.consumers()
-    varying = tuple(i for i in graph.input_nodes if graph.nodes[i].attrs.forloop_dim >= 0)
+    varying = tuple(i for i in graph.input_nodes
+                    if graph.forloop_range == 1 or graph.nodes[i].attrs.forloop_dim >= 0)
     if all(reader in members for i in varying for reader in uses.get(Ref(i, 0), [])):
         return varying
     return ()
 
 
-def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool) -> RowLoop:
-    require(graph.forloop_range > 1, "a one-iteration loop")
+def _row_reduction(graph: BlockGraph, i: int, width: int) -> bool:
+    """Whether node ``i`` reduces along a wide row (else it is a copy, or not row-local)."""
+    node = graph.nodes[i]
+    source = graph.type_of(node.inputs[0]).shape
+    if node.op is Op.RMS_NORM:
+        return width > 1 and source[-1] == width
+    require(source[node.attrs.dim] == 1 or node.attrs.dim == len(source) - 1,
+            f"%{i} reduces a dim other than the row's")
+    return source[node.attrs.dim] > 1
+
+
+def _outputs(graph: BlockGraph, states: list[int]) -> tuple[tuple[int, int], ...]:
+    """(state, saver) for the states whose only reader is an output saver."""
+    uses = graph.consumers()
+    out = []
+    for i in graph.output_nodes:
+        (src,) = graph.nodes[i].inputs
+        if src.node in states and src.index == 0 and uses[src] == [i]:
+            out.append((src.node, i))
+    return tuple(out)
+
+
+def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions: bool) -> RowLoop:
+    require(graph.forloop_range > 1 or reductions, "a one-iteration loop")
     loop = [item.node for item in schedule.items
             if isinstance(item, Step) and item.phase is Phase.LOOP and item.epilogue_of is None
             and item.action in (Action.COMPUTE, Action.ACCUMULATE)]
@@ -110,7 +158,7 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool) -> RowLoop
     require(len(rows) == 1 and len(widths) <= 1, f"tiles of shapes {sorted(dims)}: not rows × (1 or W)")
     (r,) = rows
     width = widths.pop() if widths else 1
-    states = []
+    states, reducing = [], []
     for i in order:
         node = graph.nodes[i]
         op = node.op
@@ -129,8 +177,11 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool) -> RowLoop
             if op is Op.ACCUM_RESCALE:
                 require(node.inputs[1].node in members, f"%{i} rescales by a maximum outside the loop")
             states.append(i)
-        elif op in (Op.REDUCTION, Op.REDUCTION_MAX):
-            require(graph.type_of(node.inputs[0]).shape[node.attrs.dim] == 1, f"%{i} reduces a real dim")
+        elif op in (Op.REDUCTION, Op.REDUCTION_MAX, Op.RMS_NORM):
+            require(reductions or op is not Op.RMS_NORM, f"%{i}: rms_norm in the loop body")
+            if _row_reduction(graph, i, width):
+                require(reductions, f"%{i} reduces along the row")
+                reducing.append(i)
         else:
             raise NoMatch(f"%{i}: {op.value} in the loop body")
     uses = graph.consumers()
@@ -139,17 +190,26 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool) -> RowLoop
             continue
         readers = set(uses.get(Ref(i, 0), []))
         require(readers <= members, f"%{i} is read after the loop")
-    chunk = _chunk(r, width, math.prod(graph.block_dim))
+    threads = math.prod(graph.block_dim)
+    chunk = _chunk(r, width, threads)
     require(chunk is not None, f"{r} rows × {width} columns need more threads than the block has")
+    row_threads = width // chunk
+    if reducing:
+        require(r * row_threads == threads and row_threads & (row_threads - 1) == 0,
+                f"{r} rows of {row_threads} threads in a block of {threads}: rows must fill it")
+        require(row_threads <= 32 or graph.forloop_range == 1, "rows spanning warps in a loop")
     direct = _direct_inputs(graph, members) if direct_loads else ()
-    return RowLoop(r, width, chunk, tuple(order), tuple(states), direct)
+    outputs = _outputs(graph, states) if reductions and graph.forloop_range == 1 else ()
+    return RowLoop(r, width, chunk, tuple(order), tuple(states), direct, tuple(reducing), outputs, threads)
 
 
-def match(graph: BlockGraph, schedule: Schedule, direct_loads: bool = True) -> RowLoop | None:
+def match(graph: BlockGraph, schedule: Schedule, direct_loads: bool = True,
+          reductions: bool = True) -> RowLoop | None:
     """The row-local loop of ``graph`` (see the module docstring), or None.  ``direct_loads``: read
-    the per-iteration inputs that only the body uses straight from global memory."""
+    the per-iteration inputs that only the body uses straight from global memory; ``reductions``:
+    bodies may reduce along their rows, and one-iteration loops qualify."""
     try:
-        return _match(graph, schedule, direct_loads)
+        return _match(graph, schedule, direct_loads, reductions)
     except NoMatch as reason:
         log.debug("loop body lowered op by op: %s", reason)
         return None

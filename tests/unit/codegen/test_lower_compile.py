@@ -79,7 +79,8 @@ WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds
           "gqa_counter_folded": (_folded_attention, OptimizerOptions(counter_folds=True)),
           "qknorm_key_norms": (_key_scales, OptimizerOptions(chain_key_norms=True)),
           "gqa_warpgroup": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True)),
-          "gqa_warpgroup_deferred": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True, defer_values=True))}
+          "gqa_warpgroup_deferred": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True, defer_values=True)),
+          "ntrans_op_by_op": (CASES["ntrans_b1"].fused, OptimizerOptions(row_reductions=False))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
 PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
 # name → (the build it recompiles, the macros before its code)
@@ -186,9 +187,9 @@ def test_softmax_scale_fold_cuts_the_per_score_work(built):
 
 
 def test_elementwise_chains_use_vector_shared_accesses(built):
-    """nTrans: the rms_norm producers and their element-wise epilogues read and store whole chunks
-    (16-byte shared accesses), and a block-wide reduction combines across warps."""
-    _, result = built["ntrans_b1"]
+    """nTrans op by op: the rms_norm producers and their element-wise epilogues read and store whole
+    chunks (16-byte shared accesses), and a block-wide reduction combines across warps."""
+    _, result = built["ntrans_op_by_op"]
     sass = result.sass()
     assert "LDS.128" in sass and "STS.128" in sass
     assert "LDL" not in sass and "STL" not in sass

@@ -103,7 +103,9 @@ def test_every_graph_lowers_to_cuda(cases):
     softmax, two_kernels = 0, 0
     for case in cases:
         program = generate_cuda_program(case.graph, 90)
-        assert program.kernels and all(k.smem_bytes > 0 for k in program.kernels)
+        # shared memory for every kernel but those run in registers from global memory to global memory
+        assert program.kernels and all(k.smem_bytes > 0 or p.row_loop is not None and p.row_loop.direct
+                                       for k, p in zip(program.kernels, program.prepared.kernels, strict=True))
         softmax += program.prepared.softmax.applied
         two_kernels += len(program.kernels) > 1
     # attention µGraphs go through the online-softmax rewrite, split-KV ones through a combine kernel

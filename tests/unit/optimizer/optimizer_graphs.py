@@ -263,3 +263,44 @@ def matmul_then_silu(m: int = 16, k: int = 256, n: int = 1024, n_blocks: int = 8
     (out,) = g.customized([product], tb2)
     g.mark_output(out)
     return g.freeze()
+
+
+def row_softmax(rows: int = 64, cols: int = 1024, blocks: int = 8, threads: int = 256,
+                dtype=mi.float16) -> mi.KernelGraph:
+    """exp(x − max) / Σ exp(x − max) along each row, ``rows / blocks`` rows a block, one iteration:
+    a max and a sum along the row."""
+    g = mi.new_kernel_graph("row_softmax")
+    x = g.new_input(dims=(rows, cols), dtype=dtype)
+    tb = mi.new_threadblock_graph(grid_dim=(blocks, 1, 1), block_dim=(threads, 1, 1), forloop_range=1)
+    bx = tb.new_input(x, input_map=(0, -1, -1))
+    e = tb.exp(tb.sub(bx, tb.reduction_max(bx, 1)))
+    tb.new_output(tb.forloop_accum(tb.div(e, tb.reduction(e, 1))), output_map=(0, -1, -1))
+    (o,) = g.customized([x], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+def gated_rms(rows: int = 4, cols: int = 2048, threads: int = 512, dtype=mi.float16) -> mi.KernelGraph:
+    """rms_norm(x) · silu(y) + z along rows of ``cols``, one block, one iteration."""
+    g = mi.new_kernel_graph("gated_rms")
+    x, y, z = (g.new_input(dims=(rows, cols), dtype=dtype) for _ in range(3))
+    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), block_dim=(threads, 1, 1), forloop_range=1)
+    bx, by, bz = (tb.new_input(t) for t in (x, y, z))
+    out = tb.add(tb.mul(tb.rms_norm(bx, eps=1e-6), tb.silu(by)), bz)
+    tb.new_output(tb.forloop_accum(out))
+    (o,) = g.customized([x, y, z], tb)
+    g.mark_output(o)
+    return g.freeze()
+
+
+def rms_of_slices(rows: int = 16, cols: int = 512, iters: int = 4, threads: int = 128) -> mi.KernelGraph:
+    """Σ over the loop of rms_norm(x's tile of ``rows × cols / iters``), element by element: a loop
+    whose body reduces along rows of few threads each."""
+    g = mi.new_kernel_graph("rms_of_slices")
+    x = g.new_input(dims=(rows, cols), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), block_dim=(threads, 1, 1), forloop_range=iters)
+    bx = tb.new_input(x, forloop_dim=1)
+    tb.new_output(tb.forloop_accum(tb.rms_norm(bx, eps=1e-6)))
+    (o,) = g.customized([x], tb)
+    g.mark_output(o)
+    return g.freeze()

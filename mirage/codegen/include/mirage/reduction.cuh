@@ -178,6 +178,27 @@ MIRAGE_DEVICE void reduce_apply(SharedTile<In, InLayout> in, Prologue prologue, 
 
 }  // namespace detail
 
+// The reduction of `value` over the RowThreads consecutive threads of one row of a row-local loop
+// body (RowThreads a power of two; every thread of the row calls it): warp shuffles, and where a row
+// spans warps, one float per warp in `scratch` (this call's own: nothing else writes it, and it is
+// not reused, so one barrier suffices, which every thread of the block must reach) read back by
+// every lane. Every thread of the row gets the total.
+template <int RowThreads, class Reduce>
+MIRAGE_DEVICE float row_combine(float value, float* scratch) {
+  static_assert(RowThreads > 0 && (RowThreads & (RowThreads - 1)) == 0, "a power of two of threads per row");
+  value = detail::combine_lanes<(RowThreads < kWarpSize ? RowThreads : kWarpSize), Reduce>(value);
+  if constexpr (RowThreads > kWarpSize) {
+    constexpr int kWarps = RowThreads / kWarpSize;
+    const int warp = thread_index() / kWarpSize;
+    const int lane = thread_index() % kWarpSize;
+    if (lane == 0) scratch[warp] = value;
+    __syncthreads();
+    value = scratch[warp / kWarps * kWarps + lane % kWarps];
+    value = detail::combine_lanes<kWarps, Reduce>(value);
+  }
+  return value;
+}
+
 // Calls store(output_index, value) once for each element of the reduced tile (row-major index
 // in Resized<InLayout, Dim, 1>), from one thread. Each output is reduced by at most one warp.
 template <int NumThreads, int Dim, class Reduce, class In, class InLayout, class Prologue, class Store>

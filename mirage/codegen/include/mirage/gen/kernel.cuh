@@ -263,8 +263,21 @@ struct GlobalSink {
   MIRAGE_DEVICE void operator()(int linear, float value) const { *at(linear) = dev::from_float<T>(value); }
   template <int C>
   MIRAGE_DEVICE void chunk(int linear, const float (&values)[C]) const {
-    if (vectors) {
-      write_chunk<dev::kVectorElements<T>>(at(linear), values);  // rows 16-byte aligned
+    if (vectors) {  // rows 16-byte aligned
+      constexpr int kVector = dev::kVectorElements<T>;
+      if constexpr (C % kVector == 0) {  // whole 16-byte stores, in PTX (a uint4 store may be split)
+#pragma unroll
+        for (int v = 0; v < C / kVector; ++v) {
+          float part[kVector];
+#pragma unroll
+          for (int e = 0; e < kVector; ++e) part[e] = values[v * kVector + e];
+          uint32_t words[4];
+          dev::pack_words<T>(part, words);
+          dev::store_global_vector(at(linear + v * kVector), make_uint4(words[0], words[1], words[2], words[3]));
+        }
+      } else {
+        write_chunk<kVector>(at(linear), values);
+      }
       return;
     }
 #pragma unroll

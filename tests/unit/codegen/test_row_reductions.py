@@ -1,0 +1,85 @@
+"""Row-local bodies that reduce along their rows (``OptimizerOptions.row_reductions``): which kernels
+qualify, what the memory plan keeps, and what the generated code and its SASS do."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from codegen_helpers import needs_nvcc
+
+from benchmarks.mugraphs import ntrans
+from mirage.codegen.compile import CompileOptions, Stage, compile_sources
+from mirage.codegen.lower_program import generate_cuda_program
+from mirage.mugraph.target import TARGETS
+from mirage.optimizer import OptimizerOptions, prepare
+from tests.unit.optimizer.optimizer_graphs import gated_rms, rms_of_slices, row_softmax
+
+OFF = dataclasses.replace(OptimizerOptions(), row_reductions=False)
+
+
+def _kernel(graph, options=None):
+    (kernel,) = prepare(graph, options=options or OptimizerOptions()).kernels
+    return kernel
+
+
+@pytest.mark.parametrize("threads", [128, 512, 1024])
+def test_ntrans_runs_in_registers_from_inputs_to_output(threads):
+    kernel = _kernel(ntrans.fused(8, threads=threads))
+    plan = kernel.row_loop
+    assert plan is not None and (plan.rows, plan.width, plan.row_threads) == (1, 4096, threads)
+    assert set(plan.direct) == set(kernel.block_graph.input_nodes)  # H, X and A read once, directly
+    assert len(plan.reductions) == 2  # the two rms_norms
+    ((state, saver),) = plan.outputs
+    assert kernel.block_graph.nodes[saver].inputs[0].node == state
+    assert kernel.memory.buffers == ()  # no tile in shared memory at all
+    assert plan.scratch_floats == 2 * threads // 32
+    assert _kernel(ntrans.fused(8, threads=threads), OFF).row_loop is None
+
+
+def test_reductions_over_rows_of_few_threads_may_loop():
+    plan = _kernel(rms_of_slices()).row_loop
+    assert plan is not None and plan.row_threads == 8 and plan.scratch_floats == 0
+    assert plan.outputs == ()  # a loop's state is written back through its tile, as before
+    # rows spanning warps need a barrier each iteration: not row-local in a loop
+    assert _kernel(rms_of_slices(rows=1, cols=8192, iters=2, threads=128)).row_loop is None
+
+
+def test_rows_must_fill_the_block_when_they_reduce():
+    # 2 rows of 64 columns: 16 threads of 256 would hold them, the rest idle at the shuffles
+    assert _kernel(gated_rms(rows=2, cols=64, threads=256)).row_loop is None
+    assert _kernel(gated_rms(rows=4, cols=2048, threads=512)).row_loop is not None
+
+
+def test_softmax_rows_reduce_max_and_sum():
+    kernel = _kernel(row_softmax())
+    plan = kernel.row_loop
+    ops = sorted(kernel.block_graph.nodes[i].op.value for i in plan.reductions)
+    assert ops == ["reduction", "reduction_max", "reduction_max"]
+    assert plan.row_threads == 32 and plan.scratch_floats == 0  # a warp a row: shuffles only
+
+
+def test_generated_ntrans_has_no_shared_tiles_and_one_barrier_per_rms():
+    code = generate_cuda_program(ntrans.fused(8, threads=512)).code
+    body = code.split('extern "C"')[1]
+    assert "SharedTile" not in body and "Pipeline" not in body
+    assert body.count("row_combine<512, mirage::dev::SumReduce>") == 2
+    assert "__syncthreads" not in body  # the combines' own barriers are the only ones
+    assert "sink.chunk(row_loop_row * 4096 + row_loop_col, s" in body
+    op_by_op = generate_cuda_program(ntrans.fused(8, threads=512), options=OFF).code
+    assert "rms_norm_apply" in op_by_op and "row_combine" not in op_by_op
+
+
+@needs_nvcc
+def test_ntrans_sass_loads_and_stores_16_bytes_without_shared_tiles():
+    """The vector path reads H, X and A with one 16-byte load each per thread and stores with one;
+    shared memory holds only the two combines' per-warp floats."""
+    programs = [generate_cuda_program(ntrans.fused(8, threads=512), options=o).code for o in (None, OFF)]
+    results = compile_sources(programs, CompileOptions(target=TARGETS["H100"]), dumps={Stage.SASS})
+    ours, op_by_op = (r.sass() for r in results)
+    assert len(re.findall(r"\bLDG\.E\.128", ours)) >= 3 and re.search(r"\bSTG\.E\.128", ours)
+    assert "LDGSTS" not in ours and "LDGSTS" in op_by_op
+    # two barriers (one per rms) in each of the loop's two builds, with and without vector loads
+    assert len(re.findall(r"\bBAR\.SYNC", ours)) == 2 * 2 < len(re.findall(r"\bBAR\.SYNC", op_by_op))
+    assert "LDL" not in ours and "STL" not in ours
