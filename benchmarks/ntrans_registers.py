@@ -137,7 +137,8 @@ def measure(b: int) -> list[dict]:
                "relative_error": float((out.double() - want).norm() / want.norm()),
                "us": time_graph(lambda p=program: p.launch(inputs)).median_us}
         if what != "generated":
-            row["max_abs_vs_generated"] = float((out.float() - outputs["generated", threads].float()).abs().max())
+            difference = out.float() - outputs["generated", threads].float()
+            row["max_abs_vs_generated"] = float(difference.abs().max())
         rows.append(row)
         print(row, flush=True)
     return rows

@@ -104,8 +104,9 @@ def test_every_graph_lowers_to_cuda(cases):
     for case in cases:
         program = generate_cuda_program(case.graph, 90)
         # shared memory for every kernel but those run in registers from global memory to global memory
+        pairs = zip(program.kernels, program.prepared.kernels, strict=True)
         assert program.kernels and all(k.smem_bytes > 0 or p.row_loop is not None and p.row_loop.direct
-                                       for k, p in zip(program.kernels, program.prepared.kernels, strict=True))
+                                       for k, p in pairs)
         softmax += program.prepared.softmax.applied
         two_kernels += len(program.kernels) > 1
     # attention µGraphs go through the online-softmax rewrite, split-KV ones through a combine kernel
