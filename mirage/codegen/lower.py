@@ -565,7 +565,7 @@ class KernelLowering:
         if self.softmax is not None:
             return self.softmax.computed
         if self.row_loop is not None:
-            return frozenset(self.row_loop.plan.nodes)
+            return frozenset(self.row_loop.plan.nodes) | frozenset(self.row_loop.plan.post)
         return frozenset()
 
     def finalize(self, i: int) -> ctx.Step:

@@ -369,12 +369,13 @@ class DirectLoop:
 
 @dataclass(frozen=True)
 class RowLoopWriteBack:
-    """After the loop: states into their shared tiles, and those only an output reads (``outputs``)
-    from registers into the device output."""
+    """After the loop: the element-wise ``statements`` of the post-loop nodes (in registers), the
+    states that keep a tile into it, and the savers' values from registers into the outputs."""
 
     kind: ClassVar[str] = "row_loop_write_back"
     states: tuple[State, ...]
-    outputs: tuple[tuple[State, OutputSaverContext], ...] = ()
+    outputs: tuple[tuple[Value, OutputSaverContext], ...] = ()
+    statements: tuple[Statement, ...] = ()
 
 
 @dataclass(frozen=True)

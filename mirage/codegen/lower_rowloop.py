@@ -63,11 +63,10 @@ class RowLoopLowering:
 
     def states(self) -> tuple[State, ...]:
         out = []
-        stored = {state for state, _ in self.plan.outputs}
         for i in self.plan.states:
             node = self.graph.nodes[i]
             value = Value(f"s{i}", self._wide(node.outputs[0].shape))
-            tile = None if i in stored else self.lowering.tile(i)
+            tile = None if i in self.plan.untiled else self.lowering.tile(i)
             if node.op is Op.RUNNING_MAX:
                 out.append(State(value, NEGATIVE_INFINITY, tile, f"s{i}_previous"))
             else:
@@ -137,8 +136,15 @@ class RowLoopLowering:
         return DirectLoop(batch, reads, wide, step)
 
     def write_back(self) -> RowLoopWriteBack:
+        """After the loop: the post nodes from the states' registers, the states that keep a tile
+        into it, and the savers' values into the outputs."""
         states = self.states()
-        by_node = dict(zip(self.plan.states, states, strict=True))
-        outputs = tuple((by_node[state], self.lowering.direct_saver(saver))
-                        for state, saver in self.plan.outputs)
-        return RowLoopWriteBack(tuple(s for s in states if s.tile is not None), outputs)
+        values = {i: state.value for i, state in zip(self.plan.states, states, strict=True)}
+        statements = []
+        for i in self.plan.post:
+            node = self.graph.nodes[i]
+            values[i] = Value(f"v{i}", self._wide(node.outputs[0].shape))
+            arguments = tuple(values[r.node] for r in node.inputs)
+            statements.append(Statement("map", values[i], arguments, self.lowering.function(i)))
+        outputs = tuple((values[value], self.lowering.direct_saver(saver)) for value, saver in self.plan.outputs)
+        return RowLoopWriteBack(tuple(s for s in states if s.tile is not None), outputs, tuple(statements))

@@ -35,8 +35,13 @@ have every thread on a row (``rows · row_threads`` = the block's threads), a po
 threads per row, and, when its rows span warps, one iteration (a second use of the scratch would need a
 second barrier).  With them a one-iteration kernel of element-wise ops and row norms (nGPT's update,
 a layer's RMSNorm) runs in registers from its inputs' global memory to its output: every input read
-once with 16-byte loads, no tile in shared memory.  States that only an output saver reads are then
-written from registers straight into the device output (:attr:`RowLoop.outputs`).
+once with 16-byte loads, no tile in shared memory (with the epilogues below).
+
+Epilogues (``row_epilogues``).  Element-wise work after the loop over the states (a split-KV
+combine's ``O / l``) runs in registers too (:attr:`RowLoop.post`, all or none), and what the output
+savers read, states or post nodes, goes from registers to the device output
+(:attr:`RowLoop.outputs`).  States that nothing else reads after the loop then get no shared tile
+(:attr:`RowLoop.untiled`), and the write-back, its barrier and the savers' pass go.
 """
 
 from __future__ import annotations
@@ -66,15 +71,17 @@ class RowLoop:
     states: tuple[int, ...]  # accumulators and running maxima (registers across iterations)
     direct: tuple[int, ...] = ()  # per-iteration inputs read from global memory by each thread
     reductions: tuple[int, ...] = ()  # nodes reducing along a wide row (sum, max, rms_norm)
-    outputs: tuple[tuple[int, int], ...] = ()  # (state, saver): written from registers to the output
+    outputs: tuple[tuple[int, int], ...] = ()  # (state or post node, saver): from registers to the output
     threads: int = 0  # of the block
+    post: tuple[int, ...] = ()  # element-wise nodes after the loop, computed from the states in registers
+    untiled: tuple[int, ...] = ()  # states that need no shared tile (read only by post nodes and savers)
 
     @property
     def register_only(self) -> frozenset[int]:
-        """Nodes with no shared-memory buffer: loop values in registers, the direct inputs and the
-        states written straight to outputs."""
-        stored = frozenset(state for state, _ in self.outputs)
-        return (frozenset(self.nodes) - frozenset(self.states)) | frozenset(self.direct) | stored
+        """Nodes with no shared-memory buffer: loop values in registers, the direct inputs, the
+        post-loop nodes and the states that only they and output savers read."""
+        return ((frozenset(self.nodes) - frozenset(self.states)) | frozenset(self.direct)
+                | frozenset(self.untiled) | frozenset(self.post))
 
     @property
     def scratch_floats(self) -> int:
@@ -129,18 +136,44 @@ def _row_reduction(graph: BlockGraph, i: int, width: int) -> bool:
     return source[node.attrs.dim] > 1
 
 
-def _outputs(graph: BlockGraph, states: list[int]) -> tuple[tuple[int, int], ...]:
-    """(state, saver) for the states whose only reader is an output saver."""
+def _post(graph: BlockGraph, schedule: Schedule, states: list[int], rows: int, width: int) -> tuple[int, ...]:
+    """The post-loop nodes, if every one is element-wise over the states and earlier ones (rows ×
+    (1 or W)) and read only by later ones and output savers: computed in registers after the loop."""
+    post = [item.node for item in schedule.items
+            if isinstance(item, Step) and item.phase is Phase.POST_LOOP and item.action is not Action.STORE]
     uses = graph.consumers()
-    out = []
-    for i in graph.output_nodes:
-        (src,) = graph.nodes[i].inputs
-        if src.node in states and src.index == 0 and uses[src] == [i]:
-            out.append((src.node, i))
-    return tuple(out)
+    savers = set(graph.output_nodes)
+    known = set(states)
+    for i in post:
+        node = graph.nodes[i]
+        require(node.op is Op.FUSED or node.op in ELEMENTWISE, f"%{i} ({node.op.value}) after the loop")
+        require(all(r.node in known and r.index == 0 for r in node.inputs), f"%{i} reads more than the states")
+        shape = _rows_and_width(graph.type_of(Ref(i)).shape)
+        require(shape[0] == rows and shape[1] in (1, width), f"%{i} is not rows × (1 or W)")
+        require(set(uses.get(Ref(i, 0), [])) <= set(post) | savers, f"%{i} is read by more than the savers")
+        known.add(i)
+    return tuple(post)
 
 
-def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions: bool) -> RowLoop:
+def _epilogue(graph: BlockGraph, schedule: Schedule, members: set[int], states: list[int], rows: int,
+              width: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """(post nodes, untiled states, outputs): what runs after the loop in registers, the states no
+    one reads from a tile then, and the savers written from registers."""
+    try:
+        post = _post(graph, schedule, states, rows, width)
+    except NoMatch as reason:
+        log.debug("after the loop op by op: %s", reason)
+        post = ()
+    uses = graph.consumers()
+    savers = set(graph.output_nodes)
+    untiled = tuple(i for i in states if set(uses.get(Ref(i, 0), [])) - members <= set(post) | savers)
+    outputs = tuple((graph.nodes[i].inputs[0].node, i) for i in graph.output_nodes
+                    if graph.nodes[i].inputs[0].node in set(untiled) | set(post))
+    return post, untiled, outputs
+
+
+def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions: bool,
+           epilogues: bool) -> RowLoop:
     require(graph.forloop_range > 1 or reductions, "a one-iteration loop")
     loop = [item.node for item in schedule.items
             if isinstance(item, Step) and item.phase is Phase.LOOP and item.epilogue_of is None
@@ -199,17 +232,19 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions
                 f"{r} rows of {row_threads} threads in a block of {threads}: rows must fill it")
         require(row_threads <= 32 or graph.forloop_range == 1, "rows spanning warps in a loop")
     direct = _direct_inputs(graph, members) if direct_loads else ()
-    outputs = _outputs(graph, states) if reductions and graph.forloop_range == 1 else ()
-    return RowLoop(r, width, chunk, tuple(order), tuple(states), direct, tuple(reducing), outputs, threads)
+    post, untiled, outputs = _epilogue(graph, schedule, members, states, r, width) if epilogues else ((), (), ())
+    return RowLoop(r, width, chunk, tuple(order), tuple(states), direct, tuple(reducing), outputs, threads,
+                   post, untiled)
 
 
 def match(graph: BlockGraph, schedule: Schedule, direct_loads: bool = True,
-          reductions: bool = True) -> RowLoop | None:
+          reductions: bool = True, epilogues: bool = True) -> RowLoop | None:
     """The row-local loop of ``graph`` (see the module docstring), or None.  ``direct_loads``: read
     the per-iteration inputs that only the body uses straight from global memory; ``reductions``:
-    bodies may reduce along their rows, and one-iteration loops qualify."""
+    bodies may reduce along their rows, and one-iteration loops qualify; ``epilogues``: element-wise
+    work after the loop runs in registers too, and results go from registers to the outputs."""
     try:
-        return _match(graph, schedule, direct_loads, reductions)
+        return _match(graph, schedule, direct_loads, reductions, epilogues)
     except NoMatch as reason:
         log.debug("loop body lowered op by op: %s", reason)
         return None

@@ -5,7 +5,8 @@ the float64 reference, then against the same graph lowered op by op (``row_reduc
 three launches into poisoned buffers: nGPT's update at b = 1, 3 and 8 with 128 to 1024 threads a row
 (rows spanning up to 32 warps), softmax rows of one warp each over a grid of blocks, an rms-gated sum
 in fp16 and bf16, and a loop whose body reduces rows of eight threads. A misaligned input takes the
-loop's scalar reads and must give the same values."""
+loop's scalar reads and must give the same values. Split-KV combines whose division after the loop
+runs in registers (``row_epilogues``) match the tiled form bit for bit."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ pytest.importorskip("cupy")
 
 import mirage as mi  # noqa: E402
 from benchmarks.mugraphs import ntrans  # noqa: E402
+from benchmarks.variants import attention_fused  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
 from mirage.optimizer import OptimizerOptions  # noqa: E402
@@ -35,6 +37,15 @@ GRAPHS = {
     "gated_rms_fp16": gated_rms(rows=4, cols=2048, threads=512),
     "gated_rms_bf16": gated_rms(rows=4, cols=2048, threads=512, dtype=mi.bfloat16),
     "rms_of_slices": rms_of_slices(rows=16, cols=512, iters=4, threads=128),
+}
+
+
+NO_EPILOGUES = dataclasses.replace(OptimizerOptions(), row_epilogues=False)
+COMBINES = {  # split-KV attention: its combine's O / l after the loop, from registers to the output
+    "gqa_combine": attention_fused(1, False, row_sums=True, combine_rows=16, kv_splits=8, q_splits=8,
+                                   iters=4, threads=128),
+    "qknorm_combine": attention_fused(1, True, row_sums=True, combine_rows=8, kv_splits=16, q_splits=4,
+                                      iters=2, threads=128),
 }
 
 
@@ -64,3 +75,17 @@ def test_row_local_build_matches_reference_and_op_by_op(built, name):
 def test_misaligned_input_takes_scalar_reads(built, name):
     graph, ours, theirs = built[name]
     assert_matching_on_misaligned(graph, ours, theirs, index=0, seed=3, same=_close)
+
+
+def test_combine_epilogue_in_registers_is_bit_identical():
+    """The combine's division after the loop reads the states from registers instead of their fp32
+    tiles: the same values, so the same bits, as with ``row_epilogues=False``."""
+    graphs = list(COMBINES.values())
+    ours = build_many([generate_cuda_program(g) for g in graphs])
+    theirs = build_many([generate_cuda_program(g, options=NO_EPILOGUES) for g in graphs])
+    for graph, a, b in zip(graphs, ours, theirs, strict=True):
+        assert_checked_and_matching(graph, a, b, seed=11, same=_identical)
+
+
+def _identical(x, y):
+    assert torch.equal(x, y), f"max difference {(x.float() - y.float()).abs().max().item()}"

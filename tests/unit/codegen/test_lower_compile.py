@@ -141,7 +141,8 @@ def test_register_attention_runs_on_tensor_cores_without_local_memory(built):
     functions = {f.split()[0]: f for f in sass.split("Function : ")[1:]}
     combine = functions[program.kernels[-1].name]  # reads its splits straight from global memory
     assert re.search(r"LDG\.E\.(64|128)\.CONSTANT", combine)  # 8- or 16-byte vectors per thread
-    assert "LDGSTS" not in combine and "BAR.SYNC" in combine
+    # ...and divides and writes its output from registers: no shared memory, no barrier at all
+    assert "LDGSTS" not in combine and "BAR.SYNC" not in combine and "STS" not in combine
 
 
 def test_softmax_orders_run_the_same_instructions(built):

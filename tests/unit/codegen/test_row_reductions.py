@@ -41,7 +41,7 @@ def test_ntrans_runs_in_registers_from_inputs_to_output(threads):
 def test_reductions_over_rows_of_few_threads_may_loop():
     plan = _kernel(rms_of_slices()).row_loop
     assert plan is not None and plan.row_threads == 8 and plan.scratch_floats == 0
-    assert plan.outputs == ()  # a loop's state is written back through its tile, as before
+    assert plan.untiled == plan.states and len(plan.outputs) == 1  # saved from registers after the loop
     # rows spanning warps need a barrier each iteration: not row-local in a loop
     assert _kernel(rms_of_slices(rows=1, cols=8192, iters=2, threads=128)).row_loop is None
 
@@ -83,3 +83,18 @@ def test_ntrans_sass_loads_and_stores_16_bytes_without_shared_tiles():
     # two barriers (one per rms) in each of the loop's two builds, with and without vector loads
     assert len(re.findall(r"\bBAR\.SYNC", ours)) == 2 * 2 < len(re.findall(r"\bBAR\.SYNC", op_by_op))
     assert "LDL" not in ours and "STL" not in ours
+
+
+def test_combine_divides_after_the_loop_in_registers_and_writes_the_output():
+    """A split-KV combine's O / l runs after the loop on the states' registers and goes straight to
+    the output: no shared memory, no barrier, no saver pass; with row_epilogues=False the states go
+    through their tiles and the division is a step of its own."""
+    from benchmarks.variants import attention_fused
+
+    graph = attention_fused(1, False, row_sums=True, combine_rows=16, kv_splits=8, q_splits=8, iters=4,
+                            threads=128)
+    ours, tiled = (generate_cuda_program(graph, options=o).code.split('extern "C"')[-1]
+                   for o in (None, dataclasses.replace(OptimizerOptions(), row_epilogues=False)))
+    after = ours.split("// ---- after the for-loop")[1]
+    assert "store_global<" in after and "__syncthreads" not in ours and "SharedTile" not in ours
+    assert "map_apply" in tiled and "__syncthreads" in tiled

@@ -31,7 +31,13 @@ def test_split_kv_combine_runs_row_local():
     ops = {combine.block_graph.nodes[i].op for i in plan.states}
     assert ops == {Op.RUNNING_MAX, Op.ACCUM_RESCALE}
     buffered = {b.node for b in combine.memory.buffers}
-    assert not plan.register_only & buffered and set(plan.states) <= buffered
+    assert not plan.register_only & buffered and not buffered  # O / l after the loop in registers too
+    assert len(plan.post) == 1 and set(plan.untiled) == set(plan.states)
+    (saver,) = combine.block_graph.output_nodes
+    assert plan.outputs == ((plan.post[0], saver),)
+    (_, tiled) = _kernels(graph, row_epilogues=False)
+    buffered = {b.node for b in tiled.memory.buffers}
+    assert tiled.row_loop.post == () and set(tiled.row_loop.states) <= buffered
     assert set(plan.direct) == set(combine.block_graph.input_nodes)  # all three read per split
     (_, staged) = _kernels(graph, direct_row_loads=False)
     assert staged.row_loop.direct == () and set(staged.block_graph.input_nodes) <= {
