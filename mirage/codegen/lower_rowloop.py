@@ -146,5 +146,6 @@ class RowLoopLowering:
             values[i] = Value(f"v{i}", self._wide(node.outputs[0].shape))
             arguments = tuple(values[r.node] for r in node.inputs)
             statements.append(Statement("map", values[i], arguments, self.lowering.function(i)))
-        outputs = tuple((values[value], self.lowering.direct_saver(saver)) for value, saver in self.plan.outputs)
+        outputs = tuple((values[value], self.lowering.direct_saver(saver))
+                        for value, saver in self.plan.outputs)
         return RowLoopWriteBack(tuple(s for s in states if s.tile is not None), outputs, tuple(statements))

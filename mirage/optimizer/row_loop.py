@@ -147,7 +147,8 @@ def _post(graph: BlockGraph, schedule: Schedule, states: list[int], rows: int, w
     for i in post:
         node = graph.nodes[i]
         require(node.op is Op.FUSED or node.op in ELEMENTWISE, f"%{i} ({node.op.value}) after the loop")
-        require(all(r.node in known and r.index == 0 for r in node.inputs), f"%{i} reads more than the states")
+        require(all(r.node in known and r.index == 0 for r in node.inputs),
+                f"%{i} reads more than the states")
         shape = _rows_and_width(graph.type_of(Ref(i)).shape)
         require(shape[0] == rows and shape[1] in (1, width), f"%{i} is not rows × (1 or W)")
         require(set(uses.get(Ref(i, 0), [])) <= set(post) | savers, f"%{i} is read by more than the savers")
@@ -232,7 +233,9 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions
                 f"{r} rows of {row_threads} threads in a block of {threads}: rows must fill it")
         require(row_threads <= 32 or graph.forloop_range == 1, "rows spanning warps in a loop")
     direct = _direct_inputs(graph, members) if direct_loads else ()
-    post, untiled, outputs = _epilogue(graph, schedule, members, states, r, width) if epilogues else ((), (), ())
+    post, untiled, outputs = ((), (), ())
+    if epilogues:
+        post, untiled, outputs = _epilogue(graph, schedule, members, states, r, width)
     return RowLoop(r, width, chunk, tuple(order), tuple(states), direct, tuple(reducing), outputs, threads,
                    post, untiled)
 
