@@ -162,6 +162,7 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
     start = time.perf_counter()
     trials = [Trial(v) for v in variants(candidates, stages, multicast, warpgroup)]
     programs, built = [], []
+    seen: set[tuple[str, str]] = set()
     for trial in list(trials):
         try:
             program = generate_cuda_program(trial.variant.graph, None, options=trial.variant.options)
@@ -181,6 +182,11 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
         if trial.variant.tma_copies and not any(k.tensor_maps for k in program.kernels):
             trials.remove(trial)  # no input copied by TMA: the same build as without
             continue
+        build = (program.code, repr(program.kernels))
+        if build in seen:  # e.g. another depth of kernels without a pipeline (row-local from global memory)
+            trials.remove(trial)
+            continue
+        seen.add(build)
         programs.append(program)
         built.append(trial)
     compiled = dict(zip(map(id, built), build_many(programs, max_workers=max_workers), strict=True))

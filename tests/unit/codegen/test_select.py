@@ -166,3 +166,17 @@ def test_warpgroup_builds_join_only_where_a_chain_qualifies(monkeypatch):
     rms = select_fastest(CASES["rmsnorm_b8"].reference(), variants("rmsnorm_b8")[:2], inputs, stages=(2,),
                          multicast=(0,))
     assert len(rms.trials) == 2 and not any("Swizzled128Layout" in p.code for p in built)
+
+
+def test_builds_that_generate_the_same_code_are_timed_once(monkeypatch):
+    """nTrans runs row-local from global memory: no pipelined input, so its depths 2 and 3 are one
+    build, timed once; rmsnorm's depths differ and are both timed."""
+    built, inputs = _record_builds(monkeypatch)
+    ntrans = select_fastest(CASES["ntrans_b8"].reference(), variants("ntrans_b8"), inputs, stages=(2, 3),
+                            multicast=(0,), warpgroup=((False, False),))
+    assert [t.variant.stages for t in ntrans.trials] == [2] * len(variants("ntrans_b8"))
+    assert len({p.code for p in built}) == len(built)
+    built.clear()
+    rms = select_fastest(CASES["rmsnorm_b8"].reference(), variants("rmsnorm_b8")[:1], inputs, stages=(2, 3),
+                         multicast=(0,), warpgroup=((False, False),))
+    assert [t.variant.stages for t in rms.trials] == [2, 3]
