@@ -98,3 +98,18 @@ def test_combine_divides_after_the_loop_in_registers_and_writes_the_output():
     after = ours.split("// ---- after the for-loop")[1]
     assert "store_global<" in after and "__syncthreads" not in ours and "SharedTile" not in ours
     assert "map_apply" in tiled and "__syncthreads" in tiled
+
+
+@needs_nvcc
+def test_combine_stores_its_chunks_whole():
+    """A combine thread's 4 output halves leave in one 8-byte store, an nTrans thread's 8 in one
+    16-byte store (assembled from 16-bit halves, the compiler would split them into 32-bit stores)."""
+    from benchmarks.variants import attention_fused
+
+    graph = attention_fused(1, False, row_sums=True, combine_rows=8, kv_splits=16, q_splits=4, iters=2,
+                            threads=128)
+    program = generate_cuda_program(graph)
+    (result,) = compile_sources([program.code], CompileOptions(target=TARGETS["H100"]), dumps={Stage.SASS})
+    functions = {f.split()[0]: f for f in result.sass().split("Function : ")[1:]}
+    combine = functions[program.kernels[-1].name]
+    assert re.search(r"\bSTG\.E\.64\b", combine) and not re.search(r"\bSTG\.E\s", combine)

@@ -275,6 +275,10 @@ struct GlobalSink {
           dev::pack_words<T>(part, words);
           dev::store_global_vector(at(linear + v * kVector), make_uint4(words[0], words[1], words[2], words[3]));
         }
+      } else if constexpr (C * sizeof(T) == 8 && sizeof(T) == 2) {  // one 8-byte store
+        uint32_t words[2];
+        dev::pack_words<T>(values, words);
+        dev::store_global_vector(at(linear), make_uint2(words[0], words[1]));
       } else {
         write_chunk<kVector>(at(linear), values);
       }
