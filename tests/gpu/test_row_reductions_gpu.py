@@ -6,11 +6,14 @@ three launches into poisoned buffers: nGPT's update at b = 1, 3 and 8 with 128 t
 (rows spanning up to 32 warps), softmax rows of one warp each over a grid of blocks, an rms-gated sum
 in fp16 and bf16, and a loop whose body reduces rows of eight threads. A misaligned input takes the
 loop's scalar reads and must give the same values. Split-KV combines whose division after the loop
-runs in registers (``row_epilogues``) match the tiled form bit for bit."""
+runs in registers (``row_epilogues``) match the tiled form bit for bit. A sweep of shapes (rows of 64
+to 8192 columns, 1 to 64 rows a block, 64 to 1024 threads, fp16 and bf16) checks every build that
+comes out row-local against float64."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -20,6 +23,7 @@ pytest.importorskip("cupy")
 import mirage as mi  # noqa: E402
 from benchmarks.mugraphs import ntrans  # noqa: E402
 from benchmarks.variants import attention_fused  # noqa: E402
+from mirage.codegen.gpu_check import check_on_gpu  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
 from mirage.optimizer import OptimizerOptions  # noqa: E402
@@ -89,3 +93,43 @@ def test_combine_epilogue_in_registers_is_bit_identical():
 
 def _identical(x, y):
     assert torch.equal(x, y), f"max difference {(x.float() - y.float()).abs().max().item()}"
+
+
+def _sweep() -> dict:
+    """Shapes of no other test: rows of 64 to 8192 columns, 1 to 64 rows a block, 64 to 1024 threads,
+    fp16 and bf16; those whose body runs row-local with reductions."""
+    graphs = {}
+    for rows, cols, blocks, threads in itertools.product((8, 64), (64, 1024, 4096), (1, 8), (64, 256, 1024)):
+        graphs[f"softmax_{rows}x{cols}_{blocks}b_{threads}t"] = (row_softmax, (rows, cols, blocks, threads))
+    types = {"fp16": mi.float16, "bf16": mi.bfloat16}
+    for rows, cols, threads, dtype in itertools.product((1, 4, 16), (128, 8192), (128, 1024), types):
+        graphs[f"gated_{rows}x{cols}_{threads}t_{dtype}"] = (gated_rms, (rows, cols, threads, types[dtype]))
+    for rows, cols, iters, threads in itertools.product((4, 16), (256, 1024), (2, 4), (64, 256)):
+        graphs[f"slices_{rows}x{cols}_{iters}i_{threads}t"] = (rms_of_slices, (rows, cols, iters, threads))
+    return graphs
+
+
+SWEEP = _sweep()
+
+
+@pytest.fixture(scope="module")
+def swept() -> dict:
+    programs = {}
+    for name, (build, arguments) in SWEEP.items():
+        try:
+            program = generate_cuda_program(build(*arguments))
+        except mi.MirageError:
+            continue  # too large for shared memory op by op, where the body is not row-local
+        if "row_combine<" in program.code:
+            programs[name] = program
+    assert len(programs) >= 30  # 35 of the 76 when written
+    return dict(zip(programs, build_many(list(programs.values())), strict=True))
+
+
+@pytest.mark.parametrize("name", list(SWEEP))
+def test_row_local_shapes_match_the_reference(swept, name):
+    if name not in swept:
+        pytest.skip("not row-local at this shape")
+    build, arguments = SWEEP[name]
+    result = check_on_gpu(build(*arguments), swept[name].with_poison(), seed=5)
+    assert result.passed, result.as_dict()
