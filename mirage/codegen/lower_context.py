@@ -321,6 +321,9 @@ class Statement:
     scratch: str = "nullptr"  # reduce, rms: the cross-warp combine's shared floats
     count: int = 1  # rms: elements of a row
     eps: float = 0.0  # rms
+    column: str = "row_loop_col + e"  # load: the column of element e (RowLoop.group)
+    groups: int = 1  # read: a thread's groups of consecutive columns, ``stride`` columns apart
+    stride: int = 0
 
 
 @dataclass(frozen=True)
@@ -341,6 +344,7 @@ class RowLoopSetup:
     rows: int
     row_threads: int
     chunk: int
+    group: int  # consecutive columns (RowLoop.group); groups row_threads · group columns apart
     states: tuple[State, ...]
     threads: int  # of the block (all active when rows · row_threads equals it)
 
@@ -376,6 +380,9 @@ class RowLoopWriteBack:
     states: tuple[State, ...]
     outputs: tuple[tuple[Value, OutputSaverContext], ...] = ()
     statements: tuple[Statement, ...] = ()
+    column: str = "row_loop_col + e"  # the column of element e
+    groups: int = 1  # a thread's groups of consecutive columns, ``stride`` columns apart
+    stride: int = 0
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,17 @@ class RowLoopLowering:
         self.values: dict[int, Value] = {}
         self._loaded: dict[int, Value] = {}  # tiles read from shared memory, by node
 
+    @property
+    def _layout(self) -> dict:
+        """Where a thread's elements sit in its row (RowLoop.group): element e's column, and the
+        groups of consecutive columns with their distance."""
+        p = self.plan
+        if p.group == p.chunk:
+            return {"column": "row_loop_col + e", "groups": 1, "stride": 0}
+        stride = p.row_threads * p.group
+        return {"column": f"row_loop_col + e / {p.group} * {stride} + e % {p.group}",
+                "groups": p.chunk // p.group, "stride": stride}
+
     def _wide(self, shape: tuple[int, ...]) -> bool:
         return self.plan.width > 1 and shape[-1] == self.plan.width
 
@@ -54,10 +65,13 @@ class RowLoopLowering:
             return self.values[ref.node]
         if ref.node not in self._loaded:
             value = Value(f"x{ref.node}", self._wide(self.graph.type_of(ref).shape))
+            layout = self._layout
             if ref.node in self.plan.direct:
-                self.statements.append(Statement("read", value, iterator=f"in{ref.node}"))
+                self.statements.append(Statement("read", value, iterator=f"in{ref.node}",
+                                                 groups=layout["groups"], stride=layout["stride"]))
             else:
-                self.statements.append(Statement("load", value, tile=self.lowering.operand(ref)))
+                self.statements.append(Statement("load", value, tile=self.lowering.operand(ref),
+                                                 column=layout["column"]))
             self._loaded[ref.node] = value
         return self._loaded[ref.node]
 
@@ -87,7 +101,8 @@ class RowLoopLowering:
         return Statement(kind, result, (argument,), lanes=lanes, scratch=scratch, **fields)
 
     def setup(self) -> RowLoopSetup:
-        return RowLoopSetup(self.plan.rows, self.plan.row_threads, self.plan.chunk, self.states(),
+        return RowLoopSetup(self.plan.rows, self.plan.row_threads, self.plan.chunk, self.plan.group,
+                            self.states(),
                             self.lowering.threads)
 
     def step(self) -> RowLoopStep:
@@ -148,4 +163,5 @@ class RowLoopLowering:
             statements.append(Statement("map", values[i], arguments, self.lowering.function(i)))
         outputs = tuple((values[value], self.lowering.direct_saver(saver))
                         for value, saver in self.plan.outputs)
-        return RowLoopWriteBack(tuple(s for s in states if s.tile is not None), outputs, tuple(statements))
+        return RowLoopWriteBack(tuple(s for s in states if s.tile is not None), outputs, tuple(statements),
+                                **self._layout)

@@ -71,6 +71,7 @@ class OptimizerOptions:
     # kernels included: nGPT's update in registers from its inputs to its output (row_loop)
     row_epilogues: bool = True  # ...running element-wise work after the loop in registers too, and
     # writing results from registers to the outputs (a split-KV combine's O / l, row_loop)
+    row_interleave: bool = True  # ...a thread's columns in groups of 8 interleaved across its row
     two_blocks_per_sm: bool = False  # softmax-chain kernels of 256+ threads: registers for 2 blocks per SM
     l2_prefetch_iterations: int = 0  # tiles of each input pulled into L2 before the dependency wait
     register_row_sums: bool = True  # mean / rms accumulators of a tile summed in registers (gen::RowSums)
@@ -254,7 +255,7 @@ def _row_loop(k: int, block: BlockGraph, state: PassState) -> RowLoop | None:
         return None
     o = state.options
     return match_row_loop(block, dict(state.records["schedule"])[k], o.direct_row_loads, o.row_reductions,
-                          o.row_epilogues)
+                          o.row_epilogues, o.row_interleave)
 
 
 def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:

@@ -42,6 +42,11 @@ combine's ``O / l``) runs in registers too (:attr:`RowLoop.post`, all or none), 
 savers read, states or post nodes, goes from registers to the device output
 (:attr:`RowLoop.outputs`).  States that nothing else reads after the loop then get no shared tile
 (:attr:`RowLoop.untiled`), and the write-back, its barrier and the savers' pass go.
+
+Interleaving (``row_interleave``).  A thread that holds more than 8 columns holds them in groups of 8
+(:attr:`RowLoop.group`), group ``j`` at column ``(j · row_threads + lane) · 8``: each of a warp's
+16-byte accesses then covers 512 contiguous bytes, where consecutive chunks of 16 or more columns a
+thread would leave gaps between its lanes.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from mirage.optimizer.schedule import Action, Phase, Schedule, Step
 log = logging.getLogger(__name__)
 
 ELEMENTWISE_KINDS = frozenset({AccumKind.NONE, AccumKind.SUM, AccumKind.MEAN, AccumKind.MAX})
+VECTOR = 8  # columns of one 16-byte access of 16-bit elements: a thread's group when it holds more
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ class RowLoop:
 
     rows: int  # R
     width: int  # W
-    chunk: int  # consecutive columns of a wide value per thread
+    chunk: int  # columns of a wide value per thread
     nodes: tuple[int, ...]  # loop nodes in execution order
     states: tuple[int, ...]  # accumulators and running maxima (registers across iterations)
     direct: tuple[int, ...] = ()  # per-iteration inputs read from global memory by each thread
@@ -75,6 +81,8 @@ class RowLoop:
     threads: int = 0  # of the block
     post: tuple[int, ...] = ()  # element-wise nodes after the loop, computed from the states in registers
     untiled: tuple[int, ...] = ()  # states that need no shared tile (read only by post nodes and savers)
+    vector: int = 0  # a thread's columns come in groups of this many, interleaved across the row's
+    # threads (0: one group, the chunk's consecutive columns)
 
     @property
     def register_only(self) -> frozenset[int]:
@@ -95,6 +103,12 @@ class RowLoop:
     def row_threads(self) -> int:
         """Threads per row."""
         return self.width // self.chunk
+
+    @property
+    def group(self) -> int:
+        """Consecutive columns a thread holds: a chunk is ``chunk / group`` groups, group ``j`` of the
+        thread of lane ``l`` (its index in the row) at column ``(j · row_threads + l) · group``."""
+        return self.vector or self.chunk
 
 
 
@@ -174,7 +188,7 @@ def _epilogue(graph: BlockGraph, schedule: Schedule, members: set[int], states: 
 
 
 def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions: bool,
-           epilogues: bool) -> RowLoop:
+           epilogues: bool, interleave: bool) -> RowLoop:
     require(graph.forloop_range > 1 or reductions, "a one-iteration loop")
     loop = [item.node for item in schedule.items
             if isinstance(item, Step) and item.phase is Phase.LOOP and item.epilogue_of is None
@@ -236,18 +250,20 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions
     post, untiled, outputs = ((), (), ())
     if epilogues:
         post, untiled, outputs = _epilogue(graph, schedule, members, states, r, width)
+    vector = VECTOR if interleave and chunk > VECTOR else 0
     return RowLoop(r, width, chunk, tuple(order), tuple(states), direct, tuple(reducing), outputs, threads,
-                   post, untiled)
+                   post, untiled, vector)
 
 
 def match(graph: BlockGraph, schedule: Schedule, direct_loads: bool = True,
-          reductions: bool = True, epilogues: bool = True) -> RowLoop | None:
+          reductions: bool = True, epilogues: bool = True, interleave: bool = True) -> RowLoop | None:
     """The row-local loop of ``graph`` (see the module docstring), or None.  ``direct_loads``: read
     the per-iteration inputs that only the body uses straight from global memory; ``reductions``:
     bodies may reduce along their rows, and one-iteration loops qualify; ``epilogues``: element-wise
-    work after the loop runs in registers too, and results go from registers to the outputs."""
+    work after the loop runs in registers too, and results go from registers to the outputs;
+    ``interleave``: a thread's columns in groups of :data:`VECTOR`, interleaved across the row."""
     try:
-        return _match(graph, schedule, direct_loads, reductions, epilogues)
+        return _match(graph, schedule, direct_loads, reductions, epilogues, interleave)
     except NoMatch as reason:
         log.debug("loop body lowered op by op: %s", reason)
         return None

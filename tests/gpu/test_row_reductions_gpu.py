@@ -7,8 +7,8 @@ three launches into poisoned buffers: nGPT's update at b = 1, 3 and 8 with 128 t
 in fp16 and bf16, and a loop whose body reduces rows of eight threads. A misaligned input takes the
 loop's scalar reads and must give the same values. Split-KV combines whose division after the loop
 runs in registers (``row_epilogues``) match the tiled form bit for bit. A sweep of shapes (rows of 64
-to 8192 columns, 1 to 64 rows a block, 64 to 1024 threads, fp16 and bf16) checks every build that
-comes out row-local against float64."""
+to 8192 columns, 1 to 64 rows a block, 64 to 1024 threads, fp16, bf16 and fp32; a thread's columns in
+one group or interleaved groups of 8) checks every build that comes out row-local against float64."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def _sweep() -> dict:
     graphs = {}
     for rows, cols, blocks, threads in itertools.product((8, 64), (64, 1024, 4096), (1, 8), (64, 256, 1024)):
         graphs[f"softmax_{rows}x{cols}_{blocks}b_{threads}t"] = (row_softmax, (rows, cols, blocks, threads))
-    types = {"fp16": mi.float16, "bf16": mi.bfloat16}
+    types = {"fp16": mi.float16, "bf16": mi.bfloat16, "fp32": mi.float32}
     for rows, cols, threads, dtype in itertools.product((1, 4, 16), (128, 8192), (128, 1024), types):
         graphs[f"gated_{rows}x{cols}_{threads}t_{dtype}"] = (gated_rms, (rows, cols, threads, types[dtype]))
     for rows, cols, iters, threads in itertools.product((4, 16), (256, 1024), (2, 4), (64, 256)):

@@ -113,3 +113,16 @@ def test_combine_stores_its_chunks_whole():
     functions = {f.split()[0]: f for f in result.sass().split("Function : ")[1:]}
     combine = functions[program.kernels[-1].name]
     assert re.search(r"\bSTG\.E\.64\b", combine) and not re.search(r"\bSTG\.E\s", combine)
+
+
+def test_columns_beyond_a_vector_interleave_across_the_row():
+    """At 256 threads an nTrans thread holds 16 columns: two groups of 8, 2048 columns apart, so that a
+    warp's 16-byte loads cover contiguous bytes; at 512 threads one group of 8, as before."""
+    wide = _kernel(ntrans.fused(8, threads=256)).row_loop
+    assert (wide.chunk, wide.group, wide.row_threads) == (16, 8, 256)
+    narrow = _kernel(ntrans.fused(8, threads=512)).row_loop
+    assert narrow.group == narrow.chunk == 8
+    off = dataclasses.replace(OptimizerOptions(), row_interleave=False)
+    assert _kernel(ntrans.fused(8, threads=256), off).row_loop.group == 16
+    code = generate_cuda_program(ntrans.fused(8, threads=256)).code
+    assert code.count("row_loop_col + j * 2048") == 4  # three inputs and the output
