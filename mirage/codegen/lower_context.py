@@ -306,7 +306,8 @@ class Statement:
     * ``reduce``: the narrow ``result`` = the sum (``combine`` add) or max of the wide ``arguments[0]``
       over the row: each thread its chunk, then ``dev::row_combine`` over the row's ``lanes`` threads
       (through the shared floats at ``scratch``, a C++ pointer expression, where rows span warps)
-    * ``rms``: ``result = arguments[0] / sqrt(Σ arguments[0]² / count + eps)``, the sum combined so
+    * ``rms``: ``result = arguments[0] / sqrt(Σ arguments[0]² / count + eps)``, the sum of squares
+      combined over the row's threads as for ``reduce``
     """
 
     kind: str

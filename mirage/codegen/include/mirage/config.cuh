@@ -82,6 +82,20 @@ MIRAGE_DEVICE void store_global_vector(void* address, uint2 value) {
 template <class T>
 constexpr int kVectorElements = kVectorBytes / static_cast<int>(sizeof(T));
 
+// `values` converted to T and written with one 16- or 8-byte global store (`address` aligned to it).
+template <class T, int N>
+MIRAGE_DEVICE void store_global_values(void* address, const float (&values)[N]) {
+  constexpr int kBytes = N * static_cast<int>(sizeof(T));
+  static_assert(kBytes == 16 || kBytes == 8, "one 16- or 8-byte store");
+  uint32_t words[kBytes / 4];
+  pack_words<T>(values, words);
+  if constexpr (kBytes == 16) {
+    store_global_vector(address, make_uint4(words[0], words[1], words[2], words[3]));
+  } else {
+    store_global_vector(address, make_uint2(words[0], words[1]));
+  }
+}
+
 MIRAGE_HOST_DEVICE constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 MIRAGE_HOST_DEVICE constexpr int round_up(int a, int b) { return ceil_div(a, b) * b; }
 

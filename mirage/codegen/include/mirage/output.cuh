@@ -119,9 +119,7 @@ struct OutputSaver {
     float converted[kVector];
 #pragma unroll
     for (int e = 0; e < kVector; ++e) converted[e] = epilogue(values[e]);
-    uint32_t words[4];
-    pack_words<T>(converted, words);
-    store_global_vector(target, make_uint4(words[0], words[1], words[2], words[3]));
+    store_global_values<T>(target, converted);
   }
 };
 

@@ -267,18 +267,11 @@ struct GlobalSink {
       constexpr int kVector = dev::kVectorElements<T>;
       if constexpr (C % kVector == 0) {  // whole 16-byte stores, in PTX (a uint4 store may be split)
 #pragma unroll
-        for (int v = 0; v < C / kVector; ++v) {
-          float part[kVector];
-#pragma unroll
-          for (int e = 0; e < kVector; ++e) part[e] = values[v * kVector + e];
-          uint32_t words[4];
-          dev::pack_words<T>(part, words);
-          dev::store_global_vector(at(linear + v * kVector), make_uint4(words[0], words[1], words[2], words[3]));
-        }
+        for (int v = 0; v < C / kVector; ++v)
+          dev::store_global_values<T>(at(linear + v * kVector),
+                                      *reinterpret_cast<const float (*)[kVector]>(&values[v * kVector]));
       } else if constexpr (C * sizeof(T) == 8 && sizeof(T) == 2) {  // one 8-byte store
-        uint32_t words[2];
-        dev::pack_words<T>(values, words);
-        dev::store_global_vector(at(linear), make_uint2(words[0], words[1]));
+        dev::store_global_values<T>(at(linear), values);
       } else {
         write_chunk<kVector>(at(linear), values);
       }
