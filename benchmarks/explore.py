@@ -31,7 +31,7 @@ log = logging.getLogger("benchmarks.explore")
 def explore_case(
     case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False,
     also: dict | None = None, plain_launch: bool = False, spread: bool = False, match: str = "",
-    fold: bool = False, depths: tuple[int, ...] = (),
+    fold: bool = False, depths: tuple[int, ...] = (), base: dict | None = None,
 ) -> list[dict]:
     from benchmarks.mugraphs import CASES
     from benchmarks.variants import family
@@ -54,7 +54,7 @@ def explore_case(
                                                        (True, False) if one_block else (False,),
                                                        ({}, also) if also else ({},)):
                 options = dataclasses.replace(OptimizerOptions(), stages=stages, register_softmax=chain,
-                                              two_blocks_per_sm=two, **extra)
+                                              two_blocks_per_sm=two, **{**(base or {}), **extra})
                 row = {"case": case_name, "label": variant.label, "stages": stages, "register_softmax": chain,
                        "two_blocks_per_sm": two, "options": extra,
                        "grids": [b.grid_dim for b in graph.block_graphs()]}
@@ -126,6 +126,8 @@ def main(argv=None) -> int:
                         help="also build every member without OptimizerOptions.two_blocks_per_sm")
     parser.add_argument("--also", default="",
                         help="also build every member with these OptimizerOptions, e.g. prefetch_stages=4")
+    parser.add_argument("--base", default="",
+                        help="OptimizerOptions of every build, e.g. warpgroup_softmax=true,tma_copies=true")
     parser.add_argument("--plain-launch", action="store_true",
                         help="also time every build with ordinary launches (no programmatic dependent "
                              "launch)")
@@ -142,7 +144,7 @@ def main(argv=None) -> int:
     from mirage.codegen.profile import device_facts
 
     facts = device_facts()
-    result = {"facts": facts, "family": args.family, "cases": {}}
+    result = {"facts": facts, "family": args.family, "base": args.base, "also": args.also, "cases": {}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for case in args.cases.split(","):
@@ -150,7 +152,8 @@ def main(argv=None) -> int:
                                              one_block=args.one_block, also=_options(args.also),
                                              plain_launch=args.plain_launch, spread=args.spread,
                                              match=args.match, fold=args.family == "fold",
-                                             depths=tuple(int(d) for d in args.stages.split(",") if d))
+                                             depths=tuple(int(d) for d in args.stages.split(",") if d),
+                                             base=_options(args.base))
         (out / f"explore_{facts['date']}.json").write_text(json.dumps(result, indent=1))
     bad = [r for rows in result["cases"].values() for r in rows if "passed" in r and not r["passed"]]
     return 1 if bad else 0

@@ -1,5 +1,6 @@
 """Launch the suite's gqa_b8 attention member once per build, for Nsight Compute: 128 and 256
-threads a block, the online-softmax chain on warp MMAs (mma.sync) and on warpgroup MMAs (wgmma).
+threads a block, the online-softmax chain on warp MMAs (mma.sync) and on warpgroup MMAs (wgmma), and
+last the suite's form (warpgroup MMAs, K and V copied by TMA, 4 stages; ``-k regex:gqa_k3 -s 4`` picks it).
 
     ncu --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \\
         -k regex:gqa_k3 python -m benchmarks.ncu_attention
@@ -25,6 +26,9 @@ def main() -> None:
         for warpgroup in (False, True):
             options = dataclasses.replace(OptimizerOptions(), warpgroup_softmax=warpgroup)
             programs.append(generate_cuda_program(graph, None, options=options))
+    # the suite's form since run 14: warpgroup MMAs, K and V copied by TMA into a ring of 4 stages
+    options = dataclasses.replace(OptimizerOptions(), warpgroup_softmax=True, tma_copies=True, stages=4)
+    programs.append(generate_cuda_program(graph, None, options=options))
     launch_once(programs, random_inputs(graph, seed=0))
 
 

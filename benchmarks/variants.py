@@ -15,7 +15,8 @@ The tables keep the members that came out on top of two wider explorations on th
 * gqa, qknorm: FlashDecoding-like splits with per-row partial sums (``row_sums``): query rows per
   block (``256 / q_splits``), key splits across blocks (``kv_splits``), keys per for-loop iteration
   (``4096 / (kv_splits · iters)``), 8 or 16 query rows per block of the combine; QKNorm divides each
-  score by its key's rms in the attention kernel (``key_scales``), or normalizes K in a kernel of
+  score by its key's rms in the attention kernel (``key_scales``), computed there from each key's sum
+  of squares that a kernel of its own computes first (``key_sums``), or normalizes K in a kernel of
   its own first (``normalize_k``).  The splits are the fastest of explorations of
   the wider families (``WIDE_ROWS``, ``python -m benchmarks.explore --family wide``).
 """
@@ -64,6 +65,9 @@ def _rows(stages: tuple[int, ...], **axes) -> list[Variant]:
 # multiplies each product by a per-key factor)
 NORMALIZE_K = (("normalize_k", True), ("norm_blocks", 64))
 KEY_SCALES = (("key_scales", True),)
+# ...or divided out of each score by its key's rms, computed in the attention kernel from each key's sum
+# of squares, which a kernel of 64 blocks per head computes first (the chain reads the sums as they land)
+KEY_SUMS = (("key_sums", True), ("norm_blocks", 64))
 
 # (kv_splits, q_splits, iters, threads, combine_rows) and the program's extra arguments: the fastest
 # splits of the explorations with the register-resident softmax chain and the direct-read combine
@@ -80,7 +84,8 @@ ATTENTION_SPLITS: dict[str, list[tuple[tuple[int, ...], tuple[tuple[str, int | b
     + [(splits, KEY_SCALES) for splits in (
         (16, 4, 2, 128, 8), (16, 2, 2, 256, 8), (32, 2, 2, 256, 16), (8, 2, 8, 128, 8), (8, 2, 8, 128, 16),
         (8, 2, 4, 128, 8),
-    )],
+    )]
+    + [(splits, KEY_SUMS) for splits in ((8, 2, 8, 256, 8),)],  # of four: the fastest at b = 8 and b = 1
 }
 
 
@@ -138,7 +143,8 @@ def _wide_qknorm_rows() -> list[Variant]:
 
 def attention_fused(
     b: int, qknorm: bool, row_sums: bool = False, combine_rows: int | None = None, normalize_k: bool = False,
-    norm_blocks: int = 32, key_scales: bool = False, combine_threads: int = 128, **splits,
+    norm_blocks: int = 32, key_scales: bool = False, key_sums: bool = False, combine_threads: int = 128,
+    **splits,
 ) -> KernelGraph:
     """Mirage's attention µGraph (``attention.fused``), or with ``row_sums`` its variant that sums
     ``exp(S)`` over the keys inside the first kernel (``forloop_accum(..., acc="sum")``): the partial
@@ -151,7 +157,10 @@ def attention_fused(
     QKNorm's keys: normalized in a kernel of their own (``normalize_k``), tile by tile in the first
     kernel (the default), or, with ``key_scales``, not at all: ``(q · k) / rms(k)`` divides each
     score by its key's rms, computed from the K tile in the first kernel (the softmax chain then
-    multiplies each product by a per-key factor, gen/softmax.cuh)."""
+    multiplies each product by a per-key factor, gen/softmax.cuh).  ``key_sums``: as ``key_scales``,
+    but each key's sum of squares comes from a kernel of its own (``norm_blocks`` blocks per head), so
+    that the attention kernel reads one value per key beside K (which that kernel leaves in L2) instead
+    of reducing every K tile over its 64 rows."""
     if not row_sums:
         return attention.fused(b, qknorm, **splits)
     kv_splits, q_splits, iters = splits["kv_splits"], splits["q_splits"], splits["iters"]
@@ -169,6 +178,7 @@ def attention_fused(
     )
     if qknorm and normalize_k:
         k = _normalized_keys(g, k, heads, norm_blocks)
+    squares = _key_sums(g, k, heads, norm_blocks) if qknorm and key_sums else None
     rows_axis = 1 if q_splits > 1 else -1  # grid z splits the query rows (a grid of 1 maps nothing)
     bq = tb.new_input(q, input_map=(0, -1, rows_axis), forloop_dim=-1)  # [1, 256 / q_splits, 64]
     bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)  # [1, 64, keys]
@@ -176,7 +186,11 @@ def attention_fused(
     scores = None
     if qknorm:
         bq = tb.rms_norm(bq, eps=attention.EPS)
-        if key_scales:
+        if squares is not None:
+            bs = tb.new_input(squares, input_map=(0, 2, -1), forloop_dim=2)  # [1, 1, keys]: Σ_d k²
+            rms = tb.sqrt(tb.add_scalar(tb.mul_scalar(bs, 1.0 / bk.dims[1]), attention.EPS))
+            scores = tb.div(tb.matmul(bq, bk), rms)
+        elif key_scales:
             scores = tb.div(tb.matmul(bq, bk), attention.key_rms(tb, bk))
         elif not normalize_k:
             bk = attention._rms_k(tb, bk)
@@ -185,7 +199,7 @@ def attention_fused(
     numerators = tb.forloop_accum(tb.matmul(e, bv))  # [1, rows, 64]
     tb.new_output(sums, output_map=(0, 2, rows_axis))  # [2b, 256, kv_splits]
     tb.new_output(numerators, output_map=(0, 2, rows_axis))  # [2b, 256, 64 kv_splits]
-    partial_sums, partial_numerators = g.customized([q, k, v], tb)
+    partial_sums, partial_numerators = g.customized([q, k, v] + ([squares] if squares is not None else []), tb)
     tb2 = mi.new_threadblock_graph(
         grid_dim=(heads, combine_splits, 1), block_dim=(combine_threads, 1, 1), forloop_range=1,
         reduction_dimx=64,
@@ -205,6 +219,16 @@ def _normalized_keys(g, k, heads: int, key_blocks: int = 32):
     tb.new_output(tb.forloop_accum(attention._rms_k(tb, bk)), output_map=(0, 2, -1))
     (normalized,) = g.customized([k], tb)
     return normalized
+
+
+def _key_sums(g, k, heads: int, key_blocks: int):
+    """Σ_d K[d, n]² of every key n (2b, 1, keys), as one graph-defined kernel of ``heads × key_blocks``
+    blocks."""
+    tb = mi.new_threadblock_graph(grid_dim=(heads, key_blocks, 1), block_dim=(128, 1, 1), forloop_range=1)
+    bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=-1)  # [1, 64, keys / key_blocks]
+    tb.new_output(tb.forloop_accum(tb.reduction(tb.square(bk), 1)), output_map=(0, 2, -1))
+    (sums,) = g.customized([k], tb)
+    return sums
 
 
 def rmsnorm_variant(b: int, two_kernels: bool = False, **splits) -> KernelGraph:

@@ -467,8 +467,10 @@ class KernelLowering:
             return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, "mirage::gen::ColumnScore",
                                          key_norms=f"mirage::gen::Compose<{g}, {factor}>")
         if chain.column is not None:  # the products times per-key factors (the column's step stores them)
+            loaded = chain.column_loaded  # an input tile: f(1, c) taken on read
             return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, "mirage::gen::ColumnScore",
-                                         self.tile(chain.column), defer_values=chain.defer_values)
+                                         self.tile(chain.column), defer_values=chain.defer_values,
+                                         column_factor=self.column_factor().function if loaded else None)
         score = self.function(chain.score) if chain.score is not None else "mirage::dev::Identity"
         return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, score,
                                      defer_values=chain.defer_values)
@@ -511,8 +513,9 @@ class KernelLowering:
 
     # ---- the walk ------------------------------------------------------------------------------
 
-    def loop_state(self) -> list[ctx.Step]:
-        """Clear accumulators (0, or −inf for max) and running maxima (−inf) before the loop."""
+    def loop_state(self, prologue: bool = True) -> list[ctx.Step]:
+        """Clear accumulators (0, or −inf for max) and running maxima (−inf) before the loop, then
+        (``prologue``) fetch the first stages of the pipelined inputs."""
         fills: list[ctx.Step] = []
         computed = self.in_registers_loop()
         for i, node in enumerate(self.graph.nodes):
@@ -530,10 +533,13 @@ class KernelLowering:
                     ctx.FillStep(self.tile(i), NEGATIVE_INFINITY),
                     ctx.FillStep(self.tile(i, 1), NEGATIVE_INFINITY),
                 ]
-        pipelined = tuple(it for it in self.iterators if it.pipelined)
-        if pipelined:
-            fills.append(ctx.PrologueStep(self.stages, pipelined))
+        if prologue and (step := self.prologue()) is not None:
+            fills.append(step)
         return fills
+
+    def prologue(self) -> ctx.PrologueStep | None:
+        pipelined = tuple(it for it in self.iterators if it.pipelined)
+        return ctx.PrologueStep(self.stages, pipelined) if pipelined else None
 
     def _copies_only(self) -> bool:
         """Every pipelined input fills its stages by copies that land by themselves (16-byte
@@ -588,6 +594,9 @@ class KernelLowering:
         out: dict[Phase, list[ctx.Step]] = {phase: [] for phase in Phase}
         last_barrier = {item.phase: k for k, item in enumerate(items) if isinstance(item, Barrier)}
         has_pre_loop = any(isinstance(item, Step) and item.phase is Phase.PRE_LOOP for item in items)
+        # the prologue before the first pre-loop barrier (the memory plan started the stages there):
+        # its copies fly while that barrier waits for the pre-loop copies, which are older
+        early = self.kernel.memory.early_prologue and has_pre_loop and self.prologue() is not None
         written = {saver for _, saver in self.row_loop.plan.outputs} if self.row_loop is not None else set()
         savers = {i: self._saver(j, i) for j, i in enumerate(self.graph.output_nodes) if i not in written}
         iterators = {it.node: it for it in self.iterators}
@@ -619,7 +628,13 @@ class KernelLowering:
                 if (item.phase is Phase.PRE_LOOP and self.barrier_free_loop and not self.loop_state()
                         and all(isinstance(x, ctx.RowLoopSetup | ctx.BarrierStep) for x in steps)):
                     continue  # nothing before the loop wrote shared memory: the barrier orders nothing
-                if item.phase is Phase.PRE_LOOP and k == last_barrier[Phase.PRE_LOOP]:
+                if early and item.phase is Phase.PRE_LOOP:
+                    if not any(isinstance(x, ctx.PrologueStep) for x in steps):
+                        steps.append(self.prologue())
+                        in_flight = self.stages - 1
+                    if k == last_barrier[Phase.PRE_LOOP]:
+                        steps += self.loop_state(prologue=False)
+                elif item.phase is Phase.PRE_LOOP and k == last_barrier[Phase.PRE_LOOP]:
                     steps += self.loop_state()
                     in_flight = self.stages - 1
                 elif item.phase is Phase.LOOP and not emitted and k != last_barrier[Phase.LOOP]:
@@ -631,8 +646,10 @@ class KernelLowering:
                     # the loop instead, for what reads the last iteration's tiles)
                     self.loads_after_barrier = True
                     continue
+                # copies landed, or (before the loop) tiles the threads wrote, read by warpgroup MMAs
+                fence = self.async_readers and (pending_copies or item.phase is Phase.PRE_LOOP)
                 steps.append(ctx.BarrierStep(item.reason, pending_copies, in_flight if pending_copies else 0,
-                                             self.async_readers))
+                                             fence))
                 pending_copies = emitted = False
                 continue
             if item.epilogue_of is not None or item.prologue_of is not None:

@@ -47,7 +47,7 @@ class TileLayout:
 
     @property
     def storage(self) -> int:
-        return self.size if self.swizzled else self.rows * self.pitch
+        return -(-self.size // 512) * 512 if self.swizzled else self.rows * self.pitch  # swizzled: 1024-byte spans
 
 
 @dataclass(frozen=True)
@@ -254,6 +254,7 @@ class OnlineSoftmaxType:
     v: Tile
     score: str  # functor applied to Q·K (a ThreadFunction name, or mirage::dev::Identity)
     columns: Tile | None = None  # per-key factors of the products (gen/softmax.cuh's Columns)
+    column_factor: str | None = None  # ...or per-key values, each read as this functor of it (FactorTile)
     key_norms: str | None = None  # ...or their functor of each key's sum of squares (KeyNorms)
     defer_values: bool = False  # the warpgroup form's P·V issued with the next Q·K (DeferValues)
 
@@ -444,7 +445,7 @@ class BarrierStep:
     reason: str
     wait_copies: bool  # non-pipelined copies were issued since the last barrier: wait for them first
     groups_in_flight: int = 0  # copy groups issued after those that may stay in flight (the prologue)
-    async_readers: bool = False  # the landed tiles are read by warpgroup MMAs (Pipeline<S, true>)
+    async_readers: bool = False  # the landed (or written) tiles are read by warpgroup MMAs: a proxy fence
 
 
 @dataclass(frozen=True)

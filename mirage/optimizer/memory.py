@@ -15,7 +15,9 @@ level that reads it; state carried across iterations lives through the whole loo
   accumulators read), alive through the loop.
 
 Loop state is cleared, and pipelined inputs are first fetched (the prologue), in the last pre-loop
-level (the first loop level when there is no pre-loop phase), so their lifetimes start there.
+level (the first loop level when there is no pre-loop phase), so their lifetimes start there; with
+``early_prologue`` the pipelined inputs are fetched at the first pre-loop level instead, so that
+their copies fly while the pre-loop steps wait for their own operands and compute.
 
 Results consumed in registers (epilogue producers) get no buffer.  Sizes include layout padding and
 are rounded up to 128 bytes.  The Q, K and V tiles of a warpgroup softmax chain (``swizzled``) are stored
@@ -80,6 +82,7 @@ class MemoryPlan:
     candidates: tuple[tuple[str, int], ...]  # peak of every fit tried
     levels: int  # length of the timeline
     barriers: tuple[tuple[int, int], ...] = ()  # (multicast or tma input, offset of its slots' barriers)
+    early_prologue: bool = False  # the pipeline prologue runs at the first pre-loop level (lifetimes)
 
     def buffer_of(self, node: int, kind: BufferKind | None = None) -> Buffer:
         for b in self.buffers:
@@ -123,19 +126,22 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
               read_at: dict[int, int] | None = None,
               multicast: frozenset[int] = frozenset(),
               swizzled: frozenset[int] = frozenset(),
-              late: frozenset[int] = frozenset()) -> tuple[list[Buffer], int]:
+              late: frozenset[int] = frozenset(),
+              early_prologue: bool = False) -> tuple[list[Buffer], int]:
     """The buffers of ``graph`` with their lifetimes (unplaced), and the timeline length.
     ``in_registers_only``: nodes computed in registers by a chain step (no buffer); ``read_at``:
     nodes that read their operands at another node's step (a chain step runs at its anchor) and
     not at their own, which would end the operands' lifetimes too early; ``multicast``: pipelined
     inputs that keep one slot more than ``stages`` (optimizer.multicast); ``swizzled``: tiles stored
     unpadded and 1024-byte aligned (a warpgroup chain's Q, K and V); ``late``: pipelined inputs read
-    one iteration late, which keep one slot more too (a warpgroup chain's V)."""
+    one iteration late, which keep one slot more too (a warpgroup chain's V); ``early_prologue``:
+    pipelined inputs are first fetched at the first pre-loop level."""
     main, finalize, spans = timeline(schedule)
     reads = {c: max(level, main[read_at[c]]) if c in (read_at or {}) else level for c, level in main.items()}
     loop = spans.get(Phase.LOOP)
     # loop state is cleared, and pipelined inputs are first fetched, in the last pre-loop level
     prologue = spans[Phase.PRE_LOOP][1] if Phase.PRE_LOOP in spans else (loop[0] if loop else 0)
+    fetched = spans[Phase.PRE_LOOP][0] if early_prologue and Phase.PRE_LOOP in spans else prologue
     uses = graph.consumers()
     in_registers = set(registers.accumulators)
     buffers: list[Buffer] = []
@@ -150,7 +156,7 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
         kind, slots, itemsize = BufferKind.TILE, 1, t.dtype.itemsize
         if node.op is Op.INPUT and node.attrs.forloop_dim >= 0 and graph.forloop_range > 1 and loop:
             kind, slots = BufferKind.INPUT_STAGES, max(stages, 1) + (i in multicast or i in late)
-            start, end = prologue, max(end, loop[1])
+            start, end = fetched, max(end, loop[1])
         elif node.op in (Op.ACCUM, Op.ACCUM_RESCALE) and loop:
             kind, itemsize = BufferKind.ACCUMULATOR, accumulator_dtype.itemsize
             slots = 2 if node.attrs.kind is AccumKind.MAX else 1  # a max keeps its previous value too
@@ -240,11 +246,13 @@ def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
                 multicast: frozenset[int] = frozenset(),
                 swizzled: frozenset[int] = frozenset(),
                 late: frozenset[int] = frozenset(),
-                tma: frozenset[int] = frozenset()) -> MemoryPlan:
+                tma: frozenset[int] = frozenset(), early_prologue: bool = False) -> MemoryPlan:
     """Place every buffer of ``graph`` in shared memory (see the module docstring); ``multicast``
-    and ``tma`` inputs' slot barriers follow the placed buffers."""
+    and ``tma`` inputs' slot barriers follow the placed buffers.  ``early_prologue`` (no multicast
+    inputs, whose copies meet their cluster in the prologue): see :func:`lifetimes`."""
+    early_prologue = early_prologue and not multicast
     buffers, levels = lifetimes(graph, schedule, registers, layouts, stages, accumulator_dtype,
-                                in_registers_only, read_at, multicast, swizzled, late)
+                                in_registers_only, read_at, multicast, swizzled, late, early_prologue)
     best: tuple[int, str, list[Buffer]] | None = None
     candidates = []
     for fit_name, fit in FITS.items():
@@ -270,4 +278,4 @@ def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
                                 "use fewer pipeline stages, a larger grid or forloop_range so tiles "
                                 "get smaller")
     placed.sort(key=lambda b: b.node)
-    return MemoryPlan(tuple(placed), peak, name, tuple(candidates), levels, tuple(barriers))
+    return MemoryPlan(tuple(placed), peak, name, tuple(candidates), levels, tuple(barriers), early_prologue)

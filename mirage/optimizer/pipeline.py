@@ -112,6 +112,8 @@ class OptimizerOptions:
     tma_release: bool = True  # ...and where every pipelined input is so copied and the loop is the chain's
     # step alone (P·V in step), stages handed back through per-stage barriers: no block barrier in the loop
     # (faster than the block barriers in 16 of 18 gqa builds, bit for bit the same: docs/performance.md §3)
+    early_prologue: bool = True  # the loop's first stages fetched before the pre-loop steps instead of
+    # after them (QKNorm's Q rms), so their copies and the pre-loop operands' fly together
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,7 @@ def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
     return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
                        layouts, state.target, stages, o.accumulator_dtype, in_registers, read_at,
                        _multicast(block, state.target, o).inputs, swizzled, late,
-                       _tma(block, chain, state.target, o))
+                       _tma(block, chain, state.target, o), o.early_prologue)
 
 
 def _tma(block: BlockGraph, chain: SoftmaxChain | None, target: Target,

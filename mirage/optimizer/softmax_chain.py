@@ -26,7 +26,9 @@ reason logged, and the kernel is lowered op by op as before.
 A score with a per-key operand ``f(S, c)`` is ``S · f(1, c)`` when ``f`` is linear in ``S``
 (:func:`linear_in`): the step that produces ``c`` stores the factors ``f(1, c)`` instead (``c`` has
 no other reader), and the chain multiplies each product by its key's factor. The chain step then
-runs at the score's place in the schedule, after ``c``'s step and the barrier behind it.  When
+runs at the score's place in the schedule, after ``c``'s step and the barrier behind it.  When ``c``
+is an input tile (the per-key values computed by an earlier kernel), the chain maps each value it
+reads to ``f(1, c)`` itself (gen/softmax_detail.cuh's ``FactorTile``): no step and no barrier.  When
 ``c = g(Σ_d K[d, n]²)`` of the chain's own K (QKNorm's rms), the chain computes ``c`` itself from
 the K fragments it loads anyway (:func:`_key_norm`, ``SoftmaxChain.key_norm``): the square, the sum
 and g run in no step of their own, need no tile, and the barrier before the chain goes.
@@ -67,9 +69,10 @@ class SoftmaxChain:
     maximum: int | None
     groups: int  # key groups per row tile (gen/softmax.cuh's kGroups)
     scratch_bytes: int  # shared scratch of the key groups' merge after the loop (0 for one group)
-    column: int | None = None  # the score's per-key operand c (its step stores f(1, c))
+    column: int | None = None  # the score's per-key operand c (its step stores f(1, c); an input: read as c)
     qk_argument: int = 0  # the product's position among the score's operands
     key_norm: tuple[int, int] | None = None  # (sum, square) when c = g(Σ_d K[d, n]²): the chain computes c
+    column_loaded: bool = False  # c is an input tile (no step of its own; the chain reads it as f(1, c))
     # the sm_90a form (warpgroup_form): both products as warpgroup MMAs reading K and V (``swizzled``)
     # from shared memory in the 128-byte swizzled form
     warpgroup: bool = False
@@ -85,8 +88,9 @@ class SoftmaxChain:
     @property
     def anchor(self) -> int:
         """The node at whose step the chain runs: the score when it reads per-key values computed by
-        a step of their own (they come first), else the first product."""
-        if self.column is not None and self.score is not None and self.key_norm is None:
+        a step of their own (they come first), else the first product (an input's tile is loaded
+        before any step)."""
+        if self.column is not None and self.score is not None and self.key_norm is None and not self.column_loaded:
             return self.score
         return self.qk
 
@@ -161,6 +165,8 @@ def _column_operand(graph: BlockGraph, uses: dict[Ref, list[int]], s: int,
             and math.prod(c_shape[:-1]) == 1, f"the score's other operand {c_shape} is not one value per key")
     require(linear_in(node.attrs, argument), "the score is not linear in the product")
     require(_only(uses, column) == [s], "the per-key values have other readers")
+    if graph.nodes[column].op is Op.INPUT:  # loaded: the chain maps each value it reads to f(1, c)
+        return qk, column, argument
     require(graph.nodes[column].op not in (Op.INPUT, Op.ACCUM, Op.ACCUM_RESCALE, Op.RUNNING_MAX),
             "the per-key values are not computed by a step of their own")
     require(column in loop, "the per-key values are not computed in the loop")
@@ -321,8 +327,9 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
     groups = warp_split(rows, keys, math.prod(graph.block_dim))
     require(groups is not None, f"{rows} rows × {keys} keys do not split over the warps")
     scratch = 4 * groups * rows * (width + 2) if groups > 1 else 0
+    loaded = column is not None and graph.nodes[column].op is Op.INPUT
     return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch, column,
-                        qk_argument, key_norm)
+                        qk_argument, key_norm, column_loaded=loaded)
 
 
 def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = False) -> SoftmaxChain:
@@ -331,8 +338,8 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
     :func:`_offset_readers`), the warps form whole
     warpgroups of whole 64-row tiles (one key group), and the keys and V's width come in blocks of 64
     (wgmma m64n64k16; the chain's sub-tiles are then 64 keys).  Q is swizzled too, and read by the
-    wgmmas from shared memory, when it is an input tile only the chain reads with D a multiple of 64;
-    else the chain loads its fragments into registers.  ``defer_values``: each sub-tile's P·V is issued
+    wgmmas from shared memory, when it is an input tile or an rms_norm (QKNorm's) that only the chain
+    reads, with D a multiple of 64; else the chain loads its fragments into registers.  ``defer_values``: each sub-tile's P·V is issued
     with the next sub-tile's Q·K (V then keeps one ring slot more: ``late``).  The caller checks the
     target (sm_90a)."""
     try:
@@ -353,7 +360,10 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
         log.debug("online-softmax chain kept on warp MMAs: %s", reason)
         return chain
     swizzled = {k_ref.node, v_ref.node}
-    if q[-1] % 64 == 0 and q_ref.node not in swizzled and _only_input_of(graph, uses, q_ref.node, chain.qk):
+    if chain.column_loaded and graph.type_of(Ref(chain.column)).shape[-1] == 64:
+        swizzled.add(chain.column)  # read only through its layout's offsets (and copied like K)
+    if q[-1] % 64 == 0 and q_ref.node not in swizzled and (_only_input_of(graph, uses, q_ref.node, chain.qk)
+                                                           or _normalized_for(graph, uses, q_ref.node, chain.qk)):
         swizzled.add(q_ref.node)
     return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset(swizzled),
                                late=frozenset({v_ref.node}) if defer_values else frozenset())
@@ -383,6 +393,12 @@ def _offset_readers(graph: BlockGraph, uses: dict[Ref, list[int]], node: int, us
 
 def _only_input_of(graph: BlockGraph, uses: dict[Ref, list[int]], node: int, user: int) -> bool:
     return graph.nodes[node].op is Op.INPUT and _only(uses, node) == [user]
+
+
+def _normalized_for(graph: BlockGraph, uses: dict[Ref, list[int]], node: int, user: int) -> bool:
+    """``node`` is an rms_norm (QKNorm's Q) that only ``user`` reads: its pass writes chunks of at most
+    8 consecutive elements through the layout's offsets, which the 128-byte swizzle keeps together."""
+    return graph.nodes[node].op is Op.RMS_NORM and _only(uses, node) == [user]
 
 
 def row_bytes_of(graph: BlockGraph, layouts: dict[int, TensorLayout] | None) -> Callable[[int], int]:

@@ -9,6 +9,7 @@ parameters that the runtime encodes at each launch (``mirage.codegen.tensor_maps
 from __future__ import annotations
 
 from mirage.mugraph.graph import BlockGraph
+from mirage.mugraph.ops import Op
 from mirage.mugraph.target import Target
 from mirage.optimizer.softmax_chain import SoftmaxChain
 
@@ -31,7 +32,7 @@ def tma_inputs(block: BlockGraph, chain: SoftmaxChain | None, target: Target, en
 def _qualifies(block: BlockGraph, i: int) -> bool:
     node = block.nodes[i]
     tile, attrs = node.outputs[0], node.attrs
-    if attrs.forloop_dim < 0 or tile.dtype.itemsize != 2 or tile.shape[-1] % 64:
+    if node.op is not Op.INPUT or attrs.forloop_dim < 0 or tile.dtype.itemsize != 2 or tile.shape[-1] % 64:
         return False
     return (all(d <= MAX_BOX for d in tile.shape[:-1])
             and attrs.source.shape[-1] * tile.dtype.itemsize % 16 == 0)

@@ -275,27 +275,31 @@ def test_deferred_values_give_v_one_ring_slot_more():
     assert deferred.memory.buffer_of(k).slots == 2
 
 
-def test_a_q_that_other_steps_read_stays_in_registers():
-    """QKNorm's Q, normalized in the block before the chain reads it: K and V only are swizzled."""
+def test_a_normalized_q_is_swizzled_its_input_is_not():
+    """QKNorm's Q, normalized in the block before the chain reads it: the rms_norm's tile, which only
+    the chain reads (its pass writes 8-element chunks through the layout), is swizzled with K and V;
+    the raw Q, which the rms_norm reads by rows, is not."""
     graph = attention_fused(1, True, row_sums=True, combine_rows=16, normalize_k=True, norm_blocks=64,
                             kv_splits=16, q_splits=2, iters=4, threads=256)
     first = next(k for k in _kernels(graph, **WARPGROUP) if k.softmax_chain is not None)
     chain = first.softmax_chain
-    assert chain.warpgroup and len(chain.swizzled) == 2
-    assert first.block_graph.nodes[chain.qk].inputs[0].node not in chain.swizzled
+    nodes = first.block_graph.nodes
+    q = nodes[chain.qk].inputs[0].node
+    assert chain.warpgroup and len(chain.swizzled) == 3 and q in chain.swizzled
+    assert nodes[q].op.value == "rms_norm" and nodes[q].inputs[0].node not in chain.swizzled
 
 
 def test_qknorms_column_reduction_may_read_a_swizzled_k():
     """QKNorm's per-key factors come from a sum of squares of K over d (a reduction over a dim other
-    than the last, which addresses the tile element by element): K and V are swizzled all the same;
-    Q, normalized by a step of its own, is not."""
+    than the last, which addresses the tile element by element): K and V are swizzled all the same,
+    and so is Q, normalized by an rms_norm that only the chain reads."""
     first, _ = _kernels(_key_scale_graph(kv_splits=8, q_splits=2, iters=8, threads=128),
                         **WARPGROUP, **STEPPED_FACTORS)
     chain = first.softmax_chain
     assert chain is not None and chain.warpgroup and chain.column is not None
     nodes = first.block_graph.nodes
     (q, k), v = (r.node for r in nodes[chain.qk].inputs), nodes[chain.pv].inputs[1].node
-    assert chain.swizzled == {k, v} and q not in chain.swizzled
+    assert chain.swizzled == {q, k, v} and nodes[q].op.value == "rms_norm"
 
 
 def _k_read_by(extra):

@@ -66,10 +66,14 @@ template <int D0, int D1, int D2, int D3>
 struct Swizzled128Layout : Layout<D0, D1, D2, D3> {
   using Dense = Layout<D0, D1, D2, D3>;
   static constexpr int pitch = 64;
-  static constexpr int storage = Dense::size;
+  // whole 1024-byte spans of 16-bit elements, so that every stage of a ring starts on the swizzle's
+  // boundary (the hardware swizzles by address bits 7-9; a one-row tile alone is smaller)
+  static constexpr int storage = (Dense::size + 511) / 512 * 512;
   static constexpr bool swizzled = true;
   static constexpr int kBlockElements = Dense::rows * 64;  // one block of 64 columns
-  static_assert(Dense::rows % 8 == 0 && D3 % 64 == 0, "a 128-byte swizzled tile has rows % 8 == 0, cols % 64 == 0");
+  // (or one row of 64: a chain's per-key values, which the swizzle leaves in place at a 1024-byte boundary)
+  static_assert((Dense::rows % 8 == 0 || (Dense::rows == 1 && D3 == 64)) && D3 % 64 == 0,
+                "a 128-byte swizzled tile has rows % 8 == 0 (or is one row of 64), cols % 64 == 0");
 
   static MIRAGE_HOST_DEVICE constexpr int element_offset(int row, int col) {
     return (col / 64) * kBlockElements + row * 64 + (((col % 64) / 8) ^ (row % 8)) * 8 + col % 8;

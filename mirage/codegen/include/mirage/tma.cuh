@@ -82,7 +82,7 @@ class TensorMapIterator {
     if constexpr (Releasers > 0) {
       if (iteration >= Stages) Barrier::wait(empty(iteration % Stages), (iteration / Stages - 1) & 1);
     }
-    Barrier::arrive_and_expect_tx(full, L::storage * static_cast<int>(sizeof(T)));
+    Barrier::arrive_and_expect_tx(full, L::size * static_cast<int>(sizeof(T)));
     int c[4] = {origin_[0], origin_[1], origin_[2], origin_[3]};
 #pragma unroll
     for (int d = 0; d < 4; ++d) c[d] += d == forloop_dim_ ? iteration * L::dim(d) : 0;

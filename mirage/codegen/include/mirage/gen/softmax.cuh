@@ -314,18 +314,7 @@ struct OnlineSoftmax {
     } else {
       scores(q, k, key0, score);
     }
-    if constexpr (!kKeyNorms && !std::is_same_v<Columns, NoTile>) {
-      // each product times its key's factor (a thread's columns: 8 j + pair and + 1)
-#pragma unroll
-      for (int j = 0; j < kKeyTiles; ++j) {
-        float factor[2];
-        softmax_detail::column_pair(columns, key0 + j * 8 + (lane() % 4) * 2, factor);
-#pragma unroll
-        for (int t = 0; t < kTilesPerWarp; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) score[t][j][e] *= factor[e % 2];
-      }
-    }
+    if constexpr (!kKeyNorms && !std::is_same_v<Columns, NoTile>) scale_keys(columns, key0, score);
     float offset[kTilesPerWarp][2];
     float factor[kTilesPerWarp][2];
 #pragma unroll
@@ -373,6 +362,35 @@ struct OnlineSoftmax {
       cute::warpgroup_wait<0>();  // O complete, K and V no longer read
       wgmma::fence(p);
       wgmma::fence(state.out);
+    }
+  }
+
+  // Each product times its key's factor (a thread's columns of key tile j: 8 j + pair and + 1). From a
+  // FactorTile, whose functor maps each value it reads, every lane maps the pair of keys 2 lane,
+  // 2 lane + 1 of each 64 keys once, and the lanes that scale those keys take them by shuffles (two
+  // values a lane instead of sixteen).
+  static MIRAGE_DEVICE void scale_keys(Columns columns, int key0, float (&score)[kTilesPerWarp][kKeyTiles][4]) {
+#pragma unroll
+    for (int g = 0; g < (kKeyTiles + 7) / 8; ++g) {  // 64 keys (8 key tiles) at a time
+      const int tiles = kKeyTiles - 8 * g < 8 ? kKeyTiles - 8 * g : 8;
+      float own[2];
+      if constexpr (IsFactorTile<Columns>::value) {
+        softmax_detail::column_pair(columns, key0 + g * 64 + min(2 * lane(), tiles * 8 - 2), own);
+      }
+#pragma unroll
+      for (int j = g * 8; j < g * 8 + tiles; ++j) {
+        float factor[2];
+        if constexpr (IsFactorTile<Columns>::value) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) factor[c] = __shfl_sync(0xffffffffu, own[c], (j % 8) * 4 + lane() % 4);
+        } else {
+          softmax_detail::column_pair(columns, key0 + j * 8 + (lane() % 4) * 2, factor);
+        }
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) score[t][j][e] *= factor[e % 2];
+      }
     }
   }
 

@@ -66,9 +66,10 @@ struct LinearScore<Score, std::void_t<decltype(Score::kLinearScale)>> {
   static constexpr float scale = Score::kLinearScale;
 };
 
-// The two factors of keys `key` and `key + 1` (even) of a [1, N] tile of per-key factors.
-template <class T, class L>
-MIRAGE_DEVICE void column_pair(dev::SharedTile<T, L> columns, int key, float (&factor)[2]) {
+// The two factors of keys `key` and `key + 1` (even) of a [1, N] tile of per-key factors (a shared
+// tile, or a FactorTile).
+template <class Columns>
+MIRAGE_DEVICE void column_pair(Columns columns, int key, float (&factor)[2]) {
   factor[0] = columns.load(key);
   factor[1] = columns.load(key + 1);
 }
@@ -93,6 +94,19 @@ struct ColumnFactor {
     }
   }
 };
+
+// A [1, N] shared tile of per-key values c read as the factors F(c) (F a ColumnFactor): the tile of
+// an input, which no step of the kernel rewrites, so the chain applies F on each read.
+template <class Tile, class F>
+struct FactorTile : Tile {
+  MIRAGE_DEVICE FactorTile(Tile tile) : Tile(tile) {}  // NOLINT: converts the shared tile the step passes
+  MIRAGE_DEVICE float load(int linear) const { return F{}(Tile::load(linear)); }
+};
+
+template <class C>
+struct IsFactorTile : std::false_type {};
+template <class Tile, class F>
+struct IsFactorTile<FactorTile<Tile, F>> : std::true_type {};
 
 // The score of a chain with per-key factors: the product times its factor, nothing more.
 struct ColumnScore {
