@@ -199,7 +199,8 @@ def attention_fused(
     numerators = tb.forloop_accum(tb.matmul(e, bv))  # [1, rows, 64]
     tb.new_output(sums, output_map=(0, 2, rows_axis))  # [2b, 256, kv_splits]
     tb.new_output(numerators, output_map=(0, 2, rows_axis))  # [2b, 256, 64 kv_splits]
-    partial_sums, partial_numerators = g.customized([q, k, v] + ([squares] if squares is not None else []), tb)
+    operands = [q, k, v] + ([squares] if squares is not None else [])
+    partial_sums, partial_numerators = g.customized(operands, tb)
     tb2 = mi.new_threadblock_graph(
         grid_dim=(heads, combine_splits, 1), block_dim=(combine_threads, 1, 1), forloop_range=1,
         reduction_dimx=64,

@@ -47,7 +47,9 @@ class TileLayout:
 
     @property
     def storage(self) -> int:
-        return -(-self.size // 512) * 512 if self.swizzled else self.rows * self.pitch  # swizzled: 1024-byte spans
+        if self.swizzled:
+            return -(-self.size // 512) * 512  # whole 1024-byte spans (Swizzled128Layout::storage)
+        return self.rows * self.pitch
 
 
 @dataclass(frozen=True)

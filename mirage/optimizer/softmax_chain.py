@@ -90,7 +90,8 @@ class SoftmaxChain:
         """The node at whose step the chain runs: the score when it reads per-key values computed by
         a step of their own (they come first), else the first product (an input's tile is loaded
         before any step)."""
-        if self.column is not None and self.score is not None and self.key_norm is None and not self.column_loaded:
+        stepped = self.column is not None and self.key_norm is None and not self.column_loaded
+        if stepped and self.score is not None:
             return self.score
         return self.qk
 
@@ -339,8 +340,9 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
     warpgroups of whole 64-row tiles (one key group), and the keys and V's width come in blocks of 64
     (wgmma m64n64k16; the chain's sub-tiles are then 64 keys).  Q is swizzled too, and read by the
     wgmmas from shared memory, when it is an input tile or an rms_norm (QKNorm's) that only the chain
-    reads, with D a multiple of 64; else the chain loads its fragments into registers.  ``defer_values``: each sub-tile's P·V is issued
-    with the next sub-tile's Q·K (V then keeps one ring slot more: ``late``).  The caller checks the
+    reads, with D a multiple of 64; else the chain loads its fragments into registers.  ``defer_values``:
+    each sub-tile's P·V is issued with the next sub-tile's Q·K (V then keeps one ring slot more:
+    ``late``).  The caller checks the
     target (sm_90a)."""
     try:
         uses = graph.consumers()
@@ -362,8 +364,9 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
     swizzled = {k_ref.node, v_ref.node}
     if chain.column_loaded and graph.type_of(Ref(chain.column)).shape[-1] == 64:
         swizzled.add(chain.column)  # read only through its layout's offsets (and copied like K)
-    if q[-1] % 64 == 0 and q_ref.node not in swizzled and (_only_input_of(graph, uses, q_ref.node, chain.qk)
-                                                           or _normalized_for(graph, uses, q_ref.node, chain.qk)):
+    only_chain = (_only_input_of(graph, uses, q_ref.node, chain.qk)
+                  or _normalized_for(graph, uses, q_ref.node, chain.qk))
+    if q[-1] % 64 == 0 and q_ref.node not in swizzled and only_chain:
         swizzled.add(q_ref.node)
     return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset(swizzled),
                                late=frozenset({v_ref.node}) if defer_values else frozenset())
