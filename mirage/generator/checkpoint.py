@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "mirage.search-checkpoint"
 RESULT_FORMAT = "mirage.search-result"
-VERSION = 1
+VERSION = 2  # 2: headers that fit the reference's dim classes first (unit indices changed)
 
 
 def cache_dir() -> Path:

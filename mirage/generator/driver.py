@@ -6,7 +6,8 @@
    expression, fingerprint the reference, answer from the result cache if it holds this search;
 2. *search*: visit the root, split its subtrees into work units, run them (serially, on worker
    processes or on Ray), commit their results in unit order (so budgets on states and results cut
-   the same place for any number of workers), and write a checkpoint every few seconds;
+   the same place for any number of workers), and write a checkpoint every few seconds; when the
+   time budget runs out, start no unit and keep what the units in flight report;
 3. *rank*: order the verified µGraphs by the cost model, save the result and statistics.
 """
 
@@ -36,6 +37,8 @@ from mirage.generator.verification import make_checker
 from mirage.mugraph.graph import KernelGraph
 
 logger = logging.getLogger(__name__)
+
+DRAIN_S = 5.0  # seconds past the time budget to wait for the records of the units in flight
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,10 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
                 stop = committer.stop
                 if stop is None and deadline is not None and time.time() > deadline:
                     stop = StopReason.TIME
+                # past the deadline no unit starts: the units in flight stop at their next clock
+                # check and their records (with what they found) still arrive; wait a little for them
+                if stop is StopReason.TIME and time.time() < (deadline or 0.0) + DRAIN_S:
+                    continue
                 if stop is not None:
                     break
     except KeyboardInterrupt:
@@ -199,6 +206,8 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
         progress.close()
     if path is not None:
         checkpoint.save(path)
+    if stop is StopReason.TIME and committer.stop is None and committer.next == len(units):
+        stop = None  # every unit finished while the last ones drained
     stop = stop or committer.stop or StopReason.COMPLETE
     stats.phase_seconds["search"] = time.perf_counter() - search_start
 

@@ -2,8 +2,9 @@
 
 Every executor has the same interface: :meth:`results` runs the given units and yields each unit's
 record as it finishes, and yields ``None`` about twice a second so that the driver can refresh its
-progress bar and write checkpoints; :attr:`live_states` is a live count of states visited;
-:meth:`close` stops outstanding work.
+progress bar and write checkpoints; it starts no unit once the deadline has passed, so that after
+the deadline it ends when the units in flight have returned their (partial) records;
+:attr:`live_states` is a live count of states visited; :meth:`close` stops outstanding work.
 
 Worker processes start from a fork server (a clean process, so no lock held by another thread of
 this one is copied into them) and receive the search context once, pickled: each saturates the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
@@ -50,7 +52,7 @@ class SerialExecutor:
         self, units: Sequence[WorkUnit], deadline: float | None, cap: CapFunction
     ) -> Iterator[dict[str, Any] | None]:
         for unit in units:
-            if self._stopped:
+            if self._stopped or past_deadline(deadline):
                 return
             yield run_unit(self.context, unit, deadline, cap(), self._progress)
 
@@ -109,7 +111,7 @@ class ProcessExecutor:
         in_flight: dict[Future, WorkUnit] = {}
 
         def fill() -> None:
-            while len(in_flight) < 2 * self.workers and not self._stop.value:
+            while len(in_flight) < 2 * self.workers and not self._stop.value and not past_deadline(deadline):
                 unit = next(pending, None)
                 if unit is None:
                     return
@@ -128,6 +130,10 @@ class ProcessExecutor:
     def close(self) -> None:
         self._stop.value = 1
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def past_deadline(deadline: float | None) -> bool:
+    return deadline is not None and time.time() > deadline
 
 
 def make_executor(

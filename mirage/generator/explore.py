@@ -43,6 +43,7 @@ from mirage.generator.guide import ReferenceGuide
 from mirage.generator.pruning import Candidate
 from mirage.generator.space import OpChoice, SearchSpace
 from mirage.generator.state import BlockHeader, Body, KernelState
+from mirage.generator.tiling import DimClasses
 from mirage.generator.verification import CandidateChecker
 from mirage.mugraph import build
 from mirage.mugraph.graph import BlockGraph, InputIterator, KernelGraph, Level, Node, Ref, TensorType
@@ -73,15 +74,22 @@ class SearchContext:
     memo_limit: int = 20_000
     _evaluator: OpEvaluator | None = field(default=None, repr=False)
     _guide: ReferenceGuide | None = field(default=None, repr=False)
+    _tiling: DimClasses | None = field(default=None, repr=False)
 
     def __getstate__(self):
-        return {**self.__dict__, "memo": {}, "_evaluator": None, "_guide": None}
+        return {**self.__dict__, "memo": {}, "_evaluator": None, "_guide": None, "_tiling": None}
 
     @property
     def guide(self) -> ReferenceGuide:
         if self._guide is None:
             self._guide = ReferenceGuide.of(self.reference)
         return self._guide
+
+    @property
+    def tiling(self) -> DimClasses:
+        if self._tiling is None:
+            self._tiling = DimClasses.of(self.reference)
+        return self._tiling
 
     @property
     def evaluator(self) -> OpEvaluator:
@@ -241,6 +249,8 @@ class Explorer:
         if not self.rules.outputs_match_target([state.terms[i] for i in sinks]):
             self.stats.pruned["output_expression"] += 1
             return False
+        if self.deadline is not None and time.time() > self.deadline:
+            raise StopSearch(StopReason.TIME)  # a verification can take seconds: none starts late
         start = time.perf_counter()
         matched = self.context.checker.match(state.graph, [state.tensors[i] for i in sinks])
         self.stats.verify_s += time.perf_counter() - start
@@ -317,6 +327,30 @@ class Explorer:
                 )
 
     def _headers(self, state: KernelState) -> Iterator[BlockHeader]:
+        """Every header of every input set; with the guided order, those whose tiling fits the
+        reference's dim classes first (``tiling.py``), each group in canonical order."""
+        headers = self._all_headers(state)
+        if not self.space.guided_order:
+            yield from headers
+            return
+        tiling = self.context.tiling
+        values = state.values or (None,) * len(state.terms)
+        later: list[BlockHeader] = []
+        for header in headers:
+            misfits = tiling.misfits(
+                [values[i] for i in header.inputs],
+                header.input_maps,
+                header.forloop_dims,
+                header.grid_dim,
+                header.forloop_range,
+            )
+            if misfits:
+                later.append(header)
+            else:
+                yield header
+        yield from later
+
+    def _all_headers(self, state: KernelState) -> Iterator[BlockHeader]:
         pruned = self.stats.pruned
         types = state.types
         ops_left = self.space.max_kernel_ops - len(state.graph.nodes) - 1

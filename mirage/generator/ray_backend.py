@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mirage.errors import MirageError
+from mirage.generator.executors import past_deadline
 from mirage.generator.explore import SearchContext
 from mirage.generator.units import WorkUnit, run_unit
 
@@ -73,7 +74,7 @@ class RayExecutor:
         pending = iter(units)
 
         def fill() -> None:
-            while len(self._in_flight) < 2 * self.workers:
+            while len(self._in_flight) < 2 * self.workers and not past_deadline(deadline):
                 unit = next(pending, None)
                 if unit is None:
                     return

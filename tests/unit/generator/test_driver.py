@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import time
 
 import pytest
 
 import mirage as mi
 from mirage.errors import GraphError
-from mirage.generator import Budget, SearchResult, StopReason, search
+from mirage.generator import Budget, SearchResult, StopReason, driver, search
 from mirage.generator.budget import Budget as BudgetRecord
 from mirage.generator.checkpoint import ResultCache, cache_dir, search_key
+from mirage.generator.executors import SerialExecutor
+from mirage.generator.explore import UnitStats
 from mirage.generator.stats import SearchStatistics
+from mirage.mugraph.serialize import dumps
 
 SPACE = {
     "griddims": [(4, 1, 1)],
@@ -120,3 +125,36 @@ def test_search_key_depends_on_graph_space_and_options():
         )
         == 4
     )
+
+
+class _LateExecutor:
+    """Stands in for worker processes whose unit, in flight at the deadline, reports after it."""
+
+    name = "late"
+    live_states = 0
+
+    def __init__(self, found_graph) -> None:
+        self.found_graph = found_graph
+
+    def results(self, units, deadline, cap):
+        time.sleep(max(0.0, deadline - time.time()) + 0.05)
+        yield None  # a tick past the deadline, before the unit's record
+        found = [{"graph": dumps(self.found_graph), "position": 3, "elapsed_s": 0.1}]
+        stats = {**dataclasses.asdict(UnitStats()), "pruned": {}, "states_per_depth": {}}
+        yield {"index": 0, "states": 10, "stop": StopReason.TIME.value, "found": found, "stats": stats}
+
+    def close(self) -> None:
+        pass
+
+
+def test_what_the_units_in_flight_found_by_the_deadline_is_kept(monkeypatch):
+    graph = reference()
+    monkeypatch.setattr(driver, "make_executor", lambda *args: _LateExecutor(graph))
+    result = search(graph, progress=False, cache=False, checkpoint=False, budget=Budget(time_s=0.2), **SPACE)
+    assert result.stop_reason is StopReason.TIME
+    assert [f.graph.content_hash() for f in result.found] == [graph.content_hash()]
+
+
+def test_no_unit_starts_past_the_deadline():
+    ran = SerialExecutor(context=None).results(["a unit"], time.time() - 1.0, lambda: None)
+    assert list(ran) == []
