@@ -241,7 +241,10 @@ def rmsnorm_variant(b: int, two_kernels: bool = False, **splits) -> KernelGraph:
 # program → (family rows, builder(size, **arguments))
 FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
     "rmsnorm": (_rows((3,), grid=(128,), iters=(8, 16), threads=(256, 512)), rmsnorm_variant),
-    "gatedmlp": (_rows((3,), grid=(128,), iters=(16, 32), threads=(128, 256)), mlp.gatedmlp_fused),
+    # GatedMLP: 128 blocks, K tiles of 256 or 128 rows; or 64 wider blocks with a deeper ring (the fastest
+    # at m = 1 of the wide family at depths 3–5: explore_h100_2026-11-26_gatedmlp_depths.json)
+    "gatedmlp": (_rows((3, 4), grid=(128,), iters=(16, 32), threads=(128, 256))
+                 + _rows((4,), grid=(64,), iters=(32,), threads=(256,)), mlp.gatedmlp_fused),
     # LoRA: the whole of K in one step, or a K loop of 2–4 steps over more, narrower blocks
     "lora": (_rows((2,), grid=(32, 64), concat=(False, True), threads=(128, 256))
              + _rows((2, 3), grid=(64, 128), concat=(False, True), threads=(128,), iters=(2, 4)),
