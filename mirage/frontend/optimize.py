@@ -246,9 +246,10 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
             fallback = "the verified candidates" if given else "the reference graph"
             logger.warning("mirage: the search for %s failed (%s: %s); running %s",
                            reference.name or "a subprogram", type(error).__name__, error, fallback)
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
             if not given:
-                return Choice(reference, "reference", key, f"fallback: search failed: {type(error).__name__}")
-            note = f"search failed: {type(error).__name__}"
+                return Choice(reference, "reference", key, f"fallback: search failed: {reason}")
+            note = f"search failed: {reason}"
     if given:
         note = f"{note}; {len(given)} of {len(candidates)} given candidate(s) verified"
         graphs = list(graphs) + given

@@ -40,6 +40,7 @@ False
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -86,9 +87,24 @@ def _make_egraph(backend: Backend):
         case Backend.EGGLOG:
             from mirage.generator.egraph_egglog import EgglogEGraph
 
-            return EgglogEGraph()
+            try:
+                return EgglogEGraph()
+            except ModuleNotFoundError as error:
+                if error.name != "egglog":
+                    raise
+                _warn_no_egglog()
+                return EGraph()
         case Backend.PYTHON:
             return EGraph()
+
+
+@functools.cache
+def _warn_no_egglog() -> None:
+    """Once a process: the same rules saturate in the built-in e-graph, which builds the same e-classes,
+    only more slowly."""
+    logger.warning(
+        "egglog is not installed: the subexpression check runs on the built-in e-graph (same results, "
+        "slower); pip install egglog for the fast back end")
 
 
 def _pattern_sizes(pattern) -> set[int]:

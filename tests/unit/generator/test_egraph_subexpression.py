@@ -106,3 +106,26 @@ def test_the_report_says_why_saturation_stopped():
 def test_docstring_examples():
     result = doctest.testmod(egraph_subexpression)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_without_egglog_the_check_runs_on_the_built_in_egraph(monkeypatch, caplog):
+    """egglog missing from the environment: the default back end falls back, with a warning, to the
+    built-in e-graph (test_egraph.py runs the same rules on both back ends)."""
+    import builtins
+    import logging
+
+    from mirage.generator import egraph_subexpression as sub
+
+    real_import = builtins.__import__
+
+    def no_egglog(name, *args, **kwargs):
+        if name == "egglog" or name.startswith("egglog."):
+            raise ModuleNotFoundError("No module named 'egglog'", name="egglog")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_egglog)
+    sub._warn_no_egglog.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="mirage.generator"):
+        egraph = sub._make_egraph(sub.Backend.EGGLOG)
+    assert isinstance(egraph, sub.EGraph)
+    assert "egglog is not installed" in caplog.text
