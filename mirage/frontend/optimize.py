@@ -246,7 +246,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
             fallback = "the verified candidates" if given else "the reference graph"
             logger.warning("mirage: the search for %s failed (%s: %s); running %s",
                            reference.name or "a subprogram", type(error).__name__, error, fallback)
-            reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
+            message = str(error).splitlines()[0] if str(error) else ""
+            reason = f"{type(error).__name__}: {message}" if message else type(error).__name__
             if not given:
                 return Choice(reference, "reference", key, f"fallback: search failed: {reason}")
             note = f"search failed: {reason}"

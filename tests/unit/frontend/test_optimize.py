@@ -203,7 +203,8 @@ def test_failed_search_falls_back_with_a_warning(monkeypatch, caplog):
     monkeypatch.setattr(optimize, "run_search", broken)
     with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
         fast = mi.superoptimize(program, INPUTS)
-    assert fast.specializations[0].choices["sp0"].detail == "fallback: search failed: RuntimeError: worker died"
+    detail = fast.specializations[0].choices["sp0"].detail
+    assert detail == "fallback: search failed: RuntimeError: worker died"
     assert any("worker died" in r.getMessage() for r in caplog.records)
     torch.testing.assert_close(fast(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
 
