@@ -144,7 +144,7 @@ class _LateExecutor:
         yield {"index": 0, "states": 10, "stop": StopReason.TIME.value, "found": found, "stats": stats}
 
     def close(self) -> None:
-        pass
+        """Nothing to release: no processes were started."""
 
 
 def test_what_the_units_in_flight_found_by_the_deadline_is_kept(monkeypatch):
