@@ -30,7 +30,7 @@ log = logging.getLogger("benchmarks.explore")
 
 def explore_case(
     case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False,
-    also: dict | None = None, plain_launch: bool = False, spread: bool = False, match: str = "",
+    also: list[dict] | None = None, plain_launch: bool = False, spread: bool = False, match: str = "",
     fold: bool = False, depths: tuple[int, ...] = (), base: dict | None = None,
 ) -> list[dict]:
     from benchmarks.mugraphs import CASES
@@ -52,7 +52,7 @@ def explore_case(
         for stages in depths or variant.stages:
             for chain, two, extra in itertools.product((True, False) if op_by_op else (True,),
                                                        (True, False) if one_block else (False,),
-                                                       ({}, also) if also else ({},)):
+                                                       ({}, *(also or ()))):
                 options = dataclasses.replace(OptimizerOptions(), stages=stages, register_softmax=chain,
                                               two_blocks_per_sm=two, **{**(base or {}), **extra})
                 row = {"case": case_name, "label": variant.label, "stages": stages, "register_softmax": chain,
@@ -125,7 +125,8 @@ def main(argv=None) -> int:
     parser.add_argument("--one-block", action="store_true",
                         help="also build every member without OptimizerOptions.two_blocks_per_sm")
     parser.add_argument("--also", default="",
-                        help="also build every member with these OptimizerOptions, e.g. prefetch_stages=4")
+                        help="also build every member with these OptimizerOptions, e.g. prefetch_stages=4; "
+                             "several sets separated by ';' give a build each")
     parser.add_argument("--base", default="",
                         help="OptimizerOptions of every build, e.g. warpgroup_softmax=true,tma_copies=true")
     parser.add_argument("--plain-launch", action="store_true",
@@ -147,9 +148,10 @@ def main(argv=None) -> int:
     result = {"facts": facts, "family": args.family, "base": args.base, "also": args.also, "cases": {}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    also = [_options(t) for t in args.also.split(";") if t.strip()]
     for case in args.cases.split(","):
         result["cases"][case] = explore_case(case, args.family == "wide", args.op_by_op, args.replays,
-                                             one_block=args.one_block, also=_options(args.also),
+                                             one_block=args.one_block, also=also,
                                              plain_launch=args.plain_launch, spread=args.spread,
                                              match=args.match, fold=args.family == "fold",
                                              depths=tuple(int(d) for d in args.stages.split(",") if d),

@@ -26,6 +26,7 @@ import math
 
 from mirage.codegen import lower_context as ctx
 from mirage.codegen import lower_registers as registers
+from mirage.codegen import lower_softmax as softmax
 from mirage.codegen.lower_context import NEGATIVE_INFINITY
 from mirage.codegen.lower_functions import single_op_graph, thread_function
 from mirage.codegen.lower_ops import (
@@ -99,7 +100,7 @@ class KernelLowering:
         self.async_readers = self.softmax is not None and self.softmax.warpgroup
         self.softmax_scratch = 0  # bytes of the key-group merge scratch after the plan
         if self.softmax is not None:
-            self._place_softmax(smem_limit)
+            softmax.place(self, smem_limit)
         # a row-local body's cross-warp combines (RowLoop.scratch_floats) after the block-wide scratch
         self.row_scratch_offset = -(-scratch_end // 16) * 16
         self.row_loop = RowLoopLowering(self, kernel.row_loop) if kernel.row_loop is not None else None
@@ -226,6 +227,7 @@ class KernelLowering:
             multicast=multicast,
             barriers=self.kernel.memory.barriers_of(i) if multicast or tma else -1,
             tma=tma,
+            late=self.softmax is not None and i in self.softmax.late,
         )
 
     def direct_saver(self, i: int) -> ctx.OutputSaverContext:
@@ -327,7 +329,7 @@ class KernelLowering:
         )
         index_layout = self._result_layout(root)
         if self.softmax is not None and last == self.softmax.column:
-            links += (self.column_factor(),)  # the chain's only reader wants f(1, c), not c
+            links += (softmax.column_factor(self),)  # the chain's only reader wants f(1, c), not c
         if last in self.in_registers:
             return self._register_chain(root, last, links, index_layout)
         producer, input_node = self.producer(root)
@@ -452,65 +454,6 @@ class KernelLowering:
             index_layout,
         )
 
-    # ---- the register-resident online-softmax chain --------------------------------------------
-
-    def softmax_type(self) -> ctx.OnlineSoftmaxType:
-        chain = self.softmax
-        assert chain is not None
-        q, k = (self.operand(r) for r in self.graph.nodes[chain.qk].inputs)
-        v = self.operand(self.graph.nodes[chain.pv].inputs[1])
-        if chain.key_norm is not None:  # per-key factors from the chain's own K fragments
-            assert chain.score is not None and chain.column is not None
-            node = self.graph.nodes[chain.column]
-            g = self.function(chain.column) if node.op is Op.FUSED else "mirage::dev::Identity"
-            factor = f"mirage::gen::ColumnFactor<{self.function(chain.score)}, {chain.qk_argument}>"
-            return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, "mirage::gen::ColumnScore",
-                                         key_norms=f"mirage::gen::Compose<{g}, {factor}>")
-        if chain.column is not None:  # the products times per-key factors (the column's step stores them)
-            loaded = chain.column_loaded  # an input tile: f(1, c) taken on read
-            return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, "mirage::gen::ColumnScore",
-                                         self.tile(chain.column), defer_values=chain.defer_values,
-                                         column_factor=self.column_factor().function if loaded else None)
-        score = self.function(chain.score) if chain.score is not None else "mirage::dev::Identity"
-        return ctx.OnlineSoftmaxType(f"softmax{chain.qk}", q.element, q, k, v, score,
-                                     defer_values=chain.defer_values)
-
-    def column_factor(self) -> ctx.Link:
-        """The link that turns the chain's per-key values c into the factors f(1, c) before their
-        step stores them (gen/softmax_detail.cuh's ColumnFactor)."""
-        chain = self.softmax
-        assert chain is not None and chain.column is not None and chain.score is not None
-        function = f"mirage::gen::ColumnFactor<{self.function(chain.score)}, {chain.qk_argument}>"
-        return ctx.Link(chain.score, function, (None,))
-
-    def _place_softmax(self, smem_limit: int | None) -> None:
-        """The chain's merge scratch goes after the plan (and the reduction scratch)."""
-        chain = self.softmax
-        assert chain is not None
-        self.softmax_scratch = chain.scratch_bytes
-        end = self._softmax_scratch_offset() + self.softmax_scratch
-        if smem_limit is not None and end > smem_limit:
-            raise LoweringError(
-                f"{self.name}: the online-softmax chain's merge scratch ends at {end} bytes of shared "
-                f"memory, past the target's {smem_limit}; use fewer threads per query tile or prepare "
-                "with OptimizerOptions(register_softmax=False)"
-            )
-        self.in_registers -= {chain.out}
-
-    def softmax_write_back(self) -> ctx.OnlineSoftmaxWriteBack:
-        chain = self.softmax
-        assert chain is not None
-        tiles = tuple(
-            None if i is None else self.tile(i)
-            for i in (chain.maximum, chain.running, chain.sum, chain.out)
-        )
-        return ctx.OnlineSoftmaxWriteBack(self.softmax_type(), self._softmax_scratch_offset(), tiles)
-
-    def _softmax_scratch_offset(self) -> int:
-        """After the plan and the reduction scratch (whose size is known up front)."""
-        base = -(-self.kernel.smem_bytes // 16) * 16
-        return base + -(-4 * max(self.threads // 32, 1) // 16) * 16
-
     # ---- the walk ------------------------------------------------------------------------------
 
     def loop_state(self, prologue: bool = True) -> list[ctx.Step]:
@@ -559,11 +502,12 @@ class KernelLowering:
 
     def _releases(self, loop: list[ctx.Step]) -> bool:
         """Whether the loop's stages go back through per-stage barriers (``tma_release``): every pipelined
-        input is copied by TMA, and the loop is the warpgroup chain's step alone, with each P·V in its
-        step (the step waits for its products, so a thread that has returned from it reads no stage)."""
+        input is copied by TMA, and the loop is the warpgroup chain's step alone. With each P·V in its
+        step, a thread that has returned from it reads no stage of it (it waits for its products); a
+        deferred P·V's V (``late``) is handed back after the next step, which waits for that product."""
         pipelined = [it for it in self.iterators if it.pipelined]
         return (self.tma_release and bool(pipelined) and all(it.tma for it in pipelined)
-                and self.softmax is not None and self.softmax.warpgroup and not self.softmax.late
+                and self.softmax is not None and self.softmax.warpgroup
                 and all(isinstance(s, ctx.OnlineSoftmaxStep | ctx.BarrierStep) for s in loop))
 
     def in_registers_loop(self) -> frozenset[int]:
@@ -609,7 +553,7 @@ class KernelLowering:
         computed = self.in_registers_loop()
         if self.softmax is not None:
             out[Phase.POST_LOOP] += [
-                self.softmax_write_back(),
+                softmax.write_back(self),
                 ctx.BarrierStep("online-softmax results in shared memory", False),
             ]
         row_loop_pending = self.row_loop is not None
@@ -663,7 +607,7 @@ class KernelLowering:
                 if self.softmax is not None and item.node == self.softmax.anchor:
                     # registers only: the step writes no shared memory, and the tiles it reads (Q,
                     # K, V) are alive the whole loop, so it needs no barrier after it
-                    steps.append(ctx.OnlineSoftmaxStep(item.node, self.softmax_type()))
+                    steps.append(ctx.OnlineSoftmaxStep(item.node, softmax.chain_type(self)))
                 continue  # computed by the chain's step (or written back after the loop)
             match item.action:
                 case Action.LOAD:
@@ -699,7 +643,7 @@ class KernelLowering:
     def smem_bytes(self) -> int:
         """Dynamic shared memory of the kernel: the plan, and the reduction scratch if a step uses it."""
         if self.softmax_scratch:
-            return self._softmax_scratch_offset() + self.softmax_scratch
+            return softmax.scratch_offset(self) + self.softmax_scratch
         if self.row_loop is not None and self.row_loop.plan.scratch_floats:
             return self.row_scratch_offset + 4 * self.row_loop.plan.scratch_floats
         if self.scratch_used and self.scratch is not None:
@@ -755,7 +699,7 @@ class KernelLowering:
             iterators=self.iterators,
             registers=self.registers,
             row_sums=tuple(self.row_sums.values()),
-            softmax=(self.softmax_type(),) if self.softmax is not None else (),
+            softmax=(softmax.chain_type(self),) if self.softmax is not None else (),
             pre_loop=tuple(steps[Phase.PRE_LOOP]),
             loop=tuple(steps[Phase.LOOP]),
             post_loop=tuple(steps[Phase.POST_LOOP]),

@@ -80,6 +80,7 @@ class InputIteratorContext:
     multicast: int = 0  # > 1: read once per cluster of this many blocks (dev::MulticastIterator)
     barriers: int = -1  # the multicast or tma slots' barriers: offset in shared memory
     tma: bool = False  # copied by the TMA unit through a tensor map (dev::TensorMapIterator)
+    late: bool = False  # read one iteration late (a deferred P·V's V): its stage is handed back a step later
 
 
 @dataclass(frozen=True)
@@ -259,10 +260,19 @@ class OnlineSoftmaxType:
     column_factor: str | None = None  # ...or per-key values, each read as this functor of it (FactorTile)
     key_norms: str | None = None  # ...or their functor of each key's sum of squares (KeyNorms)
     defer_values: bool = False  # the warpgroup form's P·V issued with the next Q·K (DeferValues)
+    q_fragments: bool = False  # the warpgroup form's Q·K reads Q's fragments from registers (QFragments)
 
     @property
     def state(self) -> str:
         return f"{self.name}_state"
+
+    @property
+    def flags(self) -> str:
+        """The template's trailing bool arguments (DeferValues, QFragments) up to the last true one."""
+        flags = [self.defer_values, self.q_fragments]
+        while flags and not flags[-1]:
+            flags.pop()
+        return "".join(", true" if f else ", false" for f in flags)
 
 
 @dataclass(frozen=True)

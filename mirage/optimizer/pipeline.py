@@ -105,6 +105,9 @@ class OptimizerOptions:
     # (wgmma) reading K and V in the 128-byte swizzled form (softmax_chain.warpgroup_form)
     defer_values: bool = False  # ...each sub-tile's P·V issued with the next sub-tile's Q·K (V keeps one
     # more ring slot); faster on some members, slower on others (docs/performance.md §3)
+    q_fragments: bool = True  # ...their Q·K products read Q's fragments from registers (ldmatrix at each
+    # sub-tile) instead of Q's tile from shared memory through descriptors (gqa_b1 7.21 → 6.86 µs, the
+    # others within noise: docs/performance.md §3)
     multicast_axes: tuple[int, ...] = (0,)  # the grid axes a multicast cluster may span; along z
     # (attention's K and V, shared by the query splits) it measured 1.3-1.6x slower
     tma_copies: bool = False  # sm_90: a warpgroup chain's pipelined K and V tiles copied by the TMA unit
@@ -246,7 +249,8 @@ def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain 
     chain = match_softmax_chain(block, schedule, layouts, state.options.chain_key_norms)
     if chain is None or not state.options.warpgroup_softmax or state.target.compute_capability != 90:
         return chain
-    warpgroup = warpgroup_form(block, chain, state.options.defer_values)
+    options = state.options
+    warpgroup = warpgroup_form(block, chain, options.defer_values, options.q_fragments)
     if warpgroup.swizzled & _multicast(block, state.target, state.options).inputs:
         return chain  # a multicast copies whole rows, not swizzled tiles
     return warpgroup

@@ -80,6 +80,8 @@ class SoftmaxChain:
     # pipelined tiles read one iteration late, which keep one ring slot more (the warpgroup form's V
     # when each sub-tile's P·V runs with the next sub-tile's Q·K: gen/softmax.cuh's DeferValues)
     late: frozenset[int] = frozenset()
+    # the warpgroup form's Q·K reads Q's fragments from registers (gen/softmax.cuh's QFragments)
+    q_fragments: bool = False
 
     @property
     def defer_values(self) -> bool:
@@ -333,7 +335,8 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
                         qk_argument, key_norm, column_loaded=loaded)
 
 
-def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = False) -> SoftmaxChain:
+def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = False,
+                   q_fragments: bool = False) -> SoftmaxChain:
     """``chain`` in the warpgroup form when it qualifies, else unchanged (the reason logged): K and V
     are input tiles that only the chain and column reductions read (its copies write them swizzled;
     :func:`_offset_readers`), the warps form whole
@@ -342,8 +345,9 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
     wgmmas from shared memory, when it is an input tile or an rms_norm (QKNorm's) that only the chain
     reads, with D a multiple of 64; else the chain loads its fragments into registers.  ``defer_values``:
     each sub-tile's P·V is issued with the next sub-tile's Q·K (V then keeps one ring slot more:
-    ``late``).  The caller checks the
-    target (sm_90a)."""
+    ``late``).  ``q_fragments``: the Q·K products read Q's fragments from registers (loaded from its
+    tile at each sub-tile) instead of Q's tile through descriptors.  The caller checks the target
+    (sm_90a)."""
     try:
         uses = graph.consumers()
         require(chain.groups == 1 and chain.key_norm is None, "key groups or key norms")
@@ -369,7 +373,8 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
     if q[-1] % 64 == 0 and q_ref.node not in swizzled and only_chain:
         swizzled.add(q_ref.node)
     return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset(swizzled),
-                               late=frozenset({v_ref.node}) if defer_values else frozenset())
+                               late=frozenset({v_ref.node}) if defer_values else frozenset(),
+                               q_fragments=q_fragments)
 
 
 def _offset_readers(graph: BlockGraph, uses: dict[Ref, list[int]], node: int, user: int) -> bool:

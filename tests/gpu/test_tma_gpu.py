@@ -1,10 +1,11 @@
 """TMA copies of a warpgroup chain's K and V on a GPU (``OptimizerOptions.tma_copies``): the build
 passes the float check against the float64 reference and gives the same bits as the cp.async build
 of the same warpgroup form (the same tiles land in the same swizzled places; only who copies them
-differs), over several launches, with each P·V in its step or deferred, at two depths, and with the
-stages handed back through barriers instead of the loop's block barriers (``tma_release``); the tensor
-maps (by-value kernel parameters) survive a CUDA graph's capture and replay; a misaligned input is
-copied into aligned storage, and the encoder refuses one with a clear error."""
+differs), over several launches, with each P·V in its step or deferred, at two depths, with the
+stages handed back through barriers instead of the loop's block barriers (``tma_release``), and with
+the Q·K products reading Q's fragments from registers instead of its tile (``q_fragments``);
+the tensor maps (by-value kernel parameters) survive a CUDA graph's capture and replay; a misaligned
+input is copied into aligned storage, and the encoder refuses one with a clear error."""
 
 from __future__ import annotations
 
@@ -35,22 +36,36 @@ pytestmark = pytest.mark.gpu
 NAMES = ["gqa_b8_128", "gqa_b8_256", "gqa_b8_512", "gqa_b1", "qknorm_b1", "qknorm_b8_scales"]
 
 
-def _builds(graph, stages: int, defer: bool = False, release: bool = False):
+def _builds(graph, stages: int, defer: bool = False, release: bool = False, **tma_options):
     """(TMA build, cp.async build) of the warpgroup form; ``release``: the TMA build hands its stages
-    back through barriers (no block barrier in the loop, where the loop qualifies)."""
+    back through barriers (no block barrier in the loop, where the loop qualifies); ``tma_options``:
+    more options of the TMA build."""
     options = OptimizerOptions(stages=stages, warpgroup_softmax=True, defer_values=defer)
-    tma = generate_cuda_program(graph, None, options=dataclasses.replace(options, tma_copies=True,
-                                                                        tma_release=release))  # default on
+    tma = generate_cuda_program(graph, None, options=dataclasses.replace(
+        options, tma_copies=True, tma_release=release, **tma_options))  # release: default on
     assert tma.kernels[0].tensor_maps or any(k.tensor_maps for k in tma.kernels)  # the copies were chosen
     return tma, generate_cuda_program(graph, None, options=options)
 
 
+# (defer, release, more options of the TMA build): the deferred P·V released a step late, and Q·K
+# reading Q's fragments from registers
+FORMS = {
+    "in_step": (False, False, {}),
+    "deferred": (True, False, {}),
+    "released": (False, True, {}),
+    "deferred_released": (True, True, {}),
+    "q_fragments": (False, True, {"q_fragments": True}),
+    "q_fragments_deferred": (True, True, {"q_fragments": True}),
+}
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("stages", [2, 4])
-@pytest.mark.parametrize(("defer", "release"), [(False, False), (True, False), (False, True)])
-def test_tma_build_gives_the_cp_async_builds_bits(name, stages, defer, release):
+@pytest.mark.parametrize("form", FORMS)
+def test_tma_build_gives_the_cp_async_builds_bits(name, stages, form):
+    defer, release, more = FORMS[form]
     graph = _member(*MEMBERS[name])
-    ours, theirs = build_many(list(_builds(graph, stages, defer, release)))
+    ours, theirs = build_many(list(_builds(graph, stages, defer, release, **more)))
     assert_checked_and_matching(graph, ours, theirs, 11, lambda x, y: torch.testing.assert_close(
         x, y, rtol=0, atol=0))
 

@@ -271,7 +271,8 @@ def test_key_norms_come_from_the_k_fragments(built):
 def test_warpgroup_chain_runs_wgmma_on_swizzled_tiles(built, name):
     """With warpgroup_softmax both products of the chain are warpgroup MMAs (HGMMA, B from shared
     memory through descriptors, transposed: K and V are contiguous along N) reading Q, K and V from
-    swizzled tiles published with a proxy fence; no ldmatrix, no spills. Deferred P·V: V's ring has
+    swizzled tiles published with a proxy fence; no spills; Q·K's A operand from registers (Q's
+    fragments by ldmatrix, ``q_fragments``), or from Q's tile without it. Deferred P·V: V's ring has
     a third slot."""
     program, result = built[name]
     first = program.code.split('extern "C"')[1]
@@ -279,11 +280,11 @@ def test_warpgroup_chain_runs_wgmma_on_swizzled_tiles(built, name):
     assert "Swizzled128Layout<1, 1, 128, 64>" in first  # Q
     assert "Pipeline<2, true>::wait()" in first and "__align__(1024)" in first
     deferred = name.endswith("deferred")
-    assert ("mirage::gen::NoTile, true>;" in first) == deferred
+    assert f"mirage::gen::NoTile, {str(deferred).lower()}, true>;" in first  # DeferValues, QFragments
     assert ("Swizzled128Layout<1, 1, 64, 64>, 3, kThreads> in2" in first) == deferred
     functions = {f.split()[0]: f for f in result.sass().split("Function : ")[1:]}
     attention = functions[program.kernels[0].name]
     assert re.search(r"HGMMA\.64x64x16\.F32 .*gdesc\[UR\d+\]\.tnspB", attention)
     assert "HMMA" not in attention and "FENCE.VIEW.ASYNC.S" in attention
-    assert "LDSM" not in attention
+    assert "LDSM" in attention and not re.search(r"HGMMA\.64x64x16\.F32 R\d+, gdesc", attention)
     assert "LDL" not in attention and "STL" not in attention

@@ -153,7 +153,7 @@ def test_warpgroup_builds_join_only_where_a_chain_qualifies(monkeypatch):
     assert [t.variant.label.split("/", 1)[-1] for t in gqa.trials] == labels * 2
     assert ["Swizzled128Layout" in p.code for p in built] == [False] + [True] * 6 + [False] + [True] * 6
     deferred = [False, False, False, True, False, False, True]
-    assert ["mirage::gen::NoTile, true>" in p.code for p in built] == deferred * 2
+    assert ["mirage::gen::NoTile, true, true>" in p.code for p in built] == deferred * 2  # Q·K from registers
     tma = [False, False, True, True, False, True, True]
     assert ["TensorMapIterator" in p.code for p in built] == tma * 2
     assert [bool(k.tensor_maps) for p in built for k in p.kernels[:1]] == tma * 2

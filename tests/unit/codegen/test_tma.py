@@ -94,14 +94,21 @@ def test_released_stages_take_the_block_barriers_out_of_the_loop(gqa_b8):
 
 
 def test_stages_are_not_released_where_the_loop_has_more_than_the_chain():
-    """QKNorm's key-scale members reduce K's columns in the loop (a step with its own barrier), and a
-    deferred P·V still reads V after the step: both keep the block barriers."""
+    """QKNorm's key-scale members reduce K's columns in the loop (a step with its own barrier): they
+    keep the block barriers."""
     scales = next(g for row, g in family("qknorm_b8") if "key_scales" in row.label)
     program = generate_cuda_program(scales, 90, options=RELEASE)
     assert "TensorMapIterator" in program.code and "release(iteration)" not in program.code
+
+
+def test_a_deferred_values_tile_is_released_a_step_late():
+    """A deferred P·V reads V during the next step: K's stage goes back after its step, V's after the
+    next one, and the loop has no block barrier."""
     graph = _gqa("gqa_b8", "kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8")
     deferred = generate_cuda_program(graph, 90, options=dataclasses.replace(RELEASE, defer_values=True))
-    assert "release(iteration)" not in deferred.code
+    loop = deferred.code.split("for (int iteration = 0;")[1].split("// ---- after the for-loop")[0]
+    assert "in1.release(iteration);" in loop and "if (iteration > 0) in2.release(iteration - 1);" in loop
+    assert "__syncthreads" not in loop and "Pipeline<" not in loop
 
 
 @needs_nvcc
@@ -119,6 +126,23 @@ def test_tma_build_compiles_to_tensor_copies(gqa_b8):
     assert barriers["release"] < barriers["tma"], barriers
     for name in ("tma", "release"):
         assert "LDL" not in attention[name] and "STL" not in attention[name]
+
+
+@needs_nvcc
+def test_q_fragments_feed_the_products_from_registers():
+    """With ``q_fragments`` every Q·K warpgroup MMA reads its A operand from registers (ldmatrix in the
+    loop); without, only the P·V ones do, and Q·K reads Q through descriptors."""
+    graph = _gqa("gqa_b8", "kv_splits=8,q_splits=2,iters=8,threads=256,", "combine_rows=8")
+    codes = [generate_cuda_program(graph, 90, options=dataclasses.replace(RELEASE, q_fragments=f)).code
+             for f in (True, False)]
+    results = compile_sources(codes, CompileOptions(target=TARGETS["H100"]), dumps={Stage.SASS})
+    attention = [next(f for f in r.sass().split("Function : ")[1:] if "HGMMA" in f) for r in results]
+    from_registers = [len(re.findall(r"HGMMA\.64x64x16\.F32 R\d+, R\d+, gdesc", f)) for f in attention]
+    from_shared = [len(re.findall(r"HGMMA\.64x64x16\.F32 R\d+, gdesc", f)) for f in attention]
+    assert from_shared[0] == 0 and from_registers[0] == 2 * from_registers[1] > 0, from_registers
+    assert from_shared[1] == from_registers[1]  # 4 Q·K (descriptors) and 4 P·V (registers) per sub-tile
+    for f in attention:
+        assert "LDL" not in f and "STL" not in f
 
 
 def test_tensor_maps_refuse_what_tma_cannot_copy():

@@ -275,6 +275,17 @@ def test_deferred_values_give_v_one_ring_slot_more():
     assert deferred.memory.buffer_of(k).slots == 2
 
 
+def test_q_fragments_render_the_chain_with_register_operands():
+    """``q_fragments``: the chain's type gets QFragments (after DeferValues), in step and deferred."""
+    graph = _gqa(**SPLITS | dict(q_splits=2, iters=8))
+    for defer in (False, True):
+        (first, _) = _kernels(graph, **WARPGROUP, q_fragments=True, defer_values=defer)
+        assert first.softmax_chain.q_fragments
+        code = generate_cuda_program(graph, 90, options=dataclasses.replace(
+            OptimizerOptions(), **WARPGROUP, q_fragments=True, defer_values=defer)).code
+        assert f"mirage::gen::NoTile, {str(defer).lower()}, true>;" in code
+
+
 def test_a_normalized_q_is_swizzled_its_input_is_not():
     """QKNorm's Q, normalized in the block before the chain reads it: the rms_norm's tile, which only
     the chain reads (its pass writes 8-element chunks through the layout), is swizzled with K and V;

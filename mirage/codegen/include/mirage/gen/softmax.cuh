@@ -74,10 +74,24 @@
 #define MIRAGE_SOFTMAX_RESCALE_SLACK 0
 #endif
 
+// Keys of a sub-tile in the warpgroup form where a warpgroup's keys of an iteration come in multiples of
+// it (else 64): 128 issues the Q·K products of two independent 64-key blocks together and waits once,
+// at twice S's registers
+#ifndef MIRAGE_WARPGROUP_SUB_KEYS
+#define MIRAGE_WARPGROUP_SUB_KEYS 64
+#endif
+static_assert(MIRAGE_WARPGROUP_SUB_KEYS % 64 == 0, "warpgroup sub-tiles are whole blocks of 64 keys");
+
+// Timing probes of the warpgroup form (wrong results; benchmarks/attention_isolate.py): bit 1 skips the
+// Q·K warpgroup MMAs (the scores come from an opaque move of 0), bit 2 the P·V ones (P is kept live)
+#ifndef MIRAGE_PROBE_CHAIN
+#define MIRAGE_PROBE_CHAIN 0
+#endif
+
 namespace mirage::gen {
 
 template <int NumThreads, class T, class QLayout, class KLayout, class VLayout, class Score,
-          class Columns = NoTile, bool DeferValues = false>
+          class Columns = NoTile, bool DeferValues = false, bool QFragments = false>
 struct OnlineSoftmax {
   using Atom = dev::detail::MmaAtom<T>;
   static constexpr int R = QLayout::rows;
@@ -92,7 +106,8 @@ struct OnlineSoftmax {
   // Keys of one S sub-tile per warp: at most 128 scores a row, over all of the warp's row tiles
   // (which share every K and V fragment that the warp loads), a multiple of 16 dividing kKeys.
   static constexpr int sub_keys() {
-    if (KLayout::swizzled) return 64;  // the warpgroup form: one key block of its wgmmas a sub-tile
+    if (KLayout::swizzled)  // the warpgroup form: key blocks of 64 (wgmma n64), MIRAGE_WARPGROUP_SUB_KEYS a sub-tile
+      return kKeys % MIRAGE_WARPGROUP_SUB_KEYS == 0 ? MIRAGE_WARPGROUP_SUB_KEYS : 64;
     const int cap = 128 / kTilesPerWarp < 16 ? 16 : 128 / kTilesPerWarp;
     for (int keys = (kKeys < cap ? kKeys : cap) / 16 * 16; keys > 16; keys -= 16)
       if (kKeys % keys == 0) return keys;
@@ -145,6 +160,11 @@ struct OnlineSoftmax {
   // late: its input must keep one ring slot more than the pipeline (the memory plan gives it one).
   // The results are the same either way, bit for bit.
   static constexpr bool kDeferred = kWarpgroup && DeferValues;
+  // QFragments (the warpgroup form): the Q·K products read Q's A fragments from registers, loaded from
+  // its tile by ldmatrix at each sub-tile, instead of Q's tile from shared memory through descriptors.
+  // (Fragments loaded once and held across the loop were faster still, but ptxas (CUDA 13.0) gave
+  // their registers to P where the loop also branches or calls: wrong results.)
+  static constexpr bool kQFragments = kWarpgroup && QFragments;
   // none for the chain that computes the key norms itself: at 255 registers, the settle spills
   static constexpr float kRescaleSlack = kKeyNorms ? 0.0f : MIRAGE_SOFTMAX_RESCALE_SLACK;
 
@@ -505,7 +525,14 @@ struct OnlineSoftmax {
 
   // The A fragment of Q[16 row_tile(t) : +16, d : d + 16].
   static MIRAGE_DEVICE void load_q(dev::SharedTile<T, QLayout> q, int t, int d, uint32_t (&a)[4]) {
-    const T* address = q.data + (row_tile(t) * 16 + lane() % 16) * QLayout::pitch + d + (lane() / 16) * 8;
+    const int row = row_tile(t) * 16 + lane() % 16;
+    const int col = d + (lane() / 16) * 8;  // 8 elements the 128-byte swizzle keeps together
+    const T* address;
+    if constexpr (QLayout::swizzled) {
+      address = q.data + QLayout::element_offset(row, col);
+    } else {
+      address = q.data + row * QLayout::pitch + col;
+    }
     cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), a[0], a[1], a[2], a[3]);
   }
 
@@ -620,28 +647,37 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE void warpgroup_scores(State& state, dev::SharedTile<T, QLayout> q,
                                              dev::SharedTile<T, KLayout> k, int key0,
                                              float (&score)[kTilesPerWarp][kKeyTiles][4]) {
-    using A = std::conditional_t<QLayout::swizzled, uint64_t, uint32_t[4]>;
+    constexpr bool kDescriptors = QLayout::swizzled && !kQFragments;
+    using A = std::conditional_t<kDescriptors, uint64_t, uint32_t[4]>;
     A a[kTilesPerWarp][D / 16];
 #pragma unroll
     for (int t = 0; t < kTilesPerWarp; ++t)
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
-        if constexpr (QLayout::swizzled) {
+        if constexpr (kDescriptors) {
           a[t][d] = wgmma::wgmma_descriptor<QLayout, true>(q.data, row_tile(t) / 4 * 64, d * 16);
         } else {
           load_q(q, t, d * 16, a[t][d]);
         }
       }
     cute::warpgroup_arrive();
+    if constexpr ((MIRAGE_PROBE_CHAIN & 1) != 0) {
 #pragma unroll
-    for (int t = 0; t < kTilesPerWarp; ++t)
+      for (int t = 0; t < kTilesPerWarp; ++t)
 #pragma unroll
-      for (int b = 0; b < kSubKeys / 64; ++b)
+        for (int j = 0; j < kKeyTiles; ++j)
 #pragma unroll
-        for (int d = 0; d < D / 16; ++d)
-          wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&score[t][8 * b]), a[t][d],
-                                     wgmma::wgmma_descriptor<KLayout>(k.data, d * 16, key0 + 64 * b),
-                                     d > 0);
+          for (int e = 0; e < 4; ++e) asm volatile("mov.b32 %0, 0;" : "=f"(score[t][j][e]));
+    } else {
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+        for (int d = 0; d < D / 16; ++d)  // the key blocks' accumulators are independent: alternate
+#pragma unroll
+          for (int b = 0; b < kSubKeys / 64; ++b)
+            wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&score[t][8 * b]), a[t][d],
+                              wgmma::wgmma_descriptor<KLayout>(k.data, d * 16, key0 + 64 * b), d > 0);
+    }
     cute::warpgroup_commit_batch();
     if constexpr (Pending) {  // the last sub-tile's P·V behind these; wait for the scores only
       wgmma::fence(state.out);
@@ -655,7 +691,7 @@ struct OnlineSoftmax {
       cute::warpgroup_wait<0>();
     }
     wgmma::fence(score);
-    if constexpr (!QLayout::swizzled) wgmma::fence(a);
+    if constexpr (!kDescriptors) wgmma::fence(a);  // read by the products until the wait
   }
 
   // The deferred form's P·V of a sub-tile: every wgmma of out += P · V[key0 : key0 + kSubKeys, :]
@@ -683,10 +719,15 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int t = 0; t < kTilesPerWarp; ++t)
 #pragma unroll
-        for (int b = 0; b < E / 64; ++b)
-          wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&state.out[t][8 * b]), a[t],
-                                     wgmma::wgmma_descriptor<VLayout>(v.data, key0 + kk * 16, 64 * b),
-                                     true);
+        for (int b = 0; b < E / 64; ++b) {
+          if constexpr ((MIRAGE_PROBE_CHAIN & 2) != 0) {
+            uint32_t p[4] = {a[t][0], a[t][1], a[t][2], a[t][3]};
+            wgmma::fence(p);  // P computed, the product skipped
+          } else {
+            wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&state.out[t][8 * b]), a[t],
+                              wgmma::wgmma_descriptor<VLayout>(v.data, key0 + kk * 16, 64 * b), true);
+          }
+        }
       cute::warpgroup_commit_batch();
     } else {
 #pragma unroll

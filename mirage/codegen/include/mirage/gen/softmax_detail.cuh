@@ -46,9 +46,16 @@ MIRAGE_DEVICE uint32_t pack(float low, float high) {
   return word[0];
 }
 
+// A timing probe (wrong results): 1 makes exp2_fast one FMUL instead of the SFU's instruction, so that
+// a build shows what its exponentials cost (benchmarks/attention_isolate.py)
+#ifndef MIRAGE_PROBE_NO_EXP2
+#define MIRAGE_PROBE_NO_EXP2 0
+#endif
+
 // 2^x by the SFU's approximation (MUFU.EX2, flushing denormal results to 0): one instruction where
 // exp2f adds range handling; its relative error (~2^-22) is far below the fp16 P it feeds.
 MIRAGE_DEVICE float exp2_fast(float x) {
+  if constexpr (MIRAGE_PROBE_NO_EXP2) return x * 0.5f;
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;

@@ -1,0 +1,74 @@
+"""Lowering of the register-resident online-softmax chain (optimizer.softmax_chain, gen/softmax.cuh):
+its type, the link that maps per-key values to factors, its merge scratch and its write-back."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mirage.codegen import lower_context as ctx
+from mirage.codegen.lower_ops import LoweringError
+from mirage.mugraph.ops import Op
+
+if TYPE_CHECKING:
+    from mirage.codegen.lower import KernelLowering
+
+
+def chain_type(lw: KernelLowering) -> ctx.OnlineSoftmaxType:
+    chain = lw.softmax
+    assert chain is not None
+    q, k = (lw.operand(r) for r in lw.graph.nodes[chain.qk].inputs)
+    v = lw.operand(lw.graph.nodes[chain.pv].inputs[1])
+    name = f"softmax{chain.qk}"
+    if chain.key_norm is not None:  # per-key factors from the chain's own K fragments
+        assert chain.score is not None and chain.column is not None
+        node = lw.graph.nodes[chain.column]
+        g = lw.function(chain.column) if node.op is Op.FUSED else "mirage::dev::Identity"
+        factor = f"mirage::gen::ColumnFactor<{lw.function(chain.score)}, {chain.qk_argument}>"
+        return ctx.OnlineSoftmaxType(name, q.element, q, k, v, "mirage::gen::ColumnScore",
+                                     key_norms=f"mirage::gen::Compose<{g}, {factor}>")
+    forms = {"defer_values": chain.defer_values, "q_fragments": chain.q_fragments}
+    if chain.column is not None:  # the products times per-key factors (the column's step stores them)
+        loaded = chain.column_loaded  # an input tile: f(1, c) taken on read
+        factor = column_factor(lw).function if loaded else None
+        return ctx.OnlineSoftmaxType(name, q.element, q, k, v, "mirage::gen::ColumnScore",
+                                     lw.tile(chain.column), column_factor=factor, **forms)
+    score = lw.function(chain.score) if chain.score is not None else "mirage::dev::Identity"
+    return ctx.OnlineSoftmaxType(name, q.element, q, k, v, score, **forms)
+
+
+def column_factor(lw: KernelLowering) -> ctx.Link:
+    """The link that turns the chain's per-key values c into the factors f(1, c) before their step
+    stores them (gen/softmax_detail.cuh's ColumnFactor)."""
+    chain = lw.softmax
+    assert chain is not None and chain.column is not None and chain.score is not None
+    function = f"mirage::gen::ColumnFactor<{lw.function(chain.score)}, {chain.qk_argument}>"
+    return ctx.Link(chain.score, function, (None,))
+
+
+def place(lw: KernelLowering, smem_limit: int | None) -> None:
+    """The chain's merge scratch goes after the plan (and the reduction scratch)."""
+    chain = lw.softmax
+    assert chain is not None
+    lw.softmax_scratch = chain.scratch_bytes
+    end = scratch_offset(lw) + lw.softmax_scratch
+    if smem_limit is not None and end > smem_limit:
+        raise LoweringError(
+            f"{lw.name}: the online-softmax chain's merge scratch ends at {end} bytes of shared "
+            f"memory, past the target's {smem_limit}; use fewer threads per query tile or prepare "
+            "with OptimizerOptions(register_softmax=False)"
+        )
+    lw.in_registers -= {chain.out}
+
+
+def write_back(lw: KernelLowering) -> ctx.OnlineSoftmaxWriteBack:
+    chain = lw.softmax
+    assert chain is not None
+    nodes = (chain.maximum, chain.running, chain.sum, chain.out)
+    tiles = tuple(None if i is None else lw.tile(i) for i in nodes)
+    return ctx.OnlineSoftmaxWriteBack(chain_type(lw), scratch_offset(lw), tiles)
+
+
+def scratch_offset(lw: KernelLowering) -> int:
+    """After the plan and the reduction scratch (whose size is known up front)."""
+    base = -(-lw.kernel.smem_bytes // 16) * 16
+    return base + -(-4 * max(lw.threads // 32, 1) // 16) * 16
