@@ -1,0 +1,34 @@
+"""``benchmarks.attention_isolate``: every cut finds its statements in the generated attention kernels
+(a cut that matched nothing would time the kernel as built under another name), and each cut gets
+the probe defines its name asks for."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from benchmarks import attention_isolate as isolate
+from benchmarks.gemv_isolate import cut
+from benchmarks.variants import family
+from mirage.codegen.lower_program import generate_cuda_program
+from mirage.optimizer import OptimizerOptions
+
+
+@pytest.mark.parametrize(("case", "parts", "stages"), isolate.MEMBERS)
+def test_every_cut_applies_to_every_member(case, parts, stages):
+    graph = next(g for row, g in family(case) if all(p in row.label for p in parts))
+    options = dataclasses.replace(OptimizerOptions(), stages=stages, warpgroup_softmax=True, tma_copies=True)
+    code = generate_cuda_program(graph, 90, options=options).code
+    for name, patterns in isolate.CUTS.items():
+        changed = cut(code, patterns)
+        assert (changed == code) == (not patterns), name
+    assert "::step(" in code and "::step(" not in cut(code, isolate.CUTS["no_step"])
+
+
+def test_probe_defines_follow_the_cut_names():
+    assert isolate.probes("as_generated") == "" and isolate.probes("no_copies") == ""
+    assert isolate.probes("no_exp2_no_copies") == "#define MIRAGE_PROBE_NO_EXP2 1\n"
+    assert isolate.probes("sub128") == "#define MIRAGE_WARPGROUP_SUB_KEYS 128\n"
+    both = isolate.probes("no_mma_no_exp2_no_copies")
+    assert "MIRAGE_PROBE_CHAIN 3" in both and "MIRAGE_PROBE_NO_EXP2 1" in both
