@@ -11,9 +11,11 @@ kernel in one run (timing only: the cut builds compute nothing useful).
 * ``sub128``: the warpgroup form's sub-tiles of 128 keys where an iteration has them
   (``MIRAGE_WARPGROUP_SUB_KEYS``; a build of its own, not a cut), ``sub128_no_copies`` likewise;
 * ``no_qk``, ``no_pv``, ``no_mma`` (each without the copies too): the Q·K warpgroup MMAs, the P·V
-  ones or both skipped (``MIRAGE_PROBE_CHAIN``), the rest of the chain kept.
+  ones or both skipped (``MIRAGE_PROBE_CHAIN``), the rest of the chain kept;
+* QKNorm's members whose chain computes the key norms: ``no_norms`` (each factor 1, the key squares
+  and their trade skipped: ``MIRAGE_PROBE_CHAIN`` bit 4).
 
-    python -m benchmarks.attention_isolate --out benchmarks/results
+    python -m benchmarks.attention_isolate --out benchmarks/results [--cases qknorm_b8] [--cuts a,b]
 """
 
 from __future__ import annotations
@@ -42,10 +44,14 @@ CUTS = {
     "no_pv_no_copies": COPIES,
     "no_mma_no_copies": COPIES,
     "no_mma_no_exp2_no_copies": COPIES,
+    "no_norms": (),
+    "no_norms_no_copies": COPIES,
 }
+NORM_CUTS = ("no_norms", "no_norms_no_copies")  # only where the chain has key norms
 PROBES = {"sub128": "#define MIRAGE_WARPGROUP_SUB_KEYS 128\n",
           "exp2": "#define MIRAGE_PROBE_NO_EXP2 1\n", "qk": "#define MIRAGE_PROBE_CHAIN 1\n",
-          "pv": "#define MIRAGE_PROBE_CHAIN 2\n", "mma": "#define MIRAGE_PROBE_CHAIN 3\n"}
+          "pv": "#define MIRAGE_PROBE_CHAIN 2\n", "mma": "#define MIRAGE_PROBE_CHAIN 3\n",
+          "norms": "#define MIRAGE_PROBE_CHAIN 4\n"}
 
 
 def probes(name: str) -> str:
@@ -60,6 +66,10 @@ MEMBERS = (
     # 128 keys an iteration
     ("gqa_b8", ("kv_splits=16,q_splits=2,iters=2,threads=256,", "combine_rows=8"), 3),
     ("gqa_b8", ("kv_splits=8,q_splits=4,iters=4,threads=128,", "combine_rows=16"), 3),
+    # QKNorm's members whose chain computes the key norms
+    ("qknorm_b8", ("kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8,key_scales"), 3),
+    ("qknorm_b8", ("kv_splits=8,q_splits=2,iters=8,threads=256,", "combine_rows=8,key_scales"), 3),
+    ("qknorm_b1", ("kv_splits=16,q_splits=4,iters=2,threads=128,", "combine_rows=8,key_scales"), 3),
 )
 
 
@@ -68,18 +78,25 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
     parser.add_argument("--also", default="",
                         help="OptimizerOptions of every build, e.g. defer_values=true")
+    parser.add_argument("--cases", default="", help="only these cases (comma-separated)")
+    parser.add_argument("--cuts", default="", help="only these cuts (comma-separated)")
     args = parser.parse_args(argv)
+    cases, cuts = set(filter(None, args.cases.split(","))), set(filter(None, args.cuts.split(",")))
     from benchmarks.explore import _options
     from mirage.codegen.lower_program import generate_cuda_program
 
     facts = device_facts()
     rows, programs, graphs = [], [], []
     for case, parts, stages in MEMBERS:
+        if cases and case not in cases:
+            continue
         graph = next(g for row, g in family(case) if all(p in row.label for p in parts))
         options = dataclasses.replace(OptimizerOptions(), stages=stages, warpgroup_softmax=True,
                                       tma_copies=True, **_options(args.also))
         program = generate_cuda_program(graph, None, options=options)
         for name, patterns in CUTS.items():
+            if (cuts and name not in cuts) or (name in NORM_CUTS and "KeyNorms<" not in program.code):
+                continue
             code = probes(name) + cut(program.code, patterns)
             programs.append(dataclasses.replace(program, code=code))
             graphs.append(graph)

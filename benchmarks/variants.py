@@ -73,7 +73,8 @@ KEY_SUMS = (("key_sums", True), ("norm_blocks", 64))
 # splits of the explorations with the register-resident softmax chain and the direct-read combine
 # (benchmarks/results/explore_h100_2026-11-22_wide_direct.json; the two 128-thread GQA members of 8 key
 # splits and 2 query splits, whose warps take two row tiles each, from …_paired_tiles.json; QKNorm's
-# key_scales members from …_key_scales.json, b = 1 first), per program
+# key_scales members from …_key_scales.json, b = 1 first, and the 256-thread one of the warpgroup
+# chain's own key norms from explore_h100_2026-11-26_key_norms.json), per program
 ATTENTION_SPLITS: dict[str, list[tuple[tuple[int, ...], tuple[tuple[str, int | bool], ...]]]] = {
     "gqa": [(splits, ()) for splits in (
         (8, 2, 8, 128, 8), (8, 2, 8, 128, 16), (16, 2, 2, 256, 8), (16, 4, 2, 128, 8), (16, 4, 2, 128, 16),
@@ -83,7 +84,7 @@ ATTENTION_SPLITS: dict[str, list[tuple[tuple[int, ...], tuple[tuple[str, int | b
                for splits in ((16, 4, 4, 128, 8), (16, 4, 2, 128, 8), (4, 4, 8, 128, 8))]
     + [(splits, KEY_SCALES) for splits in (
         (16, 4, 2, 128, 8), (16, 2, 2, 256, 8), (32, 2, 2, 256, 16), (8, 2, 8, 128, 8), (8, 2, 8, 128, 16),
-        (8, 2, 4, 128, 8),
+        (8, 2, 4, 128, 8), (8, 2, 8, 256, 8),
     )]
     + [(splits, KEY_SUMS) for splits in ((8, 2, 8, 256, 8),)],  # of four: the fastest at b = 8 and b = 1
 }

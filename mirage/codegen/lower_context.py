@@ -259,6 +259,7 @@ class OnlineSoftmaxType:
     columns: Tile | None = None  # per-key factors of the products (gen/softmax.cuh's Columns)
     column_factor: str | None = None  # ...or per-key values, each read as this functor of it (FactorTile)
     key_norms: str | None = None  # ...or their functor of each key's sum of squares (KeyNorms)
+    key_scratch: int | None = None  # the warpgroup form's key norms: byte offset of their scratch
     defer_values: bool = False  # the warpgroup form's P·V issued with the next Q·K (DeferValues)
     q_fragments: bool = False  # the warpgroup form's Q·K reads Q's fragments from registers (QFragments)
 

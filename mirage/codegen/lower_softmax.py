@@ -19,14 +19,17 @@ def chain_type(lw: KernelLowering) -> ctx.OnlineSoftmaxType:
     q, k = (lw.operand(r) for r in lw.graph.nodes[chain.qk].inputs)
     v = lw.operand(lw.graph.nodes[chain.pv].inputs[1])
     name = f"softmax{chain.qk}"
+    forms = {"defer_values": chain.defer_values, "q_fragments": chain.q_fragments}
     if chain.key_norm is not None:  # per-key factors from the chain's own K fragments
         assert chain.score is not None and chain.column is not None
         node = lw.graph.nodes[chain.column]
         g = lw.function(chain.column) if node.op is Op.FUSED else "mirage::dev::Identity"
         factor = f"mirage::gen::ColumnFactor<{lw.function(chain.score)}, {chain.qk_argument}>"
+        # the warpgroup form trades the factors through the scratch (after the plan, as the merge's)
+        scratch = scratch_offset(lw) if chain.warpgroup else None
         return ctx.OnlineSoftmaxType(name, q.element, q, k, v, "mirage::gen::ColumnScore",
-                                     key_norms=f"mirage::gen::Compose<{g}, {factor}>")
-    forms = {"defer_values": chain.defer_values, "q_fragments": chain.q_fragments}
+                                     key_norms=f"mirage::gen::Compose<{g}, {factor}>",
+                                     key_scratch=scratch, **forms)
     if chain.column is not None:  # the products times per-key factors (the column's step stores them)
         loaded = chain.column_loaded  # an input tile: f(1, c) taken on read
         factor = column_factor(lw).function if loaded else None
@@ -46,14 +49,15 @@ def column_factor(lw: KernelLowering) -> ctx.Link:
 
 
 def place(lw: KernelLowering, smem_limit: int | None) -> None:
-    """The chain's merge scratch goes after the plan (and the reduction scratch)."""
+    """The chain's scratch (the key groups' merge, or the warpgroup form's key factors) goes after the
+    plan (and the reduction scratch)."""
     chain = lw.softmax
     assert chain is not None
     lw.softmax_scratch = chain.scratch_bytes
     end = scratch_offset(lw) + lw.softmax_scratch
     if smem_limit is not None and end > smem_limit:
         raise LoweringError(
-            f"{lw.name}: the online-softmax chain's merge scratch ends at {end} bytes of shared "
+            f"{lw.name}: the online-softmax chain's scratch ends at {end} bytes of shared "
             f"memory, past the target's {smem_limit}; use fewer threads per query tile or prepare "
             "with OptimizerOptions(register_softmax=False)"
         )

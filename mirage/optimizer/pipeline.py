@@ -65,6 +65,7 @@ class OptimizerOptions:
     register_softmax: bool = True  # attention chains in registers (softmax_chain), not op by op
     chain_key_norms: bool = False  # per-key values g(Σ K²) computed by the chain from its K fragments;
     # off: measured slower than their own step (docs/performance.md §3)
+    warpgroup_key_norms: bool = True  # ...computed so by a warpgroup chain (the warpgroup_softmax form)
     row_loops: bool = True  # row-local loop bodies run per thread in registers (row_loop)
     direct_row_loads: bool = True  # ...reading their per-iteration inputs from global memory
     row_reductions: bool = True  # ...reducing along their rows (sum, max, rms_norm), one-iteration
@@ -246,13 +247,16 @@ def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain 
         return None
     layouts = state.records["select_layouts"].of_kernel(k)
     schedule = dict(state.records["schedule"])[k]
-    chain = match_softmax_chain(block, schedule, layouts, state.options.chain_key_norms)
-    if chain is None or not state.options.warpgroup_softmax or state.target.compute_capability != 90:
-        return chain
     options = state.options
+    chain = match_softmax_chain(block, schedule, layouts, options.chain_key_norms)
+    if chain is None or not options.warpgroup_softmax or state.target.compute_capability != 90:
+        return chain
+    if options.warpgroup_key_norms and not options.chain_key_norms:
+        chain = match_softmax_chain(block, schedule, layouts, True) or chain
     warpgroup = warpgroup_form(block, chain, options.defer_values, options.q_fragments)
-    if warpgroup.swizzled & _multicast(block, state.target, state.options).inputs:
-        return chain  # a multicast copies whole rows, not swizzled tiles
+    if not warpgroup.warpgroup or warpgroup.swizzled & _multicast(block, state.target, options).inputs:
+        # not in the warpgroup form (a multicast copies whole rows, not swizzled tiles)
+        return match_softmax_chain(block, schedule, layouts, options.chain_key_norms)
     return warpgroup
 
 

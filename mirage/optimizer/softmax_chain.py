@@ -339,18 +339,19 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
                    q_fragments: bool = False) -> SoftmaxChain:
     """``chain`` in the warpgroup form when it qualifies, else unchanged (the reason logged): K and V
     are input tiles that only the chain and column reductions read (its copies write them swizzled;
-    :func:`_offset_readers`), the warps form whole
-    warpgroups of whole 64-row tiles (one key group), and the keys and V's width come in blocks of 64
-    (wgmma m64n64k16; the chain's sub-tiles are then 64 keys).  Q is swizzled too, and read by the
-    wgmmas from shared memory, when it is an input tile or an rms_norm (QKNorm's) that only the chain
-    reads, with D a multiple of 64; else the chain loads its fragments into registers.  ``defer_values``:
+    :func:`_offset_readers`), the warps form whole warpgroups of whole 64-row tiles (one key group),
+    and the keys and V's width come in blocks of 64 (wgmma m64n64k16; the chain's sub-tiles are then
+    64 keys).  Key norms (``key_norm``) are summed by each warp for a quarter of a sub-tile's keys and
+    traded through the scratch (``scratch_bytes``).  Q is swizzled too, and read by the wgmmas from
+    shared memory, when it is an input tile or an rms_norm (QKNorm's) that only the chain reads, with
+    D a multiple of 64; else the chain loads its fragments into registers.  ``defer_values``:
     each sub-tile's P·V is issued with the next sub-tile's Q·K (V then keeps one ring slot more:
     ``late``).  ``q_fragments``: the Q·K products read Q's fragments from registers (loaded from its
     tile at each sub-tile) instead of Q's tile through descriptors.  The caller checks the target
     (sm_90a)."""
     try:
         uses = graph.consumers()
-        require(chain.groups == 1 and chain.key_norm is None, "key groups or key norms")
+        require(chain.groups == 1, "key groups")
         q_ref, k_ref = graph.nodes[chain.qk].inputs
         v_ref = graph.nodes[chain.pv].inputs[1]
         require(k_ref.node != v_ref.node, "K and V are one tile")
@@ -372,7 +373,9 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
                   or _normalized_for(graph, uses, q_ref.node, chain.qk))
     if q[-1] % 64 == 0 and q_ref.node not in swizzled and only_chain:
         swizzled.add(q_ref.node)
-    return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset(swizzled),
+    # key norms: each warpgroup trades its sub-tiles' key factors through two buffers of up to 128 floats
+    scratch = 2 * (warps // 4) * 128 * 4 if chain.key_norm is not None else chain.scratch_bytes
+    return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset(swizzled), scratch_bytes=scratch,
                                late=frozenset({v_ref.node}) if defer_values else frozenset(),
                                q_fragments=q_fragments)
 

@@ -79,6 +79,7 @@ WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds
           "gqa_counter_folded": (_folded_attention, OptimizerOptions(counter_folds=True)),
           "qknorm_key_norms": (_key_scales, OptimizerOptions(chain_key_norms=True)),
           "gqa_warpgroup": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True)),
+          "qknorm_warpgroup_key_norms": (_key_scales, OptimizerOptions(warpgroup_softmax=True)),
           "gqa_warpgroup_deferred": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True, defer_values=True)),
           "ntrans_op_by_op": (CASES["ntrans_b1"].fused, OptimizerOptions(row_reductions=False))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
@@ -265,6 +266,24 @@ def test_key_norms_come_from_the_k_fragments(built):
     assert "reduce_apply<" not in loop and "map_apply<" not in loop
     sass = result.sass()
     assert "HMMA" in sass and "LDL" not in sass and "STL" not in sass
+
+
+def test_warpgroup_key_norms_are_traded_through_the_scratch(built):
+    """A warpgroup chain computes the key norms itself: each warp sums a quarter of a sub-tile's keys
+    by mma.sync (HMMA) on K's fragments while Q·K runs on HGMMA, the warpgroup trades the factors
+    through the scratch past a barrier of its own (barrier 1, 128 threads); no step reduces K in the
+    loop, no spills."""
+    program, result = built["qknorm_warpgroup_key_norms"]
+    first = program.code.split('extern "C"')[1]
+    assert re.search(r"::step\(softmax\d+_state, t\d+, t\d+, t\d+, mirage::gen::KeyNorms<.*>"
+                     r"\{mirage::dev::shared_at<float>\(shared, \d+\)\}\);", first)
+    loop = first.split("// ---- the for-loop")[1].split("// ---- after the for-loop")[0]
+    assert "reduce_apply<" not in loop and "map_apply<" not in loop
+    functions = {f.split()[0]: f for f in result.sass().split("Function : ")[1:]}
+    attention = functions[program.kernels[0].name]
+    assert "HGMMA.64x64x16.F32" in attention and "HMMA.16816.F32" in attention
+    assert re.search(r"BAR\.SYNC(\.DEFER_BLOCKING)? 0x1, 0x80", attention)
+    assert "LDL" not in attention and "STL" not in attention
 
 
 @pytest.mark.parametrize("name", ["gqa_warpgroup", "gqa_warpgroup_deferred"])

@@ -94,11 +94,15 @@ def test_released_stages_take_the_block_barriers_out_of_the_loop(gqa_b8):
 
 
 def test_stages_are_not_released_where_the_loop_has_more_than_the_chain():
-    """QKNorm's key-scale members reduce K's columns in the loop (a step with its own barrier): they
-    keep the block barriers."""
+    """QKNorm's key-scale members whose key norms are not the chain's reduce K's columns in the loop (a
+    step with its own barrier): they keep the block barriers. With the chain's key norms (the default)
+    the loop is the chain's step alone and hands its stages back."""
     scales = next(g for row, g in family("qknorm_b8") if "key_scales" in row.label)
-    program = generate_cuda_program(scales, 90, options=RELEASE)
+    stepped = dataclasses.replace(RELEASE, warpgroup_key_norms=False)
+    program = generate_cuda_program(scales, 90, options=stepped)
     assert "TensorMapIterator" in program.code and "release(iteration)" not in program.code
+    loop = _loop(generate_cuda_program(scales, 90, options=RELEASE).code)
+    assert "__syncthreads" not in loop and "in1.release(iteration);" in loop
 
 
 def test_a_deferred_values_tile_is_released_a_step_late():

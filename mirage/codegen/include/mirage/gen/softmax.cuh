@@ -38,7 +38,8 @@
 // of mma.sync's C fragments, 16 rows a warp, so the softmax between the products is the same code.
 // Each warpgroup (4 warps) takes whole 64-row tiles; P·V's products of 16 keys are issued
 // asynchronously and overlap the exponentials of the next 16 keys. The loop's pipeline must publish
-// its tiles with Pipeline<Stages, true> (a proxy fence before the barrier).
+// its tiles with Pipeline<Stages, true> (a proxy fence before the barrier). KeyNorms: each warp sums a
+// quarter of a sub-tile's keys (mma.sync), the warpgroup trades the factors while Q·K runs.
 #pragma once
 
 #include <type_traits>
@@ -83,7 +84,8 @@
 static_assert(MIRAGE_WARPGROUP_SUB_KEYS % 64 == 0, "warpgroup sub-tiles are whole blocks of 64 keys");
 
 // Timing probes of the warpgroup form (wrong results; benchmarks/attention_isolate.py): bit 1 skips the
-// Q·K warpgroup MMAs (the scores come from an opaque move of 0), bit 2 the P·V ones (P is kept live)
+// Q·K warpgroup MMAs (the scores come from an opaque move of 0), bit 2 the P·V ones (P is kept live),
+// bit 4 the key norms of a chain that computes them (each factor 1)
 #ifndef MIRAGE_PROBE_CHAIN
 #define MIRAGE_PROBE_CHAIN 0
 #endif
@@ -129,9 +131,9 @@ struct OnlineSoftmax {
   static_assert(VLayout::swizzled == kWarpgroup && (kWarpgroup || !QLayout::swizzled),
                 "K and V swizzled together; Q (read from shared memory by wgmma) only with them");
   static_assert(!kWarpgroup || (kWarps % 4 == 0 && kRowTiles % kWarps == 0 && kKeys % 64 == 0 &&
-                                E % 64 == 0 && !kKeyNorms),
+                                E % 64 == 0 && (!kKeyNorms || kSubKeys <= 128)),
                 "the warpgroup form: whole warpgroups of whole 64-row tiles, keys and E in blocks of 64, "
-                "no key norms (the lowering checks them first)");
+                "key norms in sub-tiles of at most 128 keys (the lowering checks them first)");
   template <class C>
   static constexpr bool covers_keys() {
     if constexpr (std::is_same_v<C, NoTile> || IsKeyNorms<C>::value) {
@@ -178,6 +180,7 @@ struct OnlineSoftmax {
     uint32_t p[kDeferred ? kKeyTiles / 2 : 1][kTilesPerWarp][4];
     const T* v;
     int key0;
+    int parity;  // the warpgroup form's key norms: the scratch buffer of the last sub-tile's factors
   };
 
   static MIRAGE_DEVICE int warp() { return dev::thread_index() / dev::kWarpSize; }
@@ -205,6 +208,7 @@ struct OnlineSoftmax {
     }
     state.v = nullptr;
     state.key0 = 0;
+    state.parity = 0;
   }
 
   // One iteration of the chain over this iteration's K and V tiles, in sub-tiles of at most
@@ -327,10 +331,23 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE void sub_step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
                                      dev::SharedTile<T, VLayout> v, Columns columns, int key0) {
     float score[kTilesPerWarp][kKeyTiles][4];
-    if constexpr (kKeyNorms) {
-      scaled_scores(q, k, key0, score);
+    if constexpr (kWarpgroup && kKeyNorms) {  // the keys' factors while the tensor cores run Q·K
+      float factor[kKeyTiles][2];
+      float squares[kWarpKeys / 16][2][4];
+      if constexpr ((MIRAGE_PROBE_CHAIN & 4) != 0) {
+#pragma unroll
+        for (int j = 0; j < kKeyTiles; ++j) factor[j][0] = factor[j][1] = 1.0f;
+        warpgroup_scores<Pending>(state, q, k, key0, score, [] {});
+      } else {
+        key_squares(k, key0, squares);  // before Q·K's warpgroup MMAs: 0.45 µs faster than after
+        warpgroup_scores<Pending>(state, q, k, key0, score,
+                                  [&] { trade_key_factors(state, columns, squares, factor); });
+      }
+      softmax_detail::scale_columns(factor, score);
     } else if constexpr (kWarpgroup) {
-      warpgroup_scores<Pending>(state, q, k, key0, score);
+      warpgroup_scores<Pending>(state, q, k, key0, score, [] {});
+    } else if constexpr (kKeyNorms) {
+      scaled_scores(q, k, key0, score);
     } else {
       scores(q, k, key0, score);
     }
@@ -538,7 +555,14 @@ struct OnlineSoftmax {
 
   // The B fragments of K[d : d + 16, key : key + 8] (b0, b1) and K[d : d + 16, key + 8 : key + 16] (b2, b3).
   static MIRAGE_DEVICE void load_k(dev::SharedTile<T, KLayout> k, int d, int key, uint32_t (&b)[4]) {
-    const T* address = k.data + (d + lane() % 16) * KLayout::pitch + key + (lane() / 16) * 8;
+    const int row = d + lane() % 16;
+    const int col = key + (lane() / 16) * 8;  // 8 keys the 128-byte swizzle keeps together
+    const T* address;
+    if constexpr (KLayout::swizzled) {
+      address = k.data + KLayout::element_offset(row, col);
+    } else {
+      address = k.data + row * KLayout::pitch + col;
+    }
     cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(address), b[0], b[1], b[2], b[3]);
   }
 
@@ -567,11 +591,8 @@ struct OnlineSoftmax {
 
   // The scores of per-key factors computed from K itself (KeyNorms), kNormKeys keys at a time: over
   // all of D for those keys, so that Kᵀ·K's accumulators live for kNormKeys keys only, with the
-  // products of different keys (independent accumulators) interleaved in each step of D. The K
-  // fragments b0..b3 of K[d : d + 16, 16 keys]
-  // (B operands) are, as {b0, b2, b1, b3}, the A fragment of their transpose; C[r][c] of Kᵀ·K is on
-  // lane 4 r + c / 2, element c % 2 (rows 8 on: elements 2 and 3), so key 8 h + r's sum of squares
-  // is on lane 4 r + r / 2.
+  // products of different keys (independent accumulators) interleaved in each step of D
+  // (softmax_detail::accumulate_key_squares runs Kᵀ·K on the K fragments loaded for Q·K).
   // MIRAGE_SOFTMAX_NORM_KEYS where it divides the sub-tile's keys, else 16 (a sub-tile of 48 keys)
   static constexpr int kNormKeys = kSubKeys % MIRAGE_SOFTMAX_NORM_KEYS == 0 ? MIRAGE_SOFTMAX_NORM_KEYS : 16;
   static_assert(MIRAGE_SOFTMAX_NORM_KEYS == 16 || MIRAGE_SOFTMAX_NORM_KEYS == 32,
@@ -582,16 +603,9 @@ struct OnlineSoftmax {
     using Factor = typename KeyFactor<Columns>::type;
     constexpr int kPairs = kNormKeys / 16;  // 16-key fragments per chunk
     clear(score);
-    const bool diagonal = (lane() / 4) % 2;
 #pragma unroll
     for (int first = 0; first < kKeyTiles; first += 2 * kPairs) {
-      float squares[kPairs][2][4];
-#pragma unroll
-      for (int p = 0; p < kPairs; ++p)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) squares[p][h][e] = 0.0f;
+      float squares[kPairs][2][4] = {};
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
         uint32_t a[kTilesPerWarp][4];
@@ -607,25 +621,11 @@ struct OnlineSoftmax {
             mma(score[t][j], a[t], b[0], b[1]);
             mma(score[t][j + 1], a[t], b[2], b[3]);
           }
-          const uint32_t transposed[4] = {b[0], b[2], b[1], b[3]};
-          mma(squares[p][0], transposed, b[0], b[1]);  // the 16 keys against those of tile j
-          mma(squares[p][1], transposed, b[2], b[3]);  // ... and of tile j + 1
+          softmax_detail::accumulate_key_squares<Mma>(b, squares[p]);
         }
       }
-      // key n of the chunk's sum of squares (n < kNormKeys ≤ 32) gathered onto lane n, its factor
-      // computed there once, then shuffled to the lanes whose columns it scales. Sums are valid on
-      // the diagonal's lanes only (a select: a register array takes no runtime index).
-      const int n = lane() % kNormKeys, r = n % 8;
-      float sum = 1.0f;  // lanes past kNormKeys: a value whose factor takes no slow path
-#pragma unroll
-      for (int p = 0; p < kPairs; ++p)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float own = diagonal ? squares[p][h][2 * h + 1] : squares[p][h][2 * h];
-          const float gathered = __shfl_sync(0xffffffffu, own, 4 * r + r / 2);
-          if (n / 16 == p && (n % 16) / 8 == h && lane() < kNormKeys) sum = gathered;
-        }
-      const float factor_of_lane = Factor{}(sum);
+      // key n's factor computed once on lane n, then shuffled to the lanes whose columns it scales
+      const float factor_of_lane = Factor{}(softmax_detail::gather_key_sums<kNormKeys>(squares, lane()));
 #pragma unroll
       for (int tile = 0; tile < 2 * kPairs; ++tile) {
         float factor[2];
@@ -640,13 +640,57 @@ struct OnlineSoftmax {
     }
   }
 
+  // The warpgroup form's key norms: warp w of a warpgroup sums keys w · kWarpKeys … of the sub-tile
+  // (Kᵀ·K by mma.sync on K's fragments, ldmatrix from the swizzled tile), its lanes write their keys'
+  // factors into the warpgroup's buffer of the scratch, and after a barrier of the warpgroup's 128
+  // threads every thread reads the factors of its columns (keys 8 j + 2 (lane % 4), + 1). Two buffers
+  // by turns: a buffer is written again only after every warp of the warpgroup passed the next
+  // sub-tile's barrier, which each reaches after reading it.
+  static constexpr int kWarpKeys = kWarpgroup ? kSubKeys / 4 : 16;
+  static MIRAGE_DEVICE void key_squares(dev::SharedTile<T, KLayout> k, int key0,
+                                        float (&squares)[kWarpKeys / 16][2][4]) {
+    const int first = key0 + (warp() % 4) * kWarpKeys;
+#pragma unroll
+    for (int p = 0; p < kWarpKeys / 16; ++p)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) squares[p][h][e] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < D / 16; ++d)
+#pragma unroll
+      for (int p = 0; p < kWarpKeys / 16; ++p) {
+        uint32_t b[4];
+        load_k(k, d * 16, first + 16 * p, b);
+        softmax_detail::accumulate_key_squares<Mma>(b, squares[p]);
+      }
+  }
+
+  static MIRAGE_DEVICE void trade_key_factors(State& state, Columns columns,
+                                              const float (&squares)[kWarpKeys / 16][2][4],
+                                              float (&factor)[kKeyTiles][2]) {
+    using Factor = typename KeyFactor<Columns>::type;
+    const float own = Factor{}(softmax_detail::gather_key_sums<kWarpKeys>(squares, lane()));
+    state.parity ^= 1;
+    float* buffer = columns.scratch + (state.parity * (kWarps / 4) + warp() / 4) * kSubKeys;
+    if (lane() < kWarpKeys) buffer[(warp() % 4) * kWarpKeys + lane()] = own;
+    softmax_detail::warpgroup_barrier<kWarps / 4>(warp() / 4);
+#pragma unroll
+    for (int j = 0; j < kKeyTiles; ++j) {
+      const float2 pair = *reinterpret_cast<const float2*>(buffer + 8 * j + (lane() % 4) * 2);
+      factor[j][0] = pair.x;
+      factor[j][1] = pair.y;
+    }
+  }
+
   // The warpgroup form of scores: a wgmma per 64-row tile, 64 keys and 16 of D, Q read from its
   // swizzled tile through descriptors, or from registers (its fragments of every k-step first: a
   // wgmma reads them while the next ones issue).
-  template <bool Pending>
+  // `meanwhile` runs between their issue and the wait (it must not touch the scores).
+  template <bool Pending, class Meanwhile>
   static MIRAGE_DEVICE void warpgroup_scores(State& state, dev::SharedTile<T, QLayout> q,
                                              dev::SharedTile<T, KLayout> k, int key0,
-                                             float (&score)[kTilesPerWarp][kKeyTiles][4]) {
+                                             float (&score)[kTilesPerWarp][kKeyTiles][4], Meanwhile meanwhile) {
     constexpr bool kDescriptors = QLayout::swizzled && !kQFragments;
     using A = std::conditional_t<kDescriptors, uint64_t, uint32_t[4]>;
     A a[kTilesPerWarp][D / 16];
@@ -686,8 +730,10 @@ struct OnlineSoftmax {
       issue_values(state, state.p, state.v, state.key0);
       wgmma::fence(state.out);
       wgmma::fence(state.p);
+      meanwhile();
       cute::warpgroup_wait<1>();
     } else {
+      meanwhile();
       cute::warpgroup_wait<0>();
     }
     wgmma::fence(score);

@@ -81,6 +81,67 @@ MIRAGE_DEVICE void column_pair(Columns columns, int key, float (&factor)[2]) {
   factor[1] = columns.load(key + 1);
 }
 
+// Σ_d K[d][n]² of 16 keys n from the tensor cores: K's B fragments b0..b3 of K[d : d + 16, 16 keys]
+// (ldmatrix.trans) are, as {b0, b2, b1, b3}, the A fragment of their transpose, so Kᵀ·K of those keys
+// (exact 16-bit products, fp32 sums) accumulates into squares[0] (keys 0..7 as columns) and
+// squares[1] (keys 8..15). Mma: the mma.sync m16n8k16 operation.
+template <class Mma>
+MIRAGE_DEVICE void accumulate_key_squares(const uint32_t (&b)[4], float (&squares)[2][4]) {
+  const uint32_t transposed[4] = {b[0], b[2], b[1], b[3]};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float(&c)[4] = squares[h];
+    Mma::fma(c[0], c[1], c[2], c[3], transposed[0], transposed[1], transposed[2], transposed[3], b[2 * h],
+             b[2 * h + 1], c[0], c[1], c[2], c[3]);
+  }
+}
+
+// Key n's sum of squares (n < Keys, Keys 16 or 32 keys accumulated as Keys / 16 blocks of
+// accumulate_key_squares) on lane n; 1 on lanes past Keys (a value whose factor takes no slow path).
+// C[r][c] of Kᵀ·K is on lane 4 r + c / 2, element c % 2 (rows 8 on: elements 2 and 3), so key
+// 8 h + r's diagonal is on lane 4 r + r / 2; the sums are valid on the diagonal's lanes only (a select:
+// a register array takes no runtime index).
+template <int Keys>
+MIRAGE_DEVICE float gather_key_sums(const float (&squares)[Keys / 16][2][4], int lane) {
+  static_assert(Keys == 16 || Keys == 32, "key sums are gathered onto one lane a key: 16 or 32 keys");
+  const bool diagonal = (lane / 4) % 2;
+  const int n = lane % Keys, r = n % 8;
+  float sum = 1.0f;
+#pragma unroll
+  for (int p = 0; p < Keys / 16; ++p)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float own = diagonal ? squares[p][h][2 * h + 1] : squares[p][h][2 * h];
+      const float gathered = __shfl_sync(0xffffffffu, own, 4 * r + r / 2);
+      if (n / 16 == p && (n % 16) / 8 == h && lane < Keys) sum = gathered;
+    }
+  return sum;
+}
+
+// bar.sync of warpgroup g's 128 threads (g < Groups): barrier 1 + g (0 is __syncthreads'), a constant
+// id, so that the kernel holds only the barriers it names
+template <int Groups, int G = 0>
+MIRAGE_DEVICE void warpgroup_barrier(int g) {
+  if constexpr (G < Groups) {
+    if (g == G) {
+      asm volatile("bar.sync %0, 128;" ::"n"(1 + G) : "memory");
+    } else {
+      warpgroup_barrier<Groups, G + 1>(g);
+    }
+  }
+}
+
+// Each score of key tile j times its key's factor (a thread's columns 8 j + 2 (lane % 4), + 1).
+template <int Tiles, int KeyTiles>
+MIRAGE_DEVICE void scale_columns(const float (&factor)[KeyTiles][2], float (&score)[Tiles][KeyTiles][4]) {
+#pragma unroll
+  for (int t = 0; t < Tiles; ++t)
+#pragma unroll
+    for (int j = 0; j < KeyTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) score[t][j][e] *= factor[j][e % 2];
+}
+
 template <class T, class L>
 MIRAGE_DEVICE void store(dev::SharedTile<T, L> tile, int linear, float value) {
   tile.store(linear, value);
@@ -126,8 +187,13 @@ struct ColumnScore {
 // rms). The sums come from the tensor cores: the K fragments a warp loads for Q·K are, reordered,
 // the A fragments of Kᵀ, so Kᵀ·K runs on them with no load of its own, and its diagonal (exact
 // fp16 / bf16 products, fp32 sums) is each key's sum of squares. No shared tile, no barrier.
+// In the warpgroup form each warp sums a quarter of a sub-tile's keys and the warpgroup trades the
+// factors through `scratch` (two buffers of the sub-tile's keys per warpgroup: the lowering's
+// scratch, 2 · warpgroups · 128 floats) and a barrier of its own 128 threads.
 template <class Factor>
-struct KeyNorms {};
+struct KeyNorms {
+  float* scratch = nullptr;
+};
 
 // Keys whose sums of squares KeyNorms accumulates at a time (a multiple of 16): more interleave
 // more independent products, and hold more accumulators.
