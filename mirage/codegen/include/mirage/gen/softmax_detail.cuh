@@ -46,6 +46,13 @@ MIRAGE_DEVICE uint32_t pack(float low, float high) {
   return word[0];
 }
 
+// Timing probes of the warpgroup form (wrong results; benchmarks/attention_isolate.py): bit 1 skips the
+// Q·K warpgroup MMAs (the scores come from an opaque move of 0), bit 2 the P·V ones (P is kept live),
+// bit 4 the key norms of a chain that computes them (each factor 1)
+#ifndef MIRAGE_PROBE_CHAIN
+#define MIRAGE_PROBE_CHAIN 0
+#endif
+
 // A timing probe (wrong results): 1 makes exp2_fast one FMUL instead of the SFU's instruction, so that
 // a build shows what its exponentials cost (benchmarks/attention_isolate.py)
 #ifndef MIRAGE_PROBE_NO_EXP2
