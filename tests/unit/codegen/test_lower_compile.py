@@ -79,7 +79,9 @@ WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds
           "gqa_counter_folded": (_folded_attention, OptimizerOptions(counter_folds=True)),
           "qknorm_key_norms": (_key_scales, OptimizerOptions(chain_key_norms=True)),
           "gqa_warpgroup": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True)),
-          "qknorm_warpgroup_key_norms": (_key_scales, OptimizerOptions(warpgroup_softmax=True)),
+          # K and V copied by TMA (the selected form; with cp.async copies the 128-key sub-tiles spill)
+          "qknorm_warpgroup_key_norms": (_key_scales,
+                                         OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
           "gqa_warpgroup_deferred": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True, defer_values=True)),
           "ntrans_op_by_op": (CASES["ntrans_b1"].fused, OptimizerOptions(row_reductions=False))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
