@@ -535,30 +535,23 @@ struct OnlineSoftmax {
         for (int e = 0; e < 4; ++e) score[t][j][e] = 0.0f;
   }
 
+  // This lane's 16 bytes of an ldmatrix of rows first_row … + 15 from column col: columns col + 8 for
+  // lanes 16 on (8 elements the 128-byte swizzle keeps together).
+  template <class L>
+  static MIRAGE_DEVICE const cute::uint128_t& fragment_row(const T* data, int first_row, int col) {
+    const int row = first_row + lane() % 16;
+    col += (lane() / 16) * 8;
+    return *reinterpret_cast<const cute::uint128_t*>(data + L::element_offset(row, col));
+  }
+
   // The A fragment of Q[16 row_tile(t) : +16, d : d + 16].
   static MIRAGE_DEVICE void load_q(dev::SharedTile<T, QLayout> q, int t, int d, uint32_t (&a)[4]) {
-    const int row = row_tile(t) * 16 + lane() % 16;
-    const int col = d + (lane() / 16) * 8;  // 8 elements the 128-byte swizzle keeps together
-    const T* address;
-    if constexpr (QLayout::swizzled) {
-      address = q.data + QLayout::element_offset(row, col);
-    } else {
-      address = q.data + row * QLayout::pitch + col;
-    }
-    cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), a[0], a[1], a[2], a[3]);
+    cute::SM75_U32x4_LDSM_N::copy(fragment_row<QLayout>(q.data, row_tile(t) * 16, d), a[0], a[1], a[2], a[3]);
   }
 
   // The B fragments of K[d : d + 16, key : key + 8] (b0, b1) and K[d : d + 16, key + 8 : key + 16] (b2, b3).
   static MIRAGE_DEVICE void load_k(dev::SharedTile<T, KLayout> k, int d, int key, uint32_t (&b)[4]) {
-    const int row = d + lane() % 16;
-    const int col = key + (lane() / 16) * 8;  // 8 keys the 128-byte swizzle keeps together
-    const T* address;
-    if constexpr (KLayout::swizzled) {
-      address = k.data + KLayout::element_offset(row, col);
-    } else {
-      address = k.data + row * KLayout::pitch + col;
-    }
-    cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(address), b[0], b[1], b[2], b[3]);
+    cute::SM75_U16x8_LDSM_T::copy(fragment_row<KLayout>(k.data, d, key), b[0], b[1], b[2], b[3]);
   }
 
   // score[t][j] = Q[16 row_tile(t) : +16, :] · K[:, key0 + 8 j : key0 + 8 j + 8]: each K fragment
