@@ -305,12 +305,28 @@ def test_qknorms_column_reduction_may_read_a_swizzled_k():
     than the last, which addresses the tile element by element): K and V are swizzled all the same,
     and so is Q, normalized by an rms_norm that only the chain reads."""
     first, _ = _kernels(_key_scale_graph(kv_splits=8, q_splits=2, iters=8, threads=128),
-                        **WARPGROUP, **STEPPED_FACTORS)
+                        **WARPGROUP, **STEPPED_FACTORS, warpgroup_key_norms=False)
     chain = first.softmax_chain
-    assert chain is not None and chain.warpgroup and chain.column is not None
+    assert chain is not None and chain.warpgroup and chain.column is not None and chain.key_norm is None
     nodes = first.block_graph.nodes
     (q, k), v = (r.node for r in nodes[chain.qk].inputs), nodes[chain.pv].inputs[1].node
     assert chain.swizzled == {q, k, v} and nodes[q].op.value == "rms_norm"
+
+
+@pytest.mark.parametrize("threads", [128, 256])
+def test_warpgroup_chain_computes_the_key_norms_itself(threads):
+    """With warpgroup_key_norms (the default) a warpgroup chain takes QKNorm's sum of squares of K as
+    its own (``key_norm``: the square, the sum and the factor join what the chain computes, no step
+    of theirs runs) and reserves two buffers of 128 floats a warpgroup for the factors' trade; the
+    warp form keeps them in a step of their own (chain_key_norms off)."""
+    graph = _key_scale_graph(kv_splits=8, q_splits=2, iters=8, threads=threads)
+    first, _ = _kernels(graph, **WARPGROUP, **STEPPED_FACTORS)
+    chain = first.softmax_chain
+    assert chain.warpgroup and chain.key_norm is not None
+    assert set(chain.key_norm) | {chain.column} <= chain.computed
+    assert chain.scratch_bytes == 2 * (threads // 128) * 128 * 4
+    warp, _ = _kernels(graph, **STEPPED_FACTORS)
+    assert not warp.softmax_chain.warpgroup and warp.softmax_chain.key_norm is None
 
 
 def _k_read_by(extra):
