@@ -157,6 +157,9 @@ struct OnlineSoftmax {
   // late: its input must keep one ring slot more than the pipeline (the memory plan gives it one).
   // The results are the same either way, bit for bit.
   static constexpr bool kDeferred = kWarpgroup && DeferValues;
+  // Descriptors computed whole per operand in the deferred form (its registers are at the limit with
+  // two row tiles a warp: the tile bases that the other forms hold per sub-tile would spill there).
+  static constexpr bool kWholeDescriptors = kDeferred;
   // QFragments (the warpgroup form): the Q·K products read Q's A fragments from registers, loaded from
   // its tile by ldmatrix at each sub-tile, instead of Q's tile from shared memory through descriptors.
   // (Fragments loaded once and held across the loop were faster still, but ptxas (CUDA 13.0) gave
@@ -180,7 +183,7 @@ struct OnlineSoftmax {
 
   static MIRAGE_DEVICE int warp() { return dev::thread_index() / dev::kWarpSize; }
   static MIRAGE_DEVICE int lane() { return dev::thread_index() % dev::kWarpSize; }
-  static MIRAGE_DEVICE int key_group() { return kWarps >= kRowTiles ? warp() / kRowTiles : 0; }
+  static MIRAGE_DEVICE int key_group() { return kGroups > 1 ? warp() / kRowTiles : 0; }
   // The 16-row tile of the warp's tile t (in the warpgroup form: warp w of warpgroup g takes rows
   // 16 w .. 16 w + 15 of the warpgroup's 64-row tiles g · kTilesPerWarp + t).
   static MIRAGE_DEVICE int row_tile(int t) {
@@ -231,6 +234,9 @@ struct OnlineSoftmax {
         wgmma::fence(state.p);
         wgmma::fence(state.out);
       }
+      // Every warpgroup reads the whole of the last V tile, past the loop's last barrier, and the
+      // memory plan may place the tiles written below over V's ring: all must be done reading first.
+      __syncthreads();
     }
     settle(state);
     const int group = lane() / 4;
@@ -687,7 +693,7 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int d = 0; d < D / 16; ++d) {
         if constexpr (kDescriptors) {
-          a[t][d] = wgmma::wgmma_descriptor<QLayout, true>(q.data, row_tile(t) / 4 * 64, d * 16);
+          a[t][d] = wgmma::wgmma_descriptor<QLayout, true, kWholeDescriptors>(q.data, row_tile(t) / 4 * 64, d * 16);
         } else {
           load_q(q, t, d * 16, a[t][d]);
         }
@@ -708,7 +714,7 @@ struct OnlineSoftmax {
 #pragma unroll
           for (int b = 0; b < kSubKeys / 64; ++b)
             wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&score[t][8 * b]), a[t][d],
-                              wgmma::wgmma_descriptor<KLayout>(k.data, d * 16, key0 + 64 * b), d > 0);
+                              wgmma::wgmma_descriptor<KLayout, false, kWholeDescriptors>(k.data, d * 16, key0 + 64 * b), d > 0);
     }
     cute::warpgroup_commit_batch();
     if constexpr (Pending) {  // the last sub-tile's P·V behind these; wait for the scores only
@@ -739,7 +745,7 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int b = 0; b < E / 64; ++b)
           wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&state.out[t][8 * b]), p[kk][t],
-                                     wgmma::wgmma_descriptor<VLayout>(v, key0 + kk * 16, 64 * b), true);
+                                     wgmma::wgmma_descriptor<VLayout, false, kWholeDescriptors>(v, key0 + kk * 16, 64 * b), true);
     cute::warpgroup_commit_batch();
   }
 
@@ -759,7 +765,7 @@ struct OnlineSoftmax {
             wgmma::fence(p);  // P computed, the product skipped
           } else {
             wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&state.out[t][8 * b]), a[t],
-                              wgmma::wgmma_descriptor<VLayout>(v.data, key0 + kk * 16, 64 * b), true);
+                              wgmma::wgmma_descriptor<VLayout, false, kWholeDescriptors>(v.data, key0 + kk * 16, 64 * b), true);
           }
         }
       cute::warpgroup_commit_batch();

@@ -60,22 +60,33 @@ MIRAGE_DEVICE void fence(A (&values)[N]) {
   for (int i = 0; i < N; ++i) fence(values[i]);
 }
 
-// The descriptor of a 64 x 16 operand of a swizzled tile at (row, col), row % 8 == 0. MN-major (B:
+// The descriptor of a 64 x 16 operand of a swizzled tile at (row, col), row % 8 == 0 (Whole: see
+// below). MN-major (B:
 // K rows [row, row + 16) x N columns [col, col + 64), col % 64 == 0): 8-row groups 1024 bytes apart
 // (stride offset), blocks of 64 columns kBlockElements apart (leading offset). K-major (A: M rows
 // [row, row + 64) x K columns [col, col + 16), col % 16 == 0): rows 128 bytes apart in 8-row groups
 // 1024 bytes apart (stride offset; the leading offset is unused), the start moving along the
 // swizzled row. 128-byte swizzle either way.
-template <class L, bool KMajor = false, class T>
+template <class L, bool KMajor = false, bool Whole = false, class T>
 MIRAGE_DEVICE uint64_t wgmma_descriptor(const T* tile, int row, int col) {
   static_assert(L::swizzled && sizeof(T) == 2, "wgmma reads 16-bit tiles in the 128-byte swizzled form");
   cute::GmmaDescriptor descriptor;
-  descriptor.bitfield.start_address_ =
-      static_cast<uint16_t>(cute::cast_smem_ptr_to_uint(tile + L::element_offset(row, col)) >> 4);
+  descriptor.bitfield.start_address_ = 0;
   descriptor.bitfield.leading_byte_offset_ = KMajor ? 1 : static_cast<uint16_t>(L::kBlockElements * sizeof(T) >> 4);
   descriptor.bitfield.stride_byte_offset_ = static_cast<uint16_t>(8 * L::pitch * sizeof(T) >> 4);
   descriptor.bitfield.base_offset_ = 0;
   descriptor.bitfield.layout_type_ = static_cast<uint8_t>(cute::SM90::GMMA::LayoutType::B128);
+  // The start address field (bits 0-13) holds address >> 4; shared memory ends below 256 KiB, so the
+  // field takes a sum without a carry and the tile's 1024-byte alignment keeps the operand's offset
+  // whole in 16-byte units.
+  const uint32_t base = cute::cast_smem_ptr_to_uint(tile);
+  const uint32_t offset = static_cast<uint32_t>(L::element_offset(row, col)) * sizeof(T);
+  if constexpr (Whole) {  // the operand's address computed whole: no value held per tile
+    descriptor.reg32_[0] |= (base + offset) >> 4;
+  } else {  // the tile's descriptor plus the offset: computed once a tile, a constant added per operand
+    descriptor.reg32_[0] |= base >> 4;
+    descriptor.reg32_[0] += offset >> 4;
+  }
   return descriptor.desc_;
 }
 
