@@ -13,7 +13,9 @@ kernel in one run (timing only: the cut builds compute nothing useful).
 * ``no_qk``, ``no_pv``, ``no_mma`` (each without the copies too): the Q·K warpgroup MMAs, the P·V
   ones or both skipped (``MIRAGE_PROBE_CHAIN``), the rest of the chain kept;
 * QKNorm's members whose chain computes the key norms: ``no_norms`` (each factor 1, the key squares
-  and their trade skipped: ``MIRAGE_PROBE_CHAIN`` bit 4).
+  and their trade skipped: ``MIRAGE_PROBE_CHAIN`` bit 4);
+* ``no_lookahead``: each sub-tile's Q·K issued at its own sub-tile (``MIRAGE_SOFTMAX_LOOKAHEAD`` 0; a
+  build of its own, not a cut).
 
     python -m benchmarks.attention_isolate --out benchmarks/results [--cases qknorm_b8] [--cuts a,b]
 """
@@ -46,12 +48,13 @@ CUTS = {
     "no_mma_no_exp2_no_copies": COPIES,
     "no_norms": (),
     "no_norms_no_copies": COPIES,
+    "no_lookahead": (),
 }
 NORM_CUTS = ("no_norms", "no_norms_no_copies")  # only where the chain has key norms
 PROBES = {"sub128": "#define MIRAGE_WARPGROUP_SUB_KEYS 128\n",
           "exp2": "#define MIRAGE_PROBE_NO_EXP2 1\n", "qk": "#define MIRAGE_PROBE_CHAIN 1\n",
           "pv": "#define MIRAGE_PROBE_CHAIN 2\n", "mma": "#define MIRAGE_PROBE_CHAIN 3\n",
-          "norms": "#define MIRAGE_PROBE_CHAIN 4\n"}
+          "norms": "#define MIRAGE_PROBE_CHAIN 4\n", "lookahead": "#define MIRAGE_SOFTMAX_LOOKAHEAD 0\n"}
 
 
 def probes(name: str) -> str:

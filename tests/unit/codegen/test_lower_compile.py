@@ -52,6 +52,13 @@ def _key_scales():
     return next(g for row, g in family("qknorm_b1") if "key_scales" in row.label)
 
 
+def _gqa_b8_long_iterations():
+    """The gqa_b8 member of 4 key splits: 128 keys an iteration, two 64-key sub-tiles a warpgroup."""
+    from benchmarks.variants import family
+
+    return next(g for row, g in family("gqa_b8") if "kv_splits=4,q_splits=2,iters=8,threads=256" in row.label)
+
+
 def _folded_attention():
     """A GQA member whose combine folds into the attention kernel (clusters of 16 blocks)."""
     from benchmarks.variants import family
@@ -83,14 +90,18 @@ WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds
           "qknorm_warpgroup_key_norms": (_key_scales,
                                          OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
           "gqa_warpgroup_deferred": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True, defer_values=True)),
+          "gqa_warpgroup_sub_tiles": (_gqa_b8_long_iterations,
+                                      OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
           "ntrans_op_by_op": (CASES["ntrans_b1"].fused, OptimizerOptions(row_reductions=False))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
 PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
 # name → (the build it recompiles, the macros before its code)
 LAZY_RESCALE = "#define MIRAGE_SOFTMAX_RESCALE_SLACK 8\n"
+IN_TURN = "#define MIRAGE_SOFTMAX_LOOKAHEAD 0\n"
 PREFIXES = {"qknorm_two_pass": ("qknorm_registers", TWO_PASS),
             "qknorm_per_element": ("qknorm_registers", PER_ELEMENT),
             "gqa_warpgroup_lazy": ("gqa_warpgroup", LAZY_RESCALE),
+            "gqa_warpgroup_sub_tiles_in_turn": ("gqa_warpgroup_sub_tiles", IN_TURN),
             "qknorm_lazy": ("qknorm_registers", LAZY_RESCALE)}
 
 
@@ -308,4 +319,26 @@ def test_warpgroup_chain_runs_wgmma_on_swizzled_tiles(built, name):
     assert re.search(r"HGMMA\.64x64x16\.F32 .*gdesc\[UR\d+\]\.tnspB", attention)
     assert "HMMA" not in attention and "FENCE.VIEW.ASYNC.S" in attention
     assert "LDSM" in attention and not re.search(r"HGMMA\.64x64x16\.F32 R\d+, gdesc", attention)
+    assert "LDL" not in attention and "STL" not in attention
+
+
+def _between_waits(sass: str) -> list[str]:
+    """The attention kernel's SASS cut at its full warpgroup waits (``WARPGROUP.DEPBAR.LE gsb0, 0x0``)."""
+    return re.split(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0", sass)
+
+
+@pytest.mark.parametrize("name, ahead", [("gqa_warpgroup_sub_tiles", True),
+                                         ("gqa_warpgroup_sub_tiles_in_turn", False)])
+def test_sub_tile_products_overlap_the_softmax_only_with_lookahead(built, name, ahead):
+    """Where an iteration has two 64-key sub-tiles (gqa_b8 with 4 key splits), the lookahead issues
+    the second sub-tile's Q·K (a fresh accumulator: ``RZ, !UPT``) after the first one's wait and
+    before its exponentials, so one stretch between full waits holds both; issued in turn
+    (``MIRAGE_SOFTMAX_LOOKAHEAD`` 0), no stretch does. Both without spills."""
+    program, result = built[name]
+    functions = {f.split()[0]: f for f in result.sass().split("Function : ")[1:]}
+    attention = functions[program.kernels[0].name]
+    both = [part for part in _between_waits(attention)
+            if re.search(r"HGMMA\.64x64x16\.F32 R\d+, R\d+, gdesc\[UR\d+\]\.tnspB, RZ, !UPT", part)
+            and "MUFU.EX2" in part]
+    assert bool(both) == ahead
     assert "LDL" not in attention and "STL" not in attention

@@ -11,35 +11,23 @@
 //   O = O · exp(m_prev − m) + P · V           accum_rescale of the second matmul
 //   M = max over iterations of reduction_max(S)   accum (max), optional
 //
-// Op by op, S and P go through shared memory with a barrier between every two ops. Here they stay
-// in the tensor-core fragments: S is the C fragment of `mma.sync` m16n8k16, the row maxima and sums
-// are quad shuffles (a row of a fragment lives in four lanes), P is converted in registers into the
-// A fragments of P · V. Warps split the rows in 16-row tiles and, when there are more warps than
-// row tiles, the keys of every tile in `kGroups` groups; each group keeps its own m, l and O, merged
-// once after the loop (write_back, through `scratch`).
+// S and P stay in the tensor-core fragments (S is the C fragment of `mma.sync` m16n8k16, a row's
+// maxima and sums are quad shuffles, P is converted in registers into the A fragments of P · V), with
+// no shared round trip or barrier between the ops. Warps take 16-row tiles and, when there are more
+// warps than row tiles, split each tile's keys in `kGroups` groups, merged after the loop.
 //
 //   using Chain = OnlineSoftmax<NumThreads, __half, QLayout, KLayout, VLayout, Score>;
 //   typename Chain::State state;  Chain::clear(state);         before the loop
-//   Chain::step(state, q, k, v);                               every iteration (no barrier inside)
-//   Chain::step(state, q, k, v, columns);                      the same with per-key factors
-//
-// Per-key factors: a score f(Q·K, c) linear in the product (QKNorm's S / rms(K) · 0.125, c one
-// value per key) is (Q·K) · f(1, c). The producer of c stores ColumnFactor<f>(c) = f(1, c) into a
-// [1, N] tile once per iteration (a link of its step); the chain multiplies each product by its
-// key's factor before the row maxima (Score is then ColumnScore, a scale of 1).
+//   Chain::step(state, q, k, v[, columns]);                    every iteration (no barrier inside)
 //   Chain::write_back(state, scratch, max_tile, running_tile, sum_tile, out_tile);  after the loop;
 //                                                              a barrier must follow before others read
 //
-// The warpgroup form (sm_90a), chosen by K and V tiles in dev::Swizzled128Layout: both products run
-// as warpgroup MMAs (wgmma m64n64k16) whose B operand, K or V, is read from shared memory through a
-// descriptor (no ldmatrix of K or V), and whose A operand is Q's swizzled tile (through a descriptor,
-// when the optimizer swizzled it) or Q's ldmatrix fragments, and P, converted from the scores as above
-// (gen/wgmma.cuh has the instructions and descriptors). The accumulators of a wgmma have the layout
-// of mma.sync's C fragments, 16 rows a warp, so the softmax between the products is the same code.
-// Each warpgroup (4 warps) takes whole 64-row tiles; P·V's products of 16 keys are issued
-// asynchronously and overlap the exponentials of the next 16 keys. The loop's pipeline must publish
-// its tiles with Pipeline<Stages, true> (a proxy fence before the barrier). KeyNorms: each warp sums a
-// quarter of a sub-tile's keys (mma.sync), the warpgroup trades the factors while Q·K runs.
+// `columns`: per-key factors of a score f(Q·K, c) linear in the product (QKNorm's S / rms(K) · 0.125),
+// multiplied into each product before the row maxima (a tile of f(1, c), or KeyNorms: from K itself).
+// The warpgroup form (sm_90a), chosen by K and V tiles in dev::Swizzled128Layout, runs both products
+// as warpgroup MMAs (gen/wgmma.cuh), B (K or V) from shared memory through descriptors, A from Q's
+// tile or fragments and from P; each warpgroup takes whole 64-row tiles and the same softmax code runs
+// between the products. docs/codegen.md §2.3a has the details.
 #pragma once
 
 #include <type_traits>
@@ -50,38 +38,6 @@
 #include "kernel.cuh"
 #include "softmax_detail.cuh"
 #include "wgmma.cuh"
-
-// 1: each 16 keys' exponentials, then their P·V products, so the SFU and the tensor cores overlap;
-// 0: all exponentials of a sub-tile, then all its products (build with -DMIRAGE_SOFTMAX_INTERLEAVE=0
-// to compare: the results are the same)
-#ifndef MIRAGE_SOFTMAX_INTERLEAVE
-#define MIRAGE_SOFTMAX_INTERLEAVE 1
-#endif
-
-// 1: a score x · c (c > 0, the functor's kLinearScale) is not applied element by element: the row
-// maxima are taken over the raw products and c · log2(e) goes into the exponent's FFMA, so a score
-// costs FMNMX, FFMA, MUFU instead of FMUL, FMUL, FMNMX, FADD, MUFU; 0: the functor, then log2(e)
-#ifndef MIRAGE_SOFTMAX_FOLD_SCALE
-#define MIRAGE_SOFTMAX_FOLD_SCALE 1
-#endif
-
-// How far (in log2 units) a row's maximum may pass the reference m before m is raised: while it does
-// not, P = 2^(S·log2e − m) stays below 2^slack in fp32 accumulators, O and l keep their scale, and a
-// warp whose rows all keep theirs skips O's rescale (FlashAttention-4's lazy rescale). After the loop
-// O and l are normalized once and m becomes the rows' log-sum-exp (settle): the saved M is then a
-// reference of the same range as the maximum, which a combine takes like one. The results are those
-// of slack 0 in exact arithmetic. 0: m is every row's running maximum, as FlashAttention-2 keeps it.
-#ifndef MIRAGE_SOFTMAX_RESCALE_SLACK
-#define MIRAGE_SOFTMAX_RESCALE_SLACK 0
-#endif
-
-// Keys of a sub-tile in the warpgroup form where a warpgroup's keys of an iteration come in multiples of
-// it (else 64): 128 issues the Q·K products of two independent 64-key blocks together and waits once,
-// at twice S's registers. Chains with key norms take 128 where they can (half the trades: −0.5 µs).
-#ifndef MIRAGE_WARPGROUP_SUB_KEYS
-#define MIRAGE_WARPGROUP_SUB_KEYS 64
-#endif
-static_assert(MIRAGE_WARPGROUP_SUB_KEYS % 64 == 0, "warpgroup sub-tiles are whole blocks of 64 keys");
 
 namespace mirage::gen {
 
@@ -157,6 +113,8 @@ struct OnlineSoftmax {
   // late: its input must keep one ring slot more than the pipeline (the memory plan gives it one).
   // The results are the same either way, bit for bit.
   static constexpr bool kDeferred = kWarpgroup && DeferValues;
+  static constexpr bool kLookahead = kWarpgroup && !kDeferred && std::is_same_v<Columns, NoTile> &&
+                                     kKeys / kSubKeys >= 2 && MIRAGE_SOFTMAX_LOOKAHEAD;
   // Descriptors computed whole per operand in the deferred form (its registers are at the limit with
   // two row tiles a warp: the tile bases that the other forms hold per sub-tile would spill there).
   static constexpr bool kWholeDescriptors = kDeferred;
@@ -215,6 +173,10 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE void step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
                                  dev::SharedTile<T, VLayout> v, Columns columns = {}) {
     const int key0 = key_group() * kKeys;
+    if constexpr (kLookahead) {
+      step_ahead(state, q, k, v, key0);
+      return;
+    }
 #pragma unroll 1
     for (int sub = 0; sub < kKeys / kSubKeys; ++sub) sub_step(state, q, k, v, columns, key0 + sub * kSubKeys);
   }
@@ -284,27 +246,8 @@ struct OnlineSoftmax {
         }
       }
       __syncthreads();
-      for (int linear = dev::thread_index(); linear < R * E; linear += NumThreads) {
-        const int row = linear / E;
-        float maximum = negative_infinity();
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) maximum = fmaxf(maximum, maxima[g * R + row]);
-        float out = 0.0f;
-        float sum = 0.0f;
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
-          const float m = maxima[g * R + row];
-          const float factor = m == negative_infinity() ? 0.0f : exp2f(m - maximum);
-          out += outs[(g * R + row) * E + linear % E] * factor;
-          sum += sums[g * R + row] * factor;
-        }
-        store(out_tile, linear, out);
-        if (linear % E == 0) {
-          store(max_tile, row, maximum / softmax_detail::kLog2e);
-          store(running_tile, row, maximum / softmax_detail::kLog2e);
-          store(sum_tile, row, sum);
-        }
-      }
+      softmax_detail::merge_key_groups<kGroups, R, E, NumThreads>(scratch, max_tile, running_tile, sum_tile,
+                                                                  out_tile);
     }
   }
 
@@ -378,6 +321,14 @@ struct OnlineSoftmax {
       state.key0 = key0;
       return;
     }
+    in_step_values(state, score, offset, factor, v, key0);
+  }
+
+  // The step's rest in step: O rescaled, P and its P·V products; returns with them done.
+  static MIRAGE_DEVICE void in_step_values(State& state, float (&score)[kTilesPerWarp][kKeyTiles][4],
+                                           const float (&offset)[kTilesPerWarp][2],
+                                           const float (&factor)[kTilesPerWarp][2],
+                                           dev::SharedTile<T, VLayout> v, int key0) {
     uint32_t p[kKeyTiles / 2][kTilesPerWarp][4];
 #pragma unroll
     for (int t = 0; t < kTilesPerWarp; ++t) rescale_out(state, t, factor[t]);
@@ -685,38 +636,9 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE void warpgroup_scores(State& state, dev::SharedTile<T, QLayout> q,
                                              dev::SharedTile<T, KLayout> k, int key0,
                                              float (&score)[kTilesPerWarp][kKeyTiles][4], Meanwhile meanwhile) {
-    constexpr bool kDescriptors = QLayout::swizzled && !kQFragments;
-    using A = std::conditional_t<kDescriptors, uint64_t, uint32_t[4]>;
-    A a[kTilesPerWarp][D / 16];
-#pragma unroll
-    for (int t = 0; t < kTilesPerWarp; ++t)
-#pragma unroll
-      for (int d = 0; d < D / 16; ++d) {
-        if constexpr (kDescriptors) {
-          a[t][d] = wgmma::wgmma_descriptor<QLayout, true, kWholeDescriptors>(q.data, row_tile(t) / 4 * 64, d * 16);
-        } else {
-          load_q(q, t, d * 16, a[t][d]);
-        }
-      }
-    cute::warpgroup_arrive();
-    if constexpr ((MIRAGE_PROBE_CHAIN & 1) != 0) {
-#pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t)
-#pragma unroll
-        for (int j = 0; j < kKeyTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) asm volatile("mov.b32 %0, 0;" : "=f"(score[t][j][e]));
-    } else {
-#pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t)
-#pragma unroll
-        for (int d = 0; d < D / 16; ++d)  // the key blocks' accumulators are independent: alternate
-#pragma unroll
-          for (int b = 0; b < kSubKeys / 64; ++b)
-            wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&score[t][8 * b]), a[t][d],
-                              wgmma::wgmma_descriptor<KLayout, false, kWholeDescriptors>(k.data, d * 16, key0 + 64 * b), d > 0);
-    }
-    cute::warpgroup_commit_batch();
+    QOperand a[kTilesPerWarp][D / 16];
+    q_operands(q, a);
+    issue_scores(a, k, key0, score);
     if constexpr (Pending) {  // the last sub-tile's P·V behind these; wait for the scores only
       wgmma::fence(state.out);
       wgmma::fence(state.p);
@@ -731,7 +653,73 @@ struct OnlineSoftmax {
       cute::warpgroup_wait<0>();
     }
     wgmma::fence(score);
-    if constexpr (!kDescriptors) wgmma::fence(a);  // read by the products until the wait
+    if constexpr (!kQDescriptors) wgmma::fence(a);  // read by the products until the wait
+  }
+
+  // Q·K's A operands: a descriptor per 64-row tile and 16 of D into Q's swizzled tile, or Q's fragments
+  static constexpr bool kQDescriptors = QLayout::swizzled && !kQFragments;
+  using QOperand = std::conditional_t<kQDescriptors, uint64_t, uint32_t[4]>;
+  static MIRAGE_DEVICE void q_operands(dev::SharedTile<T, QLayout> q, QOperand (&a)[kTilesPerWarp][D / 16]) {
+#pragma unroll
+    for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+      for (int d = 0; d < D / 16; ++d) {
+        if constexpr (kQDescriptors) {
+          a[t][d] = wgmma::wgmma_descriptor<QLayout, true, kWholeDescriptors>(q.data, row_tile(t) / 4 * 64, d * 16);
+        } else {
+          load_q(q, t, d * 16, a[t][d]);
+        }
+      }
+  }
+
+  // Q·K's warpgroup MMAs of the sub-tile at key0 as one batch, not waited for: a wgmma per 64-row
+  // tile, 64 keys and 16 of D (the key blocks' accumulators are independent: alternated)
+  static MIRAGE_DEVICE void issue_scores(const QOperand (&a)[kTilesPerWarp][D / 16], dev::SharedTile<T, KLayout> k,
+                                         int key0, float (&score)[kTilesPerWarp][kKeyTiles][4]) {
+    cute::warpgroup_arrive();
+    if constexpr ((MIRAGE_PROBE_CHAIN & 1) != 0) {
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+        for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) asm volatile("mov.b32 %0, 0;" : "=f"(score[t][j][e]));
+    } else {
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+        for (int d = 0; d < D / 16; ++d)
+#pragma unroll
+          for (int b = 0; b < kSubKeys / 64; ++b)
+            wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&score[t][8 * b]), a[t][d],
+                              wgmma::wgmma_descriptor<KLayout, false, kWholeDescriptors>(k.data, d * 16, key0 + 64 * b),
+                              d > 0);
+    }
+    cute::warpgroup_commit_batch();
+  }
+
+  // kLookahead's step: each sub-tile's Q·K issued before the softmax of the one before it; the wait at
+  // the end of that softmax (for its P·V) covers it, so the tensor cores run it meanwhile
+  static MIRAGE_DEVICE void step_ahead(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
+                                       dev::SharedTile<T, VLayout> v, int key0) {
+    constexpr int kSubs = kKeys / kSubKeys;
+    QOperand a[kTilesPerWarp][D / 16];
+    q_operands(q, a);
+    float score[2][kTilesPerWarp][kKeyTiles][4];
+    issue_scores(a, k, key0, score[0]);
+    cute::warpgroup_wait<0>();
+    wgmma::fence(score[0]);
+#pragma unroll
+    for (int sub = 0; sub < kSubs; ++sub) {
+      if (sub + 1 < kSubs) issue_scores(a, k, key0 + (sub + 1) * kSubKeys, score[(sub + 1) % 2]);
+      float offset[kTilesPerWarp][2];
+      float factor[kTilesPerWarp][2];
+#pragma unroll
+      for (int t = 0; t < kTilesPerWarp; ++t) rescale(state, t, score[sub % 2][t], offset[t], factor[t]);
+      in_step_values(state, score[sub % 2], offset, factor, v, key0 + sub * kSubKeys);
+      wgmma::fence(score[(sub + 1) % 2]);  // the next scores, complete at that wait
+    }
+    if constexpr (!kQDescriptors) wgmma::fence(a);
   }
 
   // The deferred form's P·V of a sub-tile: every wgmma of out += P · V[key0 : key0 + kSubKeys, :]

@@ -1,11 +1,53 @@
-// The online-softmax chain's parts (gen/softmax.cuh): the quad reductions and conversions of its
-// register fragments, and the functors and traits of its per-key factors.
+// The online-softmax chain's parts (gen/softmax.cuh): its build switches, the quad reductions and
+// conversions of its register fragments, the functors and traits of its per-key factors, and the
+// merge of its key groups.
 #pragma once
 
 #include <type_traits>
 
 #include "../mirage.cuh"
 #include "kernel.cuh"
+
+// The chain's build switches (each measured; docs/performance.md §3).
+
+// 1: each 16 keys' exponentials, then their P·V products, so the SFU and the tensor cores overlap;
+// 0: all exponentials of a sub-tile, then all its products (build with -DMIRAGE_SOFTMAX_INTERLEAVE=0
+// to compare: the results are the same)
+#ifndef MIRAGE_SOFTMAX_INTERLEAVE
+#define MIRAGE_SOFTMAX_INTERLEAVE 1
+#endif
+
+// 1: the warpgroup form issues each sub-tile's Q·K before the softmax of the sub-tile before it, where
+// an iteration has several and no per-key factors (the tensor cores run it meanwhile); 0: each Q·K
+// issued and waited for at its own sub-tile
+#ifndef MIRAGE_SOFTMAX_LOOKAHEAD
+#define MIRAGE_SOFTMAX_LOOKAHEAD 1
+#endif
+
+// 1: a score x · c (c > 0, the functor's kLinearScale) is not applied element by element: the row
+// maxima are taken over the raw products and c · log2(e) goes into the exponent's FFMA, so a score
+// costs FMNMX, FFMA, MUFU instead of FMUL, FMUL, FMNMX, FADD, MUFU; 0: the functor, then log2(e)
+#ifndef MIRAGE_SOFTMAX_FOLD_SCALE
+#define MIRAGE_SOFTMAX_FOLD_SCALE 1
+#endif
+
+// How far (in log2 units) a row's maximum may pass the reference m before m is raised: while it does
+// not, P = 2^(S·log2e − m) stays below 2^slack in fp32 accumulators, O and l keep their scale, and a
+// warp whose rows all keep theirs skips O's rescale (FlashAttention-4's lazy rescale). After the loop
+// O and l are normalized once and m becomes the rows' log-sum-exp (settle): the saved M is then a
+// reference of the same range as the maximum, which a combine takes like one. The results are those
+// of slack 0 in exact arithmetic. 0: m is every row's running maximum, as FlashAttention-2 keeps it.
+#ifndef MIRAGE_SOFTMAX_RESCALE_SLACK
+#define MIRAGE_SOFTMAX_RESCALE_SLACK 0
+#endif
+
+// Keys of a sub-tile in the warpgroup form where a warpgroup's keys of an iteration come in multiples of
+// it (else 64): 128 issues the Q·K products of two independent 64-key blocks together and waits once,
+// at twice S's registers. Chains with key norms take 128 where they can (half the trades: −0.5 µs).
+#ifndef MIRAGE_WARPGROUP_SUB_KEYS
+#define MIRAGE_WARPGROUP_SUB_KEYS 64
+#endif
+static_assert(MIRAGE_WARPGROUP_SUB_KEYS % 64 == 0, "warpgroup sub-tiles are whole blocks of 64 keys");
 
 namespace mirage::gen {
 
@@ -226,5 +268,42 @@ template <class G, class F>
 struct Compose {
   MIRAGE_DEVICE float operator()(float v) const { return F{}(G{}(v)); }
 };
+
+namespace softmax_detail {
+
+// After the loop, the key groups' merge (OnlineSoftmax::write_back with Groups > 1): `scratch` holds
+// each group's row maxima (log2 units) [Groups][R], row sums [Groups][R] and outputs [Groups][R][E],
+// written before a barrier; every thread then takes elements of the merged rows in turn.
+template <int Groups, int R, int E, int NumThreads, class MaxTile, class RunningTile, class SumTile,
+          class OutTile>
+MIRAGE_DEVICE void merge_key_groups(const float* scratch, MaxTile max_tile, RunningTile running_tile,
+                                    SumTile sum_tile, OutTile out_tile) {
+  const float* maxima = scratch;
+  const float* sums = scratch + Groups * R;
+  const float* outs = scratch + 2 * Groups * R;
+  for (int linear = dev::thread_index(); linear < R * E; linear += NumThreads) {
+    const int row = linear / E;
+    float maximum = negative_infinity();
+#pragma unroll
+    for (int g = 0; g < Groups; ++g) maximum = fmaxf(maximum, maxima[g * R + row]);
+    float out = 0.0f;
+    float sum = 0.0f;
+#pragma unroll
+    for (int g = 0; g < Groups; ++g) {
+      const float m = maxima[g * R + row];
+      const float factor = m == negative_infinity() ? 0.0f : exp2f(m - maximum);
+      out += outs[(g * R + row) * E + linear % E] * factor;
+      sum += sums[g * R + row] * factor;
+    }
+    store(out_tile, linear, out);
+    if (linear % E == 0) {
+      store(max_tile, row, maximum / kLog2e);
+      store(running_tile, row, maximum / kLog2e);
+      store(sum_tile, row, sum);
+    }
+  }
+}
+
+}  // namespace softmax_detail
 
 }  // namespace mirage::gen
