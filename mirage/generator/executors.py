@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -28,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 CapFunction = Callable[[], "int | None"]
 TICK_S = 0.5
+_SERIAL_FALLBACK_SAID: list[bool] = []  # make_executor has said why searches run in this process
 
 
 class SerialExecutor:
@@ -149,4 +152,28 @@ def make_executor(
         return RayExecutor(context, workers, ray_address)
     if backend == "serial" or workers <= 1:
         return SerialExecutor(context, on_progress)
+    if not main_importable():
+        log = logger.warning if not _SERIAL_FALLBACK_SAID else logger.debug  # once a process
+        _SERIAL_FALLBACK_SAID.append(True)
+        log("mirage: searches run in this process instead of on %d worker processes: the main program "
+            "was read from standard input (or its file is gone), and workers start by running the main "
+            "program's file again. Run it from a file (python script.py) to search in parallel", workers)
+        return SerialExecutor(context, on_progress)
     return ProcessExecutor(context, workers)
+
+
+def main_importable() -> bool:
+    """Whether worker processes started by a fork server or by spawn can prepare ``__main__``: they
+    import it by its module name (``python -m``) or run its file again (a script), and have nothing to
+    run for a program read from standard input (``python - <<EOF``: the file ``<stdin>``). Without a
+    file (an interactive session, a notebook) they start without it."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(getattr(main, "__spec__", None), "name", None):
+        return True
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return True
+    original = multiprocessing.process.ORIGINAL_DIR
+    if not os.path.isabs(path) and original is not None:
+        path = os.path.join(original, path)
+    return os.path.isfile(path)

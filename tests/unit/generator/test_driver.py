@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 import time
 
 import pytest
@@ -158,3 +159,36 @@ def test_what_the_units_in_flight_found_by_the_deadline_is_kept(monkeypatch):
 def test_no_unit_starts_past_the_deadline():
     ran = SerialExecutor(context=None).results(["a unit"], time.time() - 1.0, lambda: None)
     assert list(ran) == []
+
+
+def test_a_program_read_from_standard_input_searches_in_this_process(monkeypatch, tmp_path, caplog):
+    """Worker processes start by running the main program's file again, which a program piped into
+    ``python -`` does not have (its file is ``<stdin>``): the search then runs in this process, with a
+    warning that says why, instead of every worker failing. A script's file, a ``python -m`` module
+    and a session without a file keep the worker processes."""
+    import types
+
+    from mirage.generator import executors
+
+    def main(**attrs):
+        module = types.ModuleType("__main__")
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, "__main__", module)
+
+    main(__file__="<stdin>", __spec__=None)
+    assert not executors.main_importable()
+    monkeypatch.setattr(executors, "_SERIAL_FALLBACK_SAID", [])
+    with caplog.at_level("WARNING", logger="mirage.generator.executors"):
+        executors.make_executor(None, "processes", 4)
+        executor = executors.make_executor(None, "processes", 4)
+    assert isinstance(executor, executors.SerialExecutor)
+    assert caplog.text.count("read from standard input") == 1  # said once, not once a search
+
+    script = tmp_path / "script.py"
+    script.write_text("")
+    main(__file__=str(script), __spec__=None)
+    assert executors.main_importable()
+    main(__file__=str(tmp_path / "gone.py"), __spec__=types.SimpleNamespace(name="package.tool"))
+    assert executors.main_importable()
+    main(__spec__=None)
+    assert executors.main_importable()
