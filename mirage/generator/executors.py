@@ -166,7 +166,7 @@ def main_importable() -> bool:
     """Whether worker processes started by a fork server or by spawn can prepare ``__main__``: they
     import it by its module name (``python -m``) or run its file again (a script), and have nothing to
     run for a program read from standard input (``python - <<EOF``: the file ``<stdin>``). Without a
-    file (an interactive session, a notebook) they start without it."""
+    file (the interactive interpreter, a notebook) they start without it."""
     main = sys.modules.get("__main__")
     if main is None or getattr(getattr(main, "__spec__", None), "name", None):
         return True

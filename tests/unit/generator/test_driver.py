@@ -165,7 +165,7 @@ def test_a_program_read_from_standard_input_searches_in_this_process(monkeypatch
     """Worker processes start by running the main program's file again, which a program piped into
     ``python -`` does not have (its file is ``<stdin>``): the search then runs in this process, with a
     warning that says why, instead of every worker failing. A script's file, a ``python -m`` module
-    and a session without a file keep the worker processes."""
+    and an interpreter without a file keep the worker processes."""
     import types
 
     from mirage.generator import executors
