@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,6 +249,9 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
                            reference.name or "a subprogram", type(error).__name__, error, fallback)
             message = str(error).splitlines()[0] if str(error) else ""
             reason = f"{type(error).__name__}: {message}" if message else type(error).__name__
+            if isinstance(error, BrokenProcessPool):
+                reason += (" (a search worker process died: out of memory or killed; "
+                           "search_overrides={'workers': 1} searches in this process)")
             if not given:
                 return Choice(reference, "reference", key, f"fallback: search failed: {reason}")
             note = f"search failed: {reason}"

@@ -209,6 +209,20 @@ def test_failed_search_falls_back_with_a_warning(monkeypatch, caplog):
     torch.testing.assert_close(fast(*INPUTS), program(*INPUTS), rtol=1e-5, atol=1e-6)
 
 
+def test_a_dead_search_worker_names_what_to_do(monkeypatch, isolated_cache):
+    """A worker process that dies (out of memory, killed) breaks the search's pool: the fallback's
+    reason says so and how to search in this process instead."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    def broken(reference, settings, progress=True):
+        raise BrokenProcessPool("A process in the process pool was terminated abruptly")
+
+    monkeypatch.setattr(optimize, "run_search", broken)
+    detail = mi.superoptimize(program, INPUTS).specializations[0].choices["sp0"].detail
+    assert detail.startswith("fallback: search failed: BrokenProcessPool: A process in the process pool")
+    assert "search_overrides={'workers': 1}" in detail
+
+
 def test_nothing_found_is_cached_as_the_reference(monkeypatch, isolated_cache):
     calls = []
 
