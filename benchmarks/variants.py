@@ -113,13 +113,13 @@ def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = (),
                          kv_splits: tuple[int, ...] = (4, 8, 16, 32),
                          q_splits: tuple[int, ...] = (1, 2, 4, 8, 16)) -> list[Variant]:
     """Every split of the register-resident attention kernel worth timing: key splits across blocks,
-    query rows per block (``256 / q_splits``), keys per iteration (64 or 128), 4, 8 or 16 warps, and 8
+    query rows per block (``256 / q_splits``), keys per iteration (64, 128 or 256), 4, 8 or 16 warps, and 8
     or 16 query rows per block of the combine; rows
     whose warps do not split the tile (``softmax_chain.warp_split``) are dropped."""
     from mirage.optimizer.softmax_chain import warp_split
 
     rows = []
-    axes = (kv_splits, q_splits, (64, 128), (128, 256, 512), (8, 16))
+    axes = (kv_splits, q_splits, (64, 128, 256), (128, 256, 512), (8, 16))
     for kv, qs, keys, threads, combine in itertools.product(*axes):
         iters = KEYS // (kv * keys)
         if iters < 1 or warp_split(QUERIES // qs, keys, threads) is None:
