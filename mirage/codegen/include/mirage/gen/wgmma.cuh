@@ -60,13 +60,13 @@ MIRAGE_DEVICE void fence(A (&values)[N]) {
   for (int i = 0; i < N; ++i) fence(values[i]);
 }
 
-// The descriptor of a 64 x 16 operand of a swizzled tile at (row, col), row % 8 == 0 (Whole: see
-// below). MN-major (B:
+// The descriptor of a 64 x 16 operand of a swizzled tile at (row, col), row % 8 == 0. MN-major (B:
 // K rows [row, row + 16) x N columns [col, col + 64), col % 64 == 0): 8-row groups 1024 bytes apart
 // (stride offset), blocks of 64 columns kBlockElements apart (leading offset). K-major (A: M rows
 // [row, row + 64) x K columns [col, col + 16), col % 16 == 0): rows 128 bytes apart in 8-row groups
 // 1024 bytes apart (stride offset; the leading offset is unused), the start moving along the
-// swizzled row. 128-byte swizzle either way.
+// swizzled row. 128-byte swizzle either way. Whole: the start address computed per operand rather
+// than as the tile's plus a constant (see the branches below).
 template <class L, bool KMajor = false, bool Whole = false, class T>
 MIRAGE_DEVICE uint64_t wgmma_descriptor(const T* tile, int row, int col) {
   static_assert(L::swizzled && sizeof(T) == 2, "wgmma reads 16-bit tiles in the 128-byte swizzled form");
