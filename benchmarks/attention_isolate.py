@@ -17,7 +17,8 @@ kernel in one run (timing only: the cut builds compute nothing useful).
 * ``no_lookahead``: each sub-tile's Q·K issued at its own sub-tile (``MIRAGE_SOFTMAX_LOOKAHEAD`` 0; a
   build of its own, not a cut).
 
-    python -m benchmarks.attention_isolate --out benchmarks/results [--cases qknorm_b8] [--cuts a,b]
+    python -m benchmarks.attention_isolate --out benchmarks/results [--cases qknorm_b8] [--cuts a,b] \
+        [--member kv_splits=4,q_splits=2,iters=4,threads=256]
 """
 
 from __future__ import annotations
@@ -74,7 +75,21 @@ MEMBERS = (
     ("qknorm_b8", ("kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8,key_scales"), 3),
     ("qknorm_b8", ("kv_splits=8,q_splits=2,iters=8,threads=256,", "combine_rows=8,key_scales"), 3),
     ("qknorm_b1", ("kv_splits=16,q_splits=4,iters=2,threads=128,", "combine_rows=8,key_scales"), 3),
+    # 256 keys an iteration (the wide family's): four 64-key sub-tiles, three Q·K waits behind softmax
+    ("gqa_b8", ("kv_splits=4,q_splits=2,iters=4,threads=256,", "combine_rows=8"), 2),
+    ("gqa_b8", ("kv_splits=4,q_splits=2,iters=4,threads=256,", "combine_rows=8"), 3),
+    ("gqa_b8", ("kv_splits=8,q_splits=2,iters=2,threads=256,", "combine_rows=8"), 2),
 )
+
+
+def member(case: str, parts: tuple[str, ...]):
+    """The µGraph of ``case``'s member whose label holds every one of ``parts`` (the suite's family
+    first, then the exploration's wider one)."""
+    for wide in (False, True):
+        graph = next((g for row, g in family(case, wide=wide) if all(p in row.label for p in parts)), None)
+        if graph is not None:
+            return graph
+    raise LookupError(f"{case} has no member labelled {parts}")
 
 
 def main(argv=None) -> None:
@@ -84,6 +99,8 @@ def main(argv=None) -> None:
                         help="OptimizerOptions of every build, e.g. defer_values=true")
     parser.add_argument("--cases", default="", help="only these cases (comma-separated)")
     parser.add_argument("--cuts", default="", help="only these cuts (comma-separated)")
+    parser.add_argument("--member", action="append", default=[],
+                        help="only members whose label holds this text (repeatable)")
     args = parser.parse_args(argv)
     cases, cuts = set(filter(None, args.cases.split(","))), set(filter(None, args.cuts.split(",")))
     from benchmarks.explore import _options
@@ -92,9 +109,9 @@ def main(argv=None) -> None:
     facts = device_facts()
     rows, programs, graphs = [], [], []
     for case, parts, stages in MEMBERS:
-        if cases and case not in cases:
+        if (cases and case not in cases) or (args.member and not any(m in parts[0] for m in args.member)):
             continue
-        graph = next(g for row, g in family(case) if all(p in row.label for p in parts))
+        graph = member(case, parts)
         options = dataclasses.replace(OptimizerOptions(), stages=stages, warpgroup_softmax=True,
                                       tma_copies=True, **_options(args.also))
         program = generate_cuda_program(graph, None, options=options)

@@ -10,14 +10,13 @@ import pytest
 
 from benchmarks import attention_isolate as isolate
 from benchmarks.gemv_isolate import cut
-from benchmarks.variants import family
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.optimizer import OptimizerOptions
 
 
 @pytest.mark.parametrize(("case", "parts", "stages"), isolate.MEMBERS)
 def test_every_cut_applies_to_every_member(case, parts, stages):
-    graph = next(g for row, g in family(case) if all(p in row.label for p in parts))
+    graph = isolate.member(case, parts)
     options = dataclasses.replace(OptimizerOptions(), stages=stages, warpgroup_softmax=True, tma_copies=True)
     code = generate_cuda_program(graph, 90, options=options).code
     for name, patterns in isolate.CUTS.items():
@@ -33,3 +32,10 @@ def test_probe_defines_follow_the_cut_names():
     assert isolate.probes("no_lookahead") == "#define MIRAGE_SOFTMAX_LOOKAHEAD 0\n"
     both = isolate.probes("no_mma_no_exp2_no_copies")
     assert "MIRAGE_PROBE_CHAIN 3" in both and "MIRAGE_PROBE_NO_EXP2 1" in both
+
+
+def test_members_come_from_the_wide_family_where_the_suite_has_none():
+    wide = ("kv_splits=4,q_splits=2,iters=4,threads=256,", "combine_rows=8")  # 256 keys an iteration
+    assert isolate.member("gqa_b8", wide).name  # not in the suite's family
+    with pytest.raises(LookupError, match="no member"):
+        isolate.member("gqa_b8", ("kv_splits=3,",))
