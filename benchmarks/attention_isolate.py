@@ -15,7 +15,9 @@ kernel in one run (timing only: the cut builds compute nothing useful).
 * QKNorm's members whose chain computes the key norms: ``no_norms`` (each factor 1, the key squares
   and their trade skipped: ``MIRAGE_PROBE_CHAIN`` bit 4);
 * ``no_lookahead``: each sub-tile's Q·K issued at its own sub-tile (``MIRAGE_SOFTMAX_LOOKAHEAD`` 0; a
-  build of its own, not a cut).
+  build of its own, not a cut);
+* ``ieee``: every ``a / sqrt(b)`` of the thread functions as IEEE square root and division instead
+  of ``a · rsqrt(b)`` (``MIRAGE_PROBE_IEEE_DIV_SQRT``; QKNorm's key factors).
 
     python -m benchmarks.attention_isolate --out benchmarks/results [--cases qknorm_b8] [--cuts a,b] \
         [--member kv_splits=4,q_splits=2,iters=4,threads=256]
@@ -50,12 +52,14 @@ CUTS = {
     "no_norms": (),
     "no_norms_no_copies": COPIES,
     "no_lookahead": (),
+    "ieee": (),
 }
 NORM_CUTS = ("no_norms", "no_norms_no_copies")  # only where the chain has key norms
 PROBES = {"sub128": "#define MIRAGE_WARPGROUP_SUB_KEYS 128\n",
           "exp2": "#define MIRAGE_PROBE_NO_EXP2 1\n", "qk": "#define MIRAGE_PROBE_CHAIN 1\n",
           "pv": "#define MIRAGE_PROBE_CHAIN 2\n", "mma": "#define MIRAGE_PROBE_CHAIN 3\n",
-          "norms": "#define MIRAGE_PROBE_CHAIN 4\n", "lookahead": "#define MIRAGE_SOFTMAX_LOOKAHEAD 0\n"}
+          "norms": "#define MIRAGE_PROBE_CHAIN 4\n", "lookahead": "#define MIRAGE_SOFTMAX_LOOKAHEAD 0\n",
+          "ieee": "#define MIRAGE_PROBE_IEEE_DIV_SQRT 1\n"}
 
 
 def probes(name: str) -> str:

@@ -269,7 +269,11 @@ class KernelLowering:
         if i not in self.functions:
             node = self.graph.nodes[i]
             graph = node.attrs if node.op is Op.FUSED else single_op_graph(node, self.graph)
-            self.functions[i] = thread_function(f"{self.name}_f{i}", graph)
+            chain = self.softmax
+            # the warp form's key-norm chain sits at 255 registers and spills once a / sqrt(b) has no
+            # slow-path calls left (ptxas then schedules its key chunks together): IEEE there
+            exact = chain is not None and chain.key_norm is not None and not chain.warpgroup
+            self.functions[i] = thread_function(f"{self.name}_f{i}", graph, fuse_div_sqrt=not exact)
         return self.functions[i].name
 
     def matmul(self, i: int) -> tuple[ctx.MatmulType, tuple[ctx.Tile, ...]]:

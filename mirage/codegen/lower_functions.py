@@ -8,6 +8,8 @@ from mirage.codegen.lower_ops import functor
 from mirage.mugraph.graph import BlockGraph, Node, Ref, ThreadGraph, ThreadInput
 from mirage.mugraph.ops import Op
 
+DIV_SQRT = "mirage::dev::DivSqrt"  # a / sqrt(b), as rms_norm_apply computes it
+
 
 def single_op_graph(node: Node, graph: BlockGraph) -> ThreadGraph:
     """A one-op thread graph for an element-wise block op that fusion left alone."""
@@ -16,8 +18,9 @@ def single_op_graph(node: Node, graph: BlockGraph) -> ThreadGraph:
     return ThreadGraph(inputs + (op,), (Ref(len(inputs)),))
 
 
-def thread_function(name: str, graph: ThreadGraph) -> ctx.ThreadFunction:
-    """A fused thread graph as straight-line statements over fp32 values."""
+def thread_function(name: str, graph: ThreadGraph, fuse_div_sqrt: bool = True) -> ctx.ThreadFunction:
+    """A fused thread graph as straight-line statements over fp32 values (``fuse_div_sqrt``: each
+    ``a / sqrt(b)`` as one ``DivSqrt``)."""
     value: dict[int, str] = {}
     statements = []
     arity = 0
@@ -28,11 +31,13 @@ def thread_function(name: str, graph: ThreadGraph) -> ctx.ThreadFunction:
             continue
         row = functor(node.op)
         value[i] = f"v{i}"
-        statements.append(
-            ctx.ThreadStatement(
-                value[i], row.name, row.constants(node.attrs), tuple(value[r.node] for r in node.inputs)
-            )
-        )
+        device_functor, arguments = row.name, tuple(value[r.node] for r in node.inputs)
+        if fuse_div_sqrt and node.op is Op.DIV and graph.nodes[node.inputs[1].node].op is Op.SQRT:
+            # a / sqrt(b) as a · rsqrt(b): one SFU op for IEEE sqrt's and division's sequences, each
+            # with a slow-path branch (the sqrt's statement stays for other readers; else it is dead)
+            root = graph.nodes[node.inputs[1].node].inputs[0]
+            device_functor, arguments = DIV_SQRT, (arguments[0], value[root.node])
+        statements.append(ctx.ThreadStatement(value[i], device_functor, row.constants(node.attrs), arguments))
     (out,) = graph.outputs
     return ctx.ThreadFunction(name, arity, tuple(statements), value[out.node], _linear_scale(graph))
 

@@ -113,3 +113,27 @@ def test_frontend_launcher_runs_generated_kernels(programs):
     (expected,) = program(*inputs)
     (got,) = compile_graph(graph)(inputs)
     assert torch.equal(got, expected)
+
+
+def test_quotient_by_a_square_root_is_within_two_ulp():
+    """``x / sqrt(y² + 1)`` in float32 runs as ``x · rsqrt(y² + 1)`` (``DivSqrt``): rsqrt's 2 ulp, the
+    product's and the argument's roundings, within 4 ulp of the float64 quotient."""
+    import mirage as mi
+    from mirage.codegen.runtime import compile_program
+
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(64, 256), dtype=mi.float32)
+    y = g.new_input(dims=(64, 256), dtype=mi.float32)
+    tb = mi.new_threadblock_graph(grid_dim=(4, 1, 1), forloop_range=1)
+    bx, by = tb.new_input(x, (0, -1, -1), -1), tb.new_input(y, (0, -1, -1), -1)
+    quotient = tb.div(bx, tb.sqrt(tb.add_scalar(tb.square(by), 1.0)))
+    tb.new_output(tb.forloop_accum(quotient), output_map=(0, -1, -1))
+    (out,) = g.customized([x, y], tb)
+    g.mark_output(out)
+    program = compile_program(g)
+    assert "DivSqrt{}" in program.cuda.code
+    inputs = [torch.randn(64, 256, device="cuda") * 100 for _ in range(2)]
+    (got,) = program(*inputs)
+    expected = inputs[0].double() / torch.sqrt(inputs[1].double() ** 2 + 1)
+    ulp = torch.finfo(torch.float32).eps * expected.abs()
+    assert ((got.double() - expected).abs() <= 4 * ulp).all()

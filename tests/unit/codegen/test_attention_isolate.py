@@ -30,6 +30,7 @@ def test_probe_defines_follow_the_cut_names():
     assert isolate.probes("no_exp2_no_copies") == "#define MIRAGE_PROBE_NO_EXP2 1\n"
     assert isolate.probes("sub128") == "#define MIRAGE_WARPGROUP_SUB_KEYS 128\n"
     assert isolate.probes("no_lookahead") == "#define MIRAGE_SOFTMAX_LOOKAHEAD 0\n"
+    assert isolate.probes("ieee") == "#define MIRAGE_PROBE_IEEE_DIV_SQRT 1\n"
     both = isolate.probes("no_mma_no_exp2_no_copies")
     assert "MIRAGE_PROBE_CHAIN 3" in both and "MIRAGE_PROBE_NO_EXP2 1" in both
 

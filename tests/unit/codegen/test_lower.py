@@ -254,6 +254,25 @@ def test_a_positive_scalar_product_is_a_linear_score(ops, scale):
     assert "static constexpr float kLinearScale = 0.125f;" in code
 
 
+def test_a_quotient_by_a_square_root_is_one_reciprocal_square_root():
+    """``x1 / sqrt(x0 + eps)`` lowers to ``DivSqrt(x1, x0 + eps)`` (a · rsqrt(b)); a square root that
+    something else reads keeps its own statement."""
+    from mirage.codegen.lower_functions import DIV_SQRT, thread_function
+
+    t = (TensorType((16, 64), mi.float32),)
+    nodes = (Node(Op.INPUT, (), ThreadInput(0), t), Node(Op.INPUT, (), ThreadInput(1), t),
+             Node(Op.ADD_SCALAR, (Ref(0),), Scalar(1e-6), t), Node(Op.SQRT, (Ref(2),), None, t),
+             Node(Op.DIV, (Ref(1), Ref(3)), None, t), Node(Op.MUL, (Ref(4), Ref(3)), None, t))
+    quotient = thread_function("f", ThreadGraph(nodes[:5], (Ref(4),)))
+    assert quotient.statements[-1] == ctx.ThreadStatement("v4", DIV_SQRT, (), ("x1", "v2"))
+    both = thread_function("g", ThreadGraph(nodes, (Ref(5),)))
+    assert [s.functor for s in both.statements][1:] == ["mirage::dev::Sqrt", DIV_SQRT, "mirage::dev::Mul"]
+    assert both.statements[-1].arguments == ("v4", "v3")
+    divide = thread_function("h", ThreadGraph(nodes[:3] + (Node(Op.DIV, (Ref(1), Ref(2)), None, t),),
+                                                (Ref(3),)))
+    assert divide.statements[-1].functor == "mirage::dev::Div"  # no square root: a plain quotient
+
+
 # ---- tables ----------------------------------------------------------------------------------------
 
 LAYOUTS = [

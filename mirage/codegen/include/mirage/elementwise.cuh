@@ -67,6 +67,18 @@ struct Mul {
 struct Div {
   MIRAGE_DEVICE float operator()(float a, float b) const { return a / b; }
 };
+// a / sqrt(b) (a Div whose denominator is a Sqrt, fused by the lowering): rsqrtf's one SFU op
+// instead of IEEE sqrt's and division's sequences with their slow-path branches; within 2 ulp.
+// MIRAGE_PROBE_IEEE_DIV_SQRT=1 builds the two IEEE operations instead (for comparisons).
+#ifndef MIRAGE_PROBE_IEEE_DIV_SQRT
+#define MIRAGE_PROBE_IEEE_DIV_SQRT 0
+#endif
+struct DivSqrt {
+  MIRAGE_DEVICE float operator()(float a, float b) const {
+    if constexpr (MIRAGE_PROBE_IEEE_DIV_SQRT) return a / sqrtf(b);
+    return a * rsqrtf(b);
+  }
+};
 struct Pow {
   MIRAGE_DEVICE float operator()(float a, float b) const { return powf(a, b); }
 };
