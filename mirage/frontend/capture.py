@@ -12,6 +12,7 @@ number and the kinds of inputs must match the first capture (:func:`check_call`)
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,12 +109,40 @@ def signature_of(args: tuple, kwargs: dict) -> Signature:
     return Signature(str(tree), tuple(specs))
 
 
+def conform_call(program: nn.Module, first: tuple[int, tuple[str, ...]], args: tuple,
+                 kwargs: dict) -> tuple[tuple, dict]:
+    """The call's inputs in the structure of the first capture (``first``: how many inputs it passed
+    by position, and the names it passed by keyword), bound to ``program``'s parameters by name, so
+    that ``f(x, y=y)`` runs what ``f(x, y)`` captured.  Unchanged where they do not bind so."""
+    count, names = first
+    if len(args) == count and tuple(kwargs) == names:
+        return args, kwargs
+    function = program.function if isinstance(program, FunctionModule) else program.forward
+    try:
+        signature = inspect.signature(function)
+        bound = signature.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return args, kwargs
+    order = list(signature.parameters)
+    kinds = {p.kind for p in signature.parameters.values()}
+    wanted = order[:count] + list(names)
+    if kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD} or \
+            sorted(bound.arguments) != sorted(wanted) or len(order) < count:
+        return args, kwargs
+    return tuple(bound.arguments[p] for p in order[:count]), {k: bound.arguments[k] for k in names}
+
+
 def check_call(captured: Signature, call: Signature, name: str) -> None:
     """Raise the InputError that explains how ``call`` differs from ``captured`` (shapes may differ)."""
-    if captured.tree != call.tree or len(captured.leaves) != len(call.leaves):
+    if len(captured.leaves) != len(call.leaves):
         raise InputCountError(
             f"{name} was captured with {len(captured.leaves)} input(s) ({captured.describe()}) but is "
-            f"called with {len(call.leaves)} ({call.describe()}); pass the inputs in the same structure")
+            f"called with {len(call.leaves)} ({call.describe()}); pass the same inputs")
+    if captured.tree != call.tree:
+        raise InputCountError(
+            f"{name} was captured with its {len(captured.leaves)} input(s) in another structure than "
+            "this call's (nested in other tuples, lists or dicts, or keywords that are not its "
+            "parameters' names); pass them as in the first call")
     for i, (was, now) in enumerate(zip(captured.leaves, call.leaves, strict=True)):
         if type(was) is not type(now):
             raise InputTypeError(f"input {i} of {name} was captured as a {was.describe()} but is now a "

@@ -1,8 +1,9 @@
 """Running a chosen µGraph on torch tensors.
 
 * :class:`Interpreted` runs the graph with the reference interpreter (``mi.interpret``, float64 on
-  the CPU) and hands back tensors of the graph's dtypes on the caller's device.  It is exact to the
-  µGraph semantics everywhere, and slow.
+  the CPU) and hands back tensors of the graph's dtypes on the caller's device.  It runs the graph
+  after the online-softmax rewrite, as the GPU does (each exp less its row maximum, so that a
+  softmax of large or fully masked logits stays finite), exact to the µGraph semantics, and slow.
 * :class:`Compiled` runs the kernels that ``mirage.codegen`` generates, on a CUDA device.  Inputs that
   are views (a transposed weight) are made contiguous; copies of unchanged tensors are reused.
 
@@ -32,12 +33,16 @@ class Interpreted:
     kind = "interpret"
 
     def __init__(self, graph: KernelGraph) -> None:
+        from mirage.optimizer.softmax import online_softmax
+
         self.graph = graph
+        # the graph as the GPU runs it: exps less their row maxima (LAX softmaxes overflow otherwise)
+        self.stable, _ = online_softmax(graph)
         self.dtypes = [t.dtype.torch() for t in graph.output_types]
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         device = inputs[0].device if inputs else torch.device("cpu")
-        outs = interpret(self.graph, list(inputs), dtype=np.float64)
+        outs = interpret(self.stable, list(inputs), dtype=np.float64)
         # np.array copies: an output may be a read-only view (a broadcast) that torch must not wrap
         return [torch.from_numpy(np.array(o, order="C")).to(device=device, dtype=d)
                 for o, d in zip(outs, self.dtypes, strict=True)]

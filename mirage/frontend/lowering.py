@@ -103,6 +103,8 @@ def _div(b: RegionBuilder, node, p):
     if isinstance(y, float):
         if isinstance(x, float):
             raise Unlowerable("arithmetic on two numbers")
+        if y == 0.0:
+            raise Unlowerable("division by the number 0 (inf and nan run in PyTorch)")
         return b.scale(x, 1.0 / y)
     if isinstance(x, float):  # c / y
         t, reciprocal = b.raw(y)

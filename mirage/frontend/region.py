@@ -43,6 +43,12 @@ class Unlowerable(Exception):
         self.reason = reason
 
 
+def _finite(value: float, what: str) -> None:
+    """Scalars of a kernel graph are finite: an inf or nan one (``x * inf``) stays in PyTorch."""
+    if not math.isfinite(value):
+        raise Unlowerable(f"{what} the number {value} (not finite)")
+
+
 @dataclass(frozen=True)
 class Boundary:
     """A tensor computed outside the subprogram (an input, a parameter or a PyTorch result)."""
@@ -242,11 +248,13 @@ class RegionBuilder:
         return Value(self.emit(method, self.tensor(x), *extra), x.shape)
 
     def scale(self, x: Operand, factor: float) -> Value:
+        _finite(factor, "a product by")
         if factor == 1.0:
             return x if isinstance(x, Value) else Value(self.tensor(x), x.shape)
         return Value(self.emit("mul_scalar", self.tensor(x), factor), x.shape)
 
     def shift(self, x: Operand, offset: float) -> Value:
+        _finite(offset, "a sum with")
         if offset == 0.0:
             return x if isinstance(x, Value) else Value(self.tensor(x), x.shape)
         return Value(self.emit("add_scalar", self.tensor(x), offset), x.shape)

@@ -31,6 +31,7 @@ from mirage.frontend.capture import (
     as_module,
     capture,
     check_call,
+    conform_call,
     program_name,
     signature_of,
 )
@@ -202,6 +203,7 @@ class MirageModule(nn.Module):
         self.options = options
         self._specializations: dict[Signature, Specialization] = {}
         self._first: Signature | None = None
+        self._style: tuple[int, tuple[str, ...]] | None = None  # the first call's positions and keywords
         self._noticed: set[str] = set()
 
     @property
@@ -226,6 +228,8 @@ class MirageModule(nn.Module):
         return render(self.specializations[-1].partition_dot(), path, format)
 
     def specialize(self, args: tuple, kwargs: dict) -> Specialization:
+        if self._style is not None:
+            args, kwargs = conform_call(self.program, self._style, args, kwargs)
         signature = signature_of(args, kwargs)
         if self._first is not None:
             check_call(self._first, signature, self.name)
@@ -255,6 +259,7 @@ class MirageModule(nn.Module):
         stitched = stitch(gm, replace(part, subprograms=replaced), modules)
         spec = Specialization(signature, stitched, captured, part, choices, seconds)
         self._first = self._first or signature
+        self._style = self._style or (len(args), tuple(kwargs))
         self._specializations[signature] = spec
         logger.info("mirage: specialized %s for %s: %s", self.name, signature.describe(), part.summary())
         return spec
@@ -280,6 +285,8 @@ class MirageModule(nn.Module):
                        for s in split.subprograms}
 
     def forward(self, *args, **kwargs):
+        if self._style is not None:
+            args, kwargs = conform_call(self.program, self._style, args, kwargs)
         signature = signature_of(args, kwargs)
         if self._first is not None:
             check_call(self._first, signature, self.name)

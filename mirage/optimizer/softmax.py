@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from mirage.mugraph.graph import Accum, AccumKind, BlockGraph, KernelGraph, Reduce, Ref, Scalar
+from mirage.mugraph.graph import Accum, AccumKind, BlockGraph, KernelGraph, Node, Reduce, Ref, Scalar
 from mirage.mugraph.ops import Op
 from mirage.optimizer.graphs import BlockRewriter
 from mirage.optimizer.scale import Degree, keeps_rows, propagate
@@ -198,7 +198,7 @@ def rescaled_accumulator(rw: BlockRewriter, kind: AccumKind, term: Ref, m: Ref, 
 class SoftmaxSite:
     """One rewritten exp."""
 
-    kernel: int  # node index of the graph-defined op holding the exp
+    kernel: int  # node index of the graph-defined op holding the exp (-1: a kernel-level exp)
     exp: int  # node index of the exp in that op's block graph (before the rewrite)
     online: bool  # inside the for-loop (running max) or after it (one row max)
     combine_kernels: tuple[int, ...] = ()  # graph-defined ops rewritten into stable combines
@@ -222,9 +222,11 @@ class SoftmaxResult:
 
 
 def online_softmax(graph: KernelGraph) -> tuple[KernelGraph, SoftmaxResult]:
-    """Rewrite every stabilisable exp of ``graph``'s block graphs (a pass; see the module docstring)."""
+    """Rewrite every stabilisable exp of ``graph``'s block graphs, and of its kernel level (a pass;
+    see the module docstring)."""
     from mirage.optimizer.combine import CombineError, combine_kernel
 
+    graph, kernel_sites, kernel_skips = stabilise_kernel_exps(graph)
     nodes = list(graph.nodes)
     done: set[int] = set()
     rewritten: list[SoftmaxSite] = []
@@ -252,7 +254,47 @@ def online_softmax(graph: KernelGraph) -> tuple[KernelGraph, SoftmaxResult]:
         done.update(changes)
         rewritten += [SoftmaxSite(k, e, not node.attrs.nodes[e].outputs[0].after_accum, tuple(combines))
                       for e in analysis.sites]
-    return dataclasses.replace(graph, nodes=tuple(nodes)), SoftmaxResult(tuple(rewritten), tuple(skipped))
+    return dataclasses.replace(graph, nodes=tuple(nodes)), SoftmaxResult(
+        tuple(kernel_sites + rewritten), tuple(kernel_skips + skipped))
+
+
+def stabilise_kernel_exps(graph: KernelGraph) -> tuple[KernelGraph, list[SoftmaxSite], list[SoftmaxSkip]]:
+    """Each kernel-level ``exp(x)`` whose uses cancel a per-row factor (``exp(x) / Σ exp(x)``, a
+    softmax that the search left as pre-defined ops) becomes ``exp(x − reduction_max(x))``, as
+    PyTorch's softmax computes it: without, logits past ~88 (float32) overflow and rows whose logits
+    are all far below zero (a padded row under an additive mask) give 0 / 0.  Exps whose factor
+    reaches a graph output or an op that does not commute with it stay as they are."""
+    sites = {i for i, n in enumerate(graph.nodes) if n.op is Op.EXP and not _less_its_maximum(graph, n)}
+    skipped: list[SoftmaxSkip] = []
+    while sites:
+        try:
+            degrees = _degrees(graph, sites)
+            carried = {s for r in graph.outputs for s in degrees[r.node]}
+            if carried:
+                raise _Blocked(carried, "a graph output carries the exp's row factor")
+            break
+        except _Blocked as blocked:
+            culprits = (blocked.sites & sites) or set(sites)
+            skipped += [SoftmaxSkip(-1, s, blocked.reason) for s in sorted(culprits)]
+            sites -= culprits
+    if not sites:
+        return graph, [], skipped
+    nodes: list[Node] = []
+    remap: dict[Ref, Ref] = {}
+    for i, node in enumerate(graph.nodes):
+        inputs = tuple(remap[r] for r in node.inputs)
+        if i in sites:
+            (x,) = inputs
+            x_type = graph.type_of(node.inputs[0])
+            rows = dataclasses.replace(x_type, shape=(*x_type.shape[:-1], 1))
+            nodes.append(Node(Op.REDUCTION_MAX, (x,), Reduce(x_type.rank - 1), (rows,)))
+            nodes.append(Node(Op.SUB, (x, Ref(len(nodes) - 1, 0)), None, (x_type,)))
+            inputs = (Ref(len(nodes) - 1, 0),)
+        nodes.append(dataclasses.replace(node, inputs=inputs))
+        for k in range(len(node.outputs)):
+            remap[Ref(i, k)] = Ref(len(nodes) - 1, k)
+    stable = dataclasses.replace(graph, nodes=tuple(nodes), outputs=tuple(remap[r] for r in graph.outputs))
+    return stable, [SoftmaxSite(-1, e, False) for e in sorted(sites)], skipped
 
 
 def _partial_readers(graph: KernelGraph, kernel: int, partials: tuple[PartialOutput, ...]) -> list[int]:
@@ -267,3 +309,12 @@ def _partial_readers(graph: KernelGraph, kernel: int, partials: tuple[PartialOut
             raise CombineError(f"partial results are read by the pre-defined op %{i} "
                                f"({graph.nodes[i].op.value}); only graph-defined combines are rewritten")
     return readers
+
+
+def _less_its_maximum(graph: KernelGraph, exp: Node) -> bool:
+    """Whether ``exp`` already reads ``x − reduction_max(x)`` (the rewrite is idempotent)."""
+    sub = graph.nodes[exp.inputs[0].node]
+    if sub.op is not Op.SUB:
+        return False
+    maximum = graph.nodes[sub.inputs[1].node]
+    return maximum.op is Op.REDUCTION_MAX and maximum.inputs[0] == sub.inputs[0]

@@ -3,6 +3,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+import mirage as mi
 from mirage.frontend.capture import (
     FunctionModule,
     TensorSpec,
@@ -10,6 +11,7 @@ from mirage.frontend.capture import (
     as_module,
     capture,
     check_call,
+    conform_call,
     signature_of,
 )
 from mirage.frontend.errors import (
@@ -82,3 +84,33 @@ def test_capture_of_a_graph_module():
     traced = fx.symbolic_trace(nn.Sequential(nn.Linear(3, 4), nn.ReLU()))
     gm = capture(traced, (X,), {})
     assert any(str(n.target) == "aten.relu.default" for n in gm.graph.nodes)
+
+
+def _two(x, y, scale=1.0):
+    return (x @ y) * scale
+
+
+Y = torch.zeros(3, 2)
+
+
+@pytest.mark.parametrize(("first", "args", "kwargs", "expected"), [
+    ((2, ()), (X,), {"y": Y}, ((X, Y), {})),  # y by keyword, captured by position
+    ((2, ()), (), {"y": Y, "x": X}, ((X, Y), {})),
+    ((0, ("x", "y")), (X, Y), {}, ((), {"x": X, "y": Y})),  # captured by keyword
+    ((1, ("y",)), (), {"y": Y, "x": X}, ((X,), {"y": Y})),
+    ((2, ()), (X,), {"z": Y}, ((X,), {"z": Y})),  # no parameter z: left as it is
+    ((2, ()), (X,), {"scale": 2.0}, ((X,), {"scale": 2.0})),  # other inputs than captured: left
+])
+def test_calls_conform_to_the_first_capture_by_parameter_name(first, args, kwargs, expected):
+    got = conform_call(FunctionModule(_two), first, args, kwargs)
+    assert len(got[0]) == len(expected[0]) and all(a is b for a, b in zip(got[0], expected[0], strict=True))
+    assert got[1].keys() == expected[1].keys() and all(got[1][k] is v for k, v in expected[1].items())
+
+
+def test_a_function_captured_by_keyword_runs_when_called_by_position():
+    a, b = torch.randn(2, 3), torch.randn(3, 4)
+    fast = mi.superoptimize(_two, {"x": a, "y": b}, search=False, use_cache=False, progress=False)
+    torch.testing.assert_close(fast(a, b), _two(a, b))
+    torch.testing.assert_close(fast(a, y=b), _two(a, b))
+    with pytest.raises(InputCountError, match="another structure"):
+        fast((a, b))

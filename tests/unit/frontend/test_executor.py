@@ -81,3 +81,24 @@ def test_cuda_without_any_compiled_form_interprets(monkeypatch, caplog):
     executor = make_executor(chosen, torch.device("cuda"), "auto")
     assert isinstance(executor, Interpreted)
     assert any("reference interpreter on the CPU" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("searched", [False, True])
+def test_softmax_of_large_and_fully_masked_logits_matches_torch(searched):
+    """A softmax whose logits overflow exp (~1000) or sit far below zero in a whole row (an additive
+    mask of -1e4 on a padded row) gives PyTorch's answer, not inf / inf or 0 / 0: the executor runs
+    each exp less its row maximum."""
+
+    def masked_softmax(scores, mask):
+        return torch.softmax(scores + mask, dim=-1)
+
+    scores = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)) * 1000
+    mask = torch.zeros(4, 8)
+    mask[3] = -1e4
+    options = {"search": True, "time_limit_s": 20, "search_overrides": {"workers": 1}} if searched else \
+        {"search": False}
+    fast = mi.superoptimize(masked_softmax, (scores, mask), use_cache=False, progress=False, **options)
+    expected = torch.softmax(scores.double() + mask.double(), -1)
+    got = fast(scores, mask)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)

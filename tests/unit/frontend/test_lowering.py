@@ -128,6 +128,9 @@ UNLOWERABLE = [
     ("tanh", lambda x: torch.tanh(x), "no µGraph lowering"),
     ("causal_attention", lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True), "is_causal"),
     ("integer_division", lambda x: torch.div(x, 2.0, rounding_mode="floor"), "rounding_mode"),
+    ("division_by_zero", lambda x: x / 0.0, "division by the number 0"),
+    ("infinite_scale", lambda x: x * float("inf"), "not finite"),
+    ("nan_offset", lambda x: x + float("nan"), "not finite"),
 ]
 
 

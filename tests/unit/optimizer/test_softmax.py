@@ -170,3 +170,47 @@ def test_combine_rejects_a_reader_that_is_not_a_partial():
     only_sums = (PartialOutput(0, 5, 2),)  # pretend only the first output is a partial
     with pytest.raises(CombineError, match="input 1 is not a partial"):
         combine_kernel(graph, 4, 3, rewritten.graph, only_sums)
+
+
+def _kernel_level_softmax(save_exp: bool = False):
+    """softmax(x + mask) over the last dim as pre-defined ops (the reference graph of a softmax)."""
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(4, 8), dtype=mi.float32)
+    mask = g.new_input(dims=(4, 8), dtype=mi.float32)
+    e = g.exp(g.add(x, mask))
+    g.mark_output(g.div(e, g.reduction(e, 1)))
+    if save_exp:
+        g.mark_output(e)
+    from mirage.mugraph.builder import as_graph
+
+    return as_graph(g)
+
+
+def test_a_kernel_level_softmax_subtracts_its_row_maximum():
+    """Logits past float32's exp range and a row masked far below zero: the LAX form gives inf / inf
+    and 0 / 0, the rewritten one PyTorch's softmax (and a second pass changes nothing)."""
+    import torch
+
+    graph = _kernel_level_softmax()
+    stable, result = online_softmax(graph)
+    assert [(s.kernel, s.exp) for s in result.rewritten] == [(-1, 3)]
+    assert [n.op for n in stable.nodes[3:6]] == [Op.REDUCTION_MAX, Op.SUB, Op.EXP]
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32) * 200
+    mask = np.zeros((4, 8), np.float32)
+    mask[3] = -1e4
+    truth = torch.softmax(torch.from_numpy(x).double() + torch.from_numpy(mask).double(), -1).numpy()
+    with np.errstate(all="ignore"):
+        (lax,) = interpret(graph, [x, mask], _f32())
+    (got,) = interpret(stable, [x, mask], _f32())
+    assert np.isnan(lax).any()
+    np.testing.assert_allclose(got, truth, rtol=1e-5, atol=1e-6)
+    again, second = online_softmax(stable)
+    assert again == stable and not second.applied
+
+
+def test_a_kernel_level_exp_that_is_saved_is_left_alone():
+    graph = _kernel_level_softmax(save_exp=True)
+    stable, result = online_softmax(graph)
+    assert stable == graph and not result.applied
+    assert [(s.kernel, s.exp) for s in result.skipped] == [(-1, 3)]
+    assert "graph output" in result.skipped[0].reason
