@@ -320,6 +320,10 @@ def _cast(b: RegionBuilder, node, p):
     device = p.get("device")
     if device is not None and torch.device(device) != out.device:
         raise Unlowerable("a device copy")
+    source = p["self"]
+    if is_upcast(node) and isinstance(source, fx.Node) and _is_narrowing_cast(source):
+        raise Unlowerable(f"a round trip through {source.meta['val'].dtype} (its rounding and "
+                          "overflow are the point; µGraph values between ops keep the wider dtype)")
     if isinstance(x, Value) and not (is_upcast(node) and node not in b.upcasts.kept):
         held = x.tensor.dtype.torch()
         if out.dtype != held and (out.dtype.itemsize >= held.itemsize or held == torch.bfloat16):
@@ -342,6 +346,17 @@ def is_upcast(node: fx.Node) -> bool:
     if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor):
         return False
     return (before.dtype, after.dtype) in UPCASTS and before.device == after.device
+
+
+def _is_narrowing_cast(node: fx.Node) -> bool:
+    """Is ``node`` a float cast to a dtype of fewer bytes (float32 to float16 or bfloat16)?"""
+    row = lowering_of(node)
+    source = node.args[0] if node.args else None
+    if row is None or row.rule is not _cast or not isinstance(source, fx.Node):
+        return False
+    before, after = source.meta.get("val"), node.meta.get("val")
+    return (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)
+            and after.dtype.itemsize < before.dtype.itemsize)
 
 
 def _expand(b: RegionBuilder, node, p):

@@ -85,6 +85,21 @@ class Options:
         for name in ("search", "use_cache", "progress", "sass_tune"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.cache_dir is not None and self.cache_dir.exists() and not self.cache_dir.is_dir():
+            raise OptionError(f"cache_dir {str(self.cache_dir)!r} is a file, not a folder: pass a folder (it "
+                              "is made where missing) or use_cache=False")
+        self._check_search_settings()
+
+    def _check_search_settings(self) -> None:
+        """The search's config and overrides, checked now rather than when a search starts."""
+        try:
+            from mirage.generator import SearchSpaceError, check_settings
+        except ImportError:  # an installation without the generator searches nothing
+            return
+        try:
+            check_settings(self.config, {name: json.loads(value) for name, value in self.search_overrides})
+        except SearchSpaceError as error:
+            raise OptionError(f"config / search_overrides: {error}") from None
 
     @property
     def budget(self) -> Budget:

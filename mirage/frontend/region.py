@@ -173,6 +173,8 @@ class RegionBuilder:
     def bind(self, x: Boundary, shape: Sequence[int], permute: tuple[int, ...] | None = None) -> DTensor:
         if x.dtype not in FLOAT_DTYPES:
             raise Unlowerable(f"{x.node.name} has dtype {x.dtype}; µGraphs hold floating-point tensors")
+        if 0 in x.shape:
+            raise Unlowerable(f"{x.node.name}{list(x.shape)} is empty (a dimension of size 0)")
         binding = InputBinding(x.node.name, permute, tuple(int(s) for s in shape))
         if binding not in self._inputs:
             if math.prod(binding.shape) != math.prod(x.shape):

@@ -63,6 +63,23 @@ def search(
     return run_search(reference, space, SearchOptions(budget=budget, **search_options))
 
 
+def check_settings(config: str | SearchSpace | None, overrides: dict[str, Any]) -> None:
+    """Raise :class:`SearchSpaceError` for what :func:`search` would reject once it runs: an unknown
+    config or option, or an option value of the wrong kind (so that callers can check up front)."""
+    from mirage.generator.driver import SearchOptions
+
+    option_fields = {f.name for f in dataclasses.fields(SearchOptions)}
+    space = {k: v for k, v in overrides.items() if k not in option_fields}
+    if isinstance(config, SearchSpace):
+        config.with_overrides(**space)
+    else:
+        SearchSpace.named(config, **space)
+    try:
+        SearchOptions(**{k: v for k, v in overrides.items() if k in option_fields})
+    except TypeError as error:
+        raise SearchSpaceError(f"a search option has a value of the wrong kind: {error}") from None
+
+
 __all__ = [
     "Budget",
     "CONFIGS",
@@ -74,5 +91,6 @@ __all__ = [
     "SearchSpaceError",
     "SearchStatistics",
     "StopReason",
+    "check_settings",
     "search",
 ]

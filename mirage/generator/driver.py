@@ -30,7 +30,7 @@ from mirage.generator.explore import Explorer, SearchContext, StopSearch, root_s
 from mirage.generator.expressions import output_terms
 from mirage.generator.progress import Progress
 from mirage.generator.result import FoundGraph, SearchResult
-from mirage.generator.space import SearchSpace
+from mirage.generator.space import SearchSpace, SearchSpaceError
 from mirage.generator.stats import SearchStatistics
 from mirage.generator.units import split
 from mirage.generator.verification import make_checker
@@ -39,6 +39,10 @@ from mirage.mugraph.graph import KernelGraph
 logger = logging.getLogger(__name__)
 
 DRAIN_S = 5.0  # seconds past the time budget to wait for the records of the units in flight
+
+
+BACKENDS = ("auto", "serial", "processes", "ray")
+CHECKERS = ("auto", "verifier", "float")
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,16 @@ class SearchOptions:
     machine: dict[str, Any] = field(default_factory=dict)
     # stop once a found µGraph satisfies it (a picklable callable when workers are processes)
     stop_when: Callable[[KernelGraph], bool] | None = None
+
+    def __post_init__(self) -> None:
+        workers = self.workers
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+            raise SearchSpaceError(f"workers must be None (every core) or a positive integer, "
+                                   f"got {workers!r}")
+        for name, allowed in (("backend", BACKENDS), ("checker", CHECKERS)):
+            if getattr(self, name) not in allowed:
+                raise SearchSpaceError(f"{name} must be one of {', '.join(allowed)}, "
+                                       f"got {getattr(self, name)!r}")
 
     def key_options(self, checker_name: str) -> dict[str, Any]:
         return {"seed": self.seed, "checker": checker_name, "disabled_rules": sorted(self.disabled_rules)}

@@ -25,6 +25,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -190,9 +191,10 @@ class SearchSpace:
         for key, value in overrides.items():
             name = ALIASES.get(key, key)
             if name not in fields:
-                raise SearchSpaceError(
-                    f"unknown search-space option {key!r}; known options: {sorted(fields | set(ALIASES))}"
-                )
+                known = sorted(fields | set(ALIASES))
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise SearchSpaceError(f"unknown search-space option {key!r}{hint}; known options: {known}")
             values[name] = _normalize(name, value)
         return dataclasses.replace(self, **values)
 

@@ -170,3 +170,29 @@ def test_casts_narrow_inside_a_subprogram_but_never_widen():
     fast = mi.superoptimize(widening, (h,), search=False)
     assert len(fast.partition.subprograms) == 2  # cut at the cast, which runs in PyTorch
     torch.testing.assert_close(fast(h), widening(h), rtol=1e-3, atol=1e-3)
+
+
+def test_a_round_trip_through_float16_keeps_its_rounding_and_overflow():
+    """``(x @ w).half().float()`` rounds and overflows (to inf) as PyTorch does: the partition cuts at
+    the upcast that ends the round trip (µGraph values between ops keep the wider dtype)."""
+
+    def f(x, w):
+        return (x @ w).half().float() * 0.5 + 1.0
+
+    x, w = torch.randn(4, 16) * 300, torch.randn(16, 8) * 300
+    fast = mi.superoptimize(f, (x, w), search=False, use_cache=False, progress=False)
+    assert len(fast.partition.subprograms) == 2
+    expected = f(x, w)
+    assert expected.isinf().any()
+    torch.testing.assert_close(fast(x, w), expected)
+
+
+def test_an_empty_batch_runs_in_pytorch():
+    def f(x, w):
+        return torch.relu(x @ w) + 1.0
+
+    x, w = torch.randn(0, 16), torch.randn(16, 8)
+    fast = mi.superoptimize(f, (x, w), search=False, use_cache=False, progress=False)
+    assert not fast.partition.subprograms
+    assert all("dimension of size 0" in op.reason for op in fast.partition.pytorch_ops)
+    assert fast(x, w).shape == (0, 8)
