@@ -396,7 +396,7 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("mean", C, _reduce(mean=True), "sum over dims, then · 1/n"),
         Lowering("softmax", C, _softmax, "LAX form exp(x)/Σexp(x), marked for online softmax"),
         Lowering("_softmax", C, _softmax, "as softmax"),
-        Lowering("_safe_softmax", C, _softmax, "as softmax (rows are never all −inf here)"),
+        Lowering("_safe_softmax", C, _softmax, "as softmax (a row all −inf: NaN here, zeros in PyTorch)"),
         Lowering("linalg_vector_norm", C, _vector_norm, "2-norm: sqrt(Σx²) over dims"),
         Lowering("rms_norm", C, _rms_norm, "rms_norm(x, eps) · weight over the last dim"),
         Lowering("layer_norm", C, _layer_norm, "(x − mean) / √(var + eps) · weight + bias over the last dim"),
