@@ -214,3 +214,19 @@ def test_a_kernel_level_exp_that_is_saved_is_left_alone():
     assert stable == graph and not result.applied
     assert [(s.kernel, s.exp) for s in result.skipped] == [(-1, 3)]
     assert "graph output" in result.skipped[0].reason
+
+
+def test_a_program_of_pre_defined_ops_runs_the_stable_softmax():
+    """A graph with no graph-defined op runs its kernel-level ops as torch calls (on any device): the
+    prepared graph's, so the same logits give PyTorch's softmax there too."""
+    import torch
+
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.codegen.runtime import Program
+
+    program = Program(generate_cuda_program(_kernel_level_softmax(), 90), None)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)) * 200
+    mask = torch.zeros(4, 8)
+    mask[3] = -1e4
+    (got,) = program.launch([x, mask])
+    torch.testing.assert_close(got, torch.softmax(x + mask, -1))
