@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,7 +77,19 @@ def load_program(spec: str) -> tuple[Any, Any]:
     """Call the factory ``spec``: returns (program, example_inputs), example_inputs None for graphs."""
     from mirage.mugraph import KernelGraph, KNGraph
 
-    made = load_factory(spec)()
+    factory = load_factory(spec)
+    if not callable(factory):
+        raise UsageError(f"{spec} is a value of type {type(factory).__name__}, not a function: name a "
+                         "factory that takes no arguments and returns (module, example_inputs) or a kernel "
+                         "graph")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError as error:
+        raise UsageError(f"{spec} cannot be called without arguments ({error}): name a factory that takes "
+                         "no arguments, or wrap this one in one that does") from None
+    except ValueError:  # no signature to inspect (a builtin): just call it
+        pass
+    made = factory()
     if isinstance(made, (KernelGraph, KNGraph)):
         return made, None
     if isinstance(made, tuple) and len(made) == 2:
@@ -89,14 +103,35 @@ def load_graph(path: str):
 
     if not Path(path).exists():
         raise UsageError(f"no such graph file: {path} (save one with g.to_json(path))")
-    return load(path)
+    try:
+        return load(path)
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{path} is not a saved graph: it is not UTF-8 text (byte {error.start}: "
+                         f"{error.reason}); pass a file written by g.to_json(path)") from None
+
+
+def _draw_format(output: str) -> str | None:
+    """The drawing format named by ``output``'s extension, any case (out.DOT is DOT)."""
+    return Path(output).suffix.lstrip(".").lower() or None
+
+
+def _save_graph(graph, path: str | Path) -> None:
+    graph.to_json(path)
+    _out(f"saved {path}")
 
 
 # ---- commands -------------------------------------------------------------------------------------
 
 
+def _time_limit(args) -> float:
+    if not math.isfinite(args.time_limit) or args.time_limit <= 0:
+        raise UsageError(f"--time-limit must be a finite positive number of seconds (such as 30), got "
+                         f"{args.time_limit:g}")
+    return args.time_limit
+
+
 def _options(args) -> dict:
-    options = {"search": not getattr(args, "no_search", False), "time_limit_s": args.time_limit,
+    options = {"search": not getattr(args, "no_search", False), "time_limit_s": _time_limit(args),
                "use_cache": not args.no_cache}
     if getattr(args, "config", None):
         options["config"] = args.config
@@ -113,17 +148,37 @@ def cmd_search(args) -> int:
         _out(f"µGraph from {choice.source}: {choice.detail}")
         _out(str(choice.graph))
         if args.output:
-            choice.graph.to_json(args.output)
-            _out(f"saved {args.output}")
+            _save_graph(choice.graph, args.output)
         return 0
     program, example_inputs = load_program(args.target)
     if example_inputs is None:
         module = mirage.superoptimize(program, **_options(args))
         _out(f"µGraph from {module.choice.source}: {module.choice.detail}\n{module.choice.graph}")
+        if args.output:
+            _save_graph(module.choice.graph, args.output)
         return 0
     module = mirage.superoptimize(program, example_inputs, **_options(args))
     _out(module.report())
+    if args.output:
+        _save_subprogram_graphs(module, args.output)
     return 0
+
+
+def _save_subprogram_graphs(module, output: str) -> None:
+    """Save the chosen µGraph of each subprogram: to ``output`` when there is one subprogram, else to
+    ``OUT.sp0.json``, ``OUT.sp1.json``, ... beside it."""
+    spec = module.specializations[-1]
+    subprograms = spec.partition.subprograms
+    if not subprograms:
+        raise UsageError(f"nothing saved to {output}: the program has no subprogram that mirage runs as a "
+                         "µGraph (all of it stays in PyTorch); see `mirage partition` for why")
+    if len(subprograms) == 1:
+        _save_graph(spec.choices[subprograms[0].name].graph, output)
+        return
+    path = Path(output)
+    for s in subprograms:
+        name = f"{path.stem}.{s.name}{path.suffix or '.json'}"
+        _save_graph(spec.choices[s.name].graph, path.with_name(name))
 
 
 def cmd_show(args) -> int:
@@ -137,7 +192,7 @@ def cmd_draw(args) -> int:
     from mirage.mugraph.visualize import render
 
     graph = load_graph(args.graph)
-    _out(f"wrote {render(graph, args.output)}")
+    _out(f"wrote {render(graph, args.output, _draw_format(args.output))}")
     return 0
 
 
@@ -147,6 +202,9 @@ def cmd_partition(args) -> int:
     from mirage.frontend.draw import partition_dot, render
     from mirage.frontend.partition import Budget, partition
 
+    if args.max_ops < 1:
+        raise UsageError(f"--max-ops must be a positive number of kernel-graph ops per subprogram, got "
+                         f"{args.max_ops} (the default is 16)")
     program, example_inputs = load_program(args.program)
     if example_inputs is None:
         raise UsageError(f"{args.program} returned a kernel graph; `mirage partition` takes PyTorch programs")
@@ -155,7 +213,7 @@ def cmd_partition(args) -> int:
     part = partition(gm, Budget(max_ops=args.max_ops))
     _out(str(part))
     if args.output:
-        _out(f"wrote {render(partition_dot(gm.graph, part), args.output)}")
+        _out(f"wrote {render(partition_dot(gm.graph, part), args.output, _draw_format(args.output))}")
     return 0
 
 
@@ -179,9 +237,9 @@ def cmd_demo(args) -> int:
     from mirage import config
     from mirage.frontend.demo import run_demo
 
-    result = run_demo(scale=args.scale, search=not args.no_search, time_limit_s=args.time_limit,
+    result = run_demo(scale=args.scale, search=not args.no_search, time_limit_s=_time_limit(args),
                       use_cache=not args.no_cache, output_dir=Path(args.output_dir),
-                      progress=config.settings().progress)
+                      progress=config.settings().progress, config=args.config)
     for line in result.lines:
         _out(line)
     return 0 if result.passed else 1
@@ -213,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     search = sub.add_parser("search", help="search µGraphs for a saved graph or a PyTorch program")
     search.add_argument("target", help="GRAPH.json, or PATH.py:FACTORY / MODULE:FACTORY")
-    search.add_argument("-o", "--output", help="save the chosen µGraph (JSON)")
+    search.add_argument("-o", "--output", metavar="OUT.json",
+                        help="save the chosen µGraph (JSON); for a program cut into several subprograms, "
+                             "one file per subprogram (OUT.sp0.json, OUT.sp1.json, ...)")
     _search_flags(search, 30.0)
     search.set_defaults(run=cmd_search)
 
@@ -228,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     part = sub.add_parser("partition", help="show how a PyTorch program is cut into LAX subprograms")
     part.add_argument("program", help="PATH.py:FACTORY or MODULE:FACTORY returning (module, inputs)")
-    part.add_argument("--max-ops", type=int, default=16, help="kernel-graph ops per subprogram")
+    part.add_argument("--max-ops", type=int, default=16,
+                      help="kernel-graph ops per subprogram, a positive integer (default 16)")
     part.add_argument("-o", "--output", help="draw the partition (out.dot, out.png, out.svg)")
     part.set_defaults(run=cmd_partition)
 

@@ -72,11 +72,21 @@ def _time_cuda(fn, repeats: int = 50) -> float:
 
 
 def run_demo(scale: int = 1, search: bool = True, time_limit_s: float = 30.0, use_cache: bool = True,
-             output_dir: Path = Path("mirage-demo"), progress: bool = True) -> DemoResult:
+             output_dir: Path = Path("mirage-demo"), progress: bool = True,
+             config: str | None = None) -> DemoResult:
+    """``config``: the search space name (``superoptimize``'s option); None: chosen per subprogram."""
     from tqdm.auto import tqdm
 
     import mirage
+    from mirage.frontend.errors import OptionError
     from mirage.frontend.examples import rmsnorm_linear
+    from mirage.frontend.options import Options
+
+    if isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
+        raise OptionError(f"scale must be a positive integer (the example's size multiplier), got {scale!r}")
+    options = {"search": search, "time_limit_s": time_limit_s, "use_cache": use_cache, "progress": progress,
+               "config": config}
+    Options.parse(**options)  # a bad option is reported before any work
 
     result = DemoResult()
     stages = tqdm(total=5, desc="mirage demo", unit="stage", disable=not progress)
@@ -85,8 +95,7 @@ def run_demo(scale: int = 1, search: bool = True, time_limit_s: float = 30.0, us
                           f"input {list(inputs[0].shape)} float32")
     stages.set_postfix_str("capture, partition, search")
     start = time.perf_counter()
-    fast = mirage.superoptimize(module, inputs, search=search, time_limit_s=time_limit_s,
-                                use_cache=use_cache, progress=progress)
+    fast = mirage.superoptimize(module, inputs, **options)
     spec = fast.specializations[0]
     result.add("partition", spec.partition.summary())
     for s in spec.partition.subprograms:
@@ -113,8 +122,7 @@ def run_demo(scale: int = 1, search: bool = True, time_limit_s: float = 30.0, us
     if torch.cuda.is_available():
         gpu_module = module.cuda().half()
         gpu_inputs = tuple(x.cuda().half() for x in inputs)
-        gpu_fast = mirage.superoptimize(gpu_module, gpu_inputs, search=search, time_limit_s=time_limit_s,
-                                        use_cache=use_cache, progress=progress)
+        gpu_fast = mirage.superoptimize(gpu_module, gpu_inputs, **options)
         with torch.no_grad():
             eager_us = _time_cuda(lambda: gpu_module(*gpu_inputs))
             mirage_us = _time_cuda(lambda: gpu_fast(*gpu_inputs))

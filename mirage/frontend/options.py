@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,14 +51,7 @@ class Options:
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise OptionError(f"unknown option {name!r}{hint} Known options: {', '.join(names)}")
             values[name] = value
-        overrides = values.pop("search_overrides", ())
-        if isinstance(overrides, Mapping):
-            try:
-                overrides = tuple(sorted((str(k), json.dumps(v)) for k, v in overrides.items()))
-            except TypeError as error:
-                raise OptionError(f"search_overrides values must be JSON data (numbers, strings, lists): "
-                                  f"{error}") from None
-        values["search_overrides"] = tuple(overrides)
+        values["search_overrides"] = _search_overrides(values.pop("search_overrides", ()))
         values["candidates"] = _candidate_graphs(values.get("candidates", ()))
         if values.get("cache_dir") is not None:
             values["cache_dir"] = Path(values["cache_dir"]).expanduser()
@@ -69,8 +63,10 @@ class Options:
         if not isinstance(self.max_subprogram_ops, int) or self.max_subprogram_ops < 1:
             raise OptionError(
                 f"max_subprogram_ops must be a positive integer, got {self.max_subprogram_ops!r}")
-        if not isinstance(self.time_limit_s, (int, float)) or self.time_limit_s <= 0:
-            raise OptionError(f"time_limit_s must be a positive number of seconds, got {self.time_limit_s!r}")
+        if (isinstance(self.time_limit_s, bool) or not isinstance(self.time_limit_s, (int, float))
+                or not math.isfinite(self.time_limit_s) or self.time_limit_s <= 0):
+            raise OptionError(f"time_limit_s must be a finite positive number of seconds (such as 30), got "
+                              f"{self.time_limit_s!r}")
         if self.max_results is not None and (not isinstance(self.max_results, int) or self.max_results < 1):
             raise OptionError(f"max_results must be None or a positive integer, got {self.max_results!r}")
         if self.executor not in config.EXECUTORS:
@@ -115,6 +111,20 @@ class Options:
         if not self.use_cache:
             return None
         return self.cache_dir if self.cache_dir is not None else config.settings().search_cache_dir
+
+
+def _search_overrides(overrides: Any) -> tuple[tuple[str, str], ...]:
+    """``search_overrides`` (a dict of generator settings) as sorted (name, JSON text) pairs."""
+    if overrides is None or (isinstance(overrides, tuple) and not overrides):
+        return ()
+    if not isinstance(overrides, Mapping):
+        raise OptionError(f"search_overrides must be a dict of generator settings, such as search_overrides="
+                          f"{{'workers': 1}}; got a {type(overrides).__name__}: {overrides!r}")
+    try:
+        return tuple(sorted((str(k), json.dumps(v)) for k, v in overrides.items()))
+    except TypeError as error:
+        raise OptionError(f"search_overrides values must be JSON data (numbers, strings, lists): "
+                          f"{error}") from None
 
 
 def _candidate_graphs(candidates: Any) -> tuple:

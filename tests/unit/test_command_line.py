@@ -102,6 +102,109 @@ def test_errors_exit_with_status_2(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.fixture
+def factories(tmp_path):
+    path = tmp_path / "factories.py"
+    path.write_text(
+        "import torch\n"
+        "import mirage\n"
+        "notcallable = 3\n"
+        "def needs_arg(n):\n"
+        "    return None\n"
+        "def graph():\n"
+        "    g = mirage.new_kernel_graph('small')\n"
+        "    x = g.new_input(dims=(4, 8), dtype=mirage.float32)\n"
+        "    w = g.new_input(dims=(8, 16), dtype=mirage.float32)\n"
+        "    g.mark_output(g.relu(g.matmul(x, w)))\n"
+        "    return g\n"
+        "def make():\n"
+        "    return (lambda x, w: torch.relu(x @ w)), (torch.randn(3, 4), torch.randn(4, 5))\n"
+        "def gqa():\n"
+        "    from mirage.frontend.examples import gqa_decode\n"
+        "    return gqa_decode()\n")
+    return path
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["partition", "{factories}:notcallable"], "is a value of type int, not a function: name a factory"),
+    (["partition", "{factories}:needs_arg"], "cannot be called without arguments"),
+    (["search", "{factories}:needs_arg"], "name a factory that takes no arguments, or wrap this one"),
+    (["partition", "mirage.frontend.examples:gqa_decode", "--max-ops", "0"],
+     "--max-ops must be a positive number of kernel-graph ops per subprogram, got 0"),
+    (["partition", "mirage.frontend.examples:gqa_decode", "--max-ops", "-3"], "got -3"),
+    (["demo", "--scale", "0", "--no-search"], "scale must be a positive integer"),
+    (["demo", "--scale", "-1", "--no-search"], "scale must be a positive integer"),
+    (["demo", "--config", "no_such_config", "--no-search"], "unknown search config 'no_such_config'"),
+    (["demo", "--time-limit", "nan", "--no-search"],
+     "--time-limit must be a finite positive number of seconds (such as 30), got nan"),
+    (["search", "{graph_file}", "--time-limit", "inf"], "--time-limit must be a finite positive number"),
+    (["search", "{factories}:make", "--time-limit", "-1"], "of seconds (such as 30), got -1"),
+])
+def test_bad_arguments_are_one_line_errors(argv, message, factories, graph_file, tmp_path, capsys):
+    argv = [a.format(factories=factories, graph_file=graph_file) for a in argv]
+    if argv[0] == "demo":
+        argv += ["--output-dir", str(tmp_path / "demo")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mirage {argv[0]}: error: ") and message in err and err.count("\n") == 1
+    assert "Traceback" not in err
+    assert not (tmp_path / "demo").exists()
+
+
+def test_show_a_file_that_is_not_text(tmp_path, capsys):
+    path = tmp_path / "random.json"
+    path.write_bytes(bytes([0x7B, 0x22, 0xC3, 0x28, 0xFF, 0xFE]) * 20)
+    for command in (["show", str(path)], ["draw", str(path), "-o", str(tmp_path / "g.dot")]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err == (f"mirage {command[0]}: error: {path} is not a saved graph: it is not UTF-8 text "
+                       "(byte 2: invalid continuation byte); pass a file written by g.to_json(path)\n")
+
+
+def test_search_a_graph_factory_saves_the_graph(factories, tmp_path, quick_search, capsys):
+    out_file = tmp_path / "best.json"
+    assert main(["search", f"{factories}:graph", "-o", str(out_file)]) == 0
+    assert f"saved {out_file}" in capsys.readouterr().out
+    assert mi.load(out_file).name == "small"
+
+
+def test_search_a_program_saves_each_subprogram_graph(factories, tmp_path, quick_search, capsys):
+    out_file = tmp_path / "best.json"
+    assert main(["search", f"{factories}:make", "-o", str(out_file)]) == 0
+    assert f"saved {out_file}" in capsys.readouterr().out
+    assert mi.load(out_file).outputs
+    assert main(["search", f"{factories}:gqa", "--no-cache", "-o", str(out_file.with_name("gqa.json"))]) == 0
+    out = capsys.readouterr().out
+    saved = sorted(p.name for p in tmp_path.glob("gqa*.json"))
+    assert saved == ["gqa.sp0.json", "gqa.sp1.json", "gqa.sp2.json"]
+    for name in saved:
+        assert f"saved {tmp_path / name}" in out
+        mi.load(tmp_path / name)
+
+
+def test_draw_extension_in_any_case(graph_file, tmp_path, capsys):
+    assert main(["draw", str(graph_file), "-o", str(tmp_path / "g.DOT")]) == 0
+    assert (tmp_path / "g.DOT").read_text().startswith("digraph")
+    assert main(["partition", "mirage.frontend.examples:gqa_decode", "-o", str(tmp_path / "p.Dot")]) == 0
+    assert "cluster_sp1" in (tmp_path / "p.Dot").read_text()
+
+
+def test_demo_passes_its_config_on(tmp_path, monkeypatch, capsys):
+    import mirage.frontend.demo as demo
+
+    seen = []
+    real = mi.superoptimize
+
+    def superoptimize(*args, **options):
+        seen.append(options.get("config"))
+        return real(*args, **options)
+
+    monkeypatch.setattr(mi, "superoptimize", superoptimize)
+    monkeypatch.setattr(demo.torch.cuda, "is_available", lambda: False)
+    assert main(["demo", "--no-search", "--config", "mlp", "--output-dir", str(tmp_path / "demo")]) == 0
+    assert seen == ["mlp"]
+
+
 def test_unwritable_output_is_a_clean_error(graph_file, tmp_path, capsys):
     assert main(["draw", str(graph_file), "-o", str(tmp_path / "missing-dir" / "g.dot")]) == 2
     assert "No such file or directory" in capsys.readouterr().err
