@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,6 +312,20 @@ def generate_cuda_program(
     Raises :class:`~mirage.errors.SharedMemoryError` when a block graph does not fit the target's
     shared memory, and :class:`LoweringError` when some op has no lowering.
     """
+    if target_cc is not None:
+        if not isinstance(target_cc, numbers.Integral) or isinstance(target_cc, bool):
+            known = sorted({t.compute_capability for t in TARGETS.values()})
+            raise LoweringError(f"target_cc must be an int such as 90 (for sm_90), got {target_cc!r} "
+                                f"({type(target_cc).__name__}); use one of {known}")
+        target_cc = int(target_cc)
+    if target is not None and not isinstance(target, Target):
+        raise LoweringError(f"target must be a mirage.mugraph.target.Target, got {type(target).__name__}")
+    if options is not None and not isinstance(options, OptimizerOptions):
+        from mirage.optimizer.errors import OptimizerError
+
+        raise OptimizerError(f"options must be a mirage.optimizer.OptimizerOptions, got "
+                             f"{type(options).__name__}; pass options=mirage.optimizer.OptimizerOptions("
+                             "...), e.g. OptimizerOptions(**settings) for a dict of settings")
     resolved = target_for(target_cc, target)
     prepared = prepare(graph, resolved, options or OptimizerOptions())
     return lower_program(prepared)

@@ -19,10 +19,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from mirage.errors import GraphError, MirageError
+from mirage.errors import (
+    AttributeValueError,
+    DTypeError,
+    ForloopDimError,
+    GraphError,
+    GridError,
+    InputMapError,
+    OutputMapError,
+    ShapeError,
+)
 from mirage.mugraph import build
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import (
@@ -171,10 +181,23 @@ class _Builder:
         return self._add(Op.DIV, (a, b))
 
     def reduction(self, a, dim: int):
-        return self._add(Op.REDUCTION, (a,), Reduce(_dim(dim, a)))
+        return self._add(Op.REDUCTION, (a,), Reduce(self._reduce_dim(Op.REDUCTION, a, dim)))
 
     def reduction_max(self, a, dim: int):
-        return self._add(Op.REDUCTION_MAX, (a,), Reduce(_dim(dim, a)))
+        return self._add(Op.REDUCTION_MAX, (a,), Reduce(self._reduce_dim(Op.REDUCTION_MAX, a, dim)))
+
+    def _reduce_dim(self, op: Op, a, dim) -> int:
+        """``dim`` of ``a`` counted from 0; a negative one counts from the end, as in numpy."""
+        self._ref(a)
+        rank = a.num_dims
+        if not _is_int(dim) or not -rank <= dim < rank:
+            shown = dim if _is_int(dim) else repr(dim)
+            error = AttributeValueError(
+                f"{op.value} dim {shown} is out of range for shape {list(a.dims)}; use an int from "
+                f"{-rank} to {rank - 1} (negative dims count from the end)")
+            build.rethrow(error, self.graph, None, f"  >>> {op.value}({_ref_text(a.ref)}) dim={shown}"
+                          "  <-- this op")
+        return int(dim) + rank if dim < 0 else int(dim)
 
     def rms_norm(self, a, normalized_shape: Sequence[int] | None = None, eps: float = 0.0):
         if normalized_shape is not None and tuple(normalized_shape) != a.dims[-1:]:
@@ -188,12 +211,37 @@ class _Builder:
         return to_text(self.graph)
 
 
-def _dim(dim: int, a) -> int:
-    return dim + a.num_dims if dim < 0 else dim
+def _is_int(value) -> bool:
+    """An integer (Python or numpy), but not a bool and not a float such as 2.5 or 2.0."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _ref_text(r: Ref) -> str:
+    return f"%{r.node}" + (f".{r.index}" if r.index else "")
+
+
+def _parse_dtype(dtype):
+    try:
+        return DType.parse(dtype)
+    except ValueError as error:
+        raise DTypeError(f"{error} (e.g. mi.float16)") from None
+
+
+def _parse_accum(acc):
+    try:
+        return AccumKind.parse(acc)
+    except ValueError as error:
+        raise AttributeValueError(f"forloop accumulator: {error}") from None
+
+
+def _real(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise AttributeValueError(f"{what} must be a number, got {value!r}")
+    return float(value)
 
 
 def _pending_line(op: Op, refs, attrs) -> str:
-    args = ", ".join(f"%{r.node}" + (f".{r.index}" if r.index else "") for r in refs)
+    args = ", ".join(_ref_text(r) for r in refs)
     return f"  >>> {op.value}({args}) {attrs if attrs is not None else ''}  <-- this op"
 
 
@@ -206,17 +254,26 @@ class KNGraph(_Builder):
         super().__init__(KernelGraph(nodes=(), outputs=(), name=name))
 
     def new_input(self, dims: Sequence[int], dtype: Any = DType.FLOAT16, strides=None, name: str = ""):
+        shape = _input_dims(dims)
         if strides is not None:
-            expected = _row_major_strides(tuple(dims))
-            if tuple(strides) != expected:
+            expected = _row_major_strides(shape)
+            if isinstance(strides, (str, bytes)) or not isinstance(strides, Iterable) \
+                    or tuple(strides) != expected:
                 raise GraphError(f"only row-major inputs are supported (strides {expected}); got "
-                                 f"{tuple(strides)}: make the tensor contiguous first")
-        if not dims or any(int(d) <= 0 for d in dims):
-            raise GraphError(f"input dims must be positive, got {tuple(dims)}")
-        t = TensorType(tuple(int(d) for d in dims), DType.parse(dtype))
+                                 f"{strides!r}: make the tensor contiguous first")
+        if not isinstance(name, str):
+            raise GraphError(f"an input's name must be a str, got {name!r}")
+        t = TensorType(shape, _parse_dtype(dtype))
         return self._add(Op.INPUT, (), KernelInput(name), (t,))
 
     def customized(self, inputs: Sequence[DTensor], block_graph: TBGraph) -> list[DTensor]:
+        if not isinstance(block_graph, TBGraph):
+            raise GraphError(f"customized takes a block graph made by mi.new_threadblock_graph(...) as "
+                             f"its second argument, got {block_graph!r}")
+        if isinstance(inputs, (_Tensor, str, bytes)) or not isinstance(inputs, Iterable):
+            raise GraphError(f"customized takes a list of the kernel graph's tensors, got {inputs!r}; "
+                             "write g.customized([X, W], tb)")
+        inputs = list(inputs)
         refs = tuple(self._ref(t) for t in inputs)
         for k, t in enumerate(inputs):
             bound = block_graph._bound[k] if k < len(block_graph._bound) else None
@@ -270,7 +327,11 @@ class TBGraph(_Builder):
 
     def __init__(self, grid_dim, block_dim=(128, 1, 1), forloop_range: int = 1,
                  reduction_dimx: int = 64) -> None:
-        grid, block = _dim3(grid_dim), _dim3(block_dim)
+        grid = _dim3(grid_dim, "grid_dim", GridError, positive=True)
+        block = _dim3(block_dim, "block_dim", GridError, positive=True)
+        for what, value in (("forloop_range", forloop_range), ("reduction_dimx", reduction_dimx)):
+            if not _is_int(value) or value < 1:
+                raise GridError(f"{what} must be a positive int, got {value!r}")
         super().__init__(BlockGraph((), grid, block, int(forloop_range), int(reduction_dimx)))
         from mirage.mugraph.check import check_block_header
 
@@ -281,9 +342,10 @@ class TBGraph(_Builder):
                   store_in_dmem: bool = False) -> STensor:
         if not isinstance(dtensor, DTensor):
             raise GraphError(f"tb.new_input takes a kernel-graph tensor, got {dtensor!r}")
+        imap = _dim3(input_map, "input_map", InputMapError)
+        _check_forloop_dim(forloop_dim)
         try:
-            self.graph, index = build.add_input_iterator(self.graph, dtensor.type, _dim3(input_map),
-                                                         int(forloop_dim))
+            self.graph, index = build.add_input_iterator(self.graph, dtensor.type, imap, int(forloop_dim))
         except GraphError as error:
             build.rethrow(error, self.graph, None, f"  >>> input(#{len(self._bound)}) input_map="
                           f"{tuple(input_map)} forloop_dim={forloop_dim}  <-- this op")
@@ -291,43 +353,68 @@ class TBGraph(_Builder):
         return STensor(self, Ref(index, 0))
 
     def new_output(self, stensor: STensor, output_map=(-1, -1, -1), forloop_dim: int = -1) -> None:
+        ref = self._ref(stensor)
+        omap = _dim3(output_map, "output_map", OutputMapError)
+        _check_forloop_dim(forloop_dim)
         try:
-            self.graph, _ = build.add_output_saver(self.graph, self._ref(stensor), _dim3(output_map),
-                                                   int(forloop_dim))
+            self.graph, _ = build.add_output_saver(self.graph, ref, omap, int(forloop_dim))
         except GraphError as error:
             build.rethrow(error, self.graph, None, f"  >>> output(...) output_map={tuple(output_map)}"
                           "  <-- this op")
 
     def reduction_to_dimx(self, a, dim: int):
-        return self._add(Op.REDUCTION_TO_DIMX, (a,), Reduce(_dim(dim, a)))
+        return self._add(Op.REDUCTION_TO_DIMX, (a,), Reduce(self._reduce_dim(Op.REDUCTION_TO_DIMX, a, dim)))
 
     def concat_matmul(self, w, x, y, z):
         """(W ‖ X) @ (Y ‖ Z), the LoRA op: W @ Y + X @ Z in one tensor-core pass."""
         return self._add(Op.CONCAT_MATMUL, (w, x, y, z))
 
     def forloop_accum(self, a, acc: str | None = None, eps: float = 0.0):
-        return self._add(Op.ACCUM, (a,), Accum(AccumKind.parse(acc), float(eps)))
+        return self._add(Op.ACCUM, (a,), Accum(_parse_accum(acc), _real(eps, "eps")))
 
     def forloop_accum_max(self, a):
         return self._add(Op.ACCUM, (a,), Accum(AccumKind.MAX))
 
     def forloop_accum_rescale(self, a, running_max, acc: str | None = None):
         """acc ← acc·exp(m_prev − m) + a, with ``m`` the running max of this iteration."""
-        return self._add(Op.ACCUM_RESCALE, (a, running_max), Accum(AccumKind.parse(acc)))
+        return self._add(Op.ACCUM_RESCALE, (a, running_max), Accum(_parse_accum(acc)))
 
     def running_max(self, a):
         return self._add(Op.RUNNING_MAX, (a,))
 
 
-def _dim3(value) -> tuple[int, int, int]:
-    if isinstance(value, int):
-        return (value, 1, 1)
-    if hasattr(value, "x"):
-        return (int(value.x), int(value.y), int(value.z))
-    items = tuple(int(v) for v in value)
-    if not 1 <= len(items) <= 3:
-        raise MirageError(f"expected up to 3 dims, got {value!r}")
-    return items + (1,) * (3 - len(items))  # type: ignore[return-value]
+def _input_dims(dims) -> tuple[int, ...]:
+    """``dims`` of a kernel-graph input as a tuple of positive ints, or a ShapeError saying why not."""
+    if isinstance(dims, (str, bytes)) or not isinstance(dims, Iterable):
+        hint = f"; write ({dims},) for a 1-dim tensor" if _is_int(dims) else ""
+        raise ShapeError(f"input dims must be a tuple of positive ints such as (4, 8), got {dims!r}{hint}")
+    dims = tuple(dims)
+    if not dims or not all(_is_int(d) and d > 0 for d in dims):
+        raise ShapeError(f"input dims must be a tuple of positive ints such as (4, 8), got {tuple(dims)!r}")
+    return tuple(int(d) for d in dims)
+
+
+def _dim3(value, what: str, error: type[GraphError], positive: bool = False) -> tuple[int, int, int]:
+    """``value`` (an int, a tuple of up to 3 ints or a dim3 with x, y, z) as 3 ints."""
+    if hasattr(value, "x") and hasattr(value, "y") and hasattr(value, "z"):
+        items: Any = (value.x, value.y, value.z)
+    elif _is_int(value):
+        items = (value,)
+    elif isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        items = tuple(value)
+    else:
+        items = None
+    kind = "positive ints" if positive else "ints"
+    if items is None or not 1 <= len(items) <= 3 or not all(_is_int(v) for v in items) \
+            or (positive and any(v < 1 for v in items)):
+        raise error(f"{what} must be an int or a tuple of up to 3 {kind} such as "
+                    f"{'(64, 1, 1)' if positive else '(0, -1, -1)'}, got {value!r}")
+    return tuple(int(v) for v in items) + (1,) * (3 - len(items))  # type: ignore[return-value]
+
+
+def _check_forloop_dim(forloop_dim) -> None:
+    if not _is_int(forloop_dim):
+        raise ForloopDimError(f"forloop_dim must be an int (-1 for no split), got {forloop_dim!r}")
 
 
 def _row_major_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -353,4 +440,4 @@ def as_graph(graph) -> KernelGraph:
         return graph.freeze()
     if isinstance(graph, KernelGraph):
         return graph
-    raise MirageError(f"expected a kernel graph or a builder, got {type(graph).__name__}")
+    raise GraphError(f"expected a kernel graph or a builder, got {type(graph).__name__}")

@@ -117,8 +117,13 @@ def loads(text: str):
         doc = json.loads(text)
         if doc.get("format") != FORMAT:
             raise SerializationError(f"not a mirage graph file (format {doc.get('format')!r})")
-        if doc.get("version") != VERSION:
-            raise SerializationError(f"graph file version {doc.get('version')} is not supported "
+        version = doc.get("version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise SerializationError(f"the graph file's version must be the integer {VERSION}, got "
+                                     f"{version!r} ({type(version).__name__}); write \"version\": "
+                                     f"{VERSION} or re-save the graph")
+        if version != VERSION:
+            raise SerializationError(f"graph file version {version} is not supported "
                                      f"(this mirage reads version {VERSION}); re-save it")
         graph = graph_from_dict(doc["graph"])
     except SerializationError:

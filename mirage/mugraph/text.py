@@ -15,13 +15,15 @@ Example (the fused RMSNorm + MatMul µGraph)::
     }
 
 ``%i`` is the first output of node i, ``%i.j`` its j-th; a trailing ``!`` marks a tensor past the
-for-loop accumulators; ``/col`` a column-major layout.
+for-loop accumulators; ``/col`` a column-major layout.  Names are written as JSON string literals
+(quotes, backslashes and control characters escaped), so that every name reads back unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import re
 from typing import Any
 
@@ -48,6 +50,29 @@ def type_text(t: TensorType) -> str:
     return text + ("!" if t.after_accum else "")
 
 
+# characters that str.splitlines() breaks lines at and json.dumps(ensure_ascii=False) leaves as they
+# are, and lone surrogates (not encodable as UTF-8): written as \uXXXX escapes too
+_UNSAFE = re.compile("[\x85\u2028\u2029\ud800-\udfff]")
+
+
+def quote(value: str) -> str:
+    """``value`` as a one-line JSON string literal (``"a\\"b"``); :func:`unquote` reads it back."""
+    text = json.dumps(value, ensure_ascii=False)
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+
+
+def unquote(literal: str) -> str:
+    """The string a literal written by :func:`quote` stands for."""
+    try:
+        value = json.loads(literal)
+    except ValueError as error:
+        raise ParseError(f"cannot read string {literal}: {error.args[0] if error.args else error}; "
+                         'write names as JSON strings, escaping " as \\" and \\ as \\\\') from None
+    if not isinstance(value, str):
+        raise ParseError(f"cannot read string {literal}")
+    return value
+
+
 def ref_text(r: Ref) -> str:
     return f"%{r.node}" + (f".{r.index}" if r.index else "")
 
@@ -60,7 +85,7 @@ def _value_text(value: Any) -> str:
     if isinstance(value, TensorType):
         return type_text(value)
     if isinstance(value, str):
-        return '"' + value.replace('"', "'") + '"'
+        return quote(value)
     if isinstance(value, float):
         return repr(value)
     return str(value)
@@ -104,7 +129,7 @@ def body_lines(graph, indent: str) -> list[str]:
 
 def to_text(graph) -> str:
     if isinstance(graph, KernelGraph):
-        name = f' "{graph.name}"' if graph.name else ""
+        name = f" {quote(graph.name)}" if graph.name else ""
         return "\n".join([f"kernel_graph{name} {{", *body_lines(graph, "  "), "}"])
     if isinstance(graph, BlockGraph):
         lines = node_lines(0, Node(Op.CUSTOMIZED, (), graph, graph.result_types), "")
@@ -136,6 +161,23 @@ _TYPE = re.compile(r"^(?P<dtype>[a-z0-9]+)\[(?P<shape>[0-9,]*)\](?:/(?P<layout>r
 _NODE = re.compile(r"^%(?P<index>\d+) = (?P<op>\w+)\((?P<args>[^)]*)\)(?P<attrs>.*?)"
                    r"(?: : (?P<types>.+?))?(?P<open> \{)?$")
 _ATTR = re.compile(r'(\w+)=("[^"]*"|\([^)]*\)|\S+)')
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _mask_strings(line: str) -> tuple[str, list[str]]:
+    """``line`` with each string literal replaced by ``"k"`` (its index), and the strings decoded.
+
+    Names may hold any character (``:``, ``{``, ``)``, ``=``, spaces...), so the line's structure is
+    read with them masked out.
+    """
+    strings: list[str] = []
+
+    def keep(m: re.Match) -> str:
+        strings.append(unquote(m[0]))
+        return f'"{len(strings) - 1}"'
+
+    masked = _STRING.sub(keep, line)
+    return masked, strings
 
 
 def parse_type(text: str) -> TensorType:
@@ -161,7 +203,11 @@ def _parse_ref(text: str) -> Ref:
     return Ref(int(m[1]), int(m[2] or 0))
 
 
-def _parse_value(text: str, kind: Any) -> Any:
+def _parse_value(text: str, kind: Any, strings: list[str] | None = None) -> Any:
+    if text.startswith('"') and strings is not None:
+        if kind not in (str, "str"):
+            raise ParseError(f"expected a {getattr(kind, '__name__', kind)}, got a string")
+        return strings[int(text[1:-1])]
     if kind in (TensorType, "TensorType"):
         return parse_type(text)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
@@ -178,7 +224,7 @@ def _parse_value(text: str, kind: Any) -> Any:
 _ATTRS_BY_FIELDS = {tuple(f.name for f in dataclasses.fields(c)): c for c in ATTRS_TYPES}
 
 
-def _parse_attrs(op: Op, text: str) -> Any:
+def _parse_attrs(op: Op, text: str, strings: list[str] | None = None) -> Any:
     pairs = dict(_ATTR.findall(text))
     row = spec(op)
     cls = row.attrs_type
@@ -198,7 +244,7 @@ def _parse_attrs(op: Op, text: str) -> Any:
         kind = hints[key]
         kind = {"int": int, "float": float, "str": str, "TensorType": TensorType, "Dim3": tuple,
                 "AccumKind": _accum_kind()}.get(kind, kind) if isinstance(kind, str) else kind
-        kwargs[key] = _parse_value(value, kind)
+        kwargs[key] = _parse_value(value, kind, strings)
     return cls(**kwargs)
 
 
@@ -210,6 +256,9 @@ def _accum_kind():
 
 def parse(text: str):
     """Parse the text form of a kernel, block or thread graph."""
+    if not isinstance(text, str):
+        raise ParseError(f"mi.parse takes a graph's text form (a str, such as str(g)), got "
+                         f"{type(text).__name__}; to read a JSON file use mi.load(path)")
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     try:
         graph, end = _parse_graph(lines, 0)
@@ -225,11 +274,12 @@ def parse(text: str):
 def _parse_graph(lines: list[str], at: int):
     header = lines[at]
     if header.startswith("kernel_graph"):
-        m = re.match(r'^kernel_graph(?: "([^"]*)")? \{$', header)
+        masked, strings = _mask_strings(header)
+        m = re.match(r'^kernel_graph(?: "(\d+)")? \{$', masked)
         if not m:
-            raise ParseError(f"bad header {header!r}")
+            raise ParseError(f"bad header {header!r} (expected kernel_graph \"name\" {{)")
         nodes, outputs, end = _parse_body(lines, at + 1)
-        return KernelGraph(tuple(nodes), tuple(outputs), m[1] or ""), end
+        return KernelGraph(tuple(nodes), tuple(outputs), strings[int(m[1])] if m[1] else ""), end
     if header.startswith("block_graph"):
         block = _block_header(header)
         nodes, _, end = _parse_body(lines, at + 1, closing=True)
@@ -262,7 +312,8 @@ def _parse_body(lines: list[str], at: int, closing: bool = False):
             if not closing:
                 raise ParseError("graph ends without a return line")
             return nodes, outputs, at + 1
-        m = _NODE.match(line)
+        masked, strings = _mask_strings(line)
+        m = _NODE.match(masked)
         if not m:
             raise ParseError(f"cannot read line {line!r}")
         if int(m["index"]) != len(nodes):
@@ -275,7 +326,7 @@ def _parse_body(lines: list[str], at: int, closing: bool = False):
             nodes.append(Node(op, inputs, inner, types))
             at = end
             continue
-        nodes.append(Node(op, inputs, _parse_attrs(op, m["attrs"]), _parse_types(m["types"])))
+        nodes.append(Node(op, inputs, _parse_attrs(op, m["attrs"], strings), _parse_types(m["types"])))
         at += 1
     raise ParseError("unexpected end of text (missing '}')")
 

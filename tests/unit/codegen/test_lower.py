@@ -426,6 +426,25 @@ def test_unknown_compute_capability():
     assert target_for(target=TARGETS["A100"]) is TARGETS["A100"]
 
 
+@pytest.mark.parametrize("target_cc", ["90", 9.0, True])
+def test_a_compute_capability_that_is_not_an_int_says_so(target_cc):
+    with pytest.raises(LoweringError) as info:
+        generate_cuda_program(CASES["gqa_b1"].fused(), target_cc)
+    assert "target_cc must be an int such as 90" in str(info.value)
+    assert repr(target_cc) in str(info.value)
+    assert "no known GPU" not in str(info.value)
+
+
+def test_options_must_be_optimizer_options():
+    from mirage.optimizer.errors import OptimizerError
+
+    with pytest.raises(OptimizerError, match=r"pass options=mirage\.optimizer\.OptimizerOptions\(") as info:
+        generate_cuda_program(CASES["gqa_b1"].fused(), 90, options={"row_reductions": False})
+    assert "got dict" in str(info.value)
+    with pytest.raises(LoweringError, match="target must be a mirage.mugraph.target.Target"):
+        generate_cuda_program(CASES["gqa_b1"].fused(), target="H100")
+
+
 def test_lowering_error_is_a_mirage_error():
     assert issubclass(LoweringError, mi.MirageError)
     assert dataclasses.is_dataclass(ctx.KernelContext)
