@@ -273,6 +273,33 @@ def _write_atomically(path: Path, data: str) -> None:
     os.replace(scratch, path)
 
 
+ELF_MAGIC = b"\x7fELF"
+ELF_HEADER_BYTES = 64  # an ELF64 header: the least a cubin holds
+
+
+def _entry_problem(entry: Path) -> tuple[str, dict | None]:
+    """What is wrong with the cache entry ``entry`` ('' and its metadata if it is usable)."""
+    cubin = entry / STAGE_FILES[Stage.CUBIN]
+    try:
+        metadata = json.loads((entry / "metadata.json").read_text())
+        size = cubin.stat().st_size
+        with cubin.open("rb") as stream:
+            magic = stream.read(len(ELF_MAGIC))
+    except (OSError, ValueError) as error:
+        return f"{type(error).__name__}: {error}", None
+    if not isinstance(metadata, dict):
+        return f"metadata.json holds a JSON {type(metadata).__name__}, not an object", None
+    command = metadata.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        return "metadata.json has no build command", None
+    if magic != ELF_MAGIC or size < ELF_HEADER_BYTES:
+        return f"{cubin.name} is not an ELF file ({size} bytes)", None
+    recorded = metadata.get("cubin_bytes")
+    if recorded is not None and recorded != size:
+        return f"{cubin.name} has {size} bytes, the build wrote {recorded}", None
+    return "", metadata
+
+
 def _complete_entry(entry: Path, dumps: frozenset[Stage], environment: Environment) -> bool:
     """Add cheap missing dumps (SASS) to a cached entry; False if a rebuild is needed (PTX)."""
     if not (entry / STAGE_FILES[Stage.CUBIN]).is_file():
@@ -298,10 +325,14 @@ def compile_source(
     root = Path(cache_dir) if cache_dir is not None else environment.cache_dir
     key = cache_key(source, options, environment)
     entry = root / key[:2] / key
-    if _complete_entry(entry, dumps, environment):
-        metadata = json.loads((entry / "metadata.json").read_text())
-        logger.debug("cache hit %s", key)
-        return CompileResult(key, entry, tuple(metadata["command"]), 0.0, from_cache=True)
+    if entry.is_dir():
+        problem, metadata = _entry_problem(entry)
+        if problem:  # a truncated or damaged entry is rebuilt, never returned
+            logger.warning("corrupt compiled-kernel cache entry %s removed (%s); recompiling", entry, problem)
+            shutil.rmtree(entry, ignore_errors=True)
+        elif metadata is not None and _complete_entry(entry, dumps, environment):
+            logger.debug("cache hit %s", key)
+            return CompileResult(key, entry, tuple(metadata["command"]), 0.0, from_cache=True)
 
     (root / "scratch").mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=key[:12] + "-", dir=root / "scratch"))
@@ -313,7 +344,8 @@ def compile_source(
             sass = cubin_to_sass(scratch / STAGE_FILES[Stage.CUBIN], environment)
             (scratch / STAGE_FILES[Stage.SASS]).write_text(sass)
         assert options.target is not None
-        metadata = {"command": command, "seconds": seconds, "target": options.target.arch}
+        metadata = {"command": command, "seconds": seconds, "target": options.target.arch,
+                    "cubin_bytes": (scratch / STAGE_FILES[Stage.CUBIN]).stat().st_size}
         (scratch / "metadata.json").write_text(json.dumps(metadata, indent=2))
         logger.info("compiled %s for %s in %.1f s", key[:12], metadata["target"], seconds)
         _publish(scratch, entry)

@@ -2,9 +2,12 @@
 
 The cache key is the content hash of the reference kernel graph (input names stripped, so that two
 programs that differ only in variable names share an entry), the search settings and the library
-version.  A cached entry is reused without searching.  When ``mirage.generator`` offers no search
-(or ``search=False``), the reference graph itself is the chosen µGraph: a marked fallback
-(``source == "reference"``) that is correct everywhere, only not faster, and is never cached.
+version.  A cached entry is reused without searching, once its µGraph passes the same float check
+as a fresh search result (an entry that fails it is searched again).  When ``mirage.generator``
+offers no search (or ``search=False``), the reference graph itself is the chosen µGraph: a marked
+fallback (``source == "reference"``) that is correct everywhere, only not faster, and is never
+cached; ``search=False`` neither reads nor writes the cache.  A cache that cannot be written (a
+read-only folder) costs one warning, never the search result.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ import hashlib
 import json
 import logging
 import os
+import re
+import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirage.errors import MirageError
 from mirage.mugraph.graph import KernelGraph, KernelInput, Node
 from mirage.mugraph.ops import Op
 from mirage.mugraph.serialize import content_hash, dumps, loads
@@ -89,19 +93,41 @@ def _entry_path(cache_dir: Path, key: str) -> Path:
     return cache_dir / f"{key}.json"
 
 
+_KEY_NAME = re.compile(r"[0-9a-f]{64}")  # a frontend entry: <key>.json (sha256 hex)
+_RESULT_DIR = re.compile(r"[0-9a-f]{32}")  # the generator's result cache: <key>/result.json, stats.json
+_RESULT_FILES = ("result.json", "stats.json")
+
+
+def _warn_corrupt(path: Path, reason: object) -> None:
+    logger.warning("mirage: corrupt cache file %s ignored: unreadable search-cache entry (%s); "
+                   "it will be rewritten", path, reason)
+
+
+def _is_entry(document: object) -> bool:
+    return isinstance(document, dict) and document.get("format") == CACHE_FORMAT
+
+
 def read_entry(cache_dir: Path, key: str) -> dict | None:
     path = _entry_path(cache_dir, key)
-    if not path.exists():
+    if not path.is_file():
         return None
     try:
         entry = json.loads(path.read_text())
+        if not isinstance(entry, dict):
+            raise ValueError(f"a JSON {type(entry).__name__}, not an entry")
         if entry.get("format") != CACHE_FORMAT or entry.get("version") != CACHE_VERSION:
             raise ValueError("unknown format")
+        if not isinstance(entry.get("chosen"), str):
+            raise ValueError("no chosen µGraph")
+        if entry.get("build") is not None and not isinstance(entry["build"], dict):
+            raise ValueError("'build' is not an object")
         entry["graph"] = loads(entry["chosen"])
+        if not isinstance(entry["graph"], KernelGraph):
+            raise ValueError("'chosen' is not a kernel graph")
+        entry["source"] = str(entry.get("source", "?"))
         return entry
-    except (OSError, ValueError, KeyError, MirageError) as error:
-        logger.warning("mirage: ignoring unreadable search-cache entry %s (%s); it will be rewritten",
-                       path, error)
+    except Exception as error:  # noqa: BLE001 - a malformed entry is searched again, never an error
+        _warn_corrupt(path, error if isinstance(error, ValueError) else f"{type(error).__name__}: {error}")
         return None
 
 
@@ -117,30 +143,84 @@ def write_entry(cache_dir: Path, key: str, reference: KernelGraph, choice: Choic
     }
     path = _entry_path(cache_dir, key)
     scratch = path.with_suffix(f".{os.getpid()}.tmp")
-    scratch.write_text(json.dumps(entry, indent=1))
-    os.replace(scratch, path)
+    try:
+        scratch.write_text(json.dumps(entry, indent=1))
+        os.replace(scratch, path)
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
     return path
 
 
+def _write_entry_or_warn(cache_dir: Path, key: str, reference: KernelGraph, choice: Choice,
+                         settings: SearchSettings) -> None:
+    """Keep ``choice`` in the cache; a failed write warns (once per call) and loses only the entry."""
+    try:
+        write_entry(cache_dir, key, reference, choice, settings)
+    except OSError as error:
+        logger.warning("mirage: could not write the search-cache entry %s (%s: %s); the result is used "
+                       "but not kept: make the cache folder writable (MIRAGE_CACHE_DIR, cache_dir=) or "
+                       "switch the cache off (use_cache=False, MIRAGE_NO_CACHE=1)",
+                       _entry_path(cache_dir, key), type(error).__name__, error)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def list_entries(cache_dir: Path) -> list[dict]:
-    """Summaries of the cache entries (newest first); unreadable files are listed as such."""
+    """Summaries of the cache entries (newest first); unreadable entry files are listed as such and
+    JSON files that are not entries (nor named like one) are left out."""
     rows = []
-    for path in sorted(cache_dir.glob("*.json")) if cache_dir.exists() else []:
+    for path in sorted(cache_dir.glob("*.json")) if cache_dir.is_dir() else []:
         try:
             entry = json.loads(path.read_text())
-            rows.append({"key": entry["key"], "name": entry.get("name", ""), "source": entry.get("source"),
-                         "created": entry.get("created", ""), "detail": entry.get("detail", ""),
-                         "bytes": path.stat().st_size})
-        except (OSError, ValueError, KeyError):
+            if not _is_entry(entry):
+                if _KEY_NAME.fullmatch(path.stem):
+                    raise ValueError("not an entry")
+                continue  # someone else's file
+            rows.append({"key": str(entry.get("key", path.stem)), "name": str(entry.get("name") or ""),
+                         "source": str(entry.get("source")), "created": str(entry.get("created") or ""),
+                         "detail": str(entry.get("detail") or ""), "bytes": _size(path)})
+        except (OSError, ValueError):
+            if not _KEY_NAME.fullmatch(path.stem):
+                continue
             rows.append({"key": path.stem, "name": "", "source": "unreadable", "created": "", "detail": "",
-                         "bytes": path.stat().st_size})
+                         "bytes": _size(path)})
     return sorted(rows, key=lambda r: r["created"], reverse=True)
 
 
 def clear_entries(cache_dir: Path) -> int:
+    """Remove the cache entries under ``cache_dir``: the frontend's ``<key>.json`` entries (by their
+    format, or an unreadable file named like one) and the generator's finished searches
+    (``<key>/result.json`` and ``stats.json``).  Other files are left alone.  Returns how many
+    entries were removed."""
     count = 0
-    for path in cache_dir.glob("*.json") if cache_dir.exists() else []:
-        path.unlink()
+    if not cache_dir.is_dir():
+        return 0
+    for path in cache_dir.glob("*.json"):
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, ValueError):
+            document = None
+        if _is_entry(document) or (_KEY_NAME.fullmatch(path.stem) and not isinstance(document, dict)):
+            path.unlink(missing_ok=True)
+            count += 1
+    for path in cache_dir.glob("*.tmp"):  # scratch files of interrupted writes: <key>.<pid>.tmp
+        if _KEY_NAME.fullmatch(path.name.split(".")[0]):
+            path.unlink(missing_ok=True)
+    for directory in cache_dir.iterdir():
+        if not (directory.is_dir() and _RESULT_DIR.fullmatch(directory.name)):
+            continue
+        names = {p.name for p in directory.iterdir()}
+        known = {n for n in names
+                 if n in _RESULT_FILES or (n.startswith(_RESULT_FILES) and n.endswith(".tmp"))}
+        if "result.json" not in names or names - known:
+            continue  # not (only) a finished search: leave it
+        shutil.rmtree(directory, ignore_errors=True)
         count += 1
     return count
 
@@ -153,13 +233,14 @@ class SearchUnavailable(Exception):
 
 
 def run_search(reference: KernelGraph, settings: SearchSettings,
-               progress: bool = True) -> tuple[KernelGraph | None, str]:
-    """Search µGraphs equivalent to ``reference``; returns the best verified one (or None) and a note."""
+               progress: bool = True) -> tuple[KernelGraph | None, str, list[KernelGraph], bool]:
+    """Search µGraphs equivalent to ``reference``; returns the best verified one (or None), a note,
+    every verified µGraph, and whether the search was interrupted (Ctrl-C: its result is partial)."""
     try:
         from mirage.generator import search
     except ImportError as error:
         raise SearchUnavailable(f"mirage.generator offers no search ({error})") from None
-    from mirage.generator import Budget
+    from mirage.generator import Budget, StopReason
 
     kwargs: dict = {"progress": progress,
                     "budget": Budget(time_s=settings.time_limit_s, results=settings.max_results)}
@@ -167,7 +248,8 @@ def run_search(reference: KernelGraph, settings: SearchSettings,
     result = search(reference, settings.config, **kwargs)
     stop = getattr(result.stop_reason, "value", result.stop_reason)
     note = f"{len(result.graphs)} verified µGraph(s); search stopped: {stop}"
-    return result.best, note, list(result.graphs)
+    interrupted = result.stop_reason is StopReason.INTERRUPTED
+    return result.best, note, list(result.graphs), interrupted
 
 
 PROFILE_CANDIDATES = 16  # verified µGraphs timed on the GPU per subprogram (best by the cost model first)
@@ -221,9 +303,12 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     key = cache_key(reference, settings)
     if profile_on:
         key = hashlib.sha256(f"{key}:{profile_on}".encode()).hexdigest()
+    if not search:
+        cache_dir = None  # search=False runs the reference graph (or the given candidates): no cache
     if cache_dir is not None:
         entry = read_entry(cache_dir, key)
-        if entry is not None and _fits(entry["graph"], reference, f"cache entry {key[:16]}"):
+        if entry is not None and _fits(entry["graph"], reference, f"cache entry {key[:16]}") \
+                and _cached_graph_checked(reference, entry["graph"], _entry_path(cache_dir, key)):
             return Choice(_rename(entry["graph"], reference), "cache", key,
                           f"cached {entry['source']} result from {entry.get('created', '?')}",
                           build=entry.get("build"))
@@ -232,13 +317,15 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     if not search and not given:
         return Choice(reference, "reference", key, "search disabled (search=False)")
     found, note, graphs = None, "search disabled (search=False)", []
+    interrupted = False
     if search:
         if cache_dir is None and "cache" not in dict(settings.overrides):
             # no search cache (use_cache=False): the generator's store of finished searches is off too
             overrides = tuple(sorted((*settings.overrides, ("cache", "false"))))
             settings = dataclasses.replace(settings, overrides=overrides)
         try:
-            found, note, graphs = run_search(reference, settings, progress)
+            found, note, graphs, *rest = run_search(reference, settings, progress)
+            interrupted = bool(rest and rest[0])
         except SearchUnavailable as error:
             if not given:
                 return Choice(reference, "reference", key, f"fallback: {error}")
@@ -288,8 +375,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     else:
         source = "candidate" if any(found is g for g in given) else "search"
         choice = Choice(_rename(found, reference), source, key, note, seconds, build)
-    if cache_dir is not None:
-        write_entry(cache_dir, key, reference, choice, settings)
+    if cache_dir is not None and not interrupted:  # an interrupted search resumes from its checkpoint
+        _write_entry_or_warn(cache_dir, key, reference, choice, settings)
     return choice
 
 
@@ -307,17 +394,38 @@ def _fits(graph: KernelGraph, reference: KernelGraph, what: str) -> bool:
     return False
 
 
-def _float_checked(reference: KernelGraph, candidate: KernelGraph) -> bool:
-    """The last gate before a searched µGraph runs: the verifier's float check, where it exists."""
+def _float_check(reference: KernelGraph, candidate: KernelGraph) -> tuple[bool, str]:
+    """The verifier's float check (one trial), where it exists: (equivalent, why not)."""
     try:
         from mirage.verifier import float_check
     except ImportError:
-        return True
+        return True, ""
     result = float_check(reference, candidate, trials=1, seed=0)
-    if not result.equivalent:
+    return bool(result.equivalent), str(result.reason)
+
+
+def _float_checked(reference: KernelGraph, candidate: KernelGraph) -> bool:
+    """The last gate before a searched µGraph runs: the verifier's float check, where it exists."""
+    equivalent, reason = _float_check(reference, candidate)
+    if not equivalent:
         logger.warning("mirage: the searched µGraph for %s differs from it in floating point (%s); "
-                       "running the reference graph", reference.name or "a subprogram", result.reason)
-    return bool(result.equivalent)
+                       "running the reference graph", reference.name or "a subprogram", reason)
+    return equivalent
+
+
+def _cached_graph_checked(reference: KernelGraph, graph: KernelGraph, path: Path) -> bool:
+    """A cache hit is checked like a fresh search result before it runs (the file may have been edited
+    or belong to another program); the reference graph itself needs no check."""
+    if content_hash(strip_names(graph)) == content_hash(strip_names(reference)):
+        return True
+    try:
+        equivalent, reason = _float_check(reference, graph)
+    except Exception as error:  # noqa: BLE001 - a graph the interpreter cannot run is no match
+        equivalent, reason = False, f"{type(error).__name__}: {error}"
+    if not equivalent:
+        logger.warning("mirage: cache entry %s does not match the program (%s); searching again",
+                       path, reason)
+    return equivalent
 
 
 def _rename(graph: KernelGraph, reference: KernelGraph) -> KernelGraph:

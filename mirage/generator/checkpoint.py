@@ -82,12 +82,15 @@ class Checkpoint:
     @classmethod
     def load(cls, path: Path, key: str, units_total: int) -> Checkpoint | None:
         """The checkpoint at ``path`` if it belongs to this search, else ``None`` (with a warning)."""
-        if not path.exists():
+        if not path.is_file():
             return None
         try:
             document = json.loads(path.read_text())
         except (OSError, ValueError) as error:
-            logger.warning("ignoring unreadable checkpoint %s: %s", path, error)
+            warn_corrupt(path, error)
+            return None
+        if not isinstance(document, dict):
+            warn_corrupt(path, f"a JSON {type(document).__name__}, not an object")
             return None
         if document.get("format") != FORMAT or document.get("version") != VERSION:
             logger.warning("ignoring checkpoint %s: not a version-%d search checkpoint", path, VERSION)
@@ -95,7 +98,58 @@ class Checkpoint:
         if document.get("key") != key or document.get("units_total") != units_total:
             logger.warning("ignoring checkpoint %s: it belongs to a different search", path)
             return None
-        return cls(key, units_total, {int(k): v for k, v in document["done"].items()})
+        try:
+            done = _checked_units(document.get("done"), units_total)
+        except (ValueError, TypeError, KeyError) as error:
+            warn_corrupt(path, error)
+            return None
+        return cls(key, units_total, done)
+
+
+def warn_corrupt(path: Path, reason: object) -> None:
+    """One warning for a cache or checkpoint file that cannot be used: it is ignored (and rewritten)."""
+    logger.warning("corrupt cache file %s ignored: %s; it will be rewritten", path, reason)
+
+
+def warn_unwritable(path: Path, error: BaseException) -> None:
+    """One warning for a cache or checkpoint write that failed: the work goes on without it."""
+    logger.warning("could not write the cache file %s (%s: %s); the search result is still used, but not "
+                   "kept: make $MIRAGE_CACHE_DIR a writable folder, or switch the cache off "
+                   "(MIRAGE_NO_CACHE=1)", path, type(error).__name__, error)
+
+
+def _checked_units(done: Any, units_total: int) -> dict[int, dict[str, Any]]:
+    """The finished work units of a checkpoint document, checked (ValueError/TypeError/KeyError if not)."""
+    from mirage.generator.budget import StopReason
+    from mirage.mugraph.serialize import loads
+
+    if not isinstance(done, dict):
+        raise ValueError(f"'done' is a {type(done).__name__}, not an object")
+    units: dict[int, dict[str, Any]] = {}
+    for name, record in done.items():
+        index = int(name)
+        if not 0 <= index < units_total:
+            raise ValueError(f"unit {index} out of range")
+        if not isinstance(record, dict) or record.get("index") != index:
+            raise ValueError(f"unit {name}: not a unit record")
+        if record.get("stop") is not None:
+            StopReason(record["stop"])
+        if not isinstance(record.get("states"), int) or not isinstance(record.get("stats"), dict):
+            raise ValueError(f"unit {name}: no state count or statistics")
+        if not isinstance(record.get("found"), list):
+            raise ValueError(f"unit {name}: 'found' is not a list")
+        for found in record["found"]:
+            if not isinstance(found, dict):
+                raise ValueError(f"unit {name}: a found µGraph is not an object")
+            int(found["position"]), float(found["elapsed_s"])
+            if not isinstance(found["graph"], str):
+                raise ValueError(f"unit {name}: a found µGraph is not a serialized graph")
+            try:
+                loads(found["graph"])
+            except Exception as error:  # noqa: BLE001 - any failure to read it makes the file unusable
+                raise ValueError(f"unit {name}: unreadable µGraph ({error})") from None
+        units[index] = record
+    return units
 
 
 def checkpoint_path(key: str) -> Path:
@@ -112,22 +166,56 @@ class ResultCache:
         return self.root / key
 
     def load(self, key: str) -> dict[str, Any] | None:
+        """The cached result of search ``key``, checked; ``None`` (with one warning) if it is malformed."""
         path = self.directory(key) / "result.json"
-        if not path.exists():
+        if not path.is_file():
             return None
         try:
             document = json.loads(path.read_text())
         except (OSError, ValueError) as error:
-            logger.warning("ignoring unreadable cached search result %s: %s", path, error)
+            warn_corrupt(path, error)
+            return None
+        if not isinstance(document, dict):
+            warn_corrupt(path, f"a JSON {type(document).__name__}, not an object")
             return None
         if document.get("format") != RESULT_FORMAT or document.get("version") != VERSION:
             return None
+        problem = _result_problem(document)
+        if problem:
+            warn_corrupt(path, problem)
+            return None
         return document
 
-    def store(self, key: str, document: dict[str, Any], stats: dict[str, Any]) -> Path:
+    def store(self, key: str, document: dict[str, Any], stats: dict[str, Any]) -> Path | None:
+        """Write the result; a failed write (read-only cache folder) warns once and returns ``None``."""
         directory = self.directory(key)
-        write_atomically(
-            directory / "result.json", json.dumps({"format": RESULT_FORMAT, "version": VERSION, **document})
-        )
-        write_atomically(directory / "stats.json", json.dumps(stats, indent=2) + "\n")
+        try:
+            text = json.dumps({"format": RESULT_FORMAT, "version": VERSION, **document})
+            write_atomically(directory / "result.json", text)
+            write_atomically(directory / "stats.json", json.dumps(stats, indent=2) + "\n")
+        except OSError as error:
+            warn_unwritable(directory / "result.json", error)
+            return None
         return directory
+
+
+def _result_problem(document: dict[str, Any]) -> str:
+    """What is wrong with a cached result document ('' if nothing the loader would trip over)."""
+    from mirage.generator.budget import StopReason
+
+    try:
+        StopReason(document.get("stop_reason"))
+    except ValueError:
+        return f"unknown stop reason {document.get('stop_reason')!r}"
+    for name in ("budget", "stats", "space"):
+        if name in document and not isinstance(document[name], dict):
+            return f"{name!r} is not an object"
+    found = document.get("found")
+    if not isinstance(found, list):
+        return "'found' is not a list"
+    for item in found:
+        if not isinstance(item, dict) or not isinstance(item.get("graph"), dict):
+            return "a found µGraph is not an object with a graph"
+        if not all(isinstance(item.get(k), (int, float)) for k in ("elapsed_s", "estimated_us")):
+            return "a found µGraph has no times"
+    return ""

@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from mirage.generator.budget import Budget, StopReason
-from mirage.generator.checkpoint import Checkpoint, ResultCache, checkpoint_path, search_key
+from mirage.generator.checkpoint import (
+    Checkpoint,
+    ResultCache,
+    checkpoint_path,
+    search_key,
+    warn_corrupt,
+    warn_unwritable,
+)
 from mirage.generator.checks import make_rules
 from mirage.generator.executors import make_executor
 from mirage.generator.explore import Explorer, SearchContext, StopSearch, root_state
@@ -56,7 +63,7 @@ class SearchOptions:
     verify_delta: float = 1e-9  # the verifier's error target per candidate
     disabled_rules: tuple[str, ...] = ()
     oracle_config: Any = None  # a pruning.SubexpressionConfig (e-graph back end and limits)
-    checkpoint: str | Path | bool | None = None  # None: under the cache dir; False: no checkpoints
+    checkpoint: str | Path | bool | None = None  # None: under the cache dir (none without cache); False: none
     checkpoint_every_s: float = 30.0
     resume: bool = True
     cache: bool = True
@@ -141,8 +148,13 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     cache = ResultCache() if options.cache else None
     cached = cache.load(key) if cache is not None else None
     if cached is not None and _covers(cached, options.budget):
-        logger.info("search %s answered from the result cache", key)
-        return SearchResult.from_document(reference, space, cached, key)
+        try:
+            answer = SearchResult.from_document(reference, space, cached, key)
+        except Exception as error:  # noqa: BLE001 - a malformed file is searched again, never an error
+            warn_corrupt(cache.directory(key) / "result.json", f"{type(error).__name__}: {error}")
+        else:
+            logger.info("search %s answered from the result cache", key)
+            return answer
 
     rules = make_rules(output_terms(reference), space, options.disabled_rules, options.oracle_config)
     stats.oracle = rules.oracle_report
@@ -201,7 +213,7 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
                         break
                 progress.refresh()
                 if path is not None and time.time() - last_checkpoint > options.checkpoint_every_s:
-                    checkpoint.save(path)
+                    path = _save_checkpoint(checkpoint, path)
                     last_checkpoint = time.time()
                 stop = committer.stop
                 if stop is None and deadline is not None and time.time() > deadline:
@@ -219,7 +231,7 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
         executor.close()
         progress.close()
     if path is not None:
-        checkpoint.save(path)
+        path = _save_checkpoint(checkpoint, path)
     if stop is StopReason.TIME and committer.stop is None and committer.next == len(units):
         stop = None  # every unit finished while the last ones drained
     stop = stop or committer.stop or StopReason.COMPLETE
@@ -245,8 +257,22 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     if cache is not None and stop not in (StopReason.INTERRUPTED, StopReason.TARGET):
         cache.store(key, result.to_document(options.budget), stats.to_dict())
     if path is not None and stop is StopReason.COMPLETE:
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as error:
+            logger.warning("could not remove the finished search's checkpoint %s: %s", path, error)
     return result
+
+
+def _save_checkpoint(checkpoint: Checkpoint, path: Path) -> Path | None:
+    """Write the checkpoint; when that fails (a read-only cache folder) warn once and write no more
+    checkpoints in this search (``None``): the search goes on and its result is still returned."""
+    try:
+        checkpoint.save(path)
+    except OSError as error:
+        warn_unwritable(path, error)
+        return None
+    return path
 
 
 def _unit_stats(explorer: Explorer) -> dict[str, Any]:
@@ -264,6 +290,8 @@ def _backend(options: SearchOptions, workers: int) -> str:
 def _checkpoint_file(options: SearchOptions, key: str) -> Path | None:
     if options.checkpoint is False:
         return None
+    if options.checkpoint is None and not options.cache:
+        return None  # no on-disk cache (use_cache=False, MIRAGE_NO_CACHE=1): no checkpoints under it either
     if options.checkpoint is None or options.checkpoint is True:
         return checkpoint_path(key)
     return Path(options.checkpoint)

@@ -232,3 +232,32 @@ def test_no_cache_mode_builds_outside_the_cache(monkeypatch: pytest.MonkeyPatch,
     result = compile_source(SCALE_KERNEL, OPTIONS)
     assert result.cubin()[:4] == b"\x7fELF"
     assert not (tmp_path / "cubins").exists()
+
+
+@needs_nvcc
+@pytest.mark.parametrize(
+    ("damage", "content"),
+    [
+        ("metadata.json", b""),
+        ("metadata.json", b"[1]"),
+        ("metadata.json", b"null"),
+        ("metadata.json", b'{"seconds": 1}'),
+        ("kernel.cubin", b"TRUNCATE"),
+        ("kernel.cubin", b"\x13\x37" * 300),
+        ("kernel.cubin", b""),
+    ],
+)
+def test_a_corrupt_cache_entry_is_warned_about_and_rebuilt(
+    cache_dir: Path, caplog: pytest.LogCaptureFixture, damage: str, content: bytes
+) -> None:
+    first = compile_source(SCALE_KERNEL, OPTIONS)
+    target = first.directory / damage
+    if content == b"TRUNCATE":
+        content = first.cubin()[: len(first.cubin()) // 2]  # still starts with the ELF magic
+    target.write_bytes(content)
+    with caplog.at_level("WARNING", logger=compile_module.logger.name):
+        again = compile_source(SCALE_KERNEL, OPTIONS)
+    assert not again.from_cache
+    assert again.cubin() == first.cubin()
+    assert any("corrupt compiled-kernel cache entry" in r.getMessage() for r in caplog.records)
+    assert compile_source(SCALE_KERNEL, OPTIONS).from_cache
