@@ -166,13 +166,19 @@ struct StoreSink {
   }
 };
 
-template <class L>
+// Accumulator state in shared memory has the element type T of OptimizerOptions.accumulator_dtype
+// (float by default; __half or __nv_bfloat16 halve its shared memory): sinks read it into fp32
+// registers, update it there, and store it back converted to T (for T = float: no conversion).
+template <class T, class L>
 struct AddSink {
-  dev::SharedTile<float, L> acc;
-  MIRAGE_DEVICE void operator()(int linear, float value) const { acc.at_linear(linear) += value; }
+  dev::SharedTile<T, L> acc;
+  MIRAGE_DEVICE void operator()(int linear, float value) const {
+    T& target = acc.at_linear(linear);
+    target = dev::from_float<T>(dev::to_float(target) + value);
+  }
   template <int C>
   MIRAGE_DEVICE void chunk(int linear, const float (&values)[C]) const {
-    float* target = acc.data + L::offset_of(linear);
+    T* target = acc.data + L::offset_of(linear);
     float sums[C];
     read_chunk<L::pitch>(target, sums);
 #pragma unroll
@@ -181,35 +187,43 @@ struct AddSink {
   }
 };
 
-template <class L>
-struct MaxSink : ElementwiseChunks<MaxSink<L>> {
-  dev::SharedTile<float, L> acc;
-  MIRAGE_DEVICE MaxSink(dev::SharedTile<float, L> tile) : acc(tile) {}
+template <class T, class L>
+struct MaxSink : ElementwiseChunks<MaxSink<T, L>> {
+  dev::SharedTile<T, L> acc;
+  MIRAGE_DEVICE MaxSink(dev::SharedTile<T, L> tile) : acc(tile) {}
   MIRAGE_DEVICE void operator()(int linear, float value) const {
-    float& target = acc.at_linear(linear);
-    target = fmaxf(target, value);
+    T& target = acc.at_linear(linear);
+    target = dev::from_float<T>(fmaxf(dev::to_float(target), value));
   }
 };
 
 // The running maximum keeps its value before this iteration's update, for rescaling accumulators.
-template <class L>
-struct RunningMaxSink : ElementwiseChunks<RunningMaxSink<L>> {
-  dev::SharedTile<float, L> current;
-  dev::SharedTile<float, L> previous;
-  MIRAGE_DEVICE RunningMaxSink(dev::SharedTile<float, L> now, dev::SharedTile<float, L> before)
+template <class T, class L>
+struct RunningMaxSink : ElementwiseChunks<RunningMaxSink<T, L>> {
+  dev::SharedTile<T, L> current;
+  dev::SharedTile<T, L> previous;
+  MIRAGE_DEVICE RunningMaxSink(dev::SharedTile<T, L> now, dev::SharedTile<T, L> before)
       : current(now), previous(before) {}
   MIRAGE_DEVICE void operator()(int linear, float value) const {
-    const float old = current.at_linear(linear);
+    const T old = current.at_linear(linear);
     previous.at_linear(linear) = old;
-    current.at_linear(linear) = fmaxf(old, value);
+    current.at_linear(linear) = dev::from_float<T>(fmaxf(dev::to_float(old), value));
   }
 };
 
-// exp(m_previous − m_current) at an element of AccLayout, the maxima broadcast to it.
+// exp(m_previous − m_current) at an element of AccLayout, the maxima broadcast to it. The maxima's
+// element type (accumulator_dtype: float, __half or __nv_bfloat16) is taken from the tiles it is
+// made of, `RescaleFactor<AccLayout, MaxLayout>{current, previous}`; it is a constant of the
+// inlined caller, so only its load remains.
 template <class AccLayout, class MaxLayout>
 struct RescaleFactor {
-  dev::SharedTile<float, MaxLayout> current;
-  dev::SharedTile<float, MaxLayout> previous;
+  enum class Element { kFloat, kHalf, kBfloat16 };
+  const void* current;
+  const void* previous;
+  Element element;
+  template <class T>
+  MIRAGE_DEVICE RescaleFactor(dev::SharedTile<T, MaxLayout> now, dev::SharedTile<T, MaxLayout> before)
+      : current(now.data), previous(before.data), element(element_of<T>()) {}
   // One factor per row: a chunk (consecutive elements of a row) shares it.
   static constexpr bool kPerRow = MaxLayout::dim3 == 1;
   MIRAGE_DEVICE float operator()(int linear) const {
@@ -217,24 +231,39 @@ struct RescaleFactor {
     int index[4];
     AccLayout::coordinates(linear, index);
     const int m = dev::broadcast_offset<MaxLayout>(index);
-    return dev::rescale_factor(previous.data[m], current.data[m]);
+    return dev::rescale_factor(load(previous, m), load(current, m));
+  }
+
+ private:
+  template <class T>
+  static constexpr Element element_of() {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                  "maxima are float, __half or __nv_bfloat16");
+    return std::is_same_v<T, float> ? Element::kFloat : std::is_same_v<T, __half> ? Element::kHalf : Element::kBfloat16;
+  }
+  MIRAGE_DEVICE float load(const void* maxima, int m) const {
+    switch (element) {
+      case Element::kHalf: return dev::to_float(static_cast<const __half*>(maxima)[m]);
+      case Element::kBfloat16: return dev::to_float(static_cast<const __nv_bfloat16*>(maxima)[m]);
+      default: return static_cast<const float*>(maxima)[m];
+    }
   }
 };
 
 // acc = acc · exp(m_previous − m_current) + value (online softmax).
-template <class L, class MaxLayout>
+template <class T, class L, class MaxLayout>
 struct RescaleSink {
-  dev::SharedTile<float, L> acc;
+  dev::SharedTile<T, L> acc;
   RescaleFactor<L, MaxLayout> factor;
   MIRAGE_DEVICE void operator()(int linear, float value) const {
-    float& target = acc.at_linear(linear);
-    target = target * factor(linear) + value;
+    T& target = acc.at_linear(linear);
+    target = dev::from_float<T>(dev::to_float(target) * factor(linear) + value);
   }
   template <int C>
   MIRAGE_DEVICE void chunk(int linear, const float (&values)[C]) const {
     if constexpr (RescaleFactor<L, MaxLayout>::kPerRow) {
       const float scale = factor(linear);
-      float* target = acc.data + L::offset_of(linear);
+      T* target = acc.data + L::offset_of(linear);
       float sums[C];
       read_chunk<L::pitch>(target, sums);
 #pragma unroll
@@ -288,37 +317,39 @@ template <class L, class T>
 MIRAGE_DEVICE GlobalSink<T, L> store_global(T* global, const dev::Strides& strides, int64_t base) {
   return {global + base, strides, dev::OutputSaver<T, L, 1>::aligned(global, strides, base)};
 }
-template <class L>
-MIRAGE_DEVICE AddSink<L> add_into(dev::SharedTile<float, L> acc) { return {acc}; }
-template <class L>
-MIRAGE_DEVICE MaxSink<L> max_into(dev::SharedTile<float, L> acc) { return MaxSink<L>(acc); }
-template <class L>
-MIRAGE_DEVICE RunningMaxSink<L> running_max_into(dev::SharedTile<float, L> current, dev::SharedTile<float, L> previous) {
-  return RunningMaxSink<L>(current, previous);
+template <class T, class L>
+MIRAGE_DEVICE AddSink<T, L> add_into(dev::SharedTile<T, L> acc) { return {acc}; }
+template <class T, class L>
+MIRAGE_DEVICE MaxSink<T, L> max_into(dev::SharedTile<T, L> acc) { return MaxSink<T, L>(acc); }
+template <class T, class L>
+MIRAGE_DEVICE RunningMaxSink<T, L> running_max_into(dev::SharedTile<T, L> current, dev::SharedTile<T, L> previous) {
+  return RunningMaxSink<T, L>(current, previous);
 }
-template <class L, class MaxLayout>
-MIRAGE_DEVICE RescaleSink<L, MaxLayout> rescale_into(dev::SharedTile<float, L> acc, dev::SharedTile<float, MaxLayout> current,
-                                                     dev::SharedTile<float, MaxLayout> previous) {
-  return {acc, {current, previous}};
+template <class T, class L, class TM, class MaxLayout>
+MIRAGE_DEVICE RescaleSink<T, L, MaxLayout> rescale_into(dev::SharedTile<T, L> acc, dev::SharedTile<TM, MaxLayout> current,
+                                                        dev::SharedTile<TM, MaxLayout> previous) {
+  return {acc, RescaleFactor<L, MaxLayout>(current, previous)};
 }
 
 // ---- accumulator state ----------------------------------------------------------------------------
 
-template <int NumThreads, class L>
-MIRAGE_DEVICE void fill(dev::SharedTile<float, L> tile, float value) {
-  for (int i = dev::thread_index(); i < L::size; i += NumThreads) tile.at_linear(i) = value;
+// Accumulator state of element type T (OptimizerOptions.accumulator_dtype), computed in fp32.
+template <int NumThreads, class T, class L>
+MIRAGE_DEVICE void fill(dev::SharedTile<T, L> tile, float value) {
+  const T stored = dev::from_float<T>(value);
+  for (int i = dev::thread_index(); i < L::size; i += NumThreads) tile.at_linear(i) = stored;
 }
 
 // acc = acc / count (a mean accumulator after the loop).
-template <int NumThreads, class L>
-MIRAGE_DEVICE void finalize_mean(dev::SharedTile<float, L> acc, float count) {
-  for (int i = dev::thread_index(); i < L::size; i += NumThreads) acc.at_linear(i) = acc.at_linear(i) / count;
+template <int NumThreads, class T, class L>
+MIRAGE_DEVICE void finalize_mean(dev::SharedTile<T, L> acc, float count) {
+  for (int i = dev::thread_index(); i < L::size; i += NumThreads) acc.store(i, acc.load(i) / count);
 }
 
 // acc = sqrt(acc / count + eps) (an rms accumulator, which summed squares, after the loop).
-template <int NumThreads, class L>
-MIRAGE_DEVICE void finalize_rms(dev::SharedTile<float, L> acc, float count, float eps) {
-  for (int i = dev::thread_index(); i < L::size; i += NumThreads) acc.at_linear(i) = sqrtf(acc.at_linear(i) / count + eps);
+template <int NumThreads, class T, class L>
+MIRAGE_DEVICE void finalize_rms(dev::SharedTile<T, L> acc, float count, float eps) {
+  for (int i = dev::thread_index(); i < L::size; i += NumThreads) acc.store(i, sqrtf(acc.load(i) / count + eps));
 }
 
 // What a row-sum accumulator's sum becomes after the loop: itself, a mean, or an rms.
