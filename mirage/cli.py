@@ -83,12 +83,15 @@ def load_program(spec: str) -> tuple[Any, Any]:
                          "factory that takes no arguments and returns (module, example_inputs) or a kernel "
                          "graph")
     try:
-        inspect.signature(factory).bind()
-    except TypeError as error:
-        raise UsageError(f"{spec} cannot be called without arguments ({error}): name a factory that takes "
-                         "no arguments, or wrap this one in one that does") from None
-    except ValueError:  # no signature to inspect (a builtin): just call it
-        pass
+        signature = inspect.signature(factory)
+    except ValueError:  # a builtin without a signature to inspect: calling it will tell
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind()
+        except TypeError as error:
+            raise UsageError(f"{spec} cannot be called without arguments ({error}): name a factory that "
+                             "takes no arguments, or wrap this one in one that does") from None
     made = factory()
     if isinstance(made, (KernelGraph, KNGraph)):
         return made, None

@@ -324,8 +324,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
             overrides = tuple(sorted((*settings.overrides, ("cache", "false"))))
             settings = dataclasses.replace(settings, overrides=overrides)
         try:
-            found, note, graphs, *rest = run_search(reference, settings, progress)
-            interrupted = bool(rest and rest[0])
+            found, note, graphs, interrupted = run_search(reference, settings, progress)
         except SearchUnavailable as error:
             if not given:
                 return Choice(reference, "reference", key, f"fallback: {error}")

@@ -36,7 +36,7 @@ def quick_search(monkeypatch):
 
     def run_search(reference, settings, progress=True):
         calls.append(settings)
-        return reference, "1 verified µGraph(s); search stopped: test", [reference]
+        return reference, "1 verified µGraph(s); search stopped: test", [reference], False
 
     monkeypatch.setattr(optimize, "run_search", run_search)
     return calls

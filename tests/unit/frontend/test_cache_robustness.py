@@ -44,7 +44,7 @@ def fake_search(monkeypatch):
 
     def run_search(reference, settings, progress=True):
         calls.append(reference)
-        return reference, "1 verified µGraph(s); search stopped: test", [reference]
+        return reference, "1 verified µGraph(s); search stopped: test", [reference], False
 
     monkeypatch.setattr(optimize, "run_search", run_search)
     return calls
@@ -278,7 +278,7 @@ def test_clear_removes_the_generators_result_cache(monkeypatch, tmp_path):
 
 def test_search_false_never_uses_a_cached_result(monkeypatch, tmp_path):
     def finds(reference, settings, progress=True):
-        return twice_graph(), "1 verified µGraph(s); search stopped: test", [twice_graph()]
+        return twice_graph(), "1 verified µGraph(s); search stopped: test", [twice_graph()], False
 
     cache = tmp_path / "search"
     reference = matmul_graph()

@@ -40,7 +40,7 @@ def fake_search(monkeypatch):
         calls.append(reference)
         rewritten = _rewritten(reference)
         found = rewritten if reference.input_types == rewritten.input_types else reference
-        return found, "1 verified µGraph(s); search stopped: test", [found]
+        return found, "1 verified µGraph(s); search stopped: test", [found], False
 
     monkeypatch.setattr(optimize, "run_search", run_search)
     return calls
@@ -73,7 +73,7 @@ def test_without_the_cache_the_generator_keeps_no_store_of_searches_either(monke
 
     def run_search(reference, settings, progress=True):
         seen.append(dict(settings.overrides))
-        return reference, "0 verified µGraph(s); search stopped: test", []
+        return reference, "0 verified µGraph(s); search stopped: test", [], False
 
     monkeypatch.setattr(optimize, "run_search", run_search)
     mi.superoptimize(program, INPUTS, use_cache=False)
@@ -136,7 +136,7 @@ def test_a_found_graph_with_another_signature_is_rejected(monkeypatch, caplog):
     def wrong(reference, settings, progress=True):
         g = mi.new_kernel_graph()
         g.mark_output(g.exp(g.new_input(dims=(3, 3), dtype=mi.float32)))
-        return g.freeze(), "1 verified µGraph(s)", []
+        return g.freeze(), "1 verified µGraph(s)", [], False
 
     monkeypatch.setattr(optimize, "run_search", wrong)
     with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
@@ -154,7 +154,7 @@ def test_a_found_graph_that_computes_something_else_is_rejected(monkeypatch, cap
         x = g.new_input(dims=(4, 8), dtype=mi.float32)
         w = g.new_input(dims=(8, 6), dtype=mi.float32)
         g.mark_output(g.mul_scalar(g.relu(g.matmul(x, w)), 2.0))  # relu, not silu
-        return g.freeze(), "1 verified µGraph(s)", []
+        return g.freeze(), "1 verified µGraph(s)", [], False
 
     monkeypatch.setattr(optimize, "run_search", wrong)
     with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
@@ -228,7 +228,7 @@ def test_nothing_found_is_cached_as_the_reference(monkeypatch, isolated_cache):
 
     def finds_nothing(reference, settings, progress=True):
         calls.append(1)
-        return None, "0 verified µGraph(s); search stopped: time budget spent", []
+        return None, "0 verified µGraph(s); search stopped: time budget spent", [], False
 
     monkeypatch.setattr(optimize, "run_search", finds_nothing)
     graph = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
@@ -255,7 +255,7 @@ def test_profiling_picks_among_all_verified_graphs_and_keys_the_cache_per_gpu(mo
     seen = []
 
     def search(ref, settings, progress=True):
-        return reference, "2 verified µGraph(s); search stopped: test", [reference, other]
+        return reference, "2 verified µGraph(s); search stopped: test", [reference, other], False
 
     def timed(ref, candidates):
         seen.append(candidates)
@@ -284,7 +284,7 @@ def test_when_no_build_matches_on_the_gpu_none_runs(monkeypatch, tmp_path):
     other = _rewritten(reference)
 
     def search(ref, settings, progress=True):
-        return other, "1 verified µGraph(s); search stopped: test", [other]
+        return other, "1 verified µGraph(s); search stopped: test", [other], False
 
     def mismatched(ref, candidates):
         raise SelectionError("none of 2 candidate builds compiled, ran and matched the reference")
@@ -351,7 +351,7 @@ def test_a_fruitless_search_leaves_the_subprogram_in_pytorch(monkeypatch, isolat
     from mirage.frontend.runtime import SubprogramModule
 
     def finds_nothing(reference, settings, progress=True):
-        return None, "0 verified µGraph(s); search stopped: test", []
+        return None, "0 verified µGraph(s); search stopped: test", [], False
 
     monkeypatch.setattr(optimize, "run_search", finds_nothing)
     fast = mi.superoptimize(program, INPUTS)
@@ -377,7 +377,7 @@ def test_a_fruitless_subprogram_is_split_before_its_next_layer_and_the_parts_sea
     def small_only(reference, settings, progress=True):
         ops = sum(1 for n in reference.nodes if n.op is not Op.INPUT)
         searched.append(ops)
-        return (None if ops > 4 else reference), "test", []
+        return (None if ops > 4 else reference), "test", [], False
 
     monkeypatch.setattr(optimize, "run_search", small_only)
 

@@ -20,7 +20,7 @@ def test_user_guide_examples_run(monkeypatch, tmp_path, caplog):
 
     def quick_search(reference, settings, progress=True):  # the guide is about the API, not the search
         searches.append(settings.time_limit_s)
-        return None, "0 verified µGraph(s); search stopped: test", []
+        return None, "0 verified µGraph(s); search stopped: test", [], False
 
     monkeypatch.setattr(optimize, "run_search", quick_search)
     monkeypatch.chdir(tmp_path)
