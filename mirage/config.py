@@ -15,6 +15,7 @@ change the environment and see the change.  The variables:
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,3 +72,21 @@ def settings() -> Settings:
         progress=not _flag("MIRAGE_NO_PROGRESS"),
         log_level=os.environ.get("MIRAGE_LOG_LEVEL", "INFO").upper(),
     )
+
+
+# ---- the caches' two warnings (search entries, result caches, checkpoints, compiled kernels) --------
+
+_cache_logger = logging.getLogger("mirage.cache")
+
+
+def warn_corrupt(path: Path, reason: object) -> None:
+    """One warning for a cache or checkpoint file that cannot be used: it is ignored (and rewritten)."""
+    _cache_logger.warning("mirage: corrupt cache file %s ignored: %s; it will be rewritten", path, reason)
+
+
+def warn_unwritable(path: Path, error: BaseException) -> None:
+    """One warning for a cache or checkpoint write that failed: the work goes on without it."""
+    _cache_logger.warning("mirage: could not write the cache file %s (%s: %s); the result is still used, "
+                          "but not kept: make the cache folder writable ($MIRAGE_CACHE_DIR, cache_dir=), or "
+                          "switch the cache off (use_cache=False, MIRAGE_NO_CACHE=1)",
+                          path, type(error).__name__, error)

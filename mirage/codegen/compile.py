@@ -45,6 +45,7 @@ from mirage.codegen.toolchain import (
     read_environment,
     tool_version,
 )
+from mirage.config import warn_corrupt
 from mirage.errors import MirageError
 from mirage.mugraph.target import Target, detect_target
 
@@ -328,7 +329,7 @@ def compile_source(
     if entry.is_dir():
         problem, metadata = _entry_problem(entry)
         if problem:  # a truncated or damaged entry is rebuilt, never returned
-            logger.warning("corrupt compiled-kernel cache entry %s removed (%s); recompiling", entry, problem)
+            warn_corrupt(entry, f"a compiled kernel that cannot be used ({problem})")
             shutil.rmtree(entry, ignore_errors=True)
         elif metadata is not None and _complete_entry(entry, dumps, environment):
             logger.debug("cache hit %s", key)

@@ -26,6 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
+from mirage.config import warn_corrupt, warn_unwritable
 from mirage.mugraph.graph import KernelGraph, KernelInput, Node
 from mirage.mugraph.ops import Op
 from mirage.mugraph.serialize import content_hash, dumps, loads
@@ -98,11 +99,6 @@ _RESULT_DIR = re.compile(r"[0-9a-f]{32}")  # the generator's result cache: <key>
 _RESULT_FILES = ("result.json", "stats.json")
 
 
-def _warn_corrupt(path: Path, reason: object) -> None:
-    logger.warning("mirage: corrupt cache file %s ignored: unreadable search-cache entry (%s); "
-                   "it will be rewritten", path, reason)
-
-
 def _is_entry(document: object) -> bool:
     return isinstance(document, dict) and document.get("format") == CACHE_FORMAT
 
@@ -127,7 +123,8 @@ def read_entry(cache_dir: Path, key: str) -> dict | None:
         entry["source"] = str(entry.get("source", "?"))
         return entry
     except Exception as error:  # noqa: BLE001 - a malformed entry is searched again, never an error
-        _warn_corrupt(path, error if isinstance(error, ValueError) else f"{type(error).__name__}: {error}")
+        reason = error if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+        warn_corrupt(path, f"unreadable search-cache entry ({reason})")
         return None
 
 
@@ -158,10 +155,7 @@ def _write_entry_or_warn(cache_dir: Path, key: str, reference: KernelGraph, choi
     try:
         write_entry(cache_dir, key, reference, choice, settings)
     except OSError as error:
-        logger.warning("mirage: could not write the search-cache entry %s (%s: %s); the result is used "
-                       "but not kept: make the cache folder writable (MIRAGE_CACHE_DIR, cache_dir=) or "
-                       "switch the cache off (use_cache=False, MIRAGE_NO_CACHE=1)",
-                       _entry_path(cache_dir, key), type(error).__name__, error)
+        warn_unwritable(_entry_path(cache_dir, key), error)
 
 
 def _size(path: Path) -> int:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirage.config import warn_corrupt, warn_unwritable
+
 logger = logging.getLogger(__name__)
 
 FORMAT = "mirage.search-checkpoint"
@@ -104,18 +106,6 @@ class Checkpoint:
             warn_corrupt(path, error)
             return None
         return cls(key, units_total, done)
-
-
-def warn_corrupt(path: Path, reason: object) -> None:
-    """One warning for a cache or checkpoint file that cannot be used: it is ignored (and rewritten)."""
-    logger.warning("corrupt cache file %s ignored: %s; it will be rewritten", path, reason)
-
-
-def warn_unwritable(path: Path, error: BaseException) -> None:
-    """One warning for a cache or checkpoint write that failed: the work goes on without it."""
-    logger.warning("could not write the cache file %s (%s: %s); the search result is still used, but not "
-                   "kept: make $MIRAGE_CACHE_DIR a writable folder, or switch the cache off "
-                   "(MIRAGE_NO_CACHE=1)", path, type(error).__name__, error)
 
 
 def _checked_units(done: Any, units_total: int) -> dict[int, dict[str, Any]]:

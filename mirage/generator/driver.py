@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirage.config import warn_corrupt, warn_unwritable
 from mirage.generator.budget import Budget, StopReason
 from mirage.generator.checkpoint import (
     Checkpoint,
     ResultCache,
     checkpoint_path,
     search_key,
-    warn_corrupt,
-    warn_unwritable,
 )
 from mirage.generator.checks import make_rules
 from mirage.generator.executors import make_executor

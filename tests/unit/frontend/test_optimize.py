@@ -128,7 +128,8 @@ def test_corrupt_cache_entry_is_ignored_and_rewritten(fake_search, isolated_cach
         again = mi.superoptimize(program, INPUTS)
     assert len(fake_search) == 2
     assert again.specializations[0].choices["sp0"].source == "search"
-    assert any("unreadable search-cache entry" in r.getMessage() for r in caplog.records)
+    assert any("corrupt cache file" in r.getMessage() and "unreadable search-cache entry" in r.getMessage()
+               for r in caplog.records)
     assert json.loads(entry.read_text())["source"] == "search"
 
 
