@@ -395,7 +395,8 @@ def _input_dims(dims) -> tuple[int, ...]:
 
 
 def _dim3(value, what: str, error: type[GraphError], positive: bool = False) -> tuple[int, int, int]:
-    """``value`` (an int, a tuple of up to 3 ints or a dim3 with x, y, z) as 3 ints."""
+    """``value`` (an int, a tuple of up to 3 ints or a dim3 with x, y, z) as 3 ints. Missing axes are
+    filled as an absent axis means: extent 1 for sizes (``positive``), -1 (maps no dim) for maps."""
     if hasattr(value, "x") and hasattr(value, "y") and hasattr(value, "z"):
         items: Any = (value.x, value.y, value.z)
     elif _is_int(value):
@@ -409,7 +410,8 @@ def _dim3(value, what: str, error: type[GraphError], positive: bool = False) -> 
             or (positive and any(v < 1 for v in items)):
         raise error(f"{what} must be an int or a tuple of up to 3 {kind} such as "
                     f"{'(64, 1, 1)' if positive else '(0, -1, -1)'}, got {value!r}")
-    return tuple(int(v) for v in items) + (1,) * (3 - len(items))  # type: ignore[return-value]
+    fill = 1 if positive else -1
+    return tuple(int(v) for v in items) + (fill,) * (3 - len(items))  # type: ignore[return-value]
 
 
 def _check_forloop_dim(forloop_dim) -> None:

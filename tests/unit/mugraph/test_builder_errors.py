@@ -118,3 +118,21 @@ def test_valid_arguments_still_build():
     (out,) = g.customized((x,), tb)
     g.mark_output(out)
     assert g.freeze().outputs
+
+
+def test_short_maps_leave_the_missing_grid_axes_unmapped():
+    """``input_map=(0,)`` means grid x splits dim 0 and grid y and z split nothing: the missing axes
+    are -1, not 1 (which would silently split X's rows across grid y and sum only a third of each)."""
+    g = mi.new_kernel_graph()
+    x, y = g.new_input((4, 6), mi.float32), g.new_input((4, 3), mi.float32)
+    tb = mi.new_threadblock_graph((2, 3, 1))
+    bx = tb.new_input(x, input_map=(0,))
+    by = tb.new_input(y, input_map=(0, 1))
+    assert bx.dims == (2, 6) and by.dims == (2, 1)  # X's rows stay whole in every block
+    out_tile = tb.add(tb.reduction(bx, 1), by)
+    tb.new_output(tb.forloop_accum(out_tile), output_map=(0, 1))
+    (out,) = g.customized([x, y], tb)
+    g.mark_output(out)
+    xs, ys = np.random.default_rng(0).standard_normal((4, 6)), np.random.default_rng(1).standard_normal((4, 3))
+    (result,) = mi.interpret(g, [xs, ys])
+    np.testing.assert_allclose(result, xs.sum(1, keepdims=True) + ys)
