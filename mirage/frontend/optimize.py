@@ -65,11 +65,17 @@ class Choice:
 
 
 def auto_config(graph: KernelGraph) -> str:
-    """The named search space that suits a subprogram: ``attention`` when it exponentiates
-    (softmax), ``lora`` when it adds two matrix products, ``mlp`` otherwise."""
-    ops = [n.op for n in graph.nodes]
-    if Op.EXP in ops:
-        return "attention"
+    """The named search space that suits a subprogram: ``attention`` when exponentials reach a matrix
+    product (the probabilities of a softmax times V), ``lora`` when it adds two matrix products,
+    ``mlp`` otherwise (a softmax that ends the subprogram among them: the attention space's input
+    maps cannot give a block whole rows of a 2-D tensor, which its one-kernel µGraphs need)."""
+    after_exp: set[int] = set()
+    for i, node in enumerate(graph.nodes):
+        operands = {r.node for r in node.inputs}
+        if node.op is Op.MATMUL and operands & after_exp:
+            return "attention"
+        if node.op is Op.EXP or operands & after_exp:
+            after_exp.add(i)
     for node in graph.nodes:
         if node.op is Op.ADD and all(graph.nodes[r.node].op is Op.MATMUL for r in node.inputs):
             return "lora"

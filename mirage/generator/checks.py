@@ -6,8 +6,8 @@ candidates, so it applies the built-in rules where they are cheapest and gives t
 
 * ``canonical_order`` is enforced by the enumeration itself (only ordered operand tuples are
   listed, by bisection); the count of tuples skipped is reported under the rule's name;
-* ``shape``, ``single_exp`` and ``abstract_expression`` depend only on the op, its operand types
-  and its term, so their verdict is memoized per op (``evaluate.py``);
+* ``shape``, ``single_exp``, ``identity_reduction`` and ``abstract_expression`` depend only on the
+  op, its operand types and its term, so their verdict is memoized per op (``evaluate.py``);
 * ``memory`` is a comparison of the state's memory with the budget;
 * every other enabled rule of the table (rules users register with ``pruning_rule``) runs on a
   full :class:`Candidate` for each proposal, with ``prefix=None`` (the search does not build the
@@ -27,7 +27,7 @@ from mirage.generator.pruning import Candidate, PruningContext, PruningTable, Un
 from mirage.generator.space import SearchSpace, SearchSpaceError
 
 #: Rules whose verdict depends only on the op, its operand types and its term (memoized per op).
-MEMOIZED = ("shape", "single_exp", "abstract_expression")
+MEMOIZED = ("shape", "single_exp", "identity_reduction", "abstract_expression")
 #: Rules the search applies itself, in the table's terms.
 STRUCTURAL = ("canonical_order", "memory")
 

@@ -30,6 +30,7 @@ from mirage.errors import MirageError
 from mirage.generator.abstract_expr import Term
 from mirage.generator.pruning.candidate import Candidate
 from mirage.mugraph.graph import Level
+from mirage.mugraph.ops import Op
 
 Predicate = Callable[[Candidate, "PruningContext"], bool]
 BOTH_LEVELS = frozenset({Level.KERNEL, Level.BLOCK})
@@ -111,6 +112,33 @@ def shape(candidate: Candidate, context: PruningContext) -> bool:
 @pruning_rule("single_exp", "no input-to-output path goes through more than one exp (LAX)")
 def single_exp(candidate: Candidate, context: PruningContext) -> bool:
     return candidate.term is None or candidate.term.exp_depth <= context.max_exps_on_a_path
+
+
+@pruning_rule("identity_reduction", "no reduction over a dim that already has its result's extent")
+def identity_reduction(candidate: Candidate, context: PruningContext) -> bool:
+    # sum or max over one element, or a strided sum down to the extent the dim already has: the op
+    # returns its operand, so the µGraph without it computes the same and is searched instead
+    if candidate.op not in (Op.REDUCTION, Op.REDUCTION_MAX, Op.REDUCTION_TO_DIMX):
+        return True
+    shape, dim = candidate.input_types[0].shape, candidate.attrs.dim
+    if not -len(shape) <= dim < len(shape):
+        return True  # the shape rule's to judge
+    return shape[dim] != (candidate.reduction_dimx if candidate.op is Op.REDUCTION_TO_DIMX else 1)
+
+
+def identity_reductions(graph) -> list[str]:
+    """Where a µGraph (a ``KernelGraph``) has reductions that ``identity_reduction`` cuts, as
+    ``"%k"`` (kernel level) or ``"%k/%b"`` (node b of the block graph of kernel node k)."""
+    found = []
+    levels = [("", graph)] + [(f"%{k}/", n.attrs) for k, n in enumerate(graph.nodes)
+                              if getattr(n.attrs, "level", None) is Level.BLOCK]
+    for where, level in levels:
+        for i, node in enumerate(level.nodes):
+            candidate = Candidate(level.level, node.op, node.attrs, (), level.operand_types(node), None, 0,
+                                  reduction_dimx=getattr(level, "reduction_dimx", 64))
+            if node.inputs and not identity_reduction(candidate, PruningContext()):
+                found.append(f"{where}%{i}")
+    return found
 
 
 @pruning_rule("memory", "the tensors fit in shared memory (block) or device memory (kernel)")

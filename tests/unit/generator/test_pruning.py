@@ -66,7 +66,8 @@ def context():
 
 def test_the_default_table_runs_the_built_in_rules_in_order():
     table = PruningTable()
-    assert table.enabled == ["canonical_order", "shape", "single_exp", "memory", "abstract_expression"]
+    assert table.enabled == ["canonical_order", "shape", "single_exp", "identity_reduction", "memory",
+                             "abstract_expression"]
     assert "abstract_expression" in table.describe() and "[on ]" in table.describe()
 
 
@@ -144,29 +145,41 @@ def test_device_memory_budget_applies_at_kernel_level():
 def test_registering_a_rule_takes_a_few_lines_and_its_counters_show():
     registry = dict(RULES)
 
-    @pruning_rule("no_trivial_reduction", "never reduce a dim of size 1", registry=registry)
-    def no_trivial_reduction(candidate, context):
-        return not (candidate.op is Op.REDUCTION and candidate.input_types[0].shape[candidate.attrs.dim] == 1)
+    @pruning_rule("square_not_self_mul", "x * x is built as square(x)", registry=registry)
+    def square_not_self_mul(candidate, context):
+        return not (candidate.op is Op.MUL and candidate.inputs[0] == candidate.inputs[1])
 
     @pruning_rule("off_by_default", "cuts everything", registry=registry, enabled=False)
     def cut_everything(candidate, context):
         return False
 
     table = PruningTable(rules=registry)
-    assert table.enabled[-1] == "no_trivial_reduction" and "off_by_default" not in table.enabled
+    assert table.enabled[-1] == "square_not_self_mul" and "off_by_default" not in table.enabled
+    prefix = _kernel_prefix()
+    square = Candidate.extend(prefix, Op.SQUARE, (Ref(3),))
+    assert table.check(square) is None
+    assert table.check(Candidate.extend(prefix, Op.MUL, (Ref(3), Ref(3)))) == "square_not_self_mul"
+    counters = table.stats.rules["square_not_self_mul"]
+    assert (counters.checked, counters.cut) == (2, 1) and counters.seconds > 0
+    assert "square_not_self_mul" in str(table.stats)
+    assert PruningTable(rules=registry, enabled=["off_by_default"]).check(square) == "off_by_default"
+    with pytest.raises(ValueError, match="already registered"):
+        pruning_rule("square_not_self_mul", "again", registry=registry)(square_not_self_mul)
+    assert "square_not_self_mul" not in RULES
+
+
+def test_a_reduction_that_would_return_its_operand_is_cut():
+    table = PruningTable()
     prefix = _kernel_prefix()
     sums = Candidate.extend(prefix, Op.REDUCTION, (Ref(3),), Reduce(1))
     assert table.check(sums) is None
     summed, _ = build.append(prefix, Op.REDUCTION, (Ref(3),), Reduce(1))
-    again = Candidate.extend(summed, Op.REDUCTION, (Ref(4),), Reduce(1))
-    assert table.check(again) == "no_trivial_reduction"
-    counters = table.stats.rules["no_trivial_reduction"]
-    assert (counters.checked, counters.cut) == (2, 1) and counters.seconds > 0
-    assert "no_trivial_reduction" in str(table.stats)
-    assert PruningTable(rules=registry, enabled=["off_by_default"]).check(sums) == "off_by_default"
-    with pytest.raises(ValueError, match="already registered"):
-        pruning_rule("no_trivial_reduction", "again", registry=registry)(no_trivial_reduction)
-    assert "no_trivial_reduction" not in RULES
+    again = Candidate.extend(summed, Op.REDUCTION, (Ref(4),), Reduce(1))  # one element a row: an identity
+    assert table.check(again) == "identity_reduction"
+    maximum = Candidate.extend(summed, Op.REDUCTION_MAX, (Ref(4),), Reduce(1))
+    assert table.check(maximum) == "identity_reduction"
+    assert table.check(Candidate.extend(summed, Op.REDUCTION, (Ref(4),), Reduce(0))) is None  # 8 rows
+    assert PruningTable(disabled=["identity_reduction"]).check(again) is None
 
 
 def test_stats_merge_across_workers_and_serialize():

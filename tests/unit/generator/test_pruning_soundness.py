@@ -13,6 +13,7 @@ import mirage as mi
 from benchmarks.mugraphs import CASES, attention, mlp
 from mirage.generator.egraph_subexpression import Backend, SubexpressionCheck, SubexpressionConfig
 from mirage.generator.pruning import prefix_terms, target_terms
+from mirage.generator.pruning.rules import identity_reductions
 from tests.unit.verifier.verifier_graphs import small_attention, tiled_matmul
 
 
@@ -94,6 +95,22 @@ def test_no_prefix_of_an_equivalent_mugraph_is_pruned(name, reference, equivalen
     assert len(prefixes) >= 3
     pruned = [(where, str(term)) for where, term in prefixes if not check(term)]
     assert pruned == [], f"{name}: {len(pruned)} of {len(prefixes)} prefixes falsely pruned; {check.report}"
+
+
+@pytest.mark.parametrize(("name", "reference", "equivalent"), EQUIVALENT, ids=[row[0] for row in EQUIVALENT])
+def test_no_equivalent_mugraph_has_a_reduction_that_identity_reduction_cuts(name, reference, equivalent):
+    assert identity_reductions(equivalent()) == []
+
+
+def test_identity_reductions_are_found_at_both_levels():
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(4, 8), dtype=mi.float16)
+    tb = mi.new_threadblock_graph((4, 1, 1), forloop_range=1)
+    rows = tb.reduction(tb.new_input(x, (0, -1, -1)), 1)  # [1, 1]
+    tb.new_output(tb.forloop_accum(tb.reduction(rows, 0)), (0, -1, -1))
+    (out,) = g.customized([x], tb)
+    g.mark_output(g.reduction(out, 1))
+    assert identity_reductions(g.freeze()) == ["%2", "%1/%2"]
 
 
 SMALL = ["gqa_b1", "lora_m16", "gatedmlp_m1", "small_attention", "tiled_matmul_grid2_iters2_rms"]

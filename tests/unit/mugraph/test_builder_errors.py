@@ -133,6 +133,7 @@ def test_short_maps_leave_the_missing_grid_axes_unmapped():
     tb.new_output(tb.forloop_accum(out_tile), output_map=(0, 1))
     (out,) = g.customized([x, y], tb)
     g.mark_output(out)
-    xs, ys = np.random.default_rng(0).standard_normal((4, 6)), np.random.default_rng(1).standard_normal((4, 3))
+    rng = np.random.default_rng(0)
+    xs, ys = rng.standard_normal((4, 6)), rng.standard_normal((4, 3))
     (result,) = mi.interpret(g, [xs, ys])
     np.testing.assert_allclose(result, xs.sum(1, keepdims=True) + ys)
