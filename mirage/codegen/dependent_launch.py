@@ -51,6 +51,18 @@ def _config(grid: Sequence[int], block: Sequence[int], smem_bytes: int, attribut
     return config
 
 
+@functools.lru_cache(maxsize=1024)
+def _launch_config(function: int, grid: tuple, block: tuple, smem_bytes: int, overlap: bool):
+    """The launch config of a kernel's launches (all but the stream, which each launch sets) and its
+    ``CUfunction``: built once, since building them costs more host time than the launch itself."""
+    from cuda.bindings import driver
+
+    attribute = driver.CUlaunchAttribute()
+    attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attribute.value.programmaticStreamSerializationAllowed = int(overlap)
+    return _config(grid, block, smem_bytes, attribute), driver.CUfunction(function)
+
+
 def launch(function: int, grid: Sequence[int], block: Sequence[int], smem_bytes: int, stream: int,
            pointers: Sequence[int], by_value: Sequence[bytes] = (), overlap: bool = True) -> None:
     """Launch the kernel ``function`` (a ``CUfunction`` handle) on ``stream`` (a ``CUstream``
@@ -58,10 +70,7 @@ def launch(function: int, grid: Sequence[int], block: Sequence[int], smem_bytes:
     ``by_value`` (tensor maps), allowed to overlap the previous kernel when ``overlap``."""
     from cuda.bindings import driver
 
-    attribute = driver.CUlaunchAttribute()
-    attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attribute.value.programmaticStreamSerializationAllowed = int(overlap)
-    config = _config(grid, block, smem_bytes, attribute)
+    config, handle = _launch_config(function, tuple(grid), tuple(block), int(smem_bytes), bool(overlap))
     config.hStream = driver.CUstream(stream)
     if by_value:  # kernelParams as the driver takes it: an array of pointers to each argument's bytes
         storage = [ctypes.c_uint64(int(p)) for p in pointers]
@@ -70,7 +79,7 @@ def launch(function: int, grid: Sequence[int], block: Sequence[int], smem_bytes:
         arguments = ctypes.addressof(array)
     else:
         arguments = (tuple(int(p) for p in pointers), (ctypes.c_void_p,) * len(pointers))
-    result = driver.cuLaunchKernelEx(config, driver.CUfunction(function), arguments, 0)
+    result = driver.cuLaunchKernelEx(config, handle, arguments, 0)
     error = result[0] if isinstance(result, tuple) else result
     if error != driver.CUresult.CUDA_SUCCESS:
         raise DependentLaunchError(

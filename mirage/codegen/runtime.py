@@ -125,6 +125,7 @@ class Program:
     dependent_launch: bool = True  # overlap each launch with the kernel before it (dependent_launch)
     spread_blocks: bool = False  # grids of at most one wave: one block per SM (see _shared_bytes)
     _functions: dict[str, Any] = field(default_factory=dict, repr=False)
+    _plan: tuple | None = field(default=None, repr=False, compare=False)  # see _steps
 
     @property
     def graph(self) -> KernelGraph:
@@ -187,41 +188,59 @@ class Program:
         """Run the program on ``inputs`` (torch CUDA tensors of the graph's shapes and dtypes)."""
         import torch
 
-        graph = self.graph
-        types = graph.input_types
-        if len(inputs) != len(types):
-            raise LaunchError(f"the program takes {len(types)} inputs, got {len(inputs)}")
-        for i, (x, t) in enumerate(zip(inputs, types, strict=True)):
+        checks, steps, outputs = self._steps()
+        if len(inputs) != len(checks):
+            raise LaunchError(f"the program takes {len(checks)} inputs, got {len(inputs)}")
+        needs_cuda = bool(self.cuda.kernels)
+        for i, (x, (shape, dtype)) in enumerate(zip(inputs, checks, strict=True)):
             if not isinstance(x, torch.Tensor):
                 raise LaunchError(f"input {i} is a {type(x).__name__}; pass torch tensors")
-            if tuple(x.shape) != t.shape:
-                raise LaunchError(f"input {i} has shape {tuple(x.shape)}, expected {t.shape}")
-            if x.dtype != t.dtype.torch():
-                raise LaunchError(f"input {i} is {x.dtype}, expected {t.dtype.torch()}: cast it first")
-            if self.cuda.kernels and not x.is_cuda:
+            if x.shape != shape:
+                raise LaunchError(f"input {i} has shape {tuple(x.shape)}, expected {shape}")
+            if x.dtype != dtype:
+                raise LaunchError(f"input {i} is {x.dtype}, expected {dtype}: cast it first")
+            if needs_cuda and not x.is_cuda:
                 raise LaunchError(f"input {i} is on {x.device}; generated kernels need CUDA tensors")
         values: dict[Ref, Any] = {}
         feed = iter(inputs)
-        algebra = TorchAlgebra()
-        launches = {k.node: k for k in self.cuda.kernels}
-        folded = {k.consumer for k in self.cuda.kernels}
-        for i, node in enumerate(graph.nodes):
-            if node.op is Op.INPUT:
-                values[Ref(i, 0)] = next(feed).contiguous()
-                continue
-            if i in folded:  # its results came with the kernel it is folded into
-                continue
-            if node.op is Op.CUSTOMIZED:
-                launch = launches[i]
-                args = [values[r] for r in launch.inputs]
+        algebra = None
+        for kind, ref, detail in steps:
+            if kind == "input":
+                values[ref] = next(feed).contiguous()
+            elif kind == "kernel":
+                args = [values[r] for r in detail.inputs]
                 device = args[0].device
-                outs = [self._allocate(graph.type_of(r).shape, graph.type_of(r).dtype.torch(), device)
-                        for r in launch.outputs]
-                self._launch(launch, outs, args)
-                values.update(zip(launch.outputs, outs, strict=True))
+                outs = [self._allocate(shape, dtype, device) for shape, dtype in ref]
+                self._launch(detail, outs, args)
+                values.update(zip(detail.outputs, outs, strict=True))
             else:
-                values[Ref(i, 0)] = _pre_defined(node, graph, [values[r] for r in node.inputs], algebra)
-        return [values[r] for r in graph.outputs]
+                algebra = algebra or TorchAlgebra()
+                node = self.graph.nodes[ref.node]
+                values[ref] = _pre_defined(node, self.graph, [values[r] for r in node.inputs], algebra)
+        return [values[r] for r in outputs]
+
+    def _steps(self) -> tuple:
+        """What a launch does, worked out once per program: each input's (shape, torch dtype), the
+        steps in node order (an input to feed, a kernel to launch with its outputs' shapes and
+        dtypes, a pre-defined op to run through torch) and the refs of the outputs."""
+        if self._plan is None:
+            graph = self.graph
+            launches = {k.node: k for k in self.cuda.kernels}
+            folded = {k.consumer for k in self.cuda.kernels}  # results come with the kernel folded into
+            steps: list[tuple] = []
+            for i, node in enumerate(graph.nodes):
+                if node.op is Op.INPUT:
+                    steps.append(("input", Ref(i, 0), None))
+                elif node.op is Op.CUSTOMIZED and i not in folded:
+                    launch = launches[i]
+                    shapes = tuple((graph.type_of(r).shape, graph.type_of(r).dtype.torch())
+                                   for r in launch.outputs)
+                    steps.append(("kernel", shapes, launch))
+                elif i not in folded:
+                    steps.append(("torch", Ref(i, 0), None))
+            checks = tuple((t.shape, t.dtype.torch()) for t in graph.input_types)
+            self._plan = (checks, tuple(steps), tuple(graph.outputs))
+        return self._plan
 
     def _allocate(self, shape, dtype, device):
         import torch

@@ -252,6 +252,35 @@ def run_search(reference: KernelGraph, settings: SearchSettings,
     return result.best, note, list(result.graphs), interrupted
 
 
+def _unstable_exps(graph: KernelGraph) -> int:
+    """How many exps of ``graph`` the online-softmax rewrite leaves as they are (a LAX softmax that
+    overflows where PyTorch's does not: exp(x) / Σ exp(x) with the two exps computed apart, say)."""
+    from mirage.optimizer.softmax import online_softmax
+
+    return len(online_softmax(graph)[1].skipped)
+
+
+def _drop_unstable(reference: KernelGraph, found: KernelGraph | None, note: str,
+                   graphs: list[KernelGraph]) -> tuple[KernelGraph | None, str, list[KernelGraph]]:
+    """The verified µGraphs without more unstable exps than the reference has (whose own exps the
+    rewrite stabilises where PyTorch's softmax is stable): a searched µGraph must not turn a finite
+    softmax of large logits into inf / inf."""
+    if not graphs or not any(n.op is Op.EXP for g in graphs for n in _all_nodes(g)):
+        return found, note, graphs
+    allowed = _unstable_exps(reference)
+    kept = [g for g in graphs if _unstable_exps(g) <= allowed]
+    if len(kept) == len(graphs):
+        return found, note, graphs
+    note = f"{note}; {len(graphs) - len(kept)} left out: exps the online-softmax rewrite cannot stabilise"
+    return (found if any(found is g for g in kept) else (kept[0] if kept else None)), note, kept
+
+
+def _all_nodes(graph: KernelGraph):
+    yield from graph.nodes
+    for block in graph.block_graphs():
+        yield from block.nodes
+
+
 PROFILE_CANDIDATES = 16  # verified µGraphs timed on the GPU per subprogram (best by the cost model first)
 
 
@@ -325,6 +354,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
             settings = dataclasses.replace(settings, overrides=overrides)
         try:
             found, note, graphs, interrupted = run_search(reference, settings, progress)
+            found, note, graphs = _drop_unstable(reference, found, note, graphs)
         except SearchUnavailable as error:
             if not given:
                 return Choice(reference, "reference", key, f"fallback: {error}")

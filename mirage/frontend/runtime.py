@@ -205,6 +205,9 @@ class MirageModule(nn.Module):
         self._first: Signature | None = None
         self._style: tuple[int, tuple[str, ...]] | None = None  # the first call's positions and keywords
         self._noticed: set[str] = set()
+        # calls of positional tensors only, by (shape, dtype, device) of each: the specialization a call
+        # of the same kind ran, so that a repeated call skips the pytree signature and its checks
+        self._fast: dict[tuple, Specialization] = {}
 
     @property
     def specializations(self) -> list[Specialization]:
@@ -285,6 +288,16 @@ class MirageModule(nn.Module):
                        for s in split.subprograms}
 
     def forward(self, *args, **kwargs):
+        key = None if kwargs else _tensor_key(args)
+        spec = self._fast.get(key) if key is not None else None
+        if spec is None:
+            return self._call(args, kwargs, key)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in args):
+            self._refuse_grad()
+        with torch.no_grad():
+            return spec.module(*args)
+
+    def _call(self, args: tuple, kwargs: dict, key: tuple | None):
         if self._style is not None:
             args, kwargs = conform_call(self.program, self._style, args, kwargs)
         signature = signature_of(args, kwargs)
@@ -293,9 +306,21 @@ class MirageModule(nn.Module):
         if torch.is_grad_enabled():
             leaves = torch.utils._pytree.tree_leaves((args, kwargs))
             if any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
-                raise InputGradError(
-                    f"an input of {self.name} requires grad, but mirage modules compute forward passes "
-                    "only: call it under torch.no_grad() or torch.inference_mode(), or pass x.detach()")
+                self._refuse_grad()
         spec = self._specializations.get(signature) or self.specialize(args, kwargs)
+        if key is not None and self._style == (len(args), ()):  # positional, as the first capture
+            self._fast[key] = spec
         with torch.no_grad():
             return spec.module(*args, **kwargs)
+
+    def _refuse_grad(self):
+        raise InputGradError(
+            f"an input of {self.name} requires grad, but mirage modules compute forward passes "
+            "only: call it under torch.no_grad() or torch.inference_mode(), or pass x.detach()")
+
+
+def _tensor_key(args: tuple) -> tuple | None:
+    """(shape, dtype, device) of each input when all are tensors (what a signature holds of them)."""
+    if not all(isinstance(x, torch.Tensor) for x in args):
+        return None
+    return tuple((x.shape, x.dtype, x.device) for x in args)
