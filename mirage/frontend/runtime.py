@@ -140,6 +140,15 @@ class Specialization:
     partition: Partition
     choices: dict[str, Choice]
     seconds: dict[str, float]
+    _flat: Any = None  # flat_runner's result, made on first use
+
+    def run_flat(self, args: tuple):
+        """``module(*args)`` for positional tensors already checked against this specialization: the
+        stitched graph without the exported module's pytree flattening, input hooks and guards (what
+        a repeated call of a small program spends most of its host time on)."""
+        if self._flat is None:
+            self._flat = flat_runner(self.module) or self.module
+        return self._flat(*args)
 
     def partition_dot(self) -> str:
         from mirage.frontend.draw import partition_dot
@@ -191,6 +200,27 @@ def profile_device(args: tuple, kwargs: dict, options: Options) -> str | None:
         if isinstance(x, torch.Tensor) and x.is_cuda:
             return torch.cuda.get_device_name(x.device)
     return None
+
+
+def flat_runner(gm: fx.GraphModule):
+    """A function of ``gm``'s flattened inputs that returns what ``gm`` returns, with no input
+    flattening, hooks or guard checks, or None when ``gm`` does not flatten its inputs (no pytree
+    codegen). Only for calls whose inputs are the flattened leaves already, checked by the caller."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    if info is None or info.out_spec is None:
+        return None
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for node in list(graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
+            graph.erase_node(node)
+    forward = fx.GraphModule(gm, graph).forward
+    out_spec = info.out_spec
+
+    def run(*args):
+        return torch.utils._pytree.tree_unflatten(list(forward(*args)), out_spec)
+
+    return run
 
 
 class MirageModule(nn.Module):
@@ -295,7 +325,7 @@ class MirageModule(nn.Module):
         if torch.is_grad_enabled() and any(x.requires_grad for x in args):
             self._refuse_grad()
         with torch.no_grad():
-            return spec.module(*args)
+            return spec.run_flat(args)
 
     def _call(self, args: tuple, kwargs: dict, key: tuple | None):
         if self._style is not None:

@@ -172,3 +172,30 @@ def test_bad_inputs_raise_clear_errors(name, call, error, words):
     for word in words:
         assert word in str(info.value)
     X.requires_grad_(False)
+
+
+def test_repeated_calls_run_the_flat_graph_with_the_same_results_and_checks():
+    """A call of positional tensors like an earlier one skips the pytree signature and the exported
+    module's flattening, hooks and guards: same values and structure, and the checks of a call that
+    differs (dtype, grad) still come."""
+
+    def program(x, w):
+        return torch.relu(x @ w), {"rows": x.sum(-1)}
+
+    x, w = torch.randn(2, 3), torch.randn(3, 4)
+    fast = mi.superoptimize(program, (x, w), search=False, use_cache=False, progress=False)
+    first = fast(x, w)
+    spec = fast.specializations[0]
+    assert spec._flat is None  # the first call took the checked path
+    again = fast(x, w)
+    assert spec._flat is not None and spec._flat is not spec.module
+    assert type(again) is tuple and set(again[1]) == {"rows"}
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    torch.testing.assert_close(again, program(x, w), rtol=1e-5, atol=1e-6)
+    with pytest.raises(InputDTypeError):
+        fast(x.double(), w.double())
+    with pytest.raises(InputGradError):
+        fast(x.requires_grad_(), w)
+    other = torch.randn(5, 3)  # another shape: its own specialization, then its own flat runs
+    torch.testing.assert_close(fast(other, w)[0], fast(other, w)[0], rtol=0, atol=0)
+    assert len(fast.specializations) == 2
