@@ -261,7 +261,7 @@ class Program:
                 inputs[m.input] = tensor_maps.aligned(inputs[m.input])
         tensors = list(outputs) + list(inputs)
         device = tensors[0].device
-        pointers = tuple(np.uint64(t.data_ptr()) for t in tensors)
+        pointers = [t.data_ptr() for t in tensors]
         stream = torch.cuda.current_stream(device)
         if launch.tensor_maps:  # by-value CUtensorMap parameters: through the driver's launch
             if not dependent_launch.available(device.index):
@@ -270,20 +270,20 @@ class Program:
             maps = [tensor_maps.encode(inputs[m.input], m) for m in launch.tensor_maps]
             with cupy.cuda.Device(device.index):
                 dependent_launch.launch(fn.kernel.ptr, launch.grid, launch.block, self._shared_bytes(launch),
-                                        stream.cuda_stream, [int(p) for p in pointers], maps,
-                                        overlap=self.dependent_launch)
+                                        stream.cuda_stream, pointers, maps, overlap=self.dependent_launch)
             return
         if self.dependent_launch and dependent_launch.available(device.index):
             with cupy.cuda.Device(device.index):
                 dependent_launch.launch(fn.kernel.ptr, launch.grid, launch.block, self._shared_bytes(launch),
-                                        stream.cuda_stream, [int(p) for p in pointers])
+                                        stream.cuda_stream, pointers)
             return
         with warnings.catch_warnings():
             # CuPy 14 deprecates ExternalStream for objects with __cuda_stream__; a raw handle still needs it
             warnings.simplefilter("ignore", DeprecationWarning)
             external = cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
         with cupy.cuda.Device(device.index), external:
-            fn(launch.grid, launch.block, pointers, shared_mem=self._shared_bytes(launch))
+            fn(launch.grid, launch.block, tuple(np.uint64(p) for p in pointers),
+               shared_mem=self._shared_bytes(launch))
 
 
 def _warn_on_cluster_waves(fn, launch: KernelLaunch, smem_bytes: int) -> None:
