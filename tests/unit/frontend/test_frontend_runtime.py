@@ -199,3 +199,10 @@ def test_repeated_calls_run_the_flat_graph_with_the_same_results_and_checks():
     other = torch.randn(5, 3)  # another shape: its own specialization, then its own flat runs
     torch.testing.assert_close(fast(other, w)[0], fast(other, w)[0], rtol=0, atol=0)
     assert len(fast.specializations) == 2
+
+
+def test_a_graph_module_without_pytree_codegen_runs_as_it_is():
+    from mirage.frontend.runtime import flat_runner
+
+    traced = torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)  # plain codegen: nothing to flatten
+    assert flat_runner(traced) is None
