@@ -47,7 +47,20 @@ def profile(fn, calls: int, top: int) -> str:
     profiler.disable()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
-    return text.getvalue()
+    return _relative_paths(text.getvalue())
+
+
+def _relative_paths(text: str) -> str:
+    """The profile's file names relative to the checkout and to site-packages (records name no
+    machine's folders)."""
+    import site
+    from pathlib import Path
+
+    prefixes = [str(Path(mi.__file__).resolve().parents[1]), *site.getsitepackages(),
+                site.getusersitepackages()]
+    for prefix in sorted(prefixes, key=len, reverse=True):
+        text = text.replace(prefix.rstrip("/") + "/", "")
+    return text
 
 
 def programs():
