@@ -265,7 +265,7 @@ def _drop_unstable(reference: KernelGraph, found: KernelGraph | None, note: str,
     """The verified µGraphs without more unstable exps than the reference has (whose own exps the
     rewrite stabilises where PyTorch's softmax is stable): a searched µGraph must not turn a finite
     softmax of large logits into inf / inf."""
-    if not graphs or not any(n.op is Op.EXP for g in graphs for n in _all_nodes(g)):
+    if not graphs or not any(n.op is Op.EXP for n in reference.nodes):  # then no verified µGraph has one
         return found, note, graphs
     allowed = _unstable_exps(reference)
     kept = [g for g in graphs if _unstable_exps(g) <= allowed]
@@ -273,12 +273,6 @@ def _drop_unstable(reference: KernelGraph, found: KernelGraph | None, note: str,
         return found, note, graphs
     note = f"{note}; {len(graphs) - len(kept)} left out: exps the online-softmax rewrite cannot stabilise"
     return (found if any(found is g for g in kept) else (kept[0] if kept else None)), note, kept
-
-
-def _all_nodes(graph: KernelGraph):
-    yield from graph.nodes
-    for block in graph.block_graphs():
-        yield from block.nodes
 
 
 PROFILE_CANDIDATES = 16  # verified µGraphs timed on the GPU per subprogram (best by the cost model first)
