@@ -2,11 +2,13 @@
 CUDA graph (as a user's loop runs them), against eager PyTorch and against the same calls captured
 in a CUDA graph (the device time alone), and where the host time goes (cProfile, top functions).
 
-    python -m benchmarks.host_overhead [--out benchmarks/results] [--profile 30]
+    python -m benchmarks.host_overhead [--out benchmarks/results] [--profile 30] [--breakdown]
 
 Programs: the demo's RMSNorm + Linear (float16 on the GPU) and the suite's gqa_b1 through
 ``mi.superoptimize`` with the first members of its family as candidates (no search; the host time
-does not depend on which member runs).
+does not depend on which member runs).  ``--breakdown`` also times, one by one, the steps of a call
+of gqa_b1 (each step alone in a loop: the module, its stitched graph, the program's launch, each
+kernel's launch, an output's allocation, the stream and device look-ups, the driver's launch itself).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import cProfile
 import io
 import pstats
 import time
+from functools import partial
 
 import torch
 
@@ -63,6 +66,80 @@ def _relative_paths(text: str) -> str:
     return text
 
 
+def each_us(fn, calls: int = 2000) -> float:
+    """Host time of one ``fn()`` in µs: median of 5 rounds of ``calls`` calls (no synchronization
+    inside a round, so a step that enqueues GPU work is timed as the host issues it)."""
+    return host_us(fn, calls)
+
+
+def breakdown(fast, inputs) -> dict[str, float]:
+    """The host time of each step of a call of ``fast`` on ``inputs``, timed alone (µs)."""
+    import cupy
+
+    from mirage.frontend.runtime import SubprogramModule
+
+    spec = fast.specializations[-1]
+    device = inputs[0].device
+    steps: dict[str, float] = {"module call": each_us(lambda: fast(*inputs)),
+                               "stitched graph (flat)": each_us(lambda: spec.run_flat(inputs))}
+    subprograms = [m for m in spec.module.modules() if isinstance(m, SubprogramModule)]
+    for m in subprograms:
+        executor = m.executor(device)
+        program = executor.launch.__self__
+        sub_inputs = [b.apply(inputs[m._position[b.source]]) for b in m.subprogram.inputs]
+        steps[f"{m.subprogram.name}: module"] = each_us(lambda m=m: m(*inputs))
+        steps[f"{m.subprogram.name}: executor"] = each_us(lambda e=executor, xs=sub_inputs: e(xs))
+        steps[f"{m.subprogram.name}: program.launch"] = each_us(lambda p=program, xs=sub_inputs: p.launch(xs))
+        values = dict(zip((r for k, r, _ in program._steps()[1] if k == "input"), sub_inputs, strict=False))
+        for kind, ref, launch in program._steps()[1]:
+            if kind != "kernel":
+                continue
+            outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, _ in ref]
+            args = [values.get(r) for r in launch.inputs]
+            if any(a is None for a in args):  # reads another kernel's output: allocate a stand-in
+                args = [a if a is not None else torch.empty(
+                    program.graph.type_of(r).shape, dtype=program.graph.type_of(r).dtype.torch(),
+                    device=device) for a, r in zip(args, launch.inputs, strict=True)]
+            values.update(zip(launch.outputs, outs, strict=True))
+            name = f"{launch.name} ({len(launch.tensor_maps)} tensor maps)"
+            steps[f"{name}: Program._launch"] = each_us(partial(program._launch, launch, outs, args))
+            steps[f"{name}: torch.empty of its outputs"] = each_us(
+                lambda ref=ref: [torch.empty(s, dtype=d, device=device) for s, d, _ in ref])
+            pointers = [t.data_ptr() for t in outs + args]
+            maps = []
+            if launch.tensor_maps:
+                from mirage.codegen import tensor_maps
+
+                maps = [tensor_maps.encode(args[t.input], t) for t in launch.tensor_maps]
+                steps[f"{name}: tensor_maps.encode (cached)"] = each_us(
+                    partial(lambda a, specs: [tensor_maps.encode(a[t.input], t) for t in specs], args,
+                            launch.tensor_maps))
+            stream = torch.cuda.current_stream(device).cuda_stream
+            packed = program._packed.get((device.index, launch.name))
+            if packed:
+                steps[f"{name}: PackedLaunch"] = each_us(partial(packed, stream, pointers, maps))
+                steps[f"{name}: cuLaunchKernelEx alone"] = each_us(partial(
+                    packed._driver.cuLaunchKernelEx, packed._config, packed._handle, packed._arguments, 0))
+    steps["torch.cuda.current_stream(device).cuda_stream"] = each_us(
+        lambda: torch.cuda.current_stream(device).cuda_stream)
+    steps["torch._C._cuda_getCurrentRawStream(index)"] = each_us(
+        lambda: torch._C._cuda_getCurrentRawStream(device.index))
+    steps["torch.cuda.current_device()"] = each_us(torch.cuda.current_device)
+
+    def enter_device():
+        with cupy.cuda.Device(device.index):
+            pass
+
+    steps["with cupy.cuda.Device(index)"] = each_us(enter_device)
+
+    def no_grad():
+        with torch.no_grad():
+            pass
+
+    steps["with torch.no_grad()"] = each_us(no_grad)
+    return steps
+
+
 def programs():
     from benchmarks.suite import WORKLOADS
     from benchmarks.variants import variants
@@ -81,6 +158,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="folder of the JSON record")
     parser.add_argument("--profile", type=int, default=25, help="functions listed per profile")
+    parser.add_argument("--breakdown", action="store_true", help="time each step of a gqa_b1 call alone")
     args = parser.parse_args(argv)
     from mirage.codegen.profile import device_facts, time_graph
 
@@ -96,6 +174,10 @@ def main(argv=None) -> int:
             print(row, flush=True)
             row["profile"] = profile(ours, 200, args.profile)
             print(row["profile"], flush=True)
+            if args.breakdown and name == "gqa_b1":
+                row["breakdown_us"] = breakdown(fast, inputs)
+                for step, us in row["breakdown_us"].items():
+                    print(f"  {us:8.2f} µs  {step}", flush=True)
         rows.append(row)
     if args.out:
         from benchmarks.stream_floor import write_record

@@ -9,17 +9,21 @@ has completed and its writes are visible.  Every generated kernel also lets the 
 soon as all its own blocks have started (``griddepcontrol.launch_dependents``; the device library's
 ``launch_dependent_grids``).  What this saves is the gap between two kernels of a program (or of two
 consecutive calls): the launch of the next grid overlaps the tail of the previous one.  Results are
-unchanged; without the attribute (no ``cuda-bindings``, a GPU older than sm_90,
-``Program(dependent_launch=False)``) the same kernels launch the ordinary way through CuPy.
+unchanged.  Launches go through the driver (:class:`PackedLaunch`, with the attribute off for
+``Program(dependent_launch=False)``) wherever the device can take it; without ``cuda-bindings`` or on a
+GPU older than sm_90 the same kernels launch the ordinary way through CuPy.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from collections.abc import Sequence
 
 from mirage.errors import MirageError
+
+MAP_BYTES = 128  # a CUtensorMap
 
 
 class DependentLaunchError(MirageError):
@@ -51,41 +55,53 @@ def _config(grid: Sequence[int], block: Sequence[int], smem_bytes: int, attribut
     return config
 
 
-@functools.lru_cache(maxsize=1024)
-def _launch_config(function: int, grid: tuple, block: tuple, smem_bytes: int, overlap: bool):
-    """The launch config of a kernel's launches (all but the stream, which each launch sets) and its
-    ``CUfunction``: built once, since building them costs more host time than the launch itself."""
-    from cuda.bindings import driver
+class PackedLaunch:
+    """The launches of one kernel through ``cuLaunchKernelEx``, with the config and the argument array
+    built once (building them costs more host time than the launch itself): a launch writes its
+    pointers and tensor maps into the array, names the stream and calls the driver.
 
-    attribute = driver.CUlaunchAttribute()
-    attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attribute.value.programmaticStreamSerializationAllowed = int(overlap)
-    return _config(grid, block, smem_bytes, attribute), driver.CUfunction(function)
+    ``function`` is the kernel's ``CUfunction`` handle; it takes ``pointers`` pointer arguments, then
+    ``maps`` tensor maps by value; ``overlap`` allows each launch to overlap the kernel before it."""
 
+    def __init__(self, function: int, grid: Sequence[int], block: Sequence[int], smem_bytes: int,
+                 pointers: int, maps: int = 0, overlap: bool = True) -> None:
+        from cuda.bindings import driver
 
-def launch(function: int, grid: Sequence[int], block: Sequence[int], smem_bytes: int, stream: int,
-           pointers: Sequence[int], by_value: Sequence[bytes] = (), overlap: bool = True) -> None:
-    """Launch the kernel ``function`` (a ``CUfunction`` handle) on ``stream`` (a ``CUstream``
-    handle) with pointer arguments ``pointers``, then arguments passed by value from the bytes of
-    ``by_value`` (tensor maps), allowed to overlap the previous kernel when ``overlap``."""
-    from cuda.bindings import driver
+        attribute = driver.CUlaunchAttribute()
+        attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = int(overlap)
+        self.describe = f"grid {tuple(grid)}, block {tuple(block)}, {smem_bytes} bytes of shared memory"
+        self.overlap = overlap
+        self._driver = driver
+        self._config = _config(grid, block, smem_bytes, attribute)
+        self._handle = driver.CUfunction(function)
+        self._stream: int | None = None
+        self._pointers = (ctypes.c_uint64 * pointers)()
+        self._maps = [(ctypes.c_uint8 * MAP_BYTES)() for _ in range(maps)]
+        self._last_maps: list[bytes | None] = [None] * maps
+        base = ctypes.addressof(self._pointers)
+        slots = [base + 8 * k for k in range(pointers)] + [ctypes.addressof(m) for m in self._maps]
+        self._array = (ctypes.c_void_p * max(len(slots), 1))(*slots)
+        self._arguments = ctypes.addressof(self._array)
+        self._lock = threading.Lock()  # the array is shared: one launch at a time writes and reads it
 
-    config, handle = _launch_config(function, tuple(grid), tuple(block), int(smem_bytes), bool(overlap))
-    config.hStream = driver.CUstream(stream)
-    if by_value:  # kernelParams as the driver takes it: an array of pointers to each argument's bytes
-        storage = [ctypes.c_uint64(int(p)) for p in pointers]
-        storage += [(ctypes.c_uint8 * len(blob)).from_buffer_copy(blob) for blob in by_value]
-        array = (ctypes.c_void_p * len(storage))(*(ctypes.addressof(s) for s in storage))
-        arguments = ctypes.addressof(array)
-    else:
-        arguments = (tuple(int(p) for p in pointers), (ctypes.c_void_p,) * len(pointers))
-    result = driver.cuLaunchKernelEx(config, handle, arguments, 0)
-    error = result[0] if isinstance(result, tuple) else result
-    if error != driver.CUresult.CUDA_SUCCESS:
-        raise DependentLaunchError(
-            f"cuLaunchKernelEx failed with {error!r} (grid {tuple(grid)}, block {tuple(block)}, "
-            f"{smem_bytes} bytes of shared memory); Program(dependent_launch=False) launches without it"
-        )
+    def __call__(self, stream: int, pointers: Sequence[int], maps: Sequence[bytes] = ()) -> None:
+        """Launch on ``stream`` (a ``CUstream`` handle) with these pointers and tensor maps."""
+        driver = self._driver
+        with self._lock:
+            if stream != self._stream:
+                self._config.hStream = driver.CUstream(stream)
+                self._stream = stream
+            self._pointers[:] = pointers
+            for k, blob in enumerate(maps):
+                if blob is not self._last_maps[k]:  # encodings are cached: the same object, the same map
+                    ctypes.memmove(self._maps[k], blob, MAP_BYTES)
+                    self._last_maps[k] = blob
+            result = driver.cuLaunchKernelEx(self._config, self._handle, self._arguments, 0)
+        error = result[0] if isinstance(result, tuple) else result
+        if error != driver.CUresult.CUDA_SUCCESS:
+            hint = "; Program(dependent_launch=False) launches without the overlap" if self.overlap else ""
+            raise DependentLaunchError(f"cuLaunchKernelEx failed with {error!r} ({self.describe}){hint}")
 
 
 def allow_large_clusters(function: int) -> None:

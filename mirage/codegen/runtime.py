@@ -125,7 +125,10 @@ class Program:
     dependent_launch: bool = True  # overlap each launch with the kernel before it (dependent_launch)
     spread_blocks: bool = False  # grids of at most one wave: one block per SM (see _shared_bytes)
     _functions: dict[str, Any] = field(default_factory=dict, repr=False)
-    _plan: tuple | None = field(default=None, repr=False, compare=False)  # see _steps
+    _plan: tuple | None = field(default=None, init=False, repr=False, compare=False)  # see _steps
+    # each kernel's driver launch by (device index, kernel name); False where the device takes none
+    _packed: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _scratches: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see _scratch
 
     @property
     def graph(self) -> KernelGraph:
@@ -204,14 +207,18 @@ class Program:
         values: dict[Ref, Any] = {}
         feed = iter(inputs)
         algebra = None
-        for kind, ref, detail in steps:
+        scratch = None
+        for step, (kind, ref, detail) in enumerate(steps):
             if kind == "input":
                 values[ref] = next(feed).contiguous()
             elif kind == "kernel":
                 args = [values[r] for r in detail.inputs]
                 device = args[0].device
-                outs = [self._allocate(shape, dtype, device) for shape, dtype in ref]
-                self._launch(detail, outs, args)
+                if scratch is None:
+                    stream = _raw_stream(device.index)
+                    scratch = self._scratch(device, stream)
+                outs = scratch.outputs(step, ref)
+                self._launch(detail, outs, args, stream)
                 values.update(zip(detail.outputs, outs, strict=True))
             else:
                 algebra = algebra or TorchAlgebra()
@@ -221,20 +228,23 @@ class Program:
 
     def _steps(self) -> tuple:
         """What a launch does, worked out once per program: each input's (shape, torch dtype), the
-        steps in node order (an input to feed, a kernel to launch with its outputs' shapes and
-        dtypes, a pre-defined op to run through torch) and the refs of the outputs."""
+        steps in node order (an input to feed, a kernel to launch with its outputs' shapes, dtypes and
+        whether only later kernels of the program read them, a pre-defined op to run through torch)
+        and the refs of the outputs."""
         if self._plan is None:
             graph = self.graph
             launches = {k.node: k for k in self.cuda.kernels}
             folded = {k.consumer for k in self.cuda.kernels}  # results come with the kernel folded into
+            read_elsewhere = {r for node in graph.nodes if node.op is not Op.CUSTOMIZED for r in node.inputs}
+            returned = set(graph.outputs) | read_elsewhere
             steps: list[tuple] = []
             for i, node in enumerate(graph.nodes):
                 if node.op is Op.INPUT:
                     steps.append(("input", Ref(i, 0), None))
                 elif node.op is Op.CUSTOMIZED and i not in folded:
                     launch = launches[i]
-                    shapes = tuple((graph.type_of(r).shape, graph.type_of(r).dtype.torch())
-                                   for r in launch.outputs)
+                    shapes = tuple((graph.type_of(r).shape, graph.type_of(r).dtype.torch(),
+                                    r not in returned) for r in launch.outputs)
                     steps.append(("kernel", shapes, launch))
                 elif i not in folded:
                     steps.append(("torch", Ref(i, 0), None))
@@ -249,41 +259,111 @@ class Program:
             return torch.full(shape, float("nan"), dtype=dtype, device=device)
         return torch.empty(shape, dtype=dtype, device=device)
 
-    def _launch(self, launch: KernelLaunch, outputs: Sequence, inputs: Sequence) -> None:
-        import cupy
-        import numpy as np
+    def _scratch(self, device, stream: int) -> _Scratch:
+        """Where the tensors that only the program's own kernels read live on ``stream``: kept from
+        call to call (launches on one stream run in order, so a call's kernels write them only after
+        the call before has read them), fresh in every call under CUDA graph capture or ``poison``."""
         import torch
 
-        fn = self._function(launch)
+        if self.poison or torch.cuda.is_current_stream_capturing():
+            return _Scratch(self, device, keep=False)
+        key = (device.index, stream)
+        scratch = self._scratches.pop(key, None) or _Scratch(self, device, keep=True)
+        self._scratches[key] = scratch  # most recent last; a few streams at most are kept
+        while len(self._scratches) > MAX_SCRATCH_STREAMS:
+            self._scratches.pop(next(iter(self._scratches)))
+        return scratch
+
+    def _launch(self, launch: KernelLaunch, outputs: Sequence, inputs: Sequence,
+                stream: int | None = None) -> None:
+        """Launch one kernel on ``stream`` (a ``CUstream`` handle; default: torch's current stream)."""
+        device = (outputs or inputs)[0].device
         if launch.tensor_maps:  # a tensor map needs 16-byte aligned storage: copy an input that is not
             inputs = list(inputs)
             for m in launch.tensor_maps:
                 inputs[m.input] = tensor_maps.aligned(inputs[m.input])
-        tensors = list(outputs) + list(inputs)
-        device = tensors[0].device
-        pointers = [t.data_ptr() for t in tensors]
-        stream = torch.cuda.current_stream(device)
-        if launch.tensor_maps:  # by-value CUtensorMap parameters: through the driver's launch
-            if not dependent_launch.available(device.index):
-                raise LaunchError(f"{launch.name} copies inputs by TMA, which needs an sm_90 GPU and the "
-                                  "cuda-bindings package; build without OptimizerOptions.tma_copies")
+        pointers = [t.data_ptr() for t in outputs] + [t.data_ptr() for t in inputs]
+        stream = _raw_stream(device.index) if stream is None else stream
+        packed = self._packed.get((device.index, launch.name))
+        if packed is None:
+            packed = self._packed[(device.index, launch.name)] = self._pack(launch, device.index)
+        if packed:
             maps = [tensor_maps.encode(inputs[m.input], m) for m in launch.tensor_maps]
-            with cupy.cuda.Device(device.index):
-                dependent_launch.launch(fn.kernel.ptr, launch.grid, launch.block, self._shared_bytes(launch),
-                                        stream.cuda_stream, pointers, maps, overlap=self.dependent_launch)
+            if _current_device() == device.index:
+                packed(stream, pointers, maps)
+            else:
+                import cupy
+
+                with cupy.cuda.Device(device.index):
+                    packed(stream, pointers, maps)
             return
-        if self.dependent_launch and dependent_launch.available(device.index):
-            with cupy.cuda.Device(device.index):
-                dependent_launch.launch(fn.kernel.ptr, launch.grid, launch.block, self._shared_bytes(launch),
-                                        stream.cuda_stream, pointers)
-            return
+        if launch.tensor_maps:
+            raise LaunchError(f"{launch.name} copies inputs by TMA, which needs an sm_90 GPU and the "
+                              "cuda-bindings package; build without OptimizerOptions.tma_copies")
+        self._launch_cupy(launch, pointers, device, stream)
+
+    def _pack(self, launch: KernelLaunch, device_index: int) -> dependent_launch.PackedLaunch | bool:
+        """The kernel's launches through the driver, or False where the device cannot take them."""
+        if not dependent_launch.available(device_index):
+            return False
+        import cupy
+
+        with cupy.cuda.Device(device_index):
+            fn = self._function(launch)
+        return dependent_launch.PackedLaunch(fn.kernel.ptr, launch.grid, launch.block,
+                                             self._shared_bytes(launch), len(launch.arguments),
+                                             len(launch.tensor_maps), overlap=self.dependent_launch)
+
+    def _launch_cupy(self, launch: KernelLaunch, pointers: list[int], device, stream: int) -> None:
+        import cupy
+        import numpy as np
+
+        fn = self._function(launch)
         with warnings.catch_warnings():
             # CuPy 14 deprecates ExternalStream for objects with __cuda_stream__; a raw handle still needs it
             warnings.simplefilter("ignore", DeprecationWarning)
-            external = cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
+            external = cupy.cuda.ExternalStream(stream, device.index)
         with cupy.cuda.Device(device.index), external:
             fn(launch.grid, launch.block, tuple(np.uint64(p) for p in pointers),
                shared_mem=self._shared_bytes(launch))
+
+
+MAX_SCRATCH_STREAMS = 4
+
+
+class _Scratch:
+    """A program's tensors that only its own kernels read, for calls on one stream and device: kept
+    from call to call (``keep``) or made afresh in each."""
+
+    def __init__(self, program: Program, device, keep: bool) -> None:
+        self.program, self.device, self.keep = program, device, keep
+        self.tensors: dict[tuple, Any] = {}
+
+    def outputs(self, step: int, kinds: tuple) -> list:
+        """The output tensors of the kernel of ``step``, each of ``kinds`` a (shape, dtype, internal):
+        kept where ``internal`` (only the program's kernels read it), else fresh."""
+        out = []
+        for k, (shape, dtype, internal) in enumerate(kinds):
+            tensor = self.tensors.get((step, k)) if self.keep and internal else None
+            if tensor is None:
+                tensor = self.program._allocate(shape, dtype, self.device)
+                if self.keep and internal:
+                    self.tensors[(step, k)] = tensor
+            out.append(tensor)
+        return out
+
+
+def _raw_stream(device_index: int) -> int:
+    """The current torch stream's ``CUstream`` handle on this device."""
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def _current_device() -> int:
+    import torch
+
+    return torch.cuda.current_device()
 
 
 def _warn_on_cluster_waves(fn, launch: KernelLaunch, smem_bytes: int) -> None:

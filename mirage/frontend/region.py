@@ -86,7 +86,7 @@ class InputBinding:
     def apply(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.permute is not None:
             tensor = tensor.permute(self.permute)
-        return tensor.reshape(self.shape)
+        return tensor if tensor.shape == self.shape else tensor.reshape(self.shape)
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,10 @@ class OutputBinding:
     expand: Shape | None = None
 
     def apply(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.reshape(self.shape).to(self.dtype)
+        if tensor.shape != self.shape:
+            tensor = tensor.reshape(self.shape)
+        if tensor.dtype != self.dtype:
+            tensor = tensor.to(self.dtype)
         return tensor if self.expand is None else tensor.expand(self.expand)
 
 

@@ -214,6 +214,11 @@ def flat_runner(gm: fx.GraphModule):
     for node in list(graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
             graph.erase_node(node)
+        elif node.op == "call_module" and isinstance(gm.get_submodule(node.target), SubprogramModule):
+            with graph.inserting_before(node):  # its forward itself: no module call, no hooks
+                direct = graph.call_function(gm.get_submodule(node.target).forward, node.args, node.kwargs)
+            node.replace_all_uses_with(direct)
+            graph.erase_node(node)
     forward = fx.GraphModule(gm, graph).forward
     out_spec = info.out_spec
 
@@ -322,10 +327,14 @@ class MirageModule(nn.Module):
         spec = self._fast.get(key) if key is not None else None
         if spec is None:
             return self._call(args, kwargs, key)
-        if torch.is_grad_enabled() and any(x.requires_grad for x in args):
+        grad = torch.is_grad_enabled()
+        if grad and any(x.requires_grad for x in args):
             self._refuse_grad()
-        with torch.no_grad():
+        torch._C._set_grad_enabled(False)  # torch.no_grad() without the context object
+        try:
             return spec.run_flat(args)
+        finally:
+            torch._C._set_grad_enabled(grad)
 
     def _call(self, args: tuple, kwargs: dict, key: tuple | None):
         if self._style is not None:

@@ -21,6 +21,7 @@ written next to the original, named by the hash of its bytes, and the original i
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -151,8 +152,6 @@ def write_tuned_cubin(original: Path, cubin: Cubin) -> Path:
 def with_kernel_texts(program: Program, texts: Mapping[str, bytes]) -> Program:
     """A program like ``program`` whose cubin has the given kernels' ``.text`` replaced (same
     lengths: schedules only), written beside the original cubin.  No texts: ``program`` itself."""
-    from mirage.codegen.runtime import Program
-
     original = _cubin_path(program)
     cubin = Cubin.read(original)
     edited = cubin
@@ -160,7 +159,8 @@ def with_kernel_texts(program: Program, texts: Mapping[str, bytes]) -> Program:
         edited = edited.with_text(kernel, text)
     if edited.data == cubin.data:
         return program
-    return Program(program.cuda, write_tuned_cubin(original, edited), poison=program.poison)
+    # the same launch modes (dependent launch, spread blocks); kernels load afresh from the new cubin
+    return dataclasses.replace(program, cubin=write_tuned_cubin(original, edited), _functions={})
 
 
 def _cubin_path(program: Program) -> Path:

@@ -172,3 +172,35 @@ def test_compile_chosen_builds_as_profiling_chose(monkeypatch):
     assert not program.dependent_launch and default.dependent_launch
     assert program.spread_blocks and not default.spread_blocks
     assert "Pipeline<3>" in program.source and "Pipeline<3>" not in default.source
+
+
+def two_kernels(return_middle: bool, torch_reads_middle: bool) -> mi.KernelGraph:
+    """``exp`` of X in one kernel, ``exp`` of that in a second; the middle tensor is returned or read
+    by a kernel-level op as asked."""
+    g = mi.new_kernel_graph("two_kernels")
+    x = g.new_input(dims=(8, 64), dtype=mi.float16)
+    values = [x]
+    for _ in range(2):
+        tb = mi.new_threadblock_graph(grid_dim=(8, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
+        bx = tb.new_input(values[-1], input_map=(0, -1, -1), forloop_dim=-1)
+        tb.new_output(tb.forloop_accum(tb.exp(bx)), output_map=(0, -1, -1))
+        values += g.customized([values[-1]], tb)
+    g.mark_output(values[2])
+    if return_middle:
+        g.mark_output(values[1])
+    if torch_reads_middle:
+        g.mark_output(g.exp(values[1]))
+    return g.freeze()
+
+
+@pytest.mark.parametrize("return_middle, torch_reads_middle", [(False, False), (True, False), (False, True)])
+def test_launch_plan_keeps_only_tensors_that_kernels_alone_read(return_middle, torch_reads_middle):
+    """A kernel output that only later kernels read is kept from call to call (scratch); one the
+    program returns or a torch op reads is allocated afresh in each call."""
+    program = Program(generate_cuda_program(two_kernels(return_middle, torch_reads_middle), 90), None)
+    _, steps, _ = program._steps()
+    kernels = [kinds for kind, kinds, _ in steps if kind == "kernel"]
+    assert len(kernels) == 2
+    (first,), (second,) = kernels
+    assert first[2] is not (return_middle or torch_reads_middle)
+    assert second[2] is False  # the program's result

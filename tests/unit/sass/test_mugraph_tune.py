@@ -171,3 +171,15 @@ def test_with_kernel_texts_of_the_original_text_changes_nothing(program):
     text = Cubin.read(program.cubin).text(KERNEL)
     assert with_kernel_texts(program, {KERNEL: text}) is program
     assert with_kernel_texts(program, {}) is program
+
+
+def test_a_tuned_program_keeps_its_launch_modes(program, synthetic_result):
+    """Selection's launch modes (dependent launch, spread blocks) stay with the tuned cubin, whose
+    kernels load afresh."""
+    chosen = dataclasses.replace(program, dependent_launch=False, spread_blocks=True, poison=True)
+    chosen._functions["stale"] = object()
+    best = synthetic_result.best.text(KERNEL)
+    tuned = with_kernel_texts(chosen, {KERNEL: best})
+    assert tuned.cubin != program.cubin and Cubin.read(tuned.cubin).text(KERNEL) == best
+    assert (tuned.dependent_launch, tuned.spread_blocks, tuned.poison) == (False, True, True)
+    assert tuned._functions == {}
