@@ -28,17 +28,25 @@ import mirage as mi
 def host_us(fn, calls: int = 300) -> float:
     """Median over 5 rounds of the wall time per call of ``calls`` back-to-back calls, synchronized
     once at the end of each round (the host's issue rate when it is the bottleneck)."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    rounds = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(calls):
+    return host_us_of({"fn": fn}, calls)["fn"]
+
+
+def host_us_of(fns: dict, calls: int = 300, rounds: int = 5) -> dict[str, float]:
+    """``host_us`` of each of ``fns`` with their rounds taken in turn, so that a host whose speed
+    drifts during the run (shared machines do) weighs on each alike."""
+    for fn in fns.values():
+        for _ in range(5):
             fn()
-        torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - start) / calls * 1e6)
-    return sorted(rounds)[2]
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def profile(fn, calls: int, top: int) -> str:
@@ -88,6 +96,9 @@ def breakdown(fast, inputs) -> dict[str, float]:
         program = executor.launch.__self__
         sub_inputs = [b.apply(inputs[m._position[b.source]]) for b in m.subprogram.inputs]
         steps[f"{m.subprogram.name}: module"] = each_us(lambda m=m: m(*inputs))
+        steps[f"{m.subprogram.name}: forward"] = each_us(lambda m=m: m.forward(*inputs))
+        steps[f"{m.subprogram.name}: input bindings"] = each_us(
+            lambda m=m: [b.apply(inputs[m._position[b.source]]) for b in m.subprogram.inputs])
         steps[f"{m.subprogram.name}: executor"] = each_us(lambda e=executor, xs=sub_inputs: e(xs))
         steps[f"{m.subprogram.name}: program.launch"] = each_us(lambda p=program, xs=sub_inputs: p.launch(xs))
         values = dict(zip((r for k, r, _ in program._steps()[1] if k == "input"), sub_inputs, strict=False))
@@ -168,7 +179,8 @@ def main(argv=None) -> int:
         with torch.no_grad():
             eager = lambda program=program, xs=inputs: program(*xs)  # noqa: E731
             ours = lambda fast=fast, xs=inputs: fast(*xs)  # noqa: E731
-            row = {"program": name, "eager_host_us": host_us(eager), "mirage_host_us": host_us(ours),
+            host = host_us_of({"eager": eager, "mirage": ours}, rounds=9)
+            row = {"program": name, "eager_host_us": host["eager"], "mirage_host_us": host["mirage"],
                    "eager_graph_us": time_graph(eager).median_us,
                    "mirage_graph_us": time_graph(ours).median_us}
             print(row, flush=True)

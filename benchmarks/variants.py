@@ -273,6 +273,10 @@ WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
                         # measured slower, best 24.9 µs at b = 8 with 96 blocks, 36.4 with 48
                         # (explore_h100_2026-11-23_wide_gemv_blocks.json)
                         + _rows((3, 4, 5), grid=(48, 64, 96), iters=(32, 64), threads=(256, 512))),
+    # LoRA: one kernel of 32–256 blocks (128–16 of the 4096 output columns each), K in 1, 2 or 4 steps,
+    # pipelines of 2–4 stages
+    "lora": lambda: _rows((2, 3, 4), grid=(32, 64, 128, 256), concat=(True,), threads=(128, 256),
+                          iters=(1, 2, 4)),
     "gatedmlp": lambda: (_rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(128, 256))
                          + _rows((3, 4), grid=(64,), iters=(32, 64), threads=(256, 512))),
 }
