@@ -1,12 +1,16 @@
-"""Running a compiled µGraph: generated kernels through CuPy, pre-defined ops through torch.
+"""Running a compiled µGraph: generated kernels through the CUDA driver (or CuPy), pre-defined ops
+through torch.
 
 A :class:`Program` runs the kernel graph of a :class:`~mirage.codegen.lower_program.CudaProgram`
-node by node: a graph-defined op launches its generated kernel (a CuPy ``RawModule`` loaded from
-the cubin), any other kernel-level op runs through torch (:class:`TorchAlgebra` evaluates the op's
+node by node: a graph-defined op launches its generated kernel (loaded from the cubin through CuPy,
+launched through ``cuLaunchKernelEx`` with its arguments packed once, see
+:class:`~mirage.codegen.dependent_launch.PackedLaunch`; through CuPy where the device cannot take
+that), any other kernel-level op runs through torch (:class:`TorchAlgebra` evaluates the op's
 registry formula, so a kernel-level matmul is a cuBLAS call).  Launches go to the current torch
 stream and take torch tensors without copies (inputs that are not contiguous are made so), so a
 program can be captured in a CUDA graph once it has run (or :meth:`Program.load` was called)
-outside the capture.
+outside the capture.  What the program returns is allocated in each call; a tensor that only its own
+kernels read is kept from call to call, one per stream (see :meth:`Program._scratch`).
 
 ``poison=True`` fills every tensor a generated kernel writes with NaN before the launch, so that an
 element the kernel fails to write shows up in the comparison (:mod:`mirage.codegen.gpu_check`).

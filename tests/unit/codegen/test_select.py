@@ -180,3 +180,38 @@ def test_builds_that_generate_the_same_code_are_timed_once(monkeypatch):
     rms = select_fastest(CASES["rmsnorm_b8"].reference(), variants("rmsnorm_b8")[:1], inputs, stages=(2, 3),
                          multicast=(0,), warpgroup=((False, False),))
     assert [t.variant.stages for t in rms.trials] == [2, 3]
+
+
+def test_a_lucky_first_timing_does_not_win_the_final_round(monkeypatch):
+    """a's dependent launch timed 7.0 µs once, then 9.0 µs each time again; b's 7.5 µs every time:
+    the final round times both again, in turn, and b wins. c (20 µs) is never timed again."""
+    programs = [FakeProgram("a", _times(9.5, 7.0, 9.5)), FakeProgram("b", _times(9.5, 9.5, 7.5)),
+                FakeProgram("c", _times(20.0, 20.0, 20.0))]
+    order = []
+
+    def time_graph(fn, replays=100):
+        program = fn()
+        order.append((program.name, program.mode))
+        lucky = program.name == "a" and order.count(("a", "dependent")) > 1
+        return SimpleNamespace(median_us=9.0 if lucky else program.times[program.mode])
+
+    _select(monkeypatch, programs)  # installs the fakes; then a timer whose first timing of a is lucky
+    monkeypatch.setattr(profile, "time_graph", time_graph)
+    order.clear()
+    selection = select_fastest(CASES["gqa_b1"].reference(), variants("gqa_b1")[:3],
+                               [SimpleNamespace(device=SimpleNamespace(index=0))], stages=(2,),
+                               warpgroup=((False, False),))
+    assert selection.program.name == "b" and selection.best.median_us == 7.5
+    again = order[9:]  # after the first timings (3 builds × 3 modes)
+    assert again == [("a", "dependent"), ("b", "dependent_spread")] * 3
+    a = selection.trials[0]
+    assert a.launch_us["dependent"] == 9.0 and a.median_us == 9.0 and not a.spread_blocks
+
+
+def test_the_final_round_leaves_a_clear_winner_alone():
+    from mirage.codegen.select import Trial, final_round
+
+    fast, slow = (Trial(None, median_us=us, launch_us={"plain": us}, programs={"plain": us})
+                  for us in (5.0, 6.0))
+    assert final_round([fast, slow], time_one=lambda p: pytest.fail("timed again")) == 0
+    assert final_round([], time_one=lambda p: 0.0) == 0
