@@ -147,19 +147,20 @@ class Program:
         return dataclasses.replace(self, poison=poison, _functions=self._functions)
 
     def load(self) -> None:
-        """Load the cubin and set each kernel's shared-memory limit (do it outside graph capture)."""
+        """Load the cubin on the current device and set each kernel's shared-memory limit (do it
+        outside graph capture)."""
         for launch in self.cuda.kernels:
             self._function(launch)
 
     def _function(self, launch: KernelLaunch):
-        fn = self._functions.get(launch.name)
+        """The kernel of ``launch`` loaded on the current device (once per device)."""
+        try:
+            import cupy
+        except ImportError as error:
+            raise LaunchError("running generated kernels needs CuPy: pip install 'mirage[gpu]'") from error
+        key = (cupy.cuda.Device().id, launch.name)
+        fn = self._functions.get(key)
         if fn is None:
-            try:
-                import cupy
-            except ImportError as error:
-                raise LaunchError(
-                    "running generated kernels needs CuPy: pip install 'mirage[gpu]'"
-                ) from error
             if self.cubin is None:
                 raise LaunchError("this program was not compiled (no cubin)")
             module = cupy.RawModule(path=str(self.cubin))
@@ -176,7 +177,7 @@ class Program:
                 dependent_launch.allow_large_clusters(fn.kernel.ptr)
             if launch.cluster_size > 1:
                 _warn_on_cluster_waves(fn, launch, self._shared_bytes(launch))
-            self._functions[launch.name] = fn
+            self._functions[key] = fn
         return fn
 
     def _shared_bytes(self, launch: KernelLaunch) -> int:
@@ -322,12 +323,12 @@ class Program:
         import cupy
         import numpy as np
 
-        fn = self._function(launch)
         with warnings.catch_warnings():
             # CuPy 14 deprecates ExternalStream for objects with __cuda_stream__; a raw handle still needs it
             warnings.simplefilter("ignore", DeprecationWarning)
             external = cupy.cuda.ExternalStream(stream, device.index)
         with cupy.cuda.Device(device.index), external:
+            fn = self._function(launch)
             fn(launch.grid, launch.block, tuple(np.uint64(p) for p in pointers),
                shared_mem=self._shared_bytes(launch))
 
