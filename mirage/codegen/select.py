@@ -133,7 +133,7 @@ def final_round(trials: Sequence[Trial], time_one, spread: float = FINAL_SPREAD,
         return 0
     fastest = min(us for _, _, us in entries)
     contenders = sorted((e for e in entries if e[2] <= fastest * (1 + spread)), key=lambda e: e[2])[:most]
-    if len(contenders) < 2:
+    if len(contenders) < 2 or rounds < 1:
         return 0
     times = {(id(t), name): [us] for t, name, us in contenders}
     for _ in range(rounds):
@@ -182,13 +182,14 @@ def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4
 def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], inputs: Sequence | None = None,
                    stages: Sequence[int] = (2, 3, 4), max_workers: int | None = None,
                    replays: int = 100, ties: float = 0.01, multicast: Sequence[int] = (0, 2),
-                   warpgroup: Sequence[Form] = WARPGROUP_FORMS) -> Selection:
+                   warpgroup: Sequence[Form] = WARPGROUP_FORMS, final_rounds: int = FINAL_ROUNDS
+                   ) -> Selection:
     """Build every candidate at every pipeline depth in ``stages`` (and, where the µGraph has inputs
     that every block loads alike, with them multicast to clusters of each size in ``multicast``; where
     it has an online-softmax chain that qualifies, in each of the chain's forms that ``warpgroup``
     lists: warp or warpgroup MMAs, P·V deferred or not, K and V copied by TMA or not), time each on
-    the GPU, and keep the fastest
-    that matches ``reference``."""
+    the GPU, time the builds that could win ``final_rounds`` times more (:func:`final_round`; 0: not
+    at all), and keep the fastest that matches ``reference``."""
     from mirage.codegen import dependent_launch
     from mirage.codegen.gpu_check import check_on_gpu, random_inputs
     from mirage.codegen.lower_program import generate_cuda_program
@@ -248,7 +249,8 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
         except Exception as error:  # noqa: BLE001 - a failing candidate is recorded and skipped
             trial.failure = f"run: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             trial.median_us = None  # not ranked
-    final_round(trials, lambda p: time_graph(lambda: p.launch(inputs), replays=replays).median_us)
+    final_round(trials, lambda p: time_graph(lambda: p.launch(inputs), replays=replays).median_us,
+                rounds=final_rounds)
     best = None
     for trial in ranking(trials, ties):
         result = check_on_gpu(reference, trial.program, inputs=inputs)  # type: ignore[attr-defined]
