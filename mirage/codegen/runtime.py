@@ -133,6 +133,7 @@ class Program:
     # each kernel's driver launch by (device index, kernel name); False where the device takes none
     _packed: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _scratches: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see _scratch
+    _maps: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # see _tensor_map
 
     @property
     def graph(self) -> KernelGraph:
@@ -209,6 +210,12 @@ class Program:
                 raise LaunchError(f"input {i} is {x.dtype}, expected {dtype}: cast it first")
             if needs_cuda and not x.is_cuda:
                 raise LaunchError(f"input {i} is on {x.device}; generated kernels need CUDA tensors")
+        return self.run(inputs)
+
+    def run(self, inputs: Sequence) -> list:
+        """:meth:`launch` without its input checks, for a caller that checked inputs of these shapes,
+        dtypes and device before (the frontend's executor, after its first call)."""
+        _, steps, outputs = self._steps()
         values: dict[Ref, Any] = {}
         feed = iter(inputs)
         algebra = None
@@ -293,7 +300,7 @@ class Program:
         if packed is None:
             packed = self._packed[(device.index, launch.name)] = self._pack(launch, device.index)
         if packed:
-            maps = [tensor_maps.encode(inputs[m.input], m) for m in launch.tensor_maps]
+            maps = [self._tensor_map(launch, k, inputs[m.input]) for k, m in enumerate(launch.tensor_maps)]
             if _current_device() == device.index:
                 packed(stream, pointers, maps)
             else:
@@ -306,6 +313,18 @@ class Program:
             raise LaunchError(f"{launch.name} copies inputs by TMA, which needs an sm_90 GPU and the "
                               "cuda-bindings package; build without OptimizerOptions.tma_copies")
         self._launch_cupy(launch, pointers, device, stream)
+
+    def _tensor_map(self, launch: KernelLaunch, k: int, tensor) -> bytes:
+        """The ``k``-th tensor map of ``launch`` for ``tensor``: by the tensor's address alone, since a
+        launch's inputs have fixed shapes and are contiguous (as :meth:`run` and the aligned copy make
+        them), encoded by :func:`tensor_maps.encode` on a miss."""
+        key = (launch.name, k, tensor.data_ptr())
+        blob = self._maps.get(key)
+        if blob is None:
+            if len(self._maps) >= 256:
+                self._maps.clear()
+            blob = self._maps[key] = tensor_maps.encode(tensor, launch.tensor_maps[k])
+        return blob
 
     def _pack(self, launch: KernelLaunch, device_index: int) -> dependent_launch.PackedLaunch | bool:
         """The kernel's launches through the driver, or False where the device cannot take them."""

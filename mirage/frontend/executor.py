@@ -55,6 +55,12 @@ class Compiled:
         self.graph = graph
         self.launch = launch
         self._copies: dict[int, tuple[tuple, torch.Tensor]] = {}
+        # after the first call's checks, a program's launch without them: a subprogram's inputs keep
+        # the shapes, dtypes and device of its specialization
+        owner = getattr(launch, "__self__", None)
+        program_launch = getattr(launch, "__name__", "") == "launch" and hasattr(owner, "run")
+        self._next = owner.run if program_launch else launch
+        self._checked = False
 
     def _contiguous(self, position: int, t: torch.Tensor) -> torch.Tensor:
         if t.is_contiguous():
@@ -67,7 +73,12 @@ class Compiled:
         return cached[1]
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return list(self.launch([self._contiguous(i, t) for i, t in enumerate(inputs)]))
+        inputs = [self._contiguous(i, t) for i, t in enumerate(inputs)]
+        if self._checked:
+            return list(self._next(inputs))
+        outputs = list(self.launch(inputs))
+        self._checked = True
+        return outputs
 
 
 def codegen_launcher(graph: KernelGraph, build: dict | None = None) -> Callable | None:

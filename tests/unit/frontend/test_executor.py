@@ -102,3 +102,28 @@ def test_softmax_of_large_and_fully_masked_logits_matches_torch(searched):
     got = fast(scores, mask)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_checks_a_programs_inputs_on_its_first_call_only(monkeypatch):
+    """The first call goes through Program.launch's checks; later calls, whose inputs keep the
+    specialization's shapes, dtypes and device, through Program.run."""
+    from mirage.codegen.runtime import LaunchError, Program, compile_chosen
+
+    graph = _graph()
+    program = compile_chosen(graph)  # kernel-level ops only: runs on the CPU through torch
+    executor = Compiled(graph, program.launch)
+    x, w = torch.randn(2, 3), torch.randn(3, 4)
+    with pytest.raises(LaunchError, match="expected torch.float32"):
+        executor([x.double(), w.double()])
+    (first,) = executor([x, w])
+
+    def checked(self, inputs):
+        raise AssertionError("checked again")
+
+    monkeypatch.setattr(Program, "launch", checked)
+    (second,) = executor([x, w])
+    torch.testing.assert_close(first, x @ w)
+    torch.testing.assert_close(second, x @ w)
+    other = Compiled(graph, lambda inputs: [inputs[0] @ inputs[1]])  # any launcher: called as it is
+    torch.testing.assert_close(other([x, w])[0], x @ w)
+    torch.testing.assert_close(other([x, w])[0], x @ w)
