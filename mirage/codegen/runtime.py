@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import logging
 import math
+import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -220,22 +221,27 @@ class Program:
         feed = iter(inputs)
         algebra = None
         scratch = None
-        for step, (kind, ref, detail) in enumerate(steps):
-            if kind == "input":
-                values[ref] = next(feed).contiguous()
-            elif kind == "kernel":
-                args = [values[r] for r in detail.inputs]
-                device = args[0].device
-                if scratch is None:
-                    stream = _raw_stream(device.index)
-                    scratch = self._scratch(device, stream)
-                outs = scratch.outputs(step, ref)
-                self._launch(detail, outs, args, stream)
-                values.update(zip(detail.outputs, outs, strict=True))
-            else:
-                algebra = algebra or TorchAlgebra()
-                node = self.graph.nodes[ref.node]
-                values[ref] = _pre_defined(node, self.graph, [values[r] for r in node.inputs], algebra)
+        try:
+            for step, (kind, ref, detail) in enumerate(steps):
+                if kind == "input":
+                    values[ref] = next(feed).contiguous()
+                elif kind == "kernel":
+                    args = [values[r] for r in detail.inputs]
+                    device = args[0].device
+                    if scratch is None:
+                        stream = _raw_stream(device.index)
+                        scratch = self._scratch(device, stream)
+                        scratch.lock.acquire()  # another thread's call on this stream waits for this one's
+                    outs = scratch.outputs(step, ref)
+                    self._launch(detail, outs, args, stream)
+                    values.update(zip(detail.outputs, outs, strict=True))
+                else:
+                    algebra = algebra or TorchAlgebra()
+                    node = self.graph.nodes[ref.node]
+                    values[ref] = _pre_defined(node, self.graph, [values[r] for r in node.inputs], algebra)
+        finally:
+            if scratch is not None:
+                scratch.lock.release()
         return [values[r] for r in outputs]
 
     def _steps(self) -> tuple:
@@ -357,11 +363,13 @@ MAX_SCRATCH_STREAMS = 4
 
 class _Scratch:
     """A program's tensors that only its own kernels read, for calls on one stream and device: kept
-    from call to call (``keep``) or made afresh in each."""
+    from call to call (``keep``) or made afresh in each.  A call holds ``lock`` while it launches, so
+    that two threads calling on one stream do not interleave their kernels over the same tensors."""
 
     def __init__(self, program: Program, device, keep: bool) -> None:
         self.program, self.device, self.keep = program, device, keep
         self.tensors: dict[tuple, Any] = {}
+        self.lock = threading.Lock()
 
     def outputs(self, step: int, kinds: tuple) -> list:
         """The output tensors of the kernel of ``step``, each of ``kinds`` a (shape, dtype, internal):

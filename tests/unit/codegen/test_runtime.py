@@ -204,3 +204,25 @@ def test_launch_plan_keeps_only_tensors_that_kernels_alone_read(return_middle, t
     (first,), (second,) = kernels
     assert first[2] is not (return_middle or torch_reads_middle)
     assert second[2] is False  # the program's result
+
+
+def test_a_call_holds_its_streams_scratch_while_it_launches(monkeypatch):
+    """Two threads calling one program on one stream must not interleave their kernels over the kept
+    tensors: each call holds the scratch's lock from its first launch to its last (launches faked)."""
+    import mirage.codegen.runtime as runtime
+
+    program = Program(generate_cuda_program(two_kernels(False, False), 90), None)
+    monkeypatch.setattr(runtime, "_raw_stream", lambda index: 7)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    held = []
+
+    def launch(self, launch, outputs, inputs, stream=None):
+        (scratch,) = self._scratches.values()
+        held.append((stream, scratch.lock.locked(), outputs[0].data_ptr()))
+
+    monkeypatch.setattr(Program, "_launch", launch)
+    results = [program.run([torch.full((8, 64), v, dtype=torch.float16)]) for v in (0.0, 1.0)]
+    assert len(results) == 2 and [(s, locked) for s, locked, _ in held] == [(7, True)] * 4
+    assert held[0][2] == held[2][2] and held[1][2] != held[3][2]  # the middle kept, the result fresh
+    (scratch,) = program._scratches.values()
+    assert not scratch.lock.locked()  # released after each call

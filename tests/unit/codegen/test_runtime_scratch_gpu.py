@@ -59,3 +59,25 @@ def test_a_returned_middle_tensor_is_fresh_in_each_call():
     (_, middle_x), (_, middle_y) = program.launch([x]), program.launch([y])
     torch.testing.assert_close(middle_x, torch.exp(x.float()).half(), rtol=2e-3, atol=2e-3)
     assert middle_x.data_ptr() != middle_y.data_ptr()
+
+
+def test_threads_calling_on_one_stream_get_their_own_results():
+    program = compile_chosen(two_kernels(False, False))
+    xs = [torch.rand(8, 64, device="cuda", dtype=torch.float16) - 0.1 * k for k in range(8)]
+    program.launch([xs[0]])  # loaded, plan made
+    results: dict[int, list] = {}
+
+    def calls(k):
+        results[k] = [program.launch([xs[k]])[0] for _ in range(50)]
+
+    import threading
+
+    threads = [threading.Thread(target=calls, args=(k,)) for k in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    for k, outs in results.items():
+        for out in outs:
+            torch.testing.assert_close(out, expected(xs[k]), rtol=2e-3, atol=2e-3)
