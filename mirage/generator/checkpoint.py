@@ -84,15 +84,8 @@ class Checkpoint:
     @classmethod
     def load(cls, path: Path, key: str, units_total: int) -> Checkpoint | None:
         """The checkpoint at ``path`` if it belongs to this search, else ``None`` (with a warning)."""
-        if not path.is_file():
-            return None
-        try:
-            document = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            warn_corrupt(path, error)
-            return None
-        if not isinstance(document, dict):
-            warn_corrupt(path, f"a JSON {type(document).__name__}, not an object")
+        document = _read_object(path)
+        if document is None:
             return None
         if document.get("format") != FORMAT or document.get("version") != VERSION:
             logger.warning("ignoring checkpoint %s: not a version-%d search checkpoint", path, VERSION)
@@ -106,6 +99,22 @@ class Checkpoint:
             warn_corrupt(path, error)
             return None
         return cls(key, units_total, done)
+
+
+def _read_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; ``None`` if there is no such file, or (with a warning) if it is
+    unreadable or holds something other than an object."""
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        warn_corrupt(path, error)
+        return None
+    if not isinstance(document, dict):
+        warn_corrupt(path, f"a JSON {type(document).__name__}, not an object")
+        return None
+    return document
 
 
 def _checked_units(done: Any, units_total: int) -> dict[int, dict[str, Any]]:
@@ -158,15 +167,8 @@ class ResultCache:
     def load(self, key: str) -> dict[str, Any] | None:
         """The cached result of search ``key``, checked; ``None`` (with one warning) if it is malformed."""
         path = self.directory(key) / "result.json"
-        if not path.is_file():
-            return None
-        try:
-            document = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            warn_corrupt(path, error)
-            return None
-        if not isinstance(document, dict):
-            warn_corrupt(path, f"a JSON {type(document).__name__}, not an object")
+        document = _read_object(path)
+        if document is None:
             return None
         if document.get("format") != RESULT_FORMAT or document.get("version") != VERSION:
             return None
