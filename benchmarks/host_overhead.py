@@ -17,7 +17,6 @@ import argparse
 import cProfile
 import io
 import pstats
-import time
 from functools import partial
 
 import torch
@@ -26,27 +25,10 @@ import mirage as mi
 
 
 def host_us(fn, calls: int = 300) -> float:
-    """Median over 5 rounds of the wall time per call of ``calls`` back-to-back calls, synchronized
-    once at the end of each round (the host's issue rate when it is the bottleneck)."""
-    return host_us_of({"fn": fn}, calls)["fn"]
+    """Host time of one call of ``fn`` (µs): see :func:`mirage.codegen.profile.host_times`."""
+    from mirage.codegen.profile import host_times
 
-
-def host_us_of(fns: dict, calls: int = 300, rounds: int = 5) -> dict[str, float]:
-    """``host_us`` of each of ``fns`` with their rounds taken in turn, so that a host whose speed
-    drifts during the run (shared machines do) weighs on each alike."""
-    for fn in fns.values():
-        for _ in range(5):
-            fn()
-    torch.cuda.synchronize()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - start) / calls * 1e6)
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return host_times({"fn": fn}, calls)["fn"]
 
 
 def profile(fn, calls: int, top: int) -> str:
@@ -171,7 +153,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", type=int, default=25, help="functions listed per profile")
     parser.add_argument("--breakdown", action="store_true", help="time each step of a gqa_b1 call alone")
     args = parser.parse_args(argv)
-    from mirage.codegen.profile import device_facts, time_graph
+    from mirage.codegen.profile import device_facts, host_times, time_graph
 
     rows = []
     for name, program, inputs, options in programs():
@@ -179,7 +161,7 @@ def main(argv=None) -> int:
         with torch.no_grad():
             eager = lambda program=program, xs=inputs: program(*xs)  # noqa: E731
             ours = lambda fast=fast, xs=inputs: fast(*xs)  # noqa: E731
-            host = host_us_of({"eager": eager, "mirage": ours}, rounds=9)
+            host = host_times({"eager": eager, "mirage": ours}, rounds=9)
             row = {"program": name, "eager_host_us": host["eager"], "mirage_host_us": host["mirage"],
                    "eager_graph_us": time_graph(eager).median_us,
                    "mirage_graph_us": time_graph(ours).median_us}

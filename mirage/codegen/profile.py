@@ -3,12 +3,16 @@
 ``time_graph(fn)`` captures ``calls`` back-to-back calls of ``fn`` in one CUDA graph, replays it
 ``replays`` times, each between two events, and returns the median time of one call in µs.  Warm-up
 (compilation, autotuning, allocator growth) happens before the capture.
+
+``host_times(fns)`` measures the other side: what a call costs the CPU when calls are issued one after
+another without a graph (a user's loop), for several functions with their rounds taken in turn.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -57,6 +61,32 @@ def time_graph(fn: Callable[[], object], calls: int = 10, replays: int = 200, wa
     per_call = sorted(s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends, strict=True))
     q = statistics.quantiles(per_call, n=10)
     return Timing(statistics.median(per_call), q[0], q[-1], replays, calls)
+
+
+def host_times(fns: Mapping[str, Callable[[], object]], calls: int = 300, rounds: int = 5,
+               synchronize: Callable[[], object] | None = None) -> dict[str, float]:
+    """Host time of one call of each of ``fns`` (µs): the median over ``rounds`` rounds of the wall time
+    of ``calls`` back-to-back calls, synchronized once at the end of each round (the host's issue rate
+    when it is the bottleneck).  The functions' rounds are taken in turn, so that a host whose speed
+    drifts during the run (shared machines do) weighs on each alike.  ``synchronize``: waits for the
+    GPU (default: ``torch.cuda.synchronize``)."""
+    if synchronize is None:
+        import torch
+
+        synchronize = torch.cuda.synchronize
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    synchronize()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            synchronize()
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def kernel_times(fn: Callable[[], object], calls: int = 50, warmup: int = 3) -> dict[str, float]:

@@ -58,20 +58,14 @@ def _generate(graph, directory: Path) -> str:
     return f"wrote {path} ({len(source.splitlines())} lines)"
 
 
-def _time_cuda(fn, repeats: int = 200) -> tuple[float, float]:
-    """(device time of a call from CUDA-graph replays, host time of a call issued eagerly), µs: the
-    first is what the kernels take, the second what a loop of eager calls costs the CPU."""
-    from mirage.codegen.profile import time_graph
+def _time_cuda(eager, ours) -> tuple[dict[str, float], dict[str, float]]:
+    """Device time of a call (CUDA-graph replays) and host time of a call issued eagerly, µs, of the
+    eager program and ours (``{"eager": …, "mirage": …}`` each): the first is what the kernels take, the
+    second what a loop of eager calls costs the CPU (rounds of the two taken in turn)."""
+    from mirage.codegen.profile import host_times, time_graph
 
-    device_us = time_graph(fn).median_us
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return device_us, (time.perf_counter() - start) * 1e6 / repeats
+    fns = {"eager": eager, "mirage": ours}
+    return {name: time_graph(fn).median_us for name, fn in fns.items()}, host_times(fns, calls=200)
 
 
 def run_demo(scale: int = 1, search: bool = True, time_limit_s: float = 30.0, use_cache: bool = True,
@@ -129,12 +123,12 @@ def run_demo(scale: int = 1, search: bool = True, time_limit_s: float = 30.0, us
         with torch.no_grad():
             gpu_module(*gpu_inputs), gpu_fast(*gpu_inputs)  # specialized and loaded before any capture
             torch.cuda.synchronize()
-            eager_us, eager_host_us = _time_cuda(lambda: gpu_module(*gpu_inputs))
-            mirage_us, mirage_host_us = _time_cuda(lambda: gpu_fast(*gpu_inputs))
+            device, host = _time_cuda(lambda: gpu_module(*gpu_inputs), lambda: gpu_fast(*gpu_inputs))
         result.add("gpu", f"{torch.cuda.get_device_name()}, device time a call (CUDA graph): eager "
-                          f"{eager_us:.1f} µs, mirage {mirage_us:.1f} µs ({eager_us / mirage_us:.2f}x)")
-        result.add("gpu", f"host time a call (eager calls in a loop): eager {eager_host_us:.1f} µs, "
-                          f"mirage {mirage_host_us:.1f} µs; small programs called in a loop are bound by it: "
+                          f"{device['eager']:.1f} µs, mirage {device['mirage']:.1f} µs "
+                          f"({device['eager'] / device['mirage']:.2f}x)")
+        result.add("gpu", f"host time a call (eager calls in a loop): eager {host['eager']:.1f} µs, "
+                          f"mirage {host['mirage']:.1f} µs; small programs called in a loop are bound by it: "
                           "capture them in a CUDA graph")
     else:
         result.add("gpu", "no CUDA device: compile and timing skipped")
