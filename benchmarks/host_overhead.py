@@ -56,33 +56,28 @@ def _relative_paths(text: str) -> str:
     return text
 
 
-def each_us(fn, calls: int = 2000) -> float:
-    """Host time of one ``fn()`` in µs: median of 5 rounds of ``calls`` calls (no synchronization
-    inside a round, so a step that enqueues GPU work is timed as the host issues it)."""
-    return host_us(fn, calls)
-
-
 def breakdown(fast, inputs) -> dict[str, float]:
     """The host time of each step of a call of ``fast`` on ``inputs``, timed alone (µs)."""
     import cupy
 
     from mirage.frontend.runtime import SubprogramModule
 
+    step_us = partial(host_us, calls=2000)  # rounds synchronized at their ends only
     spec = fast.specializations[-1]
     device = inputs[0].device
-    steps: dict[str, float] = {"module call": each_us(lambda: fast(*inputs)),
-                               "stitched graph (flat)": each_us(lambda: spec.run_flat(inputs))}
+    steps: dict[str, float] = {"module call": step_us(lambda: fast(*inputs)),
+                               "stitched graph (flat)": step_us(lambda: spec.run_flat(inputs))}
     subprograms = [m for m in spec.module.modules() if isinstance(m, SubprogramModule)]
     for m in subprograms:
         executor = m.executor(device)
         program = executor.launch.__self__
         sub_inputs = [b.apply(inputs[m._position[b.source]]) for b in m.subprogram.inputs]
-        steps[f"{m.subprogram.name}: module"] = each_us(lambda m=m: m(*inputs))
-        steps[f"{m.subprogram.name}: forward"] = each_us(lambda m=m: m.forward(*inputs))
-        steps[f"{m.subprogram.name}: input bindings"] = each_us(
+        steps[f"{m.subprogram.name}: module"] = step_us(lambda m=m: m(*inputs))
+        steps[f"{m.subprogram.name}: forward"] = step_us(lambda m=m: m.forward(*inputs))
+        steps[f"{m.subprogram.name}: input bindings"] = step_us(
             lambda m=m: [b.apply(inputs[m._position[b.source]]) for b in m.subprogram.inputs])
-        steps[f"{m.subprogram.name}: executor"] = each_us(lambda e=executor, xs=sub_inputs: e(xs))
-        steps[f"{m.subprogram.name}: program.launch"] = each_us(lambda p=program, xs=sub_inputs: p.launch(xs))
+        steps[f"{m.subprogram.name}: executor"] = step_us(lambda e=executor, xs=sub_inputs: e(xs))
+        steps[f"{m.subprogram.name}: program.launch"] = step_us(lambda p=program, xs=sub_inputs: p.launch(xs))
         values = dict(zip((r for k, r, _ in program._steps()[1] if k == "input"), sub_inputs, strict=False))
         for kind, ref, launch in program._steps()[1]:
             if kind != "kernel":
@@ -95,8 +90,8 @@ def breakdown(fast, inputs) -> dict[str, float]:
                     device=device) for a, r in zip(args, launch.inputs, strict=True)]
             values.update(zip(launch.outputs, outs, strict=True))
             name = f"{launch.name} ({len(launch.tensor_maps)} tensor maps)"
-            steps[f"{name}: Program._launch"] = each_us(partial(program._launch, launch, outs, args))
-            steps[f"{name}: torch.empty of its outputs"] = each_us(
+            steps[f"{name}: Program._launch"] = step_us(partial(program._launch, launch, outs, args))
+            steps[f"{name}: torch.empty of its outputs"] = step_us(
                 lambda ref=ref: [torch.empty(s, dtype=d, device=device) for s, d, _ in ref])
             pointers = [t.data_ptr() for t in outs + args]
             maps = []
@@ -104,32 +99,32 @@ def breakdown(fast, inputs) -> dict[str, float]:
                 from mirage.codegen import tensor_maps
 
                 maps = [tensor_maps.encode(args[t.input], t) for t in launch.tensor_maps]
-                steps[f"{name}: tensor_maps.encode (cached)"] = each_us(
+                steps[f"{name}: tensor_maps.encode (cached)"] = step_us(
                     partial(lambda a, specs: [tensor_maps.encode(a[t.input], t) for t in specs], args,
                             launch.tensor_maps))
             stream = torch.cuda.current_stream(device).cuda_stream
             packed = program._packed.get((device.index, launch.name))
             if packed:
-                steps[f"{name}: PackedLaunch"] = each_us(partial(packed, stream, pointers, maps))
-                steps[f"{name}: cuLaunchKernelEx alone"] = each_us(partial(
+                steps[f"{name}: PackedLaunch"] = step_us(partial(packed, stream, pointers, maps))
+                steps[f"{name}: cuLaunchKernelEx alone"] = step_us(partial(
                     packed._driver.cuLaunchKernelEx, packed._config, packed._handle, packed._arguments, 0))
-    steps["torch.cuda.current_stream(device).cuda_stream"] = each_us(
+    steps["torch.cuda.current_stream(device).cuda_stream"] = step_us(
         lambda: torch.cuda.current_stream(device).cuda_stream)
-    steps["torch._C._cuda_getCurrentRawStream(index)"] = each_us(
+    steps["torch._C._cuda_getCurrentRawStream(index)"] = step_us(
         lambda: torch._C._cuda_getCurrentRawStream(device.index))
-    steps["torch.cuda.current_device()"] = each_us(torch.cuda.current_device)
+    steps["torch.cuda.current_device()"] = step_us(torch.cuda.current_device)
 
-    def enter_device():
+    def enter_device():  # what entering and leaving the context costs, with nothing inside
         with cupy.cuda.Device(device.index):
             pass
 
-    steps["with cupy.cuda.Device(index)"] = each_us(enter_device)
+    steps["with cupy.cuda.Device(index)"] = step_us(enter_device)
 
-    def no_grad():
+    def no_grad():  # likewise
         with torch.no_grad():
             pass
 
-    steps["with torch.no_grad()"] = each_us(no_grad)
+    steps["with torch.no_grad()"] = step_us(no_grad)
     return steps
 
 
@@ -153,6 +148,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", type=int, default=25, help="functions listed per profile")
     parser.add_argument("--breakdown", action="store_true", help="time each step of a gqa_b1 call alone")
     args = parser.parse_args(argv)
+    from benchmarks.stream_floor import print_times, write_record
     from mirage.codegen.profile import device_facts, host_times, time_graph
 
     rows = []
@@ -170,12 +166,9 @@ def main(argv=None) -> int:
             print(row["profile"], flush=True)
             if args.breakdown and name == "gqa_b1":
                 row["breakdown_us"] = breakdown(fast, inputs)
-                for step, us in row["breakdown_us"].items():
-                    print(f"  {us:8.2f} µs  {step}", flush=True)
+                print_times(row["breakdown_us"])
         rows.append(row)
     if args.out:
-        from benchmarks.stream_floor import write_record
-
         write_record(args.out, "host_overhead", device_facts(), rows)
     return 0
 

@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="folder of the JSON record")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from benchmarks.stream_floor import write_record
+    from benchmarks.stream_floor import print_times, write_record
     from mirage.codegen.profile import device_facts
 
     rows = []
@@ -76,8 +76,7 @@ def main(argv=None) -> int:
         row = stability(case, args.repeats)
         print(f"{case}: distinct picks {row['distinct']}, mean excess over the best pick (µs) "
               f"{ {k: round(v, 3) for k, v in row['mean_excess_us'].items()} }", flush=True)
-        for key, us in sorted(row["retimed_us"].items(), key=lambda kv: kv[1]):
-            print(f"    {us:7.2f} µs  {key}", flush=True)
+        print_times(row["retimed_us"], by_time=True)
         rows.append(row)
     if args.out:
         write_record(args.out, "selection_stability", device_facts(), rows)

@@ -223,6 +223,13 @@ def main(argv=None) -> None:
     write_record(args.out, "stream_floor", facts, rows)
 
 
+def print_times(times: dict[str, float], by_time: bool = False) -> None:
+    """One line per entry of ``times`` (label → µs), fastest first where ``by_time``."""
+    items = sorted(times.items(), key=lambda kv: kv[1]) if by_time else times.items()
+    for label, us in items:
+        print(f"    {us:8.2f} µs  {label}", flush=True)
+
+
 def write_record(folder: str, name: str, facts: dict, rows: list) -> Path:
     """Write ``{facts, rows}`` as ``<name>_<date>.json`` into ``folder`` (made if missing)."""
     out = Path(folder)
