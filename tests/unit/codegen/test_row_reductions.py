@@ -126,3 +126,13 @@ def test_columns_beyond_a_vector_interleave_across_the_row():
     assert _kernel(ntrans.fused(8, threads=256), off).row_loop.group == 16
     code = generate_cuda_program(ntrans.fused(8, threads=256)).code
     assert code.count("row_loop_col + j * 2048") == 4  # three inputs and the output
+
+
+@pytest.mark.parametrize(("iterations", "most", "batch"),
+                         [(32, 26, 16), (16, 26, 16), (29, 26, 15), (32, 11, 11), (7, 1, 1), (5, 0, 1), (3, 200, 3)])
+def test_direct_loop_batches_are_as_even_as_the_range_allows(iterations, most, batch):
+    from mirage.codegen.lower_rowloop import batch_size
+
+    assert batch_size(iterations, most) == batch
+    batches = -(-iterations // batch)
+    assert batch <= max(most, 1) and batches == -(-iterations // max(1, min(most, iterations)))
