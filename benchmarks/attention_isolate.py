@@ -4,6 +4,9 @@ kernel in one run (timing only: the cut builds compute nothing useful).
 
 * ``as_generated``: the kernel as built;
 * ``no_step``: the chain's step removed: the loop only fetches, waits for and hands back K and V;
+* ``no_step_no_copies``: both removed: what a block costs besides its loop (the launch, the
+  prologue's copies, the write-back of the chain's registers and the output stores); ``frame``: that
+  without the write-back;
 * ``no_copies``: the loop's copies and waits removed: the chain computes on the stages fetched
   before the loop, over and over (the compute alone);
 * ``no_exp2``: every exponential one FMUL instead of the SFU's ``MUFU.EX2`` (``MIRAGE_PROBE_NO_EXP2``);
@@ -37,9 +40,12 @@ from mirage.codegen.runtime import build_many
 from mirage.optimizer import OptimizerOptions
 
 COPIES = (r"in\d+\.load\(iteration \+ \d+\);", r"in\d+\.wait\(iteration\);")
+STEP = r"softmax\d+::step\([^;]*\);"
 CUTS = {
     "as_generated": (),
-    "no_step": (r"softmax\d+::step\([^;]*\);",),
+    "no_step": (STEP,),
+    "no_step_no_copies": (STEP, *COPIES),  # the loop empty: launch, prologue, write-back, stores
+    "frame": (STEP, *COPIES, r"softmax\d+::write_back\([^;]*\);"),  # ...and no write-back either
     "no_copies": COPIES,
     "no_exp2": (),
     "no_exp2_no_copies": COPIES,
@@ -71,6 +77,9 @@ MEMBERS = (
     ("gqa_b8", ("kv_splits=8,q_splits=2,iters=8,threads=256,", "combine_rows=8"), 4),
     ("gqa_b8", ("kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8"), 4),
     ("gqa_b1", ("kv_splits=16,q_splits=4,iters=2,threads=128,", "combine_rows=8"), 3),
+    # half the keys a block (32 key splits): one or two warpgroups; their kernels take as long
+    ("gqa_b1", ("kv_splits=32,q_splits=4,iters=2,threads=128,", "combine_rows=8"), 3),
+    ("gqa_b1", ("kv_splits=32,q_splits=2,iters=2,threads=256,", "combine_rows=8"), 3),
     # 128 keys an iteration (the first: the suite's pick since the lookahead, run 21)
     ("gqa_b8", ("kv_splits=4,q_splits=2,iters=8,threads=256,", "combine_rows=8"), 4),
     ("gqa_b8", ("kv_splits=16,q_splits=2,iters=2,threads=256,", "combine_rows=8"), 3),
