@@ -37,6 +37,7 @@ DEVICE_FUNCTORS = frozenset(
         "Sqrt",
         "Square",
         "Sigmoid",
+        "Tanh",
         "Silu",
         "Gelu",
         "Relu",

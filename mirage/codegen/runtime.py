@@ -92,6 +92,7 @@ class TorchAlgebra:
             "gelu": lambda v: F.gelu(v, approximate="tanh"),
             "relu": F.relu,
             "sigmoid": lambda v: v.sigmoid(),
+            "tanh": lambda v: v.tanh(),
         }
         if name in table:
             return table[name](x)

@@ -391,6 +391,7 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("gelu", C, _gelu, "gelu, tanh approximation only"),
         Lowering("relu", C, _unary("relu"), "max(x, 0)"),
         Lowering("sigmoid", C, _unary("sigmoid"), "1/(1+e⁻ˣ)"),
+        Lowering("tanh", C, _unary("tanh"), "tanh(x)"),
         Lowering("clamp", C, _clamp, "min(max(x, lo), hi)"),
         Lowering("clamp_min", C, _clamp_min, "max(x, lo): relu, or clamp to [lo, dtype max]"),
         Lowering("hardtanh", C, _clamp, "clamp to [min_val, max_val]"),

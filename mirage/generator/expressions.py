@@ -169,6 +169,7 @@ _DIRECT: dict[Op, Callable[..., Term]] = {
     Op.GELU: lambda types, x: ae.opaque("gelu", x),
     Op.RELU: lambda types, x: ae.opaque("relu", x),
     Op.SIGMOID: lambda types, x: ae.opaque("sigmoid", x),
+    Op.TANH: lambda types, x: ae.opaque("tanh", x),
     Op.MUL_SCALAR: lambda types, x: x,  # x * c = x
     Op.ADD_SCALAR: lambda types, x: x,  # x + c = x
     Op.MATMUL: lambda types, x, y: ae.sum_of(types[0].shape[-1], ae.mul(x, y)),

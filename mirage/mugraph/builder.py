@@ -159,6 +159,9 @@ class _Builder:
     def sigmoid(self, a):
         return self._add(Op.SIGMOID, (a,))
 
+    def tanh(self, a):
+        return self._add(Op.TANH, (a,))
+
     def clamp(self, a, min_value: float, max_value: float):
         return self._add(Op.CLAMP, (a,), Clamp(float(min_value), float(max_value)))
 

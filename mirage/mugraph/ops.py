@@ -53,6 +53,7 @@ class Op(enum.Enum):
     GELU = "gelu"
     RELU = "relu"
     SIGMOID = "sigmoid"
+    TANH = "tanh"
     CLAMP = "clamp"
     MUL_SCALAR = "mul_scalar"
     ADD_SCALAR = "add_scalar"
@@ -76,7 +77,7 @@ class Op(enum.Enum):
     FUSED = "fused"
 
 
-UNARY = frozenset({Op.EXP, Op.SQRT, Op.SQUARE, Op.SILU, Op.GELU, Op.RELU, Op.SIGMOID, Op.CLAMP,
+UNARY = frozenset({Op.EXP, Op.SQRT, Op.SQUARE, Op.SILU, Op.GELU, Op.RELU, Op.SIGMOID, Op.TANH, Op.CLAMP,
                    Op.MUL_SCALAR, Op.ADD_SCALAR})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 ELEMENTWISE = UNARY | BINARY
@@ -320,6 +321,7 @@ _F = {
     Op.GELU: lambda A, at, it, x: A.opaque("gelu", x, _gelu),
     Op.RELU: lambda A, at, it, x: A.opaque("relu", x, _relu),
     Op.SIGMOID: lambda A, at, it, x: A.opaque("sigmoid", x, _sigmoid),
+    Op.TANH: lambda A, at, it, x: A.opaque("tanh", x, np.tanh),
     Op.CLAMP: lambda A, at, it, x: A.opaque(f"clamp[{at.min},{at.max}]", x, _clamp(at)),
     Op.MUL_SCALAR: lambda A, at, it, x: A.mul(x, A.const(Fraction(at.value), x)),
     Op.ADD_SCALAR: lambda A, at, it, x: A.add(x, A.const(Fraction(at.value), x)),
@@ -355,6 +357,7 @@ REGISTRY: dict[Op, OpSpec] = {
         _row(Op.GELU, _ALL, 1, None, _unary_shape, "Gelu", 8, "gelu (tanh approximation)"),
         _row(Op.RELU, _ALL, 1, None, _unary_shape, "Relu", 1, "max(x, 0)"),
         _row(Op.SIGMOID, _ALL, 1, None, _unary_shape, "Sigmoid", 3, "1/(1+e^-x)"),
+        _row(Op.TANH, _ALL, 1, None, _unary_shape, "Tanh", 3, "tanh(x)"),
         _row(Op.CLAMP, _ALL, 1, Clamp, _unary_shape, "Clamp", 2, "min(max(x, lo), hi)"),
         _row(Op.MUL_SCALAR, _ALL, 1, Scalar, _unary_shape, "MulScalar", 1, "x·c"),
         _row(Op.ADD_SCALAR, _ALL, 1, Scalar, _unary_shape, "AddScalar", 1, "x + c"),

@@ -71,7 +71,8 @@ UNARY_SWAPS = {
     Op.SQUARE: (Op.SQRT, Op.EXP),
     Op.SILU: (Op.GELU, Op.SIGMOID, Op.EXP),
     Op.GELU: (Op.SILU,),
-    Op.SIGMOID: (Op.SILU,),
+    Op.SIGMOID: (Op.SILU, Op.TANH),
+    Op.TANH: (Op.SIGMOID,),
 }
 BINARY_SWAPS = {Op.ADD: (Op.SUB, Op.MUL), Op.SUB: (Op.ADD, Op.DIV), Op.MUL: (Op.ADD, Op.DIV),
                 Op.DIV: (Op.MUL, Op.SUB)}

@@ -291,6 +291,7 @@ UNARY_OPS = [
     ("chain", 10, lambda x: np.square(_silu(SCALAR * x)), (-3, 3)),
     ("chain_in_registers", 11, lambda x: np.square(_silu(SCALAR * x)), (-3, 3)),
     ("exp_in_place", 12, np.exp, (-3, 3)),
+    ("tanh", 13, np.tanh, (-4, 4)),
 ]
 TOLERANCE = {"f16": 2e-3, "bf16": 1.6e-2, "f32": 2e-6}
 

@@ -46,6 +46,7 @@ __device__ void unary_ops(T* out, const T* in, int op, float scalar, float low, 
       break;
     }
     case 12: elementwise_unary<NumThreads>(x, x, Exp{}); elementwise_unary<NumThreads>(y, x, Identity{}); break;  // in place
+    case 13: elementwise_unary<NumThreads>(y, x, Tanh{}); break;
   }
   save_dense<T, L, NumThreads>(out, y);
 }

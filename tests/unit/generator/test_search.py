@@ -355,6 +355,7 @@ def test_block_lookahead_cuts_states_but_no_closable_body():
         Op.GELU,
         Op.RELU,
         Op.SIGMOID,
+        Op.TANH,
         Op.MUL_SCALAR,
         Op.ADD_SCALAR,
         Op.MATMUL,

@@ -246,21 +246,38 @@ def split_k_gemm(m: int = 16, k: int = 4096, n: int = 1024, n_blocks: int = 8, k
     return g.freeze()
 
 
-def matmul_then_silu(m: int = 16, k: int = 256, n: int = 1024, n_blocks: int = 8) -> mi.KernelGraph:
-    """X @ W in one kernel, silu of it in a second whose blocks read one block's tile each (a fold
-    with clusters of one block)."""
-    g = mi.new_kernel_graph("matmul_silu")
-    x = g.new_input(dims=(m, k), dtype=mi.float16)
-    w = g.new_input(dims=(k, n), dtype=mi.float16)
+def _blocked_matmul(name: str, m: int, k: int, n: int, n_blocks: int):
+    """A kernel graph's X [m, k] and W [k, n] (fp16) and a block graph of ``n_blocks`` blocks of
+    column tiles that accumulates X @ W over K in 4 steps: (g, x, w, tb, the accumulator)."""
+    g = mi.new_kernel_graph(name)
+    x = g.new_input(dims=(m, k), dtype=mi.float16, name="X")
+    w = g.new_input(dims=(k, n), dtype=mi.float16, name="W")
     tb = mi.new_threadblock_graph(grid_dim=(n_blocks, 1, 1), block_dim=(128, 1, 1), forloop_range=4)
     bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
     bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
-    tb.new_output(tb.forloop_accum(tb.matmul(bx, bw)), output_map=(1, -1, -1))
+    return g, x, w, tb, tb.forloop_accum(tb.matmul(bx, bw))
+
+
+def matmul_then_silu(m: int = 16, k: int = 256, n: int = 1024, n_blocks: int = 8) -> mi.KernelGraph:
+    """X @ W in one kernel, silu of it in a second whose blocks read one block's tile each (a fold
+    with clusters of one block)."""
+    g, x, w, tb, product = _blocked_matmul("matmul_silu", m, k, n, n_blocks)
+    tb.new_output(product, output_map=(1, -1, -1))
     (product,) = g.customized([x, w], tb)
     tb2 = mi.new_threadblock_graph(grid_dim=(n_blocks, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
     tb2.new_output(tb2.forloop_accum(tb2.silu(tb2.new_input(product, input_map=(1, -1, -1)))),
                    output_map=(1, -1, -1))
     (out,) = g.customized([product], tb2)
+    g.mark_output(out)
+    return g.freeze()
+
+
+def matmul_epilogue(op: str, m: int = 16, k: int = 256, n: int = 512) -> mi.KernelGraph:
+    """``op(X @ W)`` in one kernel (``op`` a unary builder method: sigmoid, tanh, silu, ...): blocks
+    of 64 columns, K in 4 steps, ``op`` after the loop."""
+    g, x, w, tb, product = _blocked_matmul(f"epilogue_{op}", m, k, n, n // 64)
+    tb.new_output(getattr(tb, op)(product), output_map=(1, -1, -1))
+    (out,) = g.customized([x, w], tb)
     g.mark_output(out)
     return g.freeze()
 

@@ -32,6 +32,9 @@ struct Square {
 struct Sigmoid {
   MIRAGE_DEVICE float operator()(float x) const { return 1.0f / (1.0f + expf(-x)); }
 };
+struct Tanh {
+  MIRAGE_DEVICE float operator()(float x) const { return tanhf(x); }
+};
 // x * sigmoid(x)
 struct Silu {
   MIRAGE_DEVICE float operator()(float x) const { return x / (1.0f + expf(-x)); }

@@ -1,0 +1,46 @@
+"""Opaque unary epilogues of a fused matmul (sigmoid, tanh, silu, gelu) on a GPU, against the
+float64 reference, and a PyTorch program with ``torch.tanh`` through ``mirage.superoptimize``."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cupy")
+
+from mirage.codegen.gpu_check import check_on_gpu  # noqa: E402
+from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
+from mirage.codegen.runtime import build_many  # noqa: E402
+from tests.unit.optimizer.optimizer_graphs import matmul_epilogue  # noqa: E402
+
+OPS = ("gelu", "sigmoid", "silu", "tanh")
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def built() -> dict:
+    graphs = {op: matmul_epilogue(op) for op in OPS}
+    programs = build_many([generate_cuda_program(g) for g in graphs.values()])
+    return {op: (graphs[op], program) for op, program in zip(graphs, programs, strict=True)}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_unary_epilogue_matches_reference(built, op):
+    graph, program = built[op]
+    result = check_on_gpu(graph, program.with_poison(), seed=3)
+    assert result.passed, result.as_dict()
+
+
+def test_tanh_program_through_superoptimize():
+    import mirage as mi
+
+    def program(x, w):
+        return x + torch.tanh(x @ w) * 0.5
+
+    x = torch.randn(64, 256, device="cuda", dtype=torch.float16)
+    w = torch.randn(256, 256, device="cuda", dtype=torch.float16) / 16
+    fast = mi.superoptimize(program, (x, w), time_limit_s=10, use_cache=False, progress=False)
+    assert "runs in PyTorch" not in fast.report()
+    expected = program(x.double(), w.double())
+    torch.testing.assert_close(fast(x, w).double(), expected, rtol=2e-2, atol=2e-2)
