@@ -7,6 +7,7 @@ correctness is reported."""
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import torch
@@ -57,6 +58,18 @@ class SwiGLU(nn.Module):
         return F.silu(x @ self.w1) * (x @ self.w2)
 
 
+class GeluProjection(nn.Module):
+    """A projection and GPT-2's GELU written out by hand: one product, nine element-wise ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(768, 1024) / 28)
+
+    def forward(self, x):
+        y = x @ self.w
+        return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * torch.pow(y, 3.0))))
+
+
 class Block(nn.Module):
     """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
 
@@ -78,6 +91,7 @@ PROGRAMS = {
     "norm_projection": (NormProjection, [(4, 512)]),
     "swiglu": (SwiGLU, [(4, 512)]),
     "block": (Block, [(8, 512)]),
+    "gelu_projection": (GeluProjection, [(8, 768)]),
 }
 
 
@@ -85,7 +99,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
     parser.add_argument("--time-limit", type=float, default=15.0, help="search budget per subprogram, s")
+    parser.add_argument("--programs", default="", help="only these programs (comma-separated)")
     args = parser.parse_args(argv)
+    wanted = set(filter(None, args.programs.split(",")))
     from benchmarks.stream_floor import write_record
     from mirage.codegen.profile import device_facts, time_graph
 
@@ -94,6 +110,8 @@ def main(argv=None) -> None:
     rows = []
     torch.manual_seed(0)
     for name, (cls, shapes) in PROGRAMS.items():
+        if wanted and name not in wanted:
+            continue
         model = cls().to(device).half().eval()
         inputs = tuple(torch.randn(s, device=device).half() for s in shapes)
         start = time.time()

@@ -82,6 +82,35 @@ def auto_config(graph: KernelGraph) -> str:
     return "mlp"
 
 
+# the block-op budget a subprogram may raise the search's to (13: a matmul and a nine-op epilogue)
+MOST_BLOCK_OPS = 13
+_BLOCK_BUDGET_NAMES = ("max_block_ops", "max_num_threadblock_graph_op", "block_op_budget")
+
+
+def one_kernel_block_ops(graph: KernelGraph) -> int:
+    """Block ops that ``graph`` takes as one kernel: an input iterator per input, an op per op and an
+    accumulator per matrix product (Mirage's count: output savers not counted)."""
+    return len(graph.nodes) + sum(node.op is Op.MATMUL for node in graph.nodes)
+
+
+def with_block_budget(reference: KernelGraph, settings: SearchSettings) -> SearchSettings:
+    """``settings`` with the block-op budget raised, up to :data:`MOST_BLOCK_OPS`, to what ``reference``
+    takes as one kernel, where that is over the ``mlp`` space's budget and the caller set none: a
+    matrix product with a long element-wise epilogue then has its one-kernel µGraph in the space.
+    The search deepens block graphs one op at a time, so the shallower µGraphs come first as before.
+    The attention and LoRA spaces keep their budgets (their one-kernel forms are not what they seek)."""
+    from mirage.generator.space import CONFIGS
+
+    if settings.config != "mlp" or any(name in _BLOCK_BUDGET_NAMES for name, _ in settings.overrides):
+        return settings
+    default = CONFIGS["mlp"].max_block_ops
+    wanted = min(one_kernel_block_ops(reference), MOST_BLOCK_OPS)
+    if wanted <= default:
+        return settings
+    overrides = tuple(sorted((*settings.overrides, ("max_block_ops", json.dumps(wanted)))))
+    return dataclasses.replace(settings, overrides=overrides)
+
+
 def strip_names(graph: KernelGraph) -> KernelGraph:
     nodes = tuple(dataclasses.replace(n, attrs=KernelInput("")) if isinstance(n.attrs, KernelInput) else n
                   for n in graph.nodes)
@@ -323,6 +352,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     against ``reference`` and then ranked with the search's (those of another signature are skipped)."""
     if settings.config is None:
         settings = dataclasses.replace(settings, config=auto_config(reference))
+    settings = with_block_budget(reference, settings)
     key = cache_key(reference, settings)
     if profile_on:
         key = hashlib.sha256(f"{key}:{profile_on}".encode()).hexdigest()

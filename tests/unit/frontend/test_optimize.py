@@ -398,3 +398,43 @@ def test_a_fruitless_subprogram_is_split_before_its_next_layer_and_the_parts_sea
     (only,) = partition(gm).subprograms
     (cut,) = product_cuts(gm, only)
     assert only.ops[only.nodes.index(cut)] in PRODUCTS and only.nodes.index(cut) == 4
+
+
+def _epilogue_reference(ops: int) -> mi.KernelGraph:
+    """x @ w followed by ``ops`` element-wise ops (a scale and tanh in turn)."""
+    g = mi.new_kernel_graph()
+    y = g.matmul(g.new_input(dims=(4, 8), dtype=mi.float32), g.new_input(dims=(8, 6), dtype=mi.float32))
+    for k in range(ops):
+        y = g.tanh(y) if k % 2 else g.mul_scalar(y, 0.5)
+    g.mark_output(y)
+    return g.freeze()
+
+
+def _budget(settings: SearchSettings) -> int | None:
+    value = dict(settings.overrides).get("max_block_ops")
+    return None if value is None else json.loads(value)
+
+
+@pytest.mark.parametrize(("ops", "budget"), [(2, None), (5, None), (6, 10), (8, 12), (9, 13), (20, 13)])
+def test_a_long_epilogue_raises_the_block_budget_to_one_kernel(ops, budget):
+    """Two inputs, the product, its accumulator and the epilogue's ops: over the mlp space's 9, the
+    budget is raised to that count, at most 13."""
+    reference = _epilogue_reference(ops)
+    assert optimize.one_kernel_block_ops(reference) == ops + 4
+    assert _budget(optimize.with_block_budget(reference, SearchSettings(config="mlp"))) == budget
+
+
+def test_the_block_budget_is_left_to_the_caller_and_to_other_spaces():
+    reference = _epilogue_reference(9)
+    own = SearchSettings(config="mlp", overrides=(("max_num_threadblock_graph_op", "7"),))
+    assert optimize.with_block_budget(reference, own) == own
+    attention = SearchSettings(config="attention")
+    assert optimize.with_block_budget(reference, attention) == attention
+
+
+def test_choose_searches_with_the_raised_budget(monkeypatch):
+    seen = []
+    monkeypatch.setattr(optimize, "run_search",
+                        lambda reference, settings, progress=True: (seen.append(settings), (None, "", [], False))[1])
+    choose(_epilogue_reference(9), SearchSettings(time_limit_s=1.0), cache_dir=None)
+    assert seen and _budget(seen[0]) == 13 and seen[0].config == "mlp"
