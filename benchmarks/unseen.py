@@ -70,6 +70,18 @@ class GeluProjection(nn.Module):
         return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * torch.pow(y, 3.0))))
 
 
+class LayerNormProjection(nn.Module):
+    """LayerNorm written out by hand with ``var`` (no ``layer_norm`` op), then a product."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(512, 768) / 22)
+
+    def forward(self, x):
+        centred = x - x.mean(-1, keepdim=True)
+        return (centred / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + 1e-5)) @ self.w
+
+
 class Block(nn.Module):
     """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
 
@@ -92,6 +104,7 @@ PROGRAMS = {
     "swiglu": (SwiGLU, [(4, 512)]),
     "block": (Block, [(8, 512)]),
     "gelu_projection": (GeluProjection, [(8, 768)]),
+    "layernorm_projection": (LayerNormProjection, [(4, 512)]),
 }
 
 

@@ -191,6 +191,30 @@ def _vector_norm(b: RegionBuilder, node, p):  # sqrt(sum(x²)) over dims
     return power(b, b.reduce(squares, p.get("dim"), bool(p.get("keepdim", False)), mean=False), 0.5)
 
 
+def _variance(b: RegionBuilder, p) -> Value:
+    """Σ (x − mean)² / (n − correction) over ``dim`` (all dims when none): ``var`` and ``std``."""
+    x = b.tensor_operand(p["self"])
+    dims = shapes.normalize_dims(p.get("dim") or None, len(x.shape))
+    if "correction" in p:
+        correction = 1.0 if p["correction"] is None else float(p["correction"])
+    else:
+        correction = 1.0 if p.get("unbiased", True) else 0.0
+    count = math.prod(x.shape[d] for d in dims)
+    if count - correction <= 0:
+        raise Unlowerable(f"variance of {count} element(s) with correction {correction:g}")
+    centered = b.add(x, b.reduce(x, list(dims), True, mean=True), -1.0)
+    squares = b.reduce(power(b, centered, 2.0), list(dims), bool(p.get("keepdim", False)), mean=False)
+    return b.scale(squares, 1.0 / (count - correction))
+
+
+def _var(b: RegionBuilder, node, p):
+    return _variance(b, p)
+
+
+def _std(b: RegionBuilder, node, p):
+    return power(b, _variance(b, p), 0.5)
+
+
 def _matmul(b: RegionBuilder, node, p):
     return b.matmul(b.tensor_operand(p["self"]), b.tensor_operand(p.get("other", p.get("mat2"))))
 
@@ -397,6 +421,8 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("hardtanh", C, _clamp, "clamp to [min_val, max_val]"),
         Lowering("sum", C, _reduce(mean=False), "sum over dims (one reduction per dim)"),
         Lowering("mean", C, _reduce(mean=True), "sum over dims, then · 1/n"),
+        Lowering("var", C, _var, "Σ (x − mean)² / (n − correction) over dims"),
+        Lowering("std", C, _std, "√var"),
         Lowering("softmax", C, _softmax, "LAX form exp(x)/Σexp(x), marked for online softmax"),
         Lowering("_softmax", C, _softmax, "as softmax"),
         Lowering("_safe_softmax", C, _softmax, "as softmax (a row all −inf: NaN here, zeros in PyTorch)"),
