@@ -307,10 +307,11 @@ def _drop_unstable(reference: KernelGraph, found: KernelGraph | None, note: str,
 PROFILE_CANDIDATES = 16  # verified µGraphs timed on the GPU per subprogram (best by the cost model first)
 
 
-def profile_choice(reference: KernelGraph, candidates: list[KernelGraph]) -> tuple[KernelGraph, str, dict]:
+def profile_choice(reference: KernelGraph,
+                   candidates: list[KernelGraph]) -> tuple[KernelGraph, str, dict, float]:
     """Profile-guided selection on the current GPU: compile, time and float-check the candidates
-    (mirage.codegen.select) and return the fastest that matches the reference, a note, and how it
-    was built (``BuildChoice.as_dict``: pipeline depth and launch mode)."""
+    (mirage.codegen.select) and return the fastest that matches the reference, a note, how it was
+    built (``BuildChoice.as_dict``: pipeline depth and launch mode) and its time (µs a call)."""
     from mirage.codegen.select import select_fastest
 
     selection = select_fastest(reference, candidates[:PROFILE_CANDIDATES], stages=(2, 3))
@@ -318,7 +319,35 @@ def profile_choice(reference: KernelGraph, candidates: list[KernelGraph]) -> tup
     launch = ("on, one block per SM" if best.spread_blocks else "on") if best.dependent_launch else "off"
     return best.variant.graph, (f"fastest of {len(selection.trials)} GPU builds: {best.median_us:.2f} µs "
                                 f"(pipeline stages {best.variant.stages}, dependent launch {launch})"), \
-        best.build.as_dict()
+        best.build.as_dict(), best.median_us
+
+
+def reference_runner(reference: KernelGraph, device: str):
+    """A function of no arguments that runs ``reference`` op by op through PyTorch on ``device`` (each
+    kernel-graph op one torch call, as the subprogram costs where it stays in PyTorch), on inputs drawn
+    once, and returns its outputs."""
+    from mirage.codegen.gpu_check import random_inputs
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.codegen.runtime import build_many
+
+    (program,) = build_many([generate_cuda_program(reference, None)])
+    if isinstance(program, Exception):
+        raise program
+    inputs = random_inputs(reference, seed=0, device=device)
+    return lambda: program(*inputs)
+
+
+def pytorch_us(reference: KernelGraph) -> float | None:
+    """``reference`` run op by op through PyTorch on the current GPU, µs a call (CUDA-graph replays, as
+    the builds are timed); None where it cannot be timed (the guard it serves is then skipped)."""
+    try:
+        from mirage.codegen.profile import time_graph
+
+        return time_graph(reference_runner(reference, "cuda"), replays=100).median_us
+    except Exception as error:  # noqa: BLE001 - the comparison is a guard; without it the pick stands
+        logger.warning("mirage: timing %s through PyTorch failed (%s: %s); keeping the fastest build",
+                       reference.name or "a subprogram", type(error).__name__, error)
+        return None
 
 
 def verified_candidates(reference: KernelGraph, candidates: Sequence[KernelGraph]) -> list[KernelGraph]:
@@ -414,8 +443,12 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         from mirage.codegen.select import SelectionError
 
         try:
-            found, profiled, build = profile_choice(reference, ranked)
+            found, profiled, build, fastest_us = profile_choice(reference, ranked)
             note = f"{note}; {profiled}"
+            eager_us = pytorch_us(reference)
+            if eager_us is not None and eager_us < fastest_us:  # never slower than leaving it to PyTorch
+                found, build = None, None
+                note = f"{note}; PyTorch runs the subprogram in {eager_us:.2f} µs, faster"
         except SelectionError as error:  # no build matched the reference on this GPU: run none of them
             logger.warning("mirage: no searched µGraph of %s matched the reference on the GPU (%s); "
                            "running the reference", reference.name or "a subprogram", error)

@@ -41,6 +41,7 @@ def test_tanh_program_through_superoptimize():
     x = torch.randn(64, 256, device="cuda", dtype=torch.float16)
     w = torch.randn(256, 256, device="cuda", dtype=torch.float16) / 16
     fast = mi.superoptimize(program, (x, w), time_limit_s=10, use_cache=False, progress=False)
-    assert "runs in PyTorch" not in fast.report()
+    report = fast.report()  # tanh is searched; the pick runs unless PyTorch was timed faster
+    assert "µGraph from search" in report or "PyTorch runs the subprogram in" in report, report
     expected = program(x.double(), w.double())
     torch.testing.assert_close(fast(x, w).double(), expected, rtol=2e-2, atol=2e-2)

@@ -262,10 +262,11 @@ def test_profiling_picks_among_all_verified_graphs_and_keys_the_cache_per_gpu(mo
 
     def timed(ref, candidates):
         seen.append(candidates)
-        return candidates[-1], "fastest of 2 GPU builds: 1.00 µs", {"stages": 3, "dependent_launch": False}
+        return candidates[-1], "fastest of 2 GPU builds: 1.00 µs", {"stages": 3, "dependent_launch": False}, 1.0
 
     monkeypatch.setattr(optimize, "run_search", search)
     monkeypatch.setattr(optimize, "profile_choice", timed)
+    monkeypatch.setattr(optimize, "pytorch_us", lambda ref: 5.0)
     settings = optimize.SearchSettings(config="mlp")
     plain = optimize.choose(reference, settings, cache_dir=tmp_path)
     profiled = optimize.choose(reference, settings, cache_dir=tmp_path, profile_on="Some GPU")
@@ -438,3 +439,42 @@ def test_choose_searches_with_the_raised_budget(monkeypatch):
                         lambda reference, settings, progress=True: (seen.append(settings), (None, "", [], False))[1])
     choose(_epilogue_reference(9), SearchSettings(time_limit_s=1.0), cache_dir=None)
     assert seen and _budget(seen[0]) == 13 and seen[0].config == "mlp"
+
+
+def test_a_pick_slower_than_pytorch_leaves_the_subprogram_to_pytorch(monkeypatch, tmp_path):
+    """The fastest build is compared with the subprogram run op by op through PyTorch on the same GPU:
+    where PyTorch is faster, the subprogram stays in PyTorch and the report says why; where the
+    comparison cannot be made, the fastest build stands."""
+    reference = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
+    other = _rewritten(reference)
+    monkeypatch.setattr(optimize, "run_search",
+                        lambda ref, settings, progress=True: (other, "1 verified µGraph(s)", [other], False))
+    monkeypatch.setattr(optimize, "profile_choice",
+                        lambda ref, candidates: (other, "fastest of 1 GPU builds: 14.48 µs", {"stages": 2}, 14.48))
+    settings = optimize.SearchSettings(config="mlp")
+    monkeypatch.setattr(optimize, "pytorch_us", lambda ref: 9.5)
+    slower = optimize.choose(reference, settings, cache_dir=tmp_path, profile_on="Some GPU")
+    assert slower.source == "reference" and slower.build is None
+    assert "PyTorch runs the subprogram in 9.50 µs, faster" in slower.detail
+    monkeypatch.setattr(optimize, "pytorch_us", lambda ref: None)
+    kept = optimize.choose(reference, settings, profile_on="Some GPU")
+    assert kept.source == "search" and kept.build == {"stages": 2}
+    monkeypatch.setattr(optimize, "pytorch_us", lambda ref: 20.0)
+    assert optimize.choose(reference, settings, profile_on="Some GPU").source == "search"
+
+
+def test_the_reference_runs_op_by_op_through_pytorch():
+    reference = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
+    run = optimize.reference_runner(reference, "cpu")
+    from mirage.codegen.gpu_check import random_inputs
+
+    x, w = random_inputs(reference, seed=0, device="cpu")
+    (out,) = run()
+    torch.testing.assert_close(out, program(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_timing_pytorch_without_a_gpu_skips_the_guard(caplog):
+    reference = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        assert optimize.pytorch_us(reference) is None
+    assert "keeping the fastest build" in caplog.text
