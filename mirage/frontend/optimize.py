@@ -324,8 +324,9 @@ def profile_choice(reference: KernelGraph,
 
 def reference_runner(reference: KernelGraph, device: str):
     """A function of no arguments that runs ``reference`` op by op through PyTorch on ``device`` (each
-    kernel-graph op one torch call, as the subprogram costs where it stays in PyTorch), on inputs drawn
-    once, and returns its outputs."""
+    kernel-graph op one torch call, in fp32, as the runtime runs kernel-level ops), on inputs drawn
+    once, and returns its outputs. It stands in for the subprogram's own torch ops, which run in their
+    own dtypes: no faster than those, so a guard built on it errs towards keeping the fastest build."""
     from mirage.codegen.gpu_check import random_inputs
     from mirage.codegen.lower_program import generate_cuda_program
     from mirage.codegen.runtime import build_many
