@@ -90,6 +90,7 @@ class TorchAlgebra:
         table = {
             "silu": F.silu,
             "gelu": lambda v: F.gelu(v, approximate="tanh"),
+            "gelu_erf": F.gelu,
             "relu": F.relu,
             "sigmoid": lambda v: v.sigmoid(),
             "tanh": lambda v: v.tanh(),

@@ -147,9 +147,10 @@ def _unary(method: str) -> Rule:
 
 
 def _gelu(b: RegionBuilder, node, p):
-    if p.get("approximate", "none") != "tanh":
-        raise Unlowerable("gelu(approximate='none') needs erf, which µGraphs lack; use approximate='tanh'")
-    return b.unary("gelu", b.tensor_operand(p["self"]))
+    approximate = p.get("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise Unlowerable(f"gelu(approximate={approximate!r})")
+    return b.unary("gelu" if approximate == "tanh" else "gelu_erf", b.tensor_operand(p["self"]))
 
 
 def _clamp(b: RegionBuilder, node, p):
@@ -412,7 +413,7 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("square", C, _fixed_power(2.0), "x²"),
         Lowering("pow", C, _pow, "x**e for e in ±0.5, ±1, ±2, 3, 4"),
         Lowering("silu", C, _unary("silu"), "x·sigmoid(x)"),
-        Lowering("gelu", C, _gelu, "gelu, tanh approximation only"),
+        Lowering("gelu", C, _gelu, "gelu: exact (erf) or tanh approximation"),
         Lowering("relu", C, _unary("relu"), "max(x, 0)"),
         Lowering("sigmoid", C, _unary("sigmoid"), "1/(1+e⁻ˣ)"),
         Lowering("tanh", C, _unary("tanh"), "tanh(x)"),

@@ -167,6 +167,7 @@ _DIRECT: dict[Op, Callable[..., Term]] = {
     Op.SQUARE: lambda types, x: ae.mul(x, x),
     Op.SILU: lambda types, x: ae.opaque("silu", x),
     Op.GELU: lambda types, x: ae.opaque("gelu", x),
+    Op.GELU_ERF: lambda types, x: ae.opaque("gelu_erf", x),
     Op.RELU: lambda types, x: ae.opaque("relu", x),
     Op.SIGMOID: lambda types, x: ae.opaque("sigmoid", x),
     Op.TANH: lambda types, x: ae.opaque("tanh", x),

@@ -153,6 +153,9 @@ class _Builder:
     def gelu(self, a):
         return self._add(Op.GELU, (a,))
 
+    def gelu_erf(self, a):
+        return self._add(Op.GELU_ERF, (a,))
+
     def relu(self, a):
         return self._add(Op.RELU, (a,))
 

@@ -51,6 +51,7 @@ class Op(enum.Enum):
     SQUARE = "square"
     SILU = "silu"
     GELU = "gelu"
+    GELU_ERF = "gelu_erf"
     RELU = "relu"
     SIGMOID = "sigmoid"
     TANH = "tanh"
@@ -77,7 +78,7 @@ class Op(enum.Enum):
     FUSED = "fused"
 
 
-UNARY = frozenset({Op.EXP, Op.SQRT, Op.SQUARE, Op.SILU, Op.GELU, Op.RELU, Op.SIGMOID, Op.TANH, Op.CLAMP,
+UNARY = frozenset({Op.EXP, Op.SQRT, Op.SQUARE, Op.SILU, Op.GELU, Op.GELU_ERF, Op.RELU, Op.SIGMOID, Op.TANH, Op.CLAMP,
                    Op.MUL_SCALAR, Op.ADD_SCALAR})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 ELEMENTWISE = UNARY | BINARY
@@ -273,6 +274,12 @@ def _gelu(x: np.ndarray) -> np.ndarray:  # tanh approximation, as torch's gelu(a
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
+def _gelu_erf(x: np.ndarray) -> np.ndarray:  # the exact form, torch's gelu(approximate="none")
+    import torch
+
+    return torch.nn.functional.gelu(torch.from_numpy(np.asarray(x, dtype=np.float64))).numpy()
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -319,6 +326,7 @@ _F = {
     Op.SQUARE: lambda A, at, it, x: A.mul(x, x),
     Op.SILU: lambda A, at, it, x: A.opaque("silu", x, _silu),
     Op.GELU: lambda A, at, it, x: A.opaque("gelu", x, _gelu),
+    Op.GELU_ERF: lambda A, at, it, x: A.opaque("gelu_erf", x, _gelu_erf),
     Op.RELU: lambda A, at, it, x: A.opaque("relu", x, _relu),
     Op.SIGMOID: lambda A, at, it, x: A.opaque("sigmoid", x, _sigmoid),
     Op.TANH: lambda A, at, it, x: A.opaque("tanh", x, np.tanh),
@@ -355,6 +363,7 @@ REGISTRY: dict[Op, OpSpec] = {
         _row(Op.SQUARE, _ALL, 1, None, _unary_shape, "Square", 1, "x²"),
         _row(Op.SILU, _ALL, 1, None, _unary_shape, "Silu", 4, "x·sigmoid(x)"),
         _row(Op.GELU, _ALL, 1, None, _unary_shape, "Gelu", 8, "gelu (tanh approximation)"),
+        _row(Op.GELU_ERF, _ALL, 1, None, _unary_shape, "Gelu", 8, "gelu (exact: x·Φ(x), with erf)"),
         _row(Op.RELU, _ALL, 1, None, _unary_shape, "Relu", 1, "max(x, 0)"),
         _row(Op.SIGMOID, _ALL, 1, None, _unary_shape, "Sigmoid", 3, "1/(1+e^-x)"),
         _row(Op.TANH, _ALL, 1, None, _unary_shape, "Tanh", 3, "tanh(x)"),

@@ -70,7 +70,8 @@ UNARY_SWAPS = {
     Op.SQRT: (Op.EXP, Op.SQUARE),
     Op.SQUARE: (Op.SQRT, Op.EXP),
     Op.SILU: (Op.GELU, Op.SIGMOID, Op.EXP),
-    Op.GELU: (Op.SILU,),
+    Op.GELU: (Op.SILU, Op.GELU_ERF),
+    Op.GELU_ERF: (Op.GELU,),
     Op.SIGMOID: (Op.SILU, Op.TANH),
     Op.TANH: (Op.SIGMOID,),
 }

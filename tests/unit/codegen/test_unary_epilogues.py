@@ -1,4 +1,4 @@
-"""Opaque unary ops (sigmoid, tanh, silu, gelu) as the epilogue of a fused matmul: each µGraph
+"""Opaque unary ops (sigmoid, tanh, silu, gelu in both forms) as the epilogue of a fused matmul: each µGraph
 lowers to its device functor and compiles for sm_90a; ``tests/gpu/test_unary_epilogues_gpu.py``
 runs the same µGraphs against the float64 reference."""
 
@@ -13,7 +13,7 @@ from mirage.mugraph.target import TARGETS
 from tests.unit.optimizer.optimizer_graphs import matmul_epilogue
 
 FUNCTORS = {"sigmoid": "mirage::dev::Sigmoid", "tanh": "mirage::dev::Tanh", "silu": "mirage::dev::Silu",
-            "gelu": "mirage::gen::GeluTanh"}
+            "gelu": "mirage::gen::GeluTanh", "gelu_erf": "mirage::dev::Gelu"}
 
 
 @needs_nvcc
@@ -40,5 +40,5 @@ def test_unary_epilogue_interprets_as_torch(op):
     (got,) = interpret(matmul_epilogue(op), [x.half(), w.half()], dtype="float64")
     y = x.half().double() @ w.half().double()
     expected = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu,
-                "gelu": lambda v: F.gelu(v, approximate="tanh")}[op](y)
+                "gelu": lambda v: F.gelu(v, approximate="tanh"), "gelu_erf": F.gelu}[op](y)
     torch.testing.assert_close(torch.as_tensor(got, dtype=torch.float64), expected, rtol=1e-9, atol=1e-9)

@@ -353,6 +353,7 @@ def test_block_lookahead_cuts_states_but_no_closable_body():
         Op.SQUARE,
         Op.SILU,
         Op.GELU,
+        Op.GELU_ERF,
         Op.RELU,
         Op.SIGMOID,
         Op.TANH,
