@@ -473,8 +473,15 @@ def test_the_reference_runs_op_by_op_through_pytorch():
     torch.testing.assert_close(out, program(x, w), rtol=1e-5, atol=1e-5)
 
 
-def test_timing_pytorch_without_a_gpu_skips_the_guard(caplog):
+def test_a_failed_pytorch_timing_skips_the_guard(monkeypatch, caplog):
+    """Where the subprogram cannot be run through PyTorch (no CUDA, say), the guard gives no time and
+    says why, and the fastest build stands (the choice above)."""
     reference = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
+
+    def unavailable(ref, device):
+        raise RuntimeError("no CUDA device")
+
+    monkeypatch.setattr(optimize, "reference_runner", unavailable)
     with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
         assert optimize.pytorch_us(reference) is None
-    assert "keeping the fastest build" in caplog.text
+    assert "RuntimeError: no CUDA device" in caplog.text and "keeping the fastest build" in caplog.text
