@@ -82,6 +82,18 @@ class LayerNormProjection(nn.Module):
         return (centred / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + 1e-5)) @ self.w
 
 
+class BertMLP(nn.Module):
+    """BERT's feed-forward layer: a biased projection, the exact (erf) GELU, a biased projection back."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(384, 1536)
+        self.down = nn.Linear(1536, 384)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
 class Block(nn.Module):
     """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
 
@@ -105,6 +117,7 @@ PROGRAMS = {
     "block": (Block, [(8, 512)]),
     "gelu_projection": (GeluProjection, [(8, 768)]),
     "layernorm_projection": (LayerNormProjection, [(4, 512)]),
+    "bert_mlp": (BertMLP, [(8, 384)]),
 }
 
 
@@ -145,7 +158,7 @@ def main(argv=None) -> None:
             row["error"] = f"{type(error).__name__}: {error}"
         rows.append(row)
         print({k: v for k, v in row.items() if k != "report"}, flush=True)
-    write_record(args.out, "unseen", facts, rows)
+        write_record(args.out, "unseen", facts, rows)  # after each program: a cut-off run keeps its rows
 
 
 if __name__ == "__main__":

@@ -21,10 +21,11 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mirage.config import warn_corrupt, warn_unwritable
 from mirage.mugraph.graph import KernelGraph, KernelInput, Node
@@ -338,13 +339,16 @@ def reference_runner(reference: KernelGraph, device: str):
     return lambda: program(*inputs)
 
 
-def pytorch_us(reference: KernelGraph) -> float | None:
-    """``reference`` run op by op through PyTorch on the current GPU, µs a call (CUDA-graph replays, as
-    the builds are timed); None where it cannot be timed (the guard it serves is then skipped)."""
+def pytorch_us(reference: KernelGraph, runner: Callable[[], Callable[[], Any]] | None = None) -> float | None:
+    """What the subprogram takes in PyTorch on the current GPU, µs a call (CUDA-graph replays, as the
+    builds are timed); None where it cannot be timed (the guard it serves is then skipped).
+    ``runner`` builds the function timed: what runs where no build is kept (the frontend passes the
+    subprogram's own torch ops); without it, ``reference`` op by op (:func:`reference_runner`)."""
     try:
         from mirage.codegen.profile import time_graph
 
-        return time_graph(reference_runner(reference, "cuda"), replays=100).median_us
+        run = runner() if runner is not None else reference_runner(reference, "cuda")
+        return time_graph(run, replays=100).median_us
     except Exception as error:  # noqa: BLE001 - the comparison is a guard; without it the pick stands
         logger.warning("mirage: timing %s through PyTorch failed (%s: %s); keeping the fastest build",
                        reference.name or "a subprogram", type(error).__name__, error)
@@ -374,12 +378,15 @@ def verified_candidates(reference: KernelGraph, candidates: Sequence[KernelGraph
 
 def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = True,
            cache_dir: Path | None = None, progress: bool = True, profile_on: str | None = None,
-           candidates: Sequence[KernelGraph] = ()) -> Choice:
+           candidates: Sequence[KernelGraph] = (),
+           pytorch_runner: Callable[[], Callable[[], Any]] | None = None) -> Choice:
     """The µGraph to run for ``reference``: from the cache, from a new search, or the reference.
     Without a named search space, the one that suits ``reference`` (:func:`auto_config`).
     ``profile_on``: the name of the current GPU; the verified µGraphs are then timed on it and the
     fastest is kept (the cache entry is per GPU).  ``candidates``: µGraphs of the user's, verified
-    against ``reference`` and then ranked with the search's (those of another signature are skipped)."""
+    against ``reference`` and then ranked with the search's (those of another signature are skipped).
+    ``pytorch_runner``: builds what runs where no build is kept, for the guard that keeps PyTorch
+    where it is faster than the fastest build (:func:`pytorch_us`)."""
     if settings.config is None:
         settings = dataclasses.replace(settings, config=auto_config(reference))
     settings = with_block_budget(reference, settings)
@@ -446,7 +453,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         try:
             found, profiled, build, fastest_us = profile_choice(reference, ranked)
             note = f"{note}; {profiled}"
-            eager_us = pytorch_us(reference)
+            eager_us = pytorch_us(reference, pytorch_runner)
             if eager_us is not None and eager_us < fastest_us:  # never slower than leaving it to PyTorch
                 found, build = None, None
                 note = f"{note}; PyTorch runs the subprogram in {eager_us:.2f} µs, faster"

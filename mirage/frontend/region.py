@@ -150,6 +150,7 @@ class RegionBuilder:
         self.softmax_exps: list[int] = []
         self.wide: set[fx.Node] = set()  # fx nodes whose torch dtype is wider than their graph tensor
         self.widened: dict[int, fx.Node] = {}  # graph node -> the wide fx node it was emitted for
+        self._emitted: dict[mg.Node, int] = {}  # each op node -> its index (common subexpressions)
 
     # ---- operands -----------------------------------------------------------------------------
 
@@ -230,10 +231,26 @@ class RegionBuilder:
     # ---- graph ops with the checks turned into Unlowerable -----------------------------------
 
     def emit(self, method: str, *args, **kwargs) -> DTensor:
+        """The builder's ``method`` applied, or the earlier node that computes the same (common
+        subexpressions: ``var`` recomputes the mean that a LayerNorm written out already took; each
+        op counted twice would cost the search its budget and the kernel its work)."""
+        before = self.builder.graph
         try:
-            return getattr(self.builder, method)(*args, **kwargs)
+            made = getattr(self.builder, method)(*args, **kwargs)
         except GraphError as error:
             raise Unlowerable(str(error).splitlines()[0]) from None
+        nodes = self.builder.graph.nodes
+        if len(nodes) != len(before.nodes) + 1 or nodes[-1].op is Op.INPUT:
+            return made
+        try:
+            earlier = self._emitted.setdefault(nodes[-1], len(nodes) - 1)
+        except TypeError:  # an attribute that does not hash: no lookup, the node stands
+            return made
+        if earlier == len(nodes) - 1:
+            return made
+        self.builder.graph = before
+        refs = [DTensor(self.builder, mg.Ref(earlier, j)) for j in range(len(nodes[-1].outputs))]
+        return refs[0] if len(refs) == 1 else refs
 
     def node_of(self, t: DTensor) -> mg.Node:
         return self.builder.graph.nodes[t.ref.node]

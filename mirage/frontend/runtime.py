@@ -174,9 +174,43 @@ def runs_in_pytorch(choice: Choice, options: Options) -> bool:
     return options.search and choice.source == "reference"
 
 
-def choose_all(subprograms: Sequence[Subprogram], options: Options,
+def torch_ops_runner(gm: fx.GraphModule, subprogram: Subprogram, device: str = "cuda"):
+    """A function of no arguments that runs ``subprogram``'s own torch ops (what runs where no µGraph
+    is kept) on ``device``: the captured nodes copied into a module of their own, whose outside values
+    are random tensors of their shapes and dtypes drawn once, parameters read from ``gm``."""
+    members = set(subprogram.nodes)
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    outside: list[fx.Node] = []
+    for node in gm.graph.nodes:
+        if node.name not in members:
+            continue
+        for source in node.all_input_nodes:
+            if source.name not in members and source not in env:
+                if source.op == "get_attr":
+                    env[source] = graph.get_attr(source.target)
+                else:
+                    env[source] = graph.placeholder(f"outside_{len(outside)}")
+                    outside.append(source)
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    results = [env[n] for n in gm.graph.nodes if n.name in members
+               and (not n.users or any(u.name not in members for u in n.users))]
+    graph.output(tuple(results))
+    module = fx.GraphModule(gm, graph).to(device)
+
+    def sample(value: torch.Tensor) -> torch.Tensor:
+        if value.dtype.is_floating_point:
+            return torch.randn(tuple(value.shape), dtype=value.dtype, device=device)
+        return torch.zeros(tuple(value.shape), dtype=value.dtype, device=device)
+
+    inputs = tuple(sample(n.meta["val"]) for n in outside)
+    return lambda: module(*inputs)
+
+
+def choose_all(gm: fx.GraphModule, subprograms: Sequence[Subprogram], options: Options,
                profile_on: str | None = None) -> dict[str, Choice]:
-    """Choose a µGraph for each subprogram, with a progress bar (profiled on GPU ``profile_on``)."""
+    """Choose a µGraph for each subprogram, with a progress bar (profiled on GPU ``profile_on``, where
+    a build is kept only if it beats the subprogram's own torch ops)."""
     from tqdm.auto import tqdm
 
     choices = {}
@@ -186,7 +220,8 @@ def choose_all(subprograms: Sequence[Subprogram], options: Options,
         bar.set_postfix_str(s.name)
         choices[s.name] = choose(s.graph, options.search_settings, search=options.search,
                                  cache_dir=options.search_cache_dir, progress=options.progress,
-                                 profile_on=profile_on, candidates=options.candidates)
+                                 profile_on=profile_on, candidates=options.candidates,
+                                 pytorch_runner=lambda s=s: torch_ops_runner(gm, s))
         c = choices[s.name]
         logger.info("mirage: %s (%d ops): µGraph from %s: %s", s.name, s.num_ops, c.source, c.detail)
     return choices
@@ -286,7 +321,7 @@ class MirageModule(nn.Module):
                 logger.warning(notice)
         start = time.perf_counter()
         device = profile_device(args, kwargs, self.options)
-        choices = choose_all(part.subprograms, self.options, device)
+        choices = choose_all(gm, part.subprograms, self.options, device)
         part, choices = self._split_fruitless(gm, part, choices, device)
         seconds["choose"] = time.perf_counter() - start
         # a subprogram whose search found nothing better than its reference graph keeps its torch ops:
@@ -318,7 +353,7 @@ class MirageModule(nn.Module):
         logger.info("mirage: %s: splitting subprograms that no µGraph beat before %s", self.name,
                     ", ".join(sorted(cuts)))
         new = [s for s in split.subprograms if s.nodes not in before]
-        fresh = choose_all(new, self.options, device)
+        fresh = choose_all(gm, new, self.options, device)
         return split, {s.name: before[s.nodes] if s.nodes in before else fresh[s.name]
                        for s in split.subprograms}
 

@@ -206,3 +206,35 @@ def test_a_graph_module_without_pytree_codegen_runs_as_it_is():
 
     traced = torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)  # plain codegen: nothing to flatten
     assert flat_runner(traced) is None
+
+
+class _NormThenProject(nn.Module):
+    """A LayerNorm written out (several torch ops), a parameter, and a product: one subprogram."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x):
+        centred = x - x.mean(-1, keepdim=True)
+        return (centred * torch.rsqrt(centred.var(-1, keepdim=True, unbiased=False) + 1e-5)) @ self.weight
+
+
+def test_the_torch_ops_runner_computes_the_subprogram_with_its_own_ops():
+    """The guard against PyTorch times what runs where no µGraph is kept: the subprogram's captured
+    torch ops, parameters read from the program, outside values drawn in their own shapes and dtypes."""
+    from mirage.frontend.capture import capture
+    from mirage.frontend.partition import partition
+    from mirage.frontend.runtime import torch_ops_runner
+
+    model = _NormThenProject().double()
+    gm = capture(model, (torch.randn(4, 16, dtype=torch.float64),), {})
+    (sub,) = partition(gm).subprograms
+    torch.manual_seed(7)
+    run = torch_ops_runner(gm, sub, "cpu")
+    torch.manual_seed(7)
+    x = torch.randn(4, 16, dtype=torch.float64)  # the same draw as the runner's one outside value
+    (out,) = run()
+    assert out.dtype == torch.float64 and out.shape == (4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-12, atol=1e-12)

@@ -22,3 +22,21 @@ def test_examples_on_the_gpu_equal_eager(name):
         torch.testing.assert_close(fast(*inputs), module(*inputs), rtol=2e-2, atol=2e-2)
     runners = [m for m in fast.specializations[0].module.modules() if isinstance(m, SubprogramModule)]
     assert all(isinstance(r.executor(inputs[0].device), Compiled) for r in runners)
+
+
+def test_the_guard_times_the_subprograms_own_torch_ops_on_the_gpu():
+    """The guard's runner on the GPU runs the captured fp16 ops (not the fp32 kernel graph) and can be
+    timed as the builds are."""
+    from mirage.codegen.profile import time_graph
+    from mirage.frontend.capture import capture
+    from mirage.frontend.partition import partition
+    from mirage.frontend.runtime import torch_ops_runner
+
+    module, inputs = EXAMPLES["rmsnorm_linear"](4)
+    module, inputs = module.cuda().half(), tuple(x.cuda().half() for x in inputs)
+    gm = capture(module, inputs, {})
+    (sub,) = partition(gm).subprograms
+    run = torch_ops_runner(gm, sub)
+    outputs = run()
+    assert all(o.dtype == torch.float16 and o.is_cuda for o in outputs)
+    assert time_graph(run, replays=20).median_us > 0

@@ -266,7 +266,7 @@ def test_profiling_picks_among_all_verified_graphs_and_keys_the_cache_per_gpu(mo
 
     monkeypatch.setattr(optimize, "run_search", search)
     monkeypatch.setattr(optimize, "profile_choice", timed)
-    monkeypatch.setattr(optimize, "pytorch_us", lambda ref: 5.0)
+    monkeypatch.setattr(optimize, "pytorch_us", lambda ref, runner=None: 5.0)
     settings = optimize.SearchSettings(config="mlp")
     plain = optimize.choose(reference, settings, cache_dir=tmp_path)
     profiled = optimize.choose(reference, settings, cache_dir=tmp_path, profile_on="Some GPU")
@@ -452,14 +452,14 @@ def test_a_pick_slower_than_pytorch_leaves_the_subprogram_to_pytorch(monkeypatch
     monkeypatch.setattr(optimize, "profile_choice",
                         lambda ref, candidates: (other, "fastest of 1 GPU builds: 14.48 µs", {"stages": 2}, 14.48))
     settings = optimize.SearchSettings(config="mlp")
-    monkeypatch.setattr(optimize, "pytorch_us", lambda ref: 9.5)
+    monkeypatch.setattr(optimize, "pytorch_us", lambda ref, runner=None: 9.5)
     slower = optimize.choose(reference, settings, cache_dir=tmp_path, profile_on="Some GPU")
     assert slower.source == "reference" and slower.build is None
     assert "PyTorch runs the subprogram in 9.50 µs, faster" in slower.detail
-    monkeypatch.setattr(optimize, "pytorch_us", lambda ref: None)
+    monkeypatch.setattr(optimize, "pytorch_us", lambda ref, runner=None: None)
     kept = optimize.choose(reference, settings, profile_on="Some GPU")
     assert kept.source == "search" and kept.build == {"stages": 2}
-    monkeypatch.setattr(optimize, "pytorch_us", lambda ref: 20.0)
+    monkeypatch.setattr(optimize, "pytorch_us", lambda ref, runner=None: 20.0)
     assert optimize.choose(reference, settings, profile_on="Some GPU").source == "search"
 
 
@@ -485,3 +485,26 @@ def test_a_failed_pytorch_timing_skips_the_guard(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
         assert optimize.pytorch_us(reference) is None
     assert "RuntimeError: no CUDA device" in caplog.text and "keeping the fastest build" in caplog.text
+
+
+def test_the_guard_times_the_runner_it_is_given(monkeypatch, caplog):
+    """``choose`` hands the frontend's runner of the subprogram's own torch ops to the guard (the
+    runner is what is timed, not the reference graph)."""
+    reference = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
+    other = _rewritten(reference)
+    monkeypatch.setattr(optimize, "run_search",
+                        lambda ref, settings, progress=True: (other, "1 verified µGraph(s)", [other], False))
+    monkeypatch.setattr(optimize, "profile_choice",
+                        lambda ref, candidates: (other, "fastest of 1 GPU builds: 3.00 µs", {"stages": 2}, 3.0))
+    monkeypatch.setattr(optimize, "reference_runner", lambda ref, device: pytest.fail("reference timed"))
+    built = []
+
+    def runner():
+        built.append(True)
+        raise RuntimeError("the torch ops' runner")
+
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        kept = optimize.choose(reference, optimize.SearchSettings(config="mlp"), profile_on="Some GPU",
+                               pytorch_runner=runner)
+    assert built and kept.source == "search"
+    assert "the torch ops' runner" in caplog.text
