@@ -89,9 +89,21 @@ _BLOCK_BUDGET_NAMES = ("max_block_ops", "max_num_threadblock_graph_op", "block_o
 
 
 def one_kernel_block_ops(graph: KernelGraph) -> int:
-    """Block ops that ``graph`` takes as one kernel: an input iterator per input, an op per op and an
-    accumulator per matrix product (Mirage's count: output savers not counted)."""
-    return len(graph.nodes) + sum(node.op is Op.MATMUL for node in graph.nodes)
+    """Block ops that ``graph`` takes as one kernel (Mirage's count: output savers not counted): an
+    input iterator per input, an op per op, an accumulator per matrix product, one per output that no
+    product reaches (a block graph's outputs come from accumulators), and one per input read after a
+    product's accumulator (a bias: values before and after an accumulator do not mix)."""
+    after = set()  # nodes past a matrix product's accumulator
+    read_after = set()  # inputs read by such nodes
+    for i, node in enumerate(graph.nodes):
+        operands = {r.node for r in node.inputs}
+        if node.op is Op.MATMUL or operands & after:
+            after.add(i)
+            if node.op is not Op.MATMUL:
+                read_after |= {j for j in operands if graph.nodes[j].op is Op.INPUT}
+    outputs = sum(r.node not in after for r in graph.outputs)
+    matmuls = sum(node.op is Op.MATMUL for node in graph.nodes)
+    return len(graph.nodes) + matmuls + outputs + len(read_after)
 
 
 def with_block_budget(reference: KernelGraph, settings: SearchSettings) -> SearchSettings:

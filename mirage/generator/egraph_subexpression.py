@@ -151,10 +151,17 @@ class SubexpressionCheck:
         return str(self.saturation)
 
     def __getstate__(self) -> dict:
-        # The e-graph (an egglog handle) does not pickle: a worker process saturates again.
+        # An egglog handle does not pickle: a worker process saturates again (fast). The built-in
+        # e-graph pickles, and goes as it is: saturating it again in every worker would cost each
+        # as long as the first saturation (seconds for a LayerNorm), out of the search's budget.
+        if isinstance(self.egraph, EGraph):
+            return {**self.__dict__, "stats": SubexpressionStats(), "_pairs": {}, "_answers": {}}
         return {"targets": self.targets, "config": self.config}
 
     def __setstate__(self, state: dict) -> None:
+        if "egraph" in state:
+            self.__dict__.update(state)
+            return
         self.__init__(state["targets"], state["config"])  # type: ignore[misc]
 
     def __call__(self, term: Term) -> bool:

@@ -425,6 +425,20 @@ def test_a_long_epilogue_raises_the_block_budget_to_one_kernel(ops, budget):
     assert _budget(optimize.with_block_budget(reference, SearchSettings(config="mlp"))) == budget
 
 
+def test_the_one_kernel_count_has_an_accumulator_per_output_and_per_input_read_after_a_product():
+    """LayerNorm with weight and bias (3 inputs, 6 ops) needs an accumulator before its output: 10
+    block ops, over the default 9; a product's bias is read past the product's accumulator and needs
+    one of its own."""
+    module = torch.nn.LayerNorm(16)
+    layernorm = mi.superoptimize(module, (torch.randn(4, 16),), search=False).partition.subprograms[0].graph
+    assert optimize.one_kernel_block_ops(layernorm) == 10
+    assert _budget(optimize.with_block_budget(layernorm, SearchSettings(config="mlp"))) == 10
+    g = mi.new_kernel_graph()
+    y = g.matmul(g.new_input(dims=(4, 8), dtype=mi.float32), g.new_input(dims=(8, 6), dtype=mi.float32))
+    g.mark_output(g.relu(g.add(y, g.new_input(dims=(1, 6), dtype=mi.float32))))
+    assert optimize.one_kernel_block_ops(g.freeze()) == 3 + 3 + 1 + 1  # inputs, ops, product's and bias's accums
+
+
 def test_the_block_budget_is_left_to_the_caller_and_to_other_spaces():
     reference = _epilogue_reference(9)
     own = SearchSettings(config="mlp", overrides=(("max_num_threadblock_graph_op", "7"),))

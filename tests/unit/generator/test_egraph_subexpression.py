@@ -85,6 +85,23 @@ def test_a_check_pickles_and_answers_the_same_in_another_process():
             assert clone(ae.parse(query)) is expected
 
 
+def test_the_built_in_e_graph_travels_saturated(monkeypatch):
+    """The built-in back end's check pickles with its e-graph: a worker process answers at once,
+    without saturating again (the egglog handle cannot travel; that back end saturates again)."""
+    check = SubexpressionCheck([RMSNORM], SubexpressionConfig(backend=Backend.PYTHON))
+    check(ae.parse(RMS))  # a cached answer and statistics, which the clone starts without
+
+    def saturate_again(*args, **kwargs):
+        raise AssertionError("saturated again")
+
+    monkeypatch.setattr(egraph_subexpression.EGraph, "saturate", saturate_again)
+    clone = pickle.loads(pickle.dumps(check))
+    assert clone.saturation == check.saturation and clone.stats.queries == 0
+    for _, target, query, expected in QUERIES:
+        if target is RMSNORM:
+            assert clone(ae.parse(query)) is expected
+
+
 def test_factor_chains_give_the_same_answers_on_small_sizes():
     target = ae.sum_of(64, ae.mul(ae.div(SCORES, ae.sum_of(16, SCORES)), v))
     plain = SubexpressionCheck([target])
