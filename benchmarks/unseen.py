@@ -94,6 +94,13 @@ class BertMLP(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
+class HeadsAttention(nn.Module):
+    """Multi-head attention written out on (batch, heads, seq, dim) tensors: no SDPA call."""
+
+    def forward(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1) @ v
+
+
 class Block(nn.Module):
     """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
 
@@ -118,6 +125,7 @@ PROGRAMS = {
     "gelu_projection": (GeluProjection, [(8, 768)]),
     "layernorm_projection": (LayerNormProjection, [(4, 512)]),
     "bert_mlp": (BertMLP, [(8, 384)]),
+    "heads_attention": (HeadsAttention, [(2, 8, 128, 64)] * 3),
 }
 
 

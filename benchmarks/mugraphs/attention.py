@@ -96,7 +96,7 @@ def rows_fused(heads: int, queries: int, dim: int, keys: int, kv_splits: int, q_
     tb.new_output(numerators, output_map=(0, 2, rows_axis))
     partial_sums, partial_numerators = g.customized([q, k, v], tb)
     tb2 = mi.new_threadblock_graph(grid_dim=(heads, combine_splits, 1), block_dim=(128, 1, 1),
-                                   forloop_range=1, reduction_dimx=64)
+                                   forloop_range=1, reduction_dimx=dim)
     total = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")
     n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)), acc="sum_todimx")
     tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))

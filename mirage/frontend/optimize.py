@@ -124,6 +124,25 @@ def with_block_budget(reference: KernelGraph, settings: SearchSettings) -> Searc
     return dataclasses.replace(settings, overrides=overrides)
 
 
+_LAYOUT_NAMES = ("griddims", "grid_dims", "imap_combos", "imaps", "fmap_combos", "fmaps", "franges",
+                 "omaps")
+
+
+def with_attention_layout(reference: KernelGraph, settings: SearchSettings) -> SearchSettings:
+    """``settings`` of the ``attention`` space with FlashDecoding's headers for ``reference``'s shapes
+    (:mod:`mirage.generator.flash_decoding`), unless the caller set grids or maps: from scratch, the
+    space's own headers verify nothing in minutes for an attention of unseen shapes."""
+    from mirage.generator import flash_decoding
+
+    if settings.config != "attention" or any(name in _LAYOUT_NAMES for name, _ in settings.overrides):
+        return settings
+    layout = flash_decoding.overrides(reference)
+    if layout is None:
+        return settings
+    overrides = tuple(sorted((*settings.overrides, *((k, json.dumps(v)) for k, v in layout.items()))))
+    return dataclasses.replace(settings, overrides=overrides)
+
+
 def strip_names(graph: KernelGraph) -> KernelGraph:
     nodes = tuple(dataclasses.replace(n, attrs=KernelInput("")) if isinstance(n.attrs, KernelInput) else n
                   for n in graph.nodes)
@@ -401,7 +420,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     where it is faster than the fastest build (:func:`pytorch_us`)."""
     if settings.config is None:
         settings = dataclasses.replace(settings, config=auto_config(reference))
-    settings = with_block_budget(reference, settings)
+    settings = with_attention_layout(reference, with_block_budget(reference, settings))
     key = cache_key(reference, settings)
     if profile_on:
         key = hashlib.sha256(f"{key}:{profile_on}".encode()).hexdigest()

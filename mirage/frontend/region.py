@@ -404,10 +404,18 @@ class RegionBuilder:
             ta = self.tensor(a, (math.prod(la[:-1]), la[-1]))
             tb = self.tensor(b, lb)
         elif la[:-2] == lb[:-2]:
-            ta, tb = self.tensor(a, la), self.tensor(b, lb)
+            ta, tb = self._batched(a, la), self._batched(b, lb)
         else:
             raise Unlowerable(f"matmul batch dims {list(la[:-2])} and {list(lb[:-2])} broadcast")
         return Value(self.emit("matmul", ta, tb), (*la[:-1], lb[-1]))
+
+    def _batched(self, x: Operand, logical: Shape) -> DTensor:
+        """A batched product's operand: its batch dims merged into one (``(b, h, s, d)`` held as
+        ``(b·h, s, d)``, the 3-D form the search's spaces map onto the grid); a computed tensor
+        already held otherwise keeps its shape."""
+        if len(logical) > 3 and (isinstance(x, Boundary) or len(x.tensor.dims) == 3):
+            return self.tensor(x, (math.prod(logical[:-2]), *logical[-2:]))
+        return self.tensor(x, logical)
 
     def transposed(self, x: Operand) -> DTensor:
         """The last two dims of a boundary tensor swapped (a weight's ``t()``, the keys of attention)."""

@@ -149,7 +149,7 @@ class SearchSpace:
     imap_combos: tuple[tuple[Dim3, ...], ...] | None = None  # fixed per-input combinations (Mirage's
     fmap_combos: tuple[tuple[int, ...], ...] | None = None  # imap_comb_to_explore); None: products
     franges: tuple[int, ...] = (4, 16, 64)
-    reduction_dimx: int = 64
+    reduction_dimx: int = 64  # where the space has the strided accumulator, the reference's head dim
     max_kernel_ops: int = 5  # kernel-graph ops, input ops included (Mirage's count)
     max_block_ops: int = 9  # block-graph ops, input iterators included, output savers not
     max_graph_defined: int = 1  # graph-defined kernels per µGraph
@@ -199,10 +199,26 @@ class SearchSpace:
         return dataclasses.replace(self, **values)
 
     def resolve(self, reference: KernelGraph) -> SearchSpace:
-        """Add the reference's ops (with their attributes) and give rms ops the reference's epsilon."""
-        kernel_ops, block_ops = list(self.kernel_ops), list(self.block_ops)
-        if not self.add_reference_ops:
+        """Add the reference's ops (with their attributes), give rms ops the reference's epsilon and,
+        where the space has the strided accumulator, the reduction_dimx of the reference's output."""
+        space = self._with_head_dim(reference)
+        if not space.add_reference_ops:
+            return space
+        return space._with_reference_ops(reference)
+
+    def _with_head_dim(self, reference: KernelGraph) -> SearchSpace:
+        """The strided accumulator (``sum_todimx``) sums a row of partial results, one per key split,
+        into ``reduction_dimx`` columns: the combine of split attention, right only where that is the
+        head dim. Mirage fixes it at 64 (its benchmarks' head dim); a space left at 64 takes the last
+        dim of the reference's first output instead (a head dim of 32 or 128)."""
+        strided = any(isinstance(c.attrs, Accum) and c.attrs.kind is AccumKind.SUM_TODIMX for c in self.block_ops)
+        if not strided or self.reduction_dimx != 64 or not reference.outputs:
             return self
+        head_dim = reference.type_of(reference.outputs[0]).shape[-1]
+        return self if head_dim == 64 else dataclasses.replace(self, reduction_dimx=head_dim)
+
+    def _with_reference_ops(self, reference: KernelGraph) -> SearchSpace:
+        kernel_ops, block_ops = list(self.kernel_ops), list(self.block_ops)
         epsilons = sorted(
             {
                 choice.attrs.eps

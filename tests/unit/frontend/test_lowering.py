@@ -209,3 +209,19 @@ def test_an_empty_batch_runs_in_pytorch():
     assert not fast.partition.subprograms
     assert all("dimension of size 0" in op.reason for op in fast.partition.pytorch_ops)
     assert fast(x, w).shape == (0, 8)
+
+
+def test_a_batched_product_of_rank_4_merges_its_batch_dims():
+    """Multi-head attention written out on (batch, heads, seq, dim): the products' operands are held
+    as (batch·heads, seq, dim), the 3-D form the attention space maps onto its grids."""
+
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1) @ v
+
+    inputs = tuple(torch.randn(2, 4, 16, 8) for _ in range(3))
+    fast = mi.superoptimize(attention, inputs, search=False)
+    (sub,) = fast.partition.subprograms
+    assert [b.shape for b in sub.inputs] == [(8, 16, 8), (8, 8, 16), (8, 16, 8)]
+    assert sub.graph.type_of(sub.graph.outputs[0]).shape == (8, 16, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(*inputs), attention(*inputs), rtol=1e-4, atol=1e-5)

@@ -439,6 +439,19 @@ def test_the_one_kernel_count_has_an_accumulator_per_output_and_per_input_read_a
     assert optimize.one_kernel_block_ops(g.freeze()) == 3 + 3 + 1 + 1  # inputs, ops, product's and bias's accums
 
 
+def test_an_attention_is_searched_with_flash_decoding_headers_of_its_shapes():
+    g = mi.new_kernel_graph()
+    q, k, v = (g.new_input(dims=d, dtype=mi.float16) for d in ((8, 64, 32), (8, 32, 64), (8, 64, 32)))
+    e = g.exp(g.mul_scalar(g.matmul(q, k), 0.125))
+    g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
+    reference = g.freeze()
+    settings = optimize.with_attention_layout(reference, SearchSettings(config="attention"))
+    assert json.loads(dict(settings.overrides)["griddims"]) == [[8, 4, 4], [8, 4, 1]]
+    own = SearchSettings(config="attention", overrides=(("griddims", "[[8, 16, 4]]"),))
+    assert optimize.with_attention_layout(reference, own) == own  # the caller's grids stand
+    assert optimize.with_attention_layout(reference, SearchSettings(config="mlp")).overrides == ()
+
+
 def test_the_block_budget_is_left_to_the_caller_and_to_other_spaces():
     reference = _epilogue_reference(9)
     own = SearchSettings(config="mlp", overrides=(("max_num_threadblock_graph_op", "7"),))

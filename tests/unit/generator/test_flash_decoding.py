@@ -1,0 +1,56 @@
+"""FlashDecoding headers derived from an attention reference's shapes, and the strided
+accumulator's width taken from its head dim."""
+
+from __future__ import annotations
+
+import mirage as mi
+from mirage.generator import Budget, flash_decoding, search
+from mirage.generator.space import SearchSpace
+from mirage.verifier import verify
+
+
+def _attention(heads: int, queries: int, dim: int, keys: int) -> mi.KernelGraph:
+    g = mi.new_kernel_graph()
+    q = g.new_input(dims=(heads, queries, dim), dtype=mi.float16)
+    k = g.new_input(dims=(heads, dim, keys), dtype=mi.float16)
+    v = g.new_input(dims=(heads, keys, dim), dtype=mi.float16)
+    e = g.exp(g.mul_scalar(g.matmul(q, k), dim ** -0.5))
+    g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
+    return g.freeze()
+
+
+def test_the_headers_follow_the_shapes():
+    layout = flash_decoding.overrides(_attention(2, 256, 64, 4096))
+    assert layout["griddims"] == [(2, 4, 16), (2, 8, 16), (2, 16, 16), (2, 16, 1)]
+    assert layout["franges"] == [1, 2, 4, 8]  # at least 64 keys an iteration, in one split or another
+    few = flash_decoding.overrides(_attention(8, 8, 32, 64))
+    assert few["griddims"] == [(8, 4, 1), (8, 1, 1)] and few["franges"] == [1]
+
+
+def test_other_programs_get_no_headers():
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(8, 64), dtype=mi.float16)
+    g.mark_output(g.matmul(g.exp(g.matmul(x, g.new_input(dims=(64, 32), dtype=mi.float16))),
+                           g.new_input(dims=(32, 16), dtype=mi.float16)))
+    assert flash_decoding.overrides(g.freeze()) is None  # rank 2
+    assert flash_decoding.overrides(_attention(2, 16, 32, 16)) is None  # too few keys to split
+
+
+def test_the_strided_accumulator_takes_the_head_dim():
+    assert SearchSpace.named("attention").resolve(_attention(8, 64, 32, 64)).reduction_dimx == 32
+    assert SearchSpace.named("attention").resolve(_attention(2, 256, 64, 4096)).reduction_dimx == 64
+    assert SearchSpace.named("mlp").resolve(_attention(8, 64, 32, 64)).reduction_dimx == 64
+    own = SearchSpace.named("attention", reduction_dimx=16)
+    assert own.resolve(_attention(8, 64, 32, 64)).reduction_dimx == 16
+
+
+def test_an_attention_of_unseen_shapes_is_found_with_the_headers():
+    """A head dim of 32 and 64 keys: with the headers (and the head dim's strided accumulator), the
+    search verifies fused two-kernel µGraphs; each is checked again against the reference here."""
+    reference = _attention(8, 64, 32, 64)
+    result = search(reference, "attention", budget=Budget(time_s=15), progress=False,
+                    cache=False, **flash_decoding.overrides(reference))
+    assert result.graphs, result.stats.summary()
+    for graph in result.graphs[:3]:
+        assert sum(n.op.value == "customized" for n in graph.nodes) == 2
+        assert verify(reference, graph).equivalent
