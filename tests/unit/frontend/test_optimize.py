@@ -468,16 +468,23 @@ def test_choose_searches_with_the_raised_budget(monkeypatch):
     assert seen and _budget(seen[0]) == 13 and seen[0].config == "mlp"
 
 
-def test_a_pick_slower_than_pytorch_leaves_the_subprogram_to_pytorch(monkeypatch, tmp_path):
-    """The fastest build is compared with the subprogram run op by op through PyTorch on the same GPU:
-    where PyTorch is faster, the subprogram stays in PyTorch and the report says why; where the
-    comparison cannot be made, the fastest build stands."""
+def _one_profiled_build(monkeypatch, us: float) -> mi.KernelGraph:
+    """The test program's subprogram, whose search finds one rewritten µGraph and whose profiling
+    times its one build at ``us``."""
     reference = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
     other = _rewritten(reference)
     monkeypatch.setattr(optimize, "run_search",
                         lambda ref, settings, progress=True: (other, "1 verified µGraph(s)", [other], False))
     monkeypatch.setattr(optimize, "profile_choice",
-                        lambda ref, candidates: (other, "fastest of 1 GPU builds: 14.48 µs", {"stages": 2}, 14.48))
+                        lambda ref, candidates: (other, f"fastest of 1 GPU builds: {us:.2f} µs", {"stages": 2}, us))
+    return reference
+
+
+def test_a_pick_slower_than_pytorch_leaves_the_subprogram_to_pytorch(monkeypatch, tmp_path):
+    """The fastest build is compared with the subprogram run op by op through PyTorch on the same GPU:
+    where PyTorch is faster, the subprogram stays in PyTorch and the report says why; where the
+    comparison cannot be made, the fastest build stands."""
+    reference = _one_profiled_build(monkeypatch, 14.48)
     settings = optimize.SearchSettings(config="mlp")
     monkeypatch.setattr(optimize, "pytorch_us", lambda ref, runner=None: 9.5)
     slower = optimize.choose(reference, settings, cache_dir=tmp_path, profile_on="Some GPU")
@@ -517,12 +524,7 @@ def test_a_failed_pytorch_timing_skips_the_guard(monkeypatch, caplog):
 def test_the_guard_times_the_runner_it_is_given(monkeypatch, caplog):
     """``choose`` hands the frontend's runner of the subprogram's own torch ops to the guard (the
     runner is what is timed, not the reference graph)."""
-    reference = mi.superoptimize(program, INPUTS, search=False).partition.subprograms[0].graph
-    other = _rewritten(reference)
-    monkeypatch.setattr(optimize, "run_search",
-                        lambda ref, settings, progress=True: (other, "1 verified µGraph(s)", [other], False))
-    monkeypatch.setattr(optimize, "profile_choice",
-                        lambda ref, candidates: (other, "fastest of 1 GPU builds: 3.00 µs", {"stages": 2}, 3.0))
+    reference = _one_profiled_build(monkeypatch, 3.0)
     monkeypatch.setattr(optimize, "reference_runner", lambda ref, device: pytest.fail("reference timed"))
     built = []
 
