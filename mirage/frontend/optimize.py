@@ -305,6 +305,8 @@ def run_search(reference: KernelGraph, settings: SearchSettings,
 
     kwargs: dict = {"progress": progress,
                     "budget": Budget(time_s=settings.time_limit_s, results=settings.max_results)}
+    if any(n.op is Op.EXP for n in reference.nodes):  # verify none of what _drop_unstable discards
+        kwargs["keep_when"] = StableExps(_unstable_exps(reference))
     kwargs.update((name, json.loads(value)) for name, value in settings.overrides)
     result = search(reference, settings.config, **kwargs)
     stop = getattr(result.stop_reason, "value", result.stop_reason)
@@ -319,6 +321,20 @@ def _unstable_exps(graph: KernelGraph) -> int:
     from mirage.optimizer.softmax import online_softmax
 
     return len(online_softmax(graph)[1].skipped)
+
+
+@dataclass(frozen=True)
+class StableExps:
+    """A search's filter of complete candidates (picklable): at most ``allowed`` exps that the
+    online-softmax rewrite leaves unstable; a candidate the rewrite cannot analyse is verified."""
+
+    allowed: int
+
+    def __call__(self, graph: KernelGraph) -> bool:
+        try:
+            return _unstable_exps(graph) <= self.allowed
+        except Exception:  # noqa: BLE001 - the filter only saves verifications; the verifier decides
+            return True
 
 
 def _drop_unstable(reference: KernelGraph, found: KernelGraph | None, note: str,

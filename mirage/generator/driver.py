@@ -70,6 +70,9 @@ class SearchOptions:
     machine: dict[str, Any] = field(default_factory=dict)
     # stop once a found µGraph satisfies it (a picklable callable when workers are processes)
     stop_when: Callable[[KernelGraph], bool] | None = None
+    # verify only the complete candidates it accepts (picklable likewise): what a caller would
+    # discard after the search costs no verification and takes no place among the results
+    keep_when: Callable[[KernelGraph], bool] | None = None
 
     def __post_init__(self) -> None:
         workers = self.workers
@@ -157,7 +160,7 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
 
     rules = make_rules(output_terms(reference), space, options.disabled_rules, options.oracle_config)
     stats.oracle = rules.oracle_report
-    context = SearchContext(reference, space, rules, checker, started_at, options.stop_when)
+    context = SearchContext(reference, space, rules, checker, started_at, options.stop_when, options.keep_when)
     stats.phase_seconds["setup"] = time.perf_counter() - wall
     logger.info("search space: %s", space.describe())
 

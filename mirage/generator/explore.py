@@ -70,6 +70,7 @@ class SearchContext:
     checker: CandidateChecker
     started_at: float  # time.time() at the start of the search
     stop_when: Callable[[KernelGraph], bool] | None = None  # picklable for worker processes
+    keep_when: Callable[[KernelGraph], bool] | None = None  # likewise: which candidates to verify
     memo: dict = field(default_factory=dict, repr=False)
     memo_limit: int = 20_000
     _evaluator: OpEvaluator | None = field(default=None, repr=False)
@@ -249,6 +250,12 @@ class Explorer:
         if not self.rules.outputs_match_target([state.terms[i] for i in sinks]):
             self.stats.pruned["output_expression"] += 1
             return False
+        keep = self.context.keep_when
+        if keep is not None:
+            outputs = tuple(state.tensors[i] for i in sinks)
+            if not keep(dataclasses.replace(state.graph, outputs=outputs)):
+                self.stats.pruned["keep_when"] += 1
+                return False
         if self.deadline is not None and time.time() > self.deadline:
             raise StopSearch(StopReason.TIME)  # a verification can take seconds: none starts late
         start = time.perf_counter()

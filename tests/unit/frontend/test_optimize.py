@@ -537,3 +537,28 @@ def test_the_guard_times_the_runner_it_is_given(monkeypatch, caplog):
                                pytorch_runner=runner)
     assert built and kept.source == "search"
     assert "the torch ops' runner" in caplog.text
+
+
+def test_a_search_with_exps_verifies_only_candidates_whose_exps_can_be_stabilised(monkeypatch):
+    import pickle
+
+    import mirage.generator as generator
+
+    seen = []
+
+    def fake_search(reference, config, **kwargs):
+        seen.append(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(generator, "search", fake_search)
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(4, 8), dtype=mi.float32)
+    e = g.exp(x)
+    g.mark_output(g.div(e, g.reduction(e, 1)))
+    softmax = g.freeze()
+    for reference in (softmax, _epilogue_reference(2)):
+        with pytest.raises(RuntimeError, match="stop here"):
+            optimize.run_search(reference, SearchSettings(config="mlp"), progress=False)
+    keep = seen[0]["keep_when"]
+    assert keep == optimize.StableExps(0) and pickle.loads(pickle.dumps(keep)) == keep
+    assert keep(softmax) and "keep_when" not in seen[1]

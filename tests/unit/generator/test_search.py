@@ -404,3 +404,19 @@ def test_stop_when_a_wanted_graph_is_found(workers):
     result = search(tiny_reference(), workers=workers, stop_when=_IsFused(), **TINY, **QUIET)
     assert result.stop_reason is StopReason.TARGET
     assert any(is_fused(g) for g in result.graphs)
+
+
+class _NotFused:
+    """A picklable filter of complete candidates: only the unfused ones are verified."""
+
+    def __call__(self, graph) -> bool:
+        return not is_fused(graph)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_keep_when_filters_candidates_before_verification(workers):
+    every = search(tiny_reference(), workers=1, **TINY, **QUIET)
+    kept = search(tiny_reference(), workers=workers, keep_when=_NotFused(), **TINY, **QUIET)
+    assert any(is_fused(g) for g in every.graphs) and kept.graphs
+    assert not any(is_fused(g) for g in kept.graphs)
+    assert kept.stats.pruned["keep_when"] > 0 and kept.stats.verify_calls < every.stats.verify_calls
