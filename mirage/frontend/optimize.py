@@ -306,7 +306,7 @@ def run_search(reference: KernelGraph, settings: SearchSettings,
     kwargs: dict = {"progress": progress,
                     "budget": Budget(time_s=settings.time_limit_s, results=settings.max_results)}
     if any(n.op is Op.EXP for n in reference.nodes):  # verify none of what _drop_unstable discards
-        kwargs["keep_when"] = StableExps(_unstable_exps(reference))
+        kwargs["keep_when"] = StableExps(_unstable_exps(reference), _exp_count(reference))
     kwargs.update((name, json.loads(value)) for name, value in settings.overrides)
     result = search(reference, settings.config, **kwargs)
     stop = getattr(result.stop_reason, "value", result.stop_reason)
@@ -323,14 +323,26 @@ def _unstable_exps(graph: KernelGraph) -> int:
     return len(online_softmax(graph)[1].skipped)
 
 
+def _exp_count(graph) -> int:
+    """Exps of a kernel graph, its block graphs' included."""
+    return sum(1 if n.op is Op.EXP else _exp_count(n.attrs) if hasattr(n.attrs, "nodes") else 0
+               for n in graph.nodes)
+
+
 @dataclass(frozen=True)
 class StableExps:
     """A search's filter of complete candidates (picklable): at most ``allowed`` exps that the
-    online-softmax rewrite leaves unstable; a candidate the rewrite cannot analyse is verified."""
+    online-softmax rewrite leaves unstable. The rewrite's analysis costs about what a verification
+    does, so it runs only on candidates with more exps than the reference's ``exps`` (a search's
+    unstable forms recompute an exp apart from its sum); others, and those the analysis cannot take,
+    are verified (and :func:`_drop_unstable` has the last word)."""
 
     allowed: int
+    exps: int
 
     def __call__(self, graph: KernelGraph) -> bool:
+        if _exp_count(graph) <= self.exps:
+            return True
         try:
             return _unstable_exps(graph) <= self.allowed
         except Exception:  # noqa: BLE001 - the filter only saves verifications; the verifier decides

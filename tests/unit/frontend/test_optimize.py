@@ -560,5 +560,20 @@ def test_a_search_with_exps_verifies_only_candidates_whose_exps_can_be_stabilise
         with pytest.raises(RuntimeError, match="stop here"):
             optimize.run_search(reference, SearchSettings(config="mlp"), progress=False)
     keep = seen[0]["keep_when"]
-    assert keep == optimize.StableExps(0) and pickle.loads(pickle.dumps(keep)) == keep
+    assert keep == optimize.StableExps(0, 1) and pickle.loads(pickle.dumps(keep)) == keep
     assert keep(softmax) and "keep_when" not in seen[1]
+
+
+def test_the_stability_filter_analyses_only_candidates_with_extra_exps(monkeypatch):
+    def softmax(exps: int) -> mi.KernelGraph:
+        g = mi.new_kernel_graph()
+        x = g.new_input(dims=(4, 8), dtype=mi.float32)
+        e = g.exp(x)
+        g.mark_output(g.div(e, g.reduction(e if exps == 1 else g.exp(x), 1)))  # or an exp of its own
+        return g.freeze()
+
+    reference, apart = softmax(1), softmax(2)
+    keep = optimize.StableExps(optimize._unstable_exps(reference), 1)
+    assert optimize._unstable_exps(apart) > keep.allowed and not keep(apart)
+    monkeypatch.setattr(optimize, "_unstable_exps", lambda graph: pytest.fail("analysed"))
+    assert keep(reference)  # as many exps as the reference: verified without the analysis

@@ -52,7 +52,7 @@ def test_an_attention_of_unseen_shapes_is_found_with_the_headers():
 
     reference = _attention(8, 64, 32, 64)
     result = search(reference, "attention", budget=Budget(time_s=120), progress=False, cache=False,
-                    workers=1, stop_when=lambda graph: True, keep_when=StableExps(0),
+                    workers=1, stop_when=lambda graph: True, keep_when=StableExps(0, 1),
                     **flash_decoding.overrides(reference))
     assert result.graphs and result.stats.pruned["keep_when"] > 0, result.stats.summary()
     for graph in result.graphs:
