@@ -9,6 +9,12 @@ iteration searches every rule on the current e-graph, then applies all matches, 
 congruence (``rebuild``).  After saturation the e-graph is only read: :meth:`EGraph.lookup` finds
 the e-class of a term bottom-up through the hash-cons, or ``None`` if some node is not represented.
 
+Saturating a LayerNorm's target applies hundreds of thousands of matches.  To do it in about a
+second, each rule compiles to Python functions (see :func:`_compile_search`), and each search after
+the first is *semi-naive*, as in egglog: it only looks for matches with an e-node new since the
+previous search (the others were applied then).  Each iteration still ends with the e-graph of a
+full search (up to the numbering of e-classes).
+
 >>> from mirage.generator import abstract_expr as ae
 >>> from mirage.generator.egraph_rules import AXIOMS
 >>> x, y = ae.variable(0), ae.variable(1)
@@ -25,19 +31,19 @@ True
 from __future__ import annotations
 
 import enum
+import functools
+import gc
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mirage.generator.abstract_expr import Term, TermOp
-from mirage.generator.egraph_rules import Pattern, PatternVariable, Rewrite, SizeVariable
+from mirage.generator.egraph_rules import Pattern, PatternNode, PatternVariable, Rewrite, SizeVariable
 
 logger = logging.getLogger(__name__)
 
 ENode = tuple  # (op: TermOp, parameter, *child_class_ids)
-Substitution = dict
 
 
 class StopReason(enum.Enum):
@@ -112,16 +118,21 @@ class EGraph:
         return root
 
     def _canonical(self, node: ENode) -> ENode:
-        if len(node) == 2:
-            return node
-        find = self.find
-        return (node[0], node[1], *(find(c) for c in node[2:]))
+        parent = self._parent
+        for child in node[2:]:
+            if parent[child] != child:
+                find = self.find
+                return (node[0], node[1], *[find(c) for c in node[2:]])
+        return node
 
     def add_node(self, node: ENode) -> int:
-        node = self._canonical(node)
+        return self._add(self._canonical(node))
+
+    def _add(self, node: ENode) -> int:
+        """``add_node`` of a node whose children are canonical."""
         eclass = self._hashcons.get(node)
         if eclass is not None:
-            return self.find(eclass)
+            return eclass if self._parent[eclass] == eclass else self.find(eclass)
         eclass = len(self._parent)
         self._parent.append(eclass)
         self._uses.append([])
@@ -158,31 +169,32 @@ class EGraph:
                 self._repair(eclass)
 
     def _repair(self, eclass: int) -> None:
-        uses = self._uses[eclass]
+        uses, hashcons, find, canonical_of = self._uses[eclass], self._hashcons, self.find, self._canonical
         self._uses[eclass] = []
         for node, _ in uses:
-            self._hashcons.pop(node, None)
+            hashcons.pop(node, None)
         merged: dict[ENode, int] = {}
         for node, user in uses:
-            canonical = self._canonical(node)
+            canonical = canonical_of(node)
             other = merged.get(canonical)
             if other is not None:
                 self.union(user, other)
-            merged[canonical] = self.find(user)
+            merged[canonical] = find(user)
         for canonical, user in merged.items():
-            self._hashcons[canonical] = self.find(user)
-        self._uses[self.find(eclass)].extend(merged.items())
+            hashcons[canonical] = find(user)
+        self._uses[find(eclass)].extend(merged.items())
 
     def _compact(self) -> None:
         """Re-key the hash-cons by canonical e-nodes, dropping stale keys (so it lists each e-node once)."""
         while True:
             fresh: dict[ENode, int] = {}
+            canonical_of, find = self._canonical, self.find
             for node, eclass in self._hashcons.items():
-                canonical, eclass = self._canonical(node), self.find(eclass)
-                other = fresh.get(canonical)
-                if other is not None and other != eclass:
+                canonical, eclass = canonical_of(node), find(eclass)
+                other = fresh.setdefault(canonical, eclass)
+                if other != eclass:
                     self.union(other, eclass)
-                fresh[canonical] = eclass
+                    fresh[canonical] = eclass
             self._hashcons = fresh
             if not self._pending:
                 return
@@ -221,95 +233,72 @@ class EGraph:
 
     # -- e-matching and saturation ----------------------------------------------------------------
 
-    def _index(self) -> dict[TermOp, dict[int, list[ENode]]]:
-        """For each operator, the e-nodes of each e-class with that operator."""
+    def _index(self, previous: dict[ENode, int] | None) -> _Index:
+        """Per operator and e-class, its e-nodes with that operator, each with a flag: new since
+        ``previous`` (the hash-cons at the last search; ``None``: all are new); and the new ones."""
         self._compact()
-        index: dict[TermOp, dict[int, list[ENode]]] = defaultdict(lambda: defaultdict(list))
+        index: _Index = {op: {} for op in TermOp}
         for node, eclass in self._hashcons.items():
-            index[node[0]][eclass].append(node)
+            new = previous is None or previous.get(node) != eclass
+            nodes = index[node[0]].setdefault(eclass, ([], []))
+            nodes[0].append((node, new))
+            if new:
+                nodes[1].append((node, new))
         return index
 
-    def _match(self, index, pattern: Pattern, eclass: int, subst: Substitution) -> Iterator[Substitution]:
-        if isinstance(pattern, PatternVariable):
-            bound = subst.get(pattern)
-            if bound is None:
-                yield {**subst, pattern: eclass}
-            elif bound == eclass:
-                yield subst
-            return
-        for node in index.get(pattern.op, {}).get(eclass, ()):
-            current = subst
-            parameter = pattern.parameter
-            if isinstance(parameter, SizeVariable):
-                bound = current.get(parameter)
-                if bound is None:
-                    current = {**current, parameter: node[1]}
-                elif bound != node[1]:
-                    continue
-            elif parameter != node[1]:
-                continue
-            yield from self._match_args(index, pattern.args, node, 0, current)
-
-    def _match_args(self, index, args, node: ENode, position: int, subst: Substitution):
-        if position == len(args):
-            yield subst
-            return
-        for extended in self._match(index, args[position], node[2 + position], subst):
-            yield from self._match_args(index, args, node, position + 1, extended)
-
-    def _canonical_substitution(self, subst: Substitution) -> Iterator[tuple]:
-        for variable, value in subst.items():
-            yield (variable, value if isinstance(variable, SizeVariable) else self.find(value))
-
-    def _instantiate(self, pattern: Pattern, subst: Substitution) -> int:
-        if isinstance(pattern, PatternVariable):
-            return subst[pattern]
-        parameter = pattern.parameter
-        if isinstance(parameter, SizeVariable):
-            parameter = subst[parameter]
-        children = [self._instantiate(arg, subst) for arg in pattern.args]
-        return self.add_node((pattern.op, parameter, *children))
+    def _fresh(self, index: _Index, height: int) -> list[set[int]]:
+        """``fresh[h]``: the e-classes at most ``h - 1`` levels above a new e-node, the only ones
+        where a pattern of height ``h`` may match one."""
+        fresh = [set(), {c for by_class in index.values() for c, (_, new) in by_class.items() if new}]
+        while len(fresh) <= height:
+            below = fresh[-1]
+            fresh.append(below | {c for n, c in self._hashcons.items() if any(a in below for a in n[2:])})
+        return fresh
 
     def saturate(self, rules: Iterable[Rewrite], limits: SaturationLimits | None = None) -> SaturationReport:
         """Apply ``rules`` until nothing changes or a limit is hit; return a :class:`SaturationReport`."""
         limits = limits or SaturationLimits()
-        directions = [d for rule in rules for d in rule.directions()]
+        compiled = [_Rule.compile(name, lhs, rhs) for rule in rules for name, lhs, rhs in rule.directions()]
+        height = max((rule.height for rule in compiled), default=1)
         start = time.perf_counter()
         deadline = start + limits.time_s
-        banned_until = {name: 0 for name, _, _ in directions}
+        banned_until = {rule.name: 0 for rule in compiled}
         applied: set[tuple] = set()
         times_banned = dict.fromkeys(banned_until, 0)
         reason, iteration = StopReason.ITERATION_LIMIT, 0
+        # Semi-naive search: a match whose e-nodes were all in the same e-classes at the previous
+        # search was found then, and applied (or skipped, as applied before): its key, with the same
+        # canonical classes, is in ``applied``.  Not with a match limit, whose bans count old matches.
+        previous: dict[ENode, int] | None = None
+        # Saturation allocates millions of tuples and no reference cycles: without this pause, the
+        # cyclic collector walks the whole heap (torch's, in a search) again and again.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             while iteration < limits.iterations:
                 iteration += 1
-                index = self._index()
-                matches: list[tuple[str, Pattern, int, Substitution]] = []
+                index = self._index(previous)
+                fresh = None if previous is None else self._fresh(index, height)
+                if limits.match_limit is None:
+                    previous = dict(self._hashcons)
+                matches: list[tuple[_Rule, list[tuple[int, tuple]]]] = []
                 any_banned = False
-                for name, lhs, rhs in directions:
+                for rule in compiled:
+                    name = rule.name
                     if banned_until[name] > iteration:
                         any_banned = True
                         continue
                     threshold = (
                         1 << 62 if limits.match_limit is None else limits.match_limit << times_banned[name]
                     )
-                    found = self._search(index, lhs, threshold, deadline)
+                    found = rule.search(index, fresh, [], threshold, deadline)
                     if len(found) > threshold:
                         times_banned[name] += 1
                         banned_until[name] = iteration + (limits.ban_length << times_banned[name])
                         any_banned = True
                         continue
-                    matches.extend((name, rhs, eclass, subst) for eclass, subst in found)
-                changed = False
-                for count, (name, rhs, eclass, subst) in enumerate(matches):
-                    # A match applied before, on the same (canonical) classes, adds nothing new.
-                    key = (name, self.find(eclass), *self._canonical_substitution(subst))
-                    if key in applied:
-                        continue
-                    applied.add(key)
-                    changed |= self.union(eclass, self._instantiate(rhs, subst))
-                    if count % 512 == 0:
-                        self._check(limits, deadline)
+                    matches.append((rule, found))
+                changed = self._apply(matches, applied, limits, deadline)
                 self.rebuild()
                 self._check(limits, deadline)
                 if not changed and not any_banned:
@@ -318,6 +307,9 @@ class EGraph:
         except _Budget as budget:
             reason = budget.reason
             self.rebuild()
+        finally:
+            if collecting:
+                gc.enable()
         self._compact()
         report = SaturationReport(
             self.backend, reason, iteration, self.node_count, self.class_count, time.perf_counter() - start
@@ -325,20 +317,148 @@ class EGraph:
         logger.debug("saturation: %s", report)
         return report
 
-    def _search(self, index, lhs: Pattern, threshold: int, deadline: float) -> list[tuple[int, Substitution]]:
-        found: list[tuple[int, Substitution]] = []
-        assert not isinstance(lhs, PatternVariable), "a rule's left side must be an operator pattern"
-        for eclass in list(index.get(lhs.op, {})):
-            for subst in self._match(index, lhs, eclass, {}):
-                found.append((eclass, subst))
-                if len(found) > threshold:
-                    return found
-            if time.perf_counter() > deadline:
-                raise _Budget(StopReason.TIME_LIMIT)
-        return found
+    def _apply(self, matches: list, applied: set, limits: SaturationLimits, deadline: float) -> bool:
+        """Union each match's e-class with its instantiated right side; whether anything merged."""
+        find, parent, union, add = self.find, self._parent, self.union, self._add
+        changed, count = False, 0
+        for rule, found in matches:
+            key, instantiate, is_class = rule.key, rule.instantiate, rule.is_class
+            for eclass, values in found:
+                pairs = zip(values, is_class, strict=True)
+                values = tuple([find(v) if c and parent[v] != v else v for v, c in pairs])
+                # A match applied before, on the same (canonical) classes, adds nothing new.
+                before, eclass = len(applied), find(eclass)
+                applied.add((key, eclass, values))
+                if len(applied) > before:
+                    result = instantiate(add, *values)  # canonical, as ``eclass``: adding merges nothing
+                    if result != eclass:
+                        union(eclass, result)
+                        changed = True
+                count += 1
+                if count % 512 == 1:
+                    self._check(limits, deadline)
+        return changed
 
     def _check(self, limits: SaturationLimits, deadline: float) -> None:
         if self.node_count > limits.nodes:
             raise _Budget(StopReason.NODE_LIMIT)
         if time.perf_counter() > deadline:
             raise _Budget(StopReason.TIME_LIMIT)
+
+
+_Index = dict[TermOp, dict[int, tuple[list[tuple[ENode, bool]], list[tuple[ENode, bool]]]]]
+_Slots = dict[PatternVariable | SizeVariable, int]  # a variable's position in the values of a match
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """One direction of a rewrite, compiled to Python functions of the values of a match."""
+
+    name: str
+    search: Callable[..., list[tuple[int, tuple]]]  # see _compile_search
+    instantiate: Callable[..., int]  # see _compile_rhs
+    height: int  # of the left side
+    key: str  # the name and the variables in slot order: the start of an ``applied`` key
+    is_class: tuple[bool, ...]  # per slot: an e-class (canonicalised), or a size
+
+    @staticmethod
+    @functools.cache
+    def compile(name: str, lhs: Pattern, rhs: Pattern) -> _Rule:
+        assert isinstance(lhs, PatternNode), "a rule's left side must be an operator pattern"
+        slots: _Slots = {}
+        search = _compile_search(name, lhs, slots)  # numbers the slots
+        instantiate = _compile_rhs(name, rhs, slots)
+        is_class = tuple(isinstance(v, PatternVariable) for v in slots)
+        return _Rule(name, search, instantiate, _height(lhs), " ".join([name, *map(str, slots)]), is_class)
+
+
+def _height(pattern: Pattern) -> int:
+    return 0 if isinstance(pattern, PatternVariable) else 1 + max(map(_height, pattern.args), default=0)
+
+
+def _compile_search(name: str, lhs: PatternNode, slots: _Slots) -> Callable[..., list[tuple[int, tuple]]]:
+    """Compile ``lhs`` to ``search(index, fresh, out, threshold, deadline)``: nested loops over the
+    index, one per operator pattern in the order of egg's recursive matcher, that append
+    ``(e-class, values)`` per match to ``out``, e-class by e-class (stopping past ``threshold``).
+
+    With ``fresh`` (see :meth:`EGraph._fresh`), only matches with a new e-node are wanted: a loop
+    runs over the new e-nodes of its e-class alone when nothing in the rest of the pattern may match
+    a new one.  Given all e-nodes as new, the loops find every match."""
+    env: dict = dict(EMPTY=((), ()), perf_counter=time.perf_counter, _Budget=_Budget, StopReason=StopReason)
+    ops: dict[TermOp, str] = {lhs.op: "by_op0"}  # the local name of each operator's part of the index
+    body = [
+        f"    roots = None if fresh is None else fresh[{_height(lhs)}]",
+        "    for root in by_op0:",
+        "        if roots is not None and root not in roots: continue  # every match here is old",
+    ]
+
+    def bind(variable: PatternVariable | SizeVariable, value: str, indent: str) -> None:
+        # A variable bound before must match the same value (nonlinear patterns, like distribute).
+        # Slots are numbered in the order the loops bind them.
+        if variable in slots:
+            body.append(f"{indent}if {value} != v{slots[variable]}: continue")
+        else:
+            body.append(f"{indent}v{slots.setdefault(variable, len(slots))} = {value}")
+
+    def match(pending: list[tuple[Pattern, str]], flags: list[str], indent: str) -> None:
+        """Emit the loops that match each ``(pattern, e-class expression)`` of ``pending``."""
+        if not pending:
+            values = "".join(f"v{slot}, " for slot in range(len(slots)))
+            body.append(f"{indent}if {' or '.join(flags)}: out.append((root, ({values})))")
+            return
+        (pattern, where), rest = pending[0], pending[1:]
+        if isinstance(pattern, PatternVariable):
+            bind(pattern, where, indent)
+            return match(rest, flags, indent)
+        node, flag = f"n{len(flags)}", f"f{len(flags)}"
+        conditions = flags + [f"{w} in fresh[{_height(p)}]" for p, w in rest if isinstance(p, PatternNode)]
+        which = f"0 if {' or '.join(conditions)} else 1" if conditions else "1"
+        which = "0" if _height(pattern) > 1 else which  # the children may match new e-nodes
+        by_op = ops.setdefault(pattern.op, f"by_op{len(ops)}")
+        body.append(f"{indent}for {node}, {flag} in {by_op}.get({where}, EMPTY)[{which}]:")
+        indent += "    "
+        if isinstance(pattern.parameter, SizeVariable):
+            bind(pattern.parameter, f"{node}[1]", indent)
+        else:
+            body.append(f"{indent}if {node}[1] != {_constant(env, pattern.parameter)}: continue")
+        children = [(arg, f"{node}[{2 + position}]") for position, arg in enumerate(pattern.args)]
+        match(children + rest, flags + [flag], indent)
+
+    match([(lhs, "root")], [], " " * 8)
+    body += [
+        "        if len(out) > threshold: return out",
+        "        if perf_counter() > deadline: raise _Budget(StopReason.TIME_LIMIT)",
+        "    return out",
+    ]
+    header = [f"    {local} = index[{_constant(env, op)}]" for op, local in ops.items()]
+    return _define(env, name, "search(index, fresh, out, threshold, deadline)", header + body)
+
+
+def _compile_rhs(name: str, rhs: Pattern, slots: _Slots) -> Callable[..., int]:
+    """Compile ``rhs`` to ``instantiate(add, *values)``: add its e-nodes, children first, for the
+    canonical values of a match; return its e-class."""
+    env: dict = {}
+    body: list[str] = []
+
+    def emit(pattern: Pattern) -> str:
+        if isinstance(pattern, PatternVariable):
+            return f"v{slots[pattern]}"  # KeyError: a variable the left side does not bind
+        p = pattern.parameter
+        parameter = f"v{slots[p]}" if isinstance(p, SizeVariable) else _constant(env, p)
+        children = "".join(f"{emit(arg)}, " for arg in pattern.args)
+        body.append(f"    r{len(body)} = add(({_constant(env, pattern.op)}, {parameter}, {children}))")
+        return f"r{len(body) - 1}"
+
+    result = emit(rhs)
+    signature = f"instantiate(add, {''.join(f'v{slot}, ' for slot in range(len(slots)))})"
+    return _define(env, name, signature, [*body, f"    return {result}"])
+
+
+def _constant(env: dict, value: object) -> str:  # its name in the namespace of generated code
+    env[f"k{len(env)}"] = value
+    return f"k{len(env) - 1}"
+
+
+def _define(env: dict, rule: str, signature: str, body: list[str]) -> Callable:
+    exec(compile("\n".join([f"def {signature}:", *body]), f"<{rule}>", "exec"), env)
+    return env[signature.split("(")[0]]
