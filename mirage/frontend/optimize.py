@@ -124,6 +124,25 @@ def with_block_budget(reference: KernelGraph, settings: SearchSettings) -> Searc
     return dataclasses.replace(settings, overrides=overrides)
 
 
+_KERNEL_BUDGET_NAMES = ("max_kernel_ops", "kernel_op_budget", "max_num_kernel_graph_op")
+
+
+def with_kernel_budget(reference: KernelGraph, settings: SearchSettings) -> SearchSettings:
+    """``settings`` with the kernel-op budget raised to the reference's inputs plus one op (its
+    one-kernel form), where the space's budget (which counts inputs, as Mirage's does: 5, two ops on
+    three inputs) leaves none and the caller set none: a gated product with biases has five inputs,
+    and at 5 its search had no room for a single graph-defined op."""
+    from mirage.generator.space import CONFIGS
+
+    if settings.config not in CONFIGS or any(name in _KERNEL_BUDGET_NAMES for name, _ in settings.overrides):
+        return settings
+    wanted = sum(n.op is Op.INPUT for n in reference.nodes) + 1
+    if wanted <= CONFIGS[settings.config].max_kernel_ops:
+        return settings
+    overrides = tuple(sorted((*settings.overrides, ("max_kernel_ops", json.dumps(wanted)))))
+    return dataclasses.replace(settings, overrides=overrides)
+
+
 _LAYOUT_NAMES = ("griddims", "grid_dims", "imap_combos", "imaps", "fmap_combos", "fmaps", "franges",
                  "omaps")
 
@@ -448,7 +467,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     where it is faster than the fastest build (:func:`pytorch_us`)."""
     if settings.config is None:
         settings = dataclasses.replace(settings, config=auto_config(reference))
-    settings = with_attention_layout(reference, with_block_budget(reference, settings))
+    for widen in (with_block_budget, with_kernel_budget, with_attention_layout):
+        settings = widen(reference, settings)
     key = cache_key(reference, settings)
     if profile_on:
         key = hashlib.sha256(f"{key}:{profile_on}".encode()).hexdigest()

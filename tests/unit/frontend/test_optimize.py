@@ -452,6 +452,22 @@ def test_an_attention_is_searched_with_flash_decoding_headers_of_its_shapes():
     assert optimize.with_attention_layout(reference, SearchSettings(config="mlp")).overrides == ()
 
 
+def test_five_inputs_raise_the_kernel_budget_to_room_for_one_kernel():
+    """Mirage's kernel budget counts inputs (5): a gated product with two biases has five inputs and
+    no room for an op; the budget becomes six. Three inputs leave it alone, as does the caller's."""
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(8, 16), dtype=mi.float32)
+    a, b = (g.add(g.matmul(x, g.new_input(dims=(16, 32), dtype=mi.float32)),
+                  g.new_input(dims=(1, 32), dtype=mi.float32)) for _ in range(2))
+    g.mark_output(g.mul(g.silu(a), b))
+    biased = g.freeze()
+    raised = optimize.with_kernel_budget(biased, SearchSettings(config="mlp"))
+    assert json.loads(dict(raised.overrides)["max_kernel_ops"]) == 6
+    own = SearchSettings(config="mlp", overrides=(("max_num_kernel_graph_op", "5"),))
+    assert optimize.with_kernel_budget(biased, own) == own
+    assert optimize.with_kernel_budget(_epilogue_reference(2), SearchSettings(config="mlp")).overrides == ()
+
+
 def test_the_block_budget_is_left_to_the_caller_and_to_other_spaces():
     reference = _epilogue_reference(9)
     own = SearchSettings(config="mlp", overrides=(("max_num_threadblock_graph_op", "7"),))
