@@ -294,15 +294,16 @@ def _attention(b: RegionBuilder, node, p):
     group = heads // kv_heads
     if group > 1 and not p.get("enable_gqa"):
         raise Unlowerable("query and key heads differ without enable_gqa=True")
-    tq = b.tensor(q, (*prefix, kv_heads, group * length, dim))
-    scores = b.emit("matmul", tq, b.transposed(k))
+    # (batch, heads, ...) merged into one dim, the 3-D form the attention space maps onto its grids
+    tq = b.tensor(q, (math.prod(prefix) * kv_heads, group * length, dim))
+    scores = b.emit("matmul", tq, b.transposed(k, merge_batch=True))
     scale = p.get("scale")
     scores = b.emit("mul_scalar", scores, 1.0 / math.sqrt(dim) if scale is None else float(scale))
     weights = Value(scores, (*prefix, heads, length, keys))
     if p.get("attn_mask") is not None:
         weights = b.add(weights, b.tensor_operand(p["attn_mask"]))
     probabilities = b.softmax(weights, -1)
-    out = b.emit("matmul", b.tensor(probabilities), b.tensor(v, v.shape))
+    out = b.emit("matmul", b.tensor(probabilities), b.tensor(v, (math.prod(prefix) * kv_heads, *v.shape[-2:])))
     return Value(out, (*prefix, heads, length, v.shape[-1]))
 
 

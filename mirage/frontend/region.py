@@ -417,13 +417,15 @@ class RegionBuilder:
             return self.tensor(x, (math.prod(logical[:-2]), *logical[-2:]))
         return self.tensor(x, logical)
 
-    def transposed(self, x: Operand) -> DTensor:
-        """The last two dims of a boundary tensor swapped (a weight's ``t()``, the keys of attention)."""
+    def transposed(self, x: Operand, merge_batch: bool = False) -> DTensor:
+        """The last two dims of a boundary tensor swapped (a weight's ``t()``, the keys of attention);
+        ``merge_batch``: its leading dims merged into one, as :meth:`_batched` holds them."""
         if not isinstance(x, Boundary):
             raise Unlowerable("transpose of a tensor computed in the same subprogram")
         rank = len(x.shape)
         permute = (*range(rank - 2), rank - 1, rank - 2)
-        return self.bind(x, (*x.shape[:-2], x.shape[-1], x.shape[-2]), permute)
+        batch = (math.prod(x.shape[:-2]),) if merge_batch and rank > 3 else x.shape[:-2]
+        return self.bind(x, (*batch, x.shape[-1], x.shape[-2]), permute)
 
     def softmax(self, x: Operand, dim: int) -> Value:
         """LAX form ``exp(x) / sum(exp(x))``; the exp is recorded for the online-softmax rewrite."""

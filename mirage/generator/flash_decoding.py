@@ -36,9 +36,11 @@ MIN_KEYS_PER_ITERATION = 64
 
 def shape(reference: KernelGraph) -> tuple[int, int, int, int] | None:
     """``(heads, queries, head dim, keys)`` where ``reference`` is ``f(Q @ K) @ V`` on rank-3 tensors,
-    Q ``(heads, queries, dim)``, K ``(heads, dim, keys)``, V ``(heads, keys, dim)``; else None."""
+    Q ``(heads, queries, dim)``, K ``(heads, dim, keys)``, V ``(heads, keys, dim)`` and no other input
+    (the headers map these three; a mask would have no map); else None."""
     products = [n for n in reference.nodes if n.op is Op.MATMUL]
-    if len(products) != 2 or len(reference.outputs) != 1:
+    inputs = sum(n.op is Op.INPUT for n in reference.nodes)
+    if len(products) != 2 or len(reference.outputs) != 1 or inputs != 3:
         return None
     q, k = (reference.type_of(r).shape for r in products[0].inputs)
     v = reference.type_of(products[1].inputs[1]).shape

@@ -225,3 +225,21 @@ def test_a_batched_product_of_rank_4_merges_its_batch_dims():
     assert sub.graph.type_of(sub.graph.outputs[0]).shape == (8, 16, 8)
     with torch.no_grad():
         torch.testing.assert_close(fast(*inputs), attention(*inputs), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("kv_heads", "shapes"), [(8, [(16, 64, 32), (16, 32, 64), (16, 64, 32)]),
+                                                   (2, [(4, 256, 32), (4, 32, 64), (4, 64, 32)])])
+def test_sdpa_on_batch_and_heads_holds_them_merged(kv_heads, shapes):
+    """SDPA on (batch, heads, seq, dim): batch and (key) heads merged into one dim, the query heads
+    that share a key head folded into its rows; the result equals eager's."""
+    q = torch.randn(2, 8, 64, 32)
+    k, v = (torch.randn(2, kv_heads, 64, 32) for _ in range(2))
+
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    fast = mi.superoptimize(attention, (q, k, v), search=False)
+    (sub,) = fast.partition.subprograms
+    assert [b.shape for b in sub.inputs] == shapes
+    with torch.no_grad():
+        torch.testing.assert_close(fast(q, k, v), attention(q, k, v), rtol=1e-4, atol=1e-5)

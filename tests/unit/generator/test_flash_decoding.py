@@ -34,6 +34,12 @@ def test_other_programs_get_no_headers():
                            g.new_input(dims=(32, 16), dtype=mi.float16)))
     assert flash_decoding.overrides(g.freeze()) is None  # rank 2
     assert flash_decoding.overrides(_attention(2, 16, 32, 16)) is None  # too few keys to split
+    g = mi.new_kernel_graph()
+    q, k, mask, v = (g.new_input(dims=d, dtype=mi.float16)
+                     for d in ((8, 64, 32), (8, 32, 64), (1, 64, 64), (8, 64, 32)))
+    e = g.exp(g.add(g.mul_scalar(g.matmul(q, k), 0.125), mask))
+    g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
+    assert flash_decoding.overrides(g.freeze()) is None  # a mask: no map for it in the headers
 
 
 def test_the_strided_accumulator_takes_the_head_dim():
