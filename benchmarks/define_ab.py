@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         graph = pick(record["case"], best)
         choice = BuildChoice.from_dict(best)
         program = generate_cuda_program(graph, None, options=choice.options())
-        for variant, code in (("A", program.code), ("B", prefix + program.code)):
+        for code in (program.code, prefix + program.code):  # A, then B
             programs.append(dataclasses.replace(program, code=code))
         rows.append({"case": record["case"], "variant": best["variant"], "graph": graph, "choice": choice})
     built = build_many(programs)
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         times = {"A": [], "B": []}
         for _ in range(args.rounds):
             for label, p in (("A", a), ("B", b)):
-                times[label].append(time_graph(lambda p=p: p.launch(inputs), replays=100).median_us)
+                times[label].append(time_graph(lambda p=p, x=inputs: p.launch(x), replays=100).median_us)
         row["a_us"], row["b_us"] = (statistics.median(times[label]) for label in ("A", "B"))
         row["timings"] = times
         print(f"{row['case']:12s} A {row['a_us']:7.2f}  B ({args.define}) {row['b_us']:7.2f} µs  "

@@ -3,7 +3,8 @@
 ``FUNCTORS`` maps every element-wise op to the device functor that computes it.  It is built from
 the registry's ``functor`` column; :data:`FUNCTOR_OVERRIDES` names the rows where the device
 library has no functor of that meaning (the IR's gelu is the tanh approximation, the library's
-``Gelu`` the erf form, which is the IR's gelu_erf) or none at all (``AddScalar``), which ``mirage/gen/kernel.cuh`` supplies.
+``Gelu`` the erf form, which is the IR's gelu_erf) or none at all (``AddScalar``), which
+``mirage/gen/kernel.cuh`` supplies.
 """
 
 from __future__ import annotations

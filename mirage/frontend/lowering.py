@@ -303,7 +303,8 @@ def _attention(b: RegionBuilder, node, p):
     if p.get("attn_mask") is not None:
         weights = b.add(weights, b.tensor_operand(p["attn_mask"]))
     probabilities = b.softmax(weights, -1)
-    out = b.emit("matmul", b.tensor(probabilities), b.tensor(v, (math.prod(prefix) * kv_heads, *v.shape[-2:])))
+    tv = b.tensor(v, (math.prod(prefix) * kv_heads, *v.shape[-2:]))
+    out = b.emit("matmul", b.tensor(probabilities), tv)
     return Value(out, (*prefix, heads, length, v.shape[-1]))
 
 

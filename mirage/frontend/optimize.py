@@ -401,32 +401,17 @@ def profile_choice(reference: KernelGraph,
         best.build.as_dict(), best.median_us
 
 
-def reference_runner(reference: KernelGraph, device: str):
-    """A function of no arguments that runs ``reference`` op by op through PyTorch on ``device`` (each
-    kernel-graph op one torch call, in fp32, as the runtime runs kernel-level ops), on inputs drawn
-    once, and returns its outputs. It stands in for the subprogram's own torch ops, which run in their
-    own dtypes: no faster than those, so a guard built on it errs towards keeping the fastest build."""
-    from mirage.codegen.gpu_check import random_inputs
-    from mirage.codegen.lower_program import generate_cuda_program
-    from mirage.codegen.runtime import build_many
-
-    (program,) = build_many([generate_cuda_program(reference, None)])
-    if isinstance(program, Exception):
-        raise program
-    inputs = random_inputs(reference, seed=0, device=device)
-    return lambda: program(*inputs)
-
-
-def pytorch_us(reference: KernelGraph, runner: Callable[[], Callable[[], Any]] | None = None) -> float | None:
+def pytorch_us(reference: KernelGraph, runner: Callable[[], Callable[[], Any]] | None) -> float | None:
     """What the subprogram takes in PyTorch on the current GPU, µs a call (CUDA-graph replays, as the
-    builds are timed); None where it cannot be timed (the guard it serves is then skipped).
-    ``runner`` builds the function timed: what runs where no build is kept (the frontend passes the
-    subprogram's own torch ops); without it, ``reference`` op by op (:func:`reference_runner`)."""
+    builds are timed); None where there is nothing to time or it cannot be timed (the guard it serves
+    is then skipped). ``runner`` builds the function timed: what runs where no build is kept (the
+    frontend passes the subprogram's own torch ops, ``runtime.torch_ops_runner``)."""
+    if runner is None:
+        return None
     try:
         from mirage.codegen.profile import time_graph
 
-        run = runner() if runner is not None else reference_runner(reference, "cuda")
-        return time_graph(run, replays=100).median_us
+        return time_graph(runner(), replays=100).median_us
     except Exception as error:  # noqa: BLE001 - the comparison is a guard; without it the pick stands
         logger.warning("mirage: timing %s through PyTorch failed (%s: %s); keeping the fastest build",
                        reference.name or "a subprogram", type(error).__name__, error)

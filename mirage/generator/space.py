@@ -211,7 +211,8 @@ class SearchSpace:
         into ``reduction_dimx`` columns: the combine of split attention, right only where that is the
         head dim. Mirage fixes it at 64 (its benchmarks' head dim); a space left at 64 takes the last
         dim of the reference's first output instead (a head dim of 32 or 128)."""
-        strided = any(isinstance(c.attrs, Accum) and c.attrs.kind is AccumKind.SUM_TODIMX for c in self.block_ops)
+        strided = any(isinstance(c.attrs, Accum) and c.attrs.kind is AccumKind.SUM_TODIMX
+                      for c in self.block_ops)
         if not strided or self.reduction_dimx != 64 or not reference.outputs:
             return self
         head_dim = reference.type_of(reference.outputs[0]).shape[-1]

@@ -78,8 +78,8 @@ class Op(enum.Enum):
     FUSED = "fused"
 
 
-UNARY = frozenset({Op.EXP, Op.SQRT, Op.SQUARE, Op.SILU, Op.GELU, Op.GELU_ERF, Op.RELU, Op.SIGMOID, Op.TANH, Op.CLAMP,
-                   Op.MUL_SCALAR, Op.ADD_SCALAR})
+UNARY = frozenset({Op.EXP, Op.SQRT, Op.SQUARE, Op.SILU, Op.GELU, Op.GELU_ERF, Op.RELU, Op.SIGMOID, Op.TANH,
+                   Op.CLAMP, Op.MUL_SCALAR, Op.ADD_SCALAR})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 ELEMENTWISE = UNARY | BINARY
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL})

@@ -129,7 +129,8 @@ def test_columns_beyond_a_vector_interleave_across_the_row():
 
 
 @pytest.mark.parametrize(("iterations", "most", "batch"),
-                         [(32, 26, 16), (16, 26, 16), (29, 26, 15), (32, 11, 11), (7, 1, 1), (5, 0, 1), (3, 200, 3)])
+                         [(32, 26, 16), (16, 26, 16), (29, 26, 15), (32, 11, 11), (7, 1, 1), (5, 0, 1),
+                          (3, 200, 3)])
 def test_direct_loop_batches_are_as_even_as_the_range_allows(iterations, most, batch):
     from mirage.codegen.lower_rowloop import batch_size
 

@@ -42,7 +42,8 @@ CASES = [
     Case("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), ((4, 6),), {Op.GELU: 1}),
     Case("gelu_exact", lambda x: F.gelu(x), ((4, 6),), {Op.GELU_ERF: 1}),
     # the same op on the same operand twice is one node (common subexpressions); on others, two
-    Case("tanh", lambda x: torch.tanh(x) * 0.5 + x.tanh(), ((4, 6),), {Op.TANH: 1, Op.MUL_SCALAR: 1, Op.ADD: 1}),
+    Case("tanh", lambda x: torch.tanh(x) * 0.5 + x.tanh(), ((4, 6),),
+         {Op.TANH: 1, Op.MUL_SCALAR: 1, Op.ADD: 1}),
     Case("tanh_twice", lambda x: torch.tanh(x) * 0.5 + torch.tanh(x * 2.0), ((4, 6),),
          {Op.TANH: 2, Op.MUL_SCALAR: 2, Op.ADD: 1}),
     # var's mean is the one already taken, so the centred values' rms is recognised as rms_norm

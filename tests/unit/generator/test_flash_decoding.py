@@ -64,3 +64,10 @@ def test_an_attention_of_unseen_shapes_is_found_with_the_headers():
     for graph in result.graphs:
         assert sum(n.op.value == "customized" for n in graph.nodes) == 2
         assert _unstable_exps(graph) == 0 and verify(reference, graph).equivalent
+
+
+def test_the_module_example_runs():
+    import doctest
+
+    result = doctest.testmod(flash_decoding)
+    assert result.attempted > 0 and result.failed == 0
