@@ -1,8 +1,9 @@
 """Programs that no test and no benchmark family names, run end to end: capture, search (with a short
 budget), verification, code generation, compilation and timing on the GPU, then the result against
-PyTorch eager.  Prints one line per program and writes unseen_<date>.json into ``--out`` (default
-benchmarks/results).  On a machine without a GPU the subprograms run through the interpreter and only
-correctness is reported."""
+PyTorch eager (and, for attention, PyTorch's fused ``scaled_dot_product_attention``).  Prints one
+line per program and writes unseen_<date>.json into ``--out`` (default benchmarks/results).  On a
+machine without a GPU the subprograms run through the interpreter and only correctness is
+reported."""
 
 from __future__ import annotations
 
@@ -100,6 +101,19 @@ class HeadsAttention(nn.Module):
     def forward(self, q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1) @ v
 
+    @staticmethod
+    def fused(q, k, v):  # PyTorch's own fused kernel of the same function (timed beside)
+        return F.scaled_dot_product_attention(q, k, v, scale=1 / 8.0)
+
+
+class PrefillAttention(nn.Module):
+    """BERT-base's self-attention core over a 512-token prompt, written out with ``* d ** -0.5``."""
+
+    def forward(self, q, k, v):
+        return F.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1) @ v
+
+    fused = staticmethod(F.scaled_dot_product_attention)  # its scale is d ** -0.5 too
+
 
 class Block(nn.Module):
     """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
@@ -126,7 +140,14 @@ PROGRAMS = {
     "layernorm_projection": (LayerNormProjection, [(4, 512)]),
     "bert_mlp": (BertMLP, [(8, 384)]),
     "heads_attention": (HeadsAttention, [(2, 8, 128, 64)] * 3),
+    "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
 }
+
+
+def _kernels(fast) -> dict[str, list[str]]:
+    """The ops of the kernel graph chosen for each subprogram (a ``customized`` op is one fused kernel)."""
+    return {name: [n.op.value for n in choice.graph.nodes if n.op.value != "input"]
+            for spec in fast.specializations for name, choice in spec.choices.items()}
 
 
 def main(argv=None) -> None:
@@ -158,9 +179,13 @@ def main(argv=None) -> None:
             row["relative_error"] = ((got - want).abs().max() / want.abs().max()).item()
             row["seconds"] = time.time() - start
             row["report"] = fast.report()
+            row["kernels"] = _kernels(fast)
             if device == "cuda":
                 with torch.no_grad():
-                    for key, fn in (("eager_us", model), ("mirage_us", fast)):
+                    timed = [("eager_us", model), ("mirage_us", fast)]
+                    if hasattr(model, "fused"):
+                        timed.append(("sdpa_us", model.fused))
+                    for key, fn in timed:
                         row[key] = time_graph(lambda fn=fn, xs=inputs: fn(*xs), replays=100).median_us
         except mi.MirageError as error:
             row["error"] = f"{type(error).__name__}: {error}"

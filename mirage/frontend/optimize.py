@@ -148,7 +148,8 @@ _LAYOUT_NAMES = ("griddims", "grid_dims", "imap_combos", "imaps", "fmap_combos",
 
 
 def with_attention_layout(reference: KernelGraph, settings: SearchSettings) -> SearchSettings:
-    """``settings`` of the ``attention`` space with FlashDecoding's headers for ``reference``'s shapes
+    """``settings`` of the ``attention`` space with FlashAttention's and FlashDecoding's headers for
+    ``reference``'s shapes and the block budget of the one-kernel form
     (:mod:`mirage.generator.flash_decoding`), unless the caller set grids or maps: from scratch, the
     space's own headers verify nothing in minutes for an attention of unseen shapes."""
     from mirage.generator import flash_decoding
@@ -158,6 +159,8 @@ def with_attention_layout(reference: KernelGraph, settings: SearchSettings) -> S
     layout = flash_decoding.overrides(reference)
     if layout is None:
         return settings
+    if any(name in _BLOCK_BUDGET_NAMES for name, _ in settings.overrides):
+        layout.pop("max_block_ops", None)  # the caller's budget stands (it may leave out the one-kernel form)
     overrides = tuple(sorted((*settings.overrides, *((k, json.dumps(v)) for k, v in layout.items()))))
     return dataclasses.replace(settings, overrides=overrides)
 

@@ -140,6 +140,7 @@ class Specialization:
     partition: Partition
     choices: dict[str, Choice]
     seconds: dict[str, float]
+    split: tuple[str, ...] = ()  # what the searches of the subprograms split afterwards gave
     _flat: Any = None  # flat_runner's result, made on first use
 
     def run_flat(self, args: tuple):
@@ -164,6 +165,7 @@ class Specialization:
                     else f"runs in PyTorch, as nothing beat its reference graph ({c.detail})")
             lines.append(f"  {s.name}: {len(s.nodes)} torch ops, {s.num_ops} kernel-graph ops; {runs}")
         lines += [f"  {n}" for n in self.partition.notices()]
+        lines += [f"  before a split: {n}" for n in self.split]
         lines.append("  time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items()))
         return "\n".join(lines)
 
@@ -322,7 +324,7 @@ class MirageModule(nn.Module):
         start = time.perf_counter()
         device = profile_device(args, kwargs, self.options)
         choices = choose_all(gm, part.subprograms, self.options, device)
-        part, choices = self._split_fruitless(gm, part, choices, device)
+        part, choices, split = self._split_fruitless(gm, part, choices, device)
         seconds["choose"] = time.perf_counter() - start
         # a subprogram whose search found nothing better than its reference graph keeps its torch ops:
         # the reference graph, op by op, is slower than PyTorch's own kernels
@@ -330,7 +332,7 @@ class MirageModule(nn.Module):
         modules = {s.name: SubprogramModule(s, choices[s.name], self.options) for s in replaced}
         captured = gm.graph
         stitched = stitch(gm, replace(part, subprograms=replaced), modules)
-        spec = Specialization(signature, stitched, captured, part, choices, seconds)
+        spec = Specialization(signature, stitched, captured, part, choices, seconds, split)
         self._first = self._first or signature
         self._style = self._style or (len(args), tuple(kwargs))
         self._specializations[signature] = spec
@@ -338,24 +340,28 @@ class MirageModule(nn.Module):
         return spec
 
     def _split_fruitless(self, gm: fx.GraphModule, part: Partition, choices: dict[str, Choice],
-                         device: str | None) -> tuple[Partition, dict[str, Choice]]:
+                         device: str | None) -> tuple[Partition, dict[str, Choice], tuple[str, ...]]:
         """Once: split each subprogram whose search found nothing before the products that start its
         next layer (``partition.product_cuts``), and search the parts; subprograms left as they were
-        keep their choices.  The split is kept only where it changes the partition."""
-        cuts = frozenset().union(*(product_cuts(gm, s) for s in part.subprograms
-                                   if runs_in_pytorch(choices[s.name], self.options)))
+        keep their choices.  The split is kept only where it changes the partition; then also what
+        the split subprograms' searches gave, one line each, for the report."""
+        fruitless = [s for s in part.subprograms if runs_in_pytorch(choices[s.name], self.options)]
+        cuts = frozenset().union(*(product_cuts(gm, s) for s in fruitless))
         if not cuts:
-            return part, choices
+            return part, choices, ()
         split = partition(gm, self.options.budget, cuts)
         before = {s.nodes: choices[s.name] for s in part.subprograms}
         if {s.nodes for s in split.subprograms} == set(before):
-            return part, choices
+            return part, choices, ()
         logger.info("mirage: %s: splitting subprograms that no µGraph beat before %s", self.name,
                     ", ".join(sorted(cuts)))
+        kept = {s.nodes for s in split.subprograms}
+        notes = tuple(f"{len(s.nodes)} torch ops ({', '.join(s.ops)}): {choices[s.name].detail}"
+                      for s in fruitless if s.nodes not in kept)
         new = [s for s in split.subprograms if s.nodes not in before]
         fresh = choose_all(gm, new, self.options, device)
         return split, {s.name: before[s.nodes] if s.nodes in before else fresh[s.name]
-                       for s in split.subprograms}
+                       for s in split.subprograms}, notes
 
     def forward(self, *args, **kwargs):
         key = None if kwargs else _tensor_key(args)

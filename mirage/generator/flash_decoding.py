@@ -1,24 +1,37 @@
-"""FlashDecoding headers for an attention reference of any shape: search-space overrides.
+"""FlashDecoding and FlashAttention headers for an attention reference of any shape: search-space
+overrides.
 
 Mirage's generated grids hold no layout that splits attention's keys over blocks (its attention
 demos start from saved checkpoints), so a search of the ``attention`` space from scratch verifies
-nothing in minutes for an attention it has not seen. FlashDecoding's layout is known: a first
-graph-defined op of ``(heads, key splits, query groups)`` blocks, each computing the exponentials of
-its keys' scores, their per-row sums and their products with V, and a second of ``(heads, query
-groups, 1)`` blocks that divides the summed products by the summed sums (mirage-notes §1.7). This
-module derives those grids, input maps, for-loop dims and ranges from the reference's shapes, as
-overrides of the space, so that the search visits only such headers and verifies the fused µGraphs
-in seconds. The ops inside the blocks are still the search's to find.
+nothing in minutes for an attention it has not seen. Two layouts are known:
+
+* FlashDecoding's (mirage-notes §1.7): a first graph-defined op of ``(heads, key splits, query
+  groups)`` blocks, each computing the exponentials of its keys' scores, their per-row sums and
+  their products with V, and a second of ``(heads, query groups, 1)`` blocks that divides the summed
+  products by the summed sums. It fills the GPU when there are few queries and many keys (decoding).
+* FlashAttention's: one graph-defined op of ``(heads, 1, query groups)`` blocks, each looping over
+  all the keys of its head and dividing by the row sums after the loop. No partials go through
+  global memory and there is one launch; it fills the GPU when heads × query groups do (many
+  queries, few keys). Its block graph takes 10 ops, one over the space's default budget of 9.
+
+This module derives those grids, input maps, for-loop dims and ranges from the reference's shapes,
+as overrides of the space, so that the search visits only such headers and verifies the fused
+µGraphs in seconds (the one-kernel headers first: they tile the reference as one kernel can,
+:mod:`mirage.generator.tiling`). The ops inside the blocks are still the search's to find.
 
 >>> import mirage as mi
->>> g = mi.new_kernel_graph()
->>> q = g.new_input(dims=(8, 64, 32), dtype=mi.float16)
->>> k = g.new_input(dims=(8, 32, 64), dtype=mi.float16)
->>> v = g.new_input(dims=(8, 64, 32), dtype=mi.float16)
->>> e = g.exp(g.mul_scalar(g.matmul(q, k), 0.125))
->>> g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
->>> overrides(g.freeze())["griddims"]
-[(8, 4, 4), (8, 4, 1)]
+>>> def attention(heads, queries, dim, keys):
+...     g = mi.new_kernel_graph()
+...     q = g.new_input(dims=(heads, queries, dim), dtype=mi.float16)
+...     k = g.new_input(dims=(heads, dim, keys), dtype=mi.float16)
+...     v = g.new_input(dims=(heads, keys, dim), dtype=mi.float16)
+...     e = g.exp(g.mul_scalar(g.matmul(q, k), dim ** -0.5))
+...     g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
+...     return g.freeze()
+>>> overrides(attention(16, 128, 64, 128))["griddims"]  # one kernel (16 or 64 rows a block), or splits
+[(16, 1, 8), (16, 1, 2), (16, 4, 8), (16, 8, 8), (16, 8, 1)]
+>>> overrides(attention(2, 256, 64, 4096))["griddims"]  # decoding: 32 blocks unsplit, so splits only
+[(2, 4, 16), (2, 8, 16), (2, 16, 16), (2, 16, 1)]
 """
 
 from __future__ import annotations
@@ -29,9 +42,14 @@ from mirage.mugraph.graph import KernelGraph
 from mirage.mugraph.ops import Op
 
 ROWS_PER_GROUP = 16  # query rows a block holds (an MMA tile's rows)
+WHOLE_ROWS_PER_GROUP = (16, 64)  # one-kernel members: an MMA tile's rows, or a warpgroup MMA's
 KEY_SPLITS = (4, 8, 16)  # the split counts tried, each one grid of the first op
 MIN_KEYS_PER_SPLIT = 16  # an MMA tile's columns
 MIN_KEYS_PER_ITERATION = 64
+MAX_WHOLE_KEYS_PER_ITERATION = 128  # one-kernel members: a K and a V tile of 128 keys fit a stage
+MIN_WHOLE_BLOCKS = 64  # one-kernel members where heads × 16-row groups give this many blocks or more
+WHOLE_BLOCK_OPS = 10  # Q, K, V; Q·K, its scale, exp, the row sums, P·V, two accumulators (or one
+# and a saver), the division
 
 
 def shape(reference: KernelGraph) -> tuple[int, int, int, int] | None:
@@ -54,27 +72,44 @@ def shape(reference: KernelGraph) -> tuple[int, int, int, int] | None:
     return heads, queries, out[2], keys
 
 
+def _groups(queries: int, rows: int) -> int:
+    """Query groups of about ``rows`` rows that divide ``queries`` (at least one)."""
+    groups = max(1, queries // rows)
+    while queries % groups:
+        groups -= 1
+    return groups
+
+
 def overrides(reference: KernelGraph) -> dict[str, Any] | None:
-    """The FlashDecoding overrides of the search space for ``reference`` (module docstring), or None
-    where it is not an attention of rank-3 tensors or its keys are too few to split."""
+    """The FlashAttention and FlashDecoding overrides of the search space for ``reference`` (module
+    docstring), or None where it is not an attention of rank-3 tensors."""
     found = shape(reference)
     if found is None:
         return None
     heads, queries, _, keys = found
-    groups = max(1, queries // ROWS_PER_GROUP)
-    while queries % groups:
-        groups -= 1
+    groups = _groups(queries, ROWS_PER_GROUP)
     splits = [s for s in KEY_SPLITS if keys % s == 0 and keys // s >= MIN_KEYS_PER_SPLIT]
-    if not splits:
-        return None
+    whole = list(dict.fromkeys(_groups(queries, rows) for rows in WHOLE_ROWS_PER_GROUP))
+    if splits and heads * groups < MIN_WHOLE_BLOCKS:
+        whole = []  # decoding: too few blocks without a split of the keys; the search's time goes to splits
     ranges = {1} | {r for s in splits for r in (2, 4, 8)
                     if (keys // s) % r == 0 and keys // s // r >= MIN_KEYS_PER_ITERATION}
+    ranges |= {r for r in range(2, keys // MIN_KEYS_PER_ITERATION + 1) if whole and keys % r == 0
+               and MIN_KEYS_PER_ITERATION <= keys // r <= MAX_WHOLE_KEYS_PER_ITERATION}
+    # Q: heads on x, query groups on z; K and V: heads on x, key splits on y (K's keys are its dim 2,
+    # V's its dim 1), iterated by the for-loop; the combine's two inputs: heads, groups. A one-kernel
+    # member (y = 1) maps nothing on y and writes whole rows of the output.
+    imaps = [[(0, -1, 1), (0, -1, -1), (0, -1, -1)]] if whole else []
+    omaps = [(0, -1, 1)] if whole else []
+    if splits:
+        imaps += [[(0, -1, 1), (0, 2, -1), (0, 1, -1)], [(0, 1, -1), (0, 1, -1)]]
+        omaps += [(0, 2, 1), (0, 1, -1)]
     return {
-        "griddims": [(heads, s, groups) for s in splits] + [(heads, groups, 1)],
-        # Q: heads on x, query groups on z; K and V: heads on x, key splits on y (K's keys are its
-        # dim 2, V's its dim 1), iterated by the for-loop; the combine's two inputs: heads, groups
-        "imap_combos": [[(0, -1, 1), (0, 2, -1), (0, 1, -1)], [(0, 1, -1), (0, 1, -1)]],
-        "fmap_combos": [[-1, 2, 1], [-1, -1]],
+        "griddims": [(heads, 1, g) for g in whole] + [(heads, s, groups) for s in splits]
+                    + ([(heads, groups, 1)] if splits else []),
+        "imap_combos": imaps,
+        "fmap_combos": [[-1, 2, 1], [-1, -1]] if splits else [[-1, 2, 1]],
         "franges": sorted(ranges),
-        "omaps": [(0, 2, 1), (0, 1, -1)],
+        "omaps": omaps,
+        **({"max_block_ops": WHOLE_BLOCK_OPS} if whole else {}),
     }

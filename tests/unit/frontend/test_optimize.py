@@ -395,6 +395,10 @@ def test_a_fruitless_subprogram_is_split_before_its_next_layer_and_the_parts_sea
     assert searched == [6, 4, 2]
     assert [len(s.nodes) for s in spec.partition.subprograms] == [4, 2]
     assert {c.source for c in spec.choices.values()} == {"search"}
+    # what the search of the whole gave stays in the report
+    assert spec.split == ("6 torch ops (matmul, silu, matmul, mul, matmul, add): "
+                          "search found nothing better (test)",)
+    assert f"before a split: {spec.split[0]}" in fast.report()
     torch.testing.assert_close(fast(*inputs), block(*inputs), rtol=1e-4, atol=1e-4)
     gm = capture(as_module(block), inputs, {})
     (only,) = partition(gm).subprograms

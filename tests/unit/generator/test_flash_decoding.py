@@ -23,8 +23,13 @@ def test_the_headers_follow_the_shapes():
     layout = flash_decoding.overrides(_attention(2, 256, 64, 4096))
     assert layout["griddims"] == [(2, 4, 16), (2, 8, 16), (2, 16, 16), (2, 16, 1)]
     assert layout["franges"] == [1, 2, 4, 8]  # at least 64 keys an iteration, in one split or another
+    assert "max_block_ops" not in layout  # decoding: 2 heads × 16 groups of rows, too few unsplit
     few = flash_decoding.overrides(_attention(8, 8, 32, 64))
     assert few["griddims"] == [(8, 4, 1), (8, 1, 1)] and few["franges"] == [1]
+    many = flash_decoding.overrides(_attention(16, 128, 64, 1024))
+    # one kernel of 16 or 64 query rows a block, 64 or 128 keys an iteration; then the splits
+    assert many["griddims"][:2] == [(16, 1, 8), (16, 1, 2)] and many["max_block_ops"] == 10
+    assert {8, 16} <= set(many["franges"]) and [(0, -1, 1), (0, -1, -1), (0, -1, -1)] in many["imap_combos"]
 
 
 def test_other_programs_get_no_headers():
@@ -33,7 +38,8 @@ def test_other_programs_get_no_headers():
     g.mark_output(g.matmul(g.exp(g.matmul(x, g.new_input(dims=(64, 32), dtype=mi.float16))),
                            g.new_input(dims=(32, 16), dtype=mi.float16)))
     assert flash_decoding.overrides(g.freeze()) is None  # rank 2
-    assert flash_decoding.overrides(_attention(2, 16, 32, 16)) is None  # too few keys to split
+    few_keys = flash_decoding.overrides(_attention(2, 16, 32, 16))  # too few keys to split: one kernel
+    assert few_keys["griddims"] == [(2, 1, 1)] and few_keys["franges"] == [1]
     g = mi.new_kernel_graph()
     q, k, mask, v = (g.new_input(dims=d, dtype=mi.float16)
                      for d in ((8, 64, 32), (8, 32, 64), (1, 64, 64), (8, 64, 32)))
@@ -63,6 +69,26 @@ def test_an_attention_of_unseen_shapes_is_found_with_the_headers():
     assert result.graphs and result.stats.pruned["keep_when"] > 0, result.stats.summary()
     for graph in result.graphs:
         assert sum(n.op.value == "customized" for n in graph.nodes) == 2
+        assert _unstable_exps(graph) == 0 and verify(reference, graph).equivalent
+
+
+def test_a_one_kernel_attention_is_found_with_the_headers():
+    """Many heads and queries, few keys: FlashAttention's one kernel of (heads, 1, query groups)
+    blocks, dividing by the row sums after its loop, is in the space (10 block ops) and verified;
+    the online-softmax rewrite stabilises its exps."""
+    from mirage.frontend.optimize import StableExps, _unstable_exps
+
+    reference = _attention(8, 128, 32, 64)
+
+    def one_kernel(graph):
+        return sum(n.op.value == "customized" for n in graph.nodes) == 1 and len(graph.nodes) == 4
+
+    result = search(reference, "attention", budget=Budget(time_s=120), progress=False, cache=False,
+                    workers=1, stop_when=one_kernel, keep_when=StableExps(0, 1),
+                    **flash_decoding.overrides(reference))
+    found = [g for g in result.graphs if one_kernel(g)]
+    assert found, result.stats.summary()
+    for graph in found:
         assert _unstable_exps(graph) == 0 and verify(reference, graph).equivalent
 
 
