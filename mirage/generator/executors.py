@@ -9,6 +9,10 @@ the deadline it ends when the units in flight have returned their (partial) reco
 Worker processes start from a fork server (a clean process, so no lock held by another thread of
 this one is copied into them) and receive the search context once, pickled: each saturates the
 target's e-graph and draws the verifier's tests again (same seed), which takes about a second.
+Each worker limits the BLAS and OpenMP pools it loads (the verifier's float64 products) to its share
+of the cores: left at one thread a core in every worker, 16 workers on 16 cores ran 256 threads,
+and a search that verifies large products checked a tenth of the candidates it checks with one
+worker.
 """
 
 from __future__ import annotations
@@ -68,8 +72,16 @@ class SerialExecutor:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(context: SearchContext, counter, stop_flag) -> None:
-    _WORKER.update(context=context, counter=counter, stop=stop_flag)
+def _init_worker(context: SearchContext, counter, stop_flag, threads: int) -> None:
+    from threadpoolctl import threadpool_limits
+
+    # kept referenced: the limits hold until the object is used to restore them
+    _WORKER.update(context=context, counter=counter, stop=stop_flag, limits=threadpool_limits(threads))
+
+
+def threads_per_worker(workers: int) -> int:
+    """BLAS/OpenMP threads for each of ``workers`` worker processes: an equal share of the cores."""
+    return max(1, (os.cpu_count() or 1) // workers)
 
 
 def _worker_progress(states: int) -> None:
@@ -100,7 +112,8 @@ class ProcessExecutor:
         self._counter = mp.Value("q", 0)
         self._stop = mp.Value("b", 0)
         self._pool = ProcessPoolExecutor(
-            workers, mp_context=mp, initializer=_init_worker, initargs=(context, self._counter, self._stop)
+            workers, mp_context=mp, initializer=_init_worker,
+            initargs=(context, self._counter, self._stop, threads_per_worker(workers)),
         )
 
     @property

@@ -192,3 +192,24 @@ def test_a_program_read_from_standard_input_searches_in_this_process(monkeypatch
     assert executors.main_importable()
     main(__spec__=None)
     assert executors.main_importable()
+
+
+def test_search_workers_limit_their_blas_threads():
+    """Each worker process holds the BLAS pool that the verifier's products use to its share of the
+    cores (16 workers each at 16 threads starved the searches on a 16-core host)."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from threadpoolctl import threadpool_info
+
+    from mirage.generator import executors
+
+    assert executors.threads_per_worker(os.cpu_count() or 1) == 1
+    assert executors.threads_per_worker(1) == (os.cpu_count() or 1)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=context, initializer=executors._init_worker,
+                             initargs=(None, None, None, 1)) as pool:
+        pools = pool.submit(threadpool_info).result()
+    blas = [p["num_threads"] for p in pools if p["user_api"] == "blas"]
+    assert blas and set(blas) == {1}, pools
