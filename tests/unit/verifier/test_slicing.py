@@ -11,16 +11,7 @@ from mirage.generator import Budget, StopReason, search
 from mirage.generator import verification as search_verification
 from mirage.verifier import slicing, verify
 from mirage.verifier.slicing import batch_slice
-
-
-def _attention(heads: int = 8, queries: int = 64, dim: int = 32, keys: int = 64) -> mi.KernelGraph:
-    g = mi.new_kernel_graph()
-    q = g.new_input(dims=(heads, queries, dim), dtype=mi.float16)
-    k = g.new_input(dims=(heads, dim, keys), dtype=mi.float16)
-    v = g.new_input(dims=(heads, keys, dim), dtype=mi.float16)
-    e = g.exp(g.mul_scalar(g.matmul(q, k), dim ** -0.5))
-    g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
-    return g.freeze()
+from tests.unit.verifier.verifier_graphs import small_attention
 
 
 def _one_kernel(scale: float, heads: int = 8, grid_x: int = 8) -> mi.KernelGraph:
@@ -49,12 +40,16 @@ def test_the_module_example_runs():
 
 
 def test_an_equivalent_graph_has_an_equivalent_slice_and_a_wrong_one_a_wrong_slice():
-    reference, right, wrong = _attention(), _one_kernel(32 ** -0.5), _one_kernel(32 ** -0.5 / 8)
+    reference = small_attention(heads=8, queries=64, keys=64, dim=32, fused=False)  # scale 0.5
+    right, wrong = _one_kernel(0.5), _one_kernel(0.5 / 8)
     assert verify(reference, right).equivalent and not verify(reference, wrong).equivalent
     sliced = batch_slice(right)
     assert sliced is not None and sliced.nodes[3].attrs.grid_dim == (1, 1, 4)
     assert verify(batch_slice(reference), sliced).equivalent
     assert not verify(batch_slice(reference), batch_slice(wrong)).equivalent
+    # FlashDecoding's two kernels (key splits on y, a combine) slice too
+    decoding = small_attention(heads=8, queries=64, keys=64, dim=32, kv_splits=4)
+    assert verify(batch_slice(reference), batch_slice(decoding)).equivalent
 
 
 def test_graphs_whose_leading_dim_is_not_independent_have_no_slice():
