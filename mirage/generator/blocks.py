@@ -130,6 +130,15 @@ def _containing(num_tensors: int, arity: int) -> tuple[tuple[int, ...], ...]:
     return tuple(t for t in input_tuples(num_tensors, arity) if newest in t)
 
 
+@functools.cache
+def _keyed(num_tensors: int, arity: int, containing: bool, complete: bool
+           ) -> tuple[tuple[tuple[int, ...], tuple], ...]:
+    """The operand tuples (all, or those that read the newest tensor) with the part of their
+    canonical key that does not depend on the op (``candidates.order_key``), computed once."""
+    tuples = _containing(num_tensors, arity) if containing else input_tuples(num_tensors, arity)
+    return tuple((t, tuple(sorted(t, reverse=True)) if complete else t) for t in tuples)
+
+
 class _BlockSearch:
     def __init__(
         self,
@@ -267,15 +276,18 @@ class _BlockSearch:
         found = []
         skipped = swapped = 0
         complete = self.complete
+        ordered = self.order
         for rank, choice, arity, in_place, commutative in self.choices:
-            tuples: Sequence[tuple[int, ...]]
+            keyed: Sequence[tuple[tuple[int, ...], tuple]]
             if choice.op is Op.CONCAT_MATMUL:
-                tuples = _concat_matmul_tuples(state.types, made_by is not None)
+                keyed = [(t, order_key(complete, t, rank)[0])
+                         for t in _concat_matmul_tuples(state.types, made_by is not None)]
             else:
-                tuples = input_tuples(count, arity) if made_by is None else _containing(count, arity)
-            for inputs in tuples:
-                order = order_key(complete, inputs, rank)
-                if self.order and order <= last:
+                keyed = _keyed(count, arity, made_by is not None, complete)
+            for inputs, head in keyed:
+                # candidates.order_key(complete, inputs, rank), its op-free part precomputed
+                order = (head, rank, inputs) if complete else (head, rank)
+                if ordered and order <= last:
                     skipped += 1
                     continue
                 if commutative and inputs[0] > inputs[1]:
