@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from mirage.mugraph.graph import KernelGraph, Ref
+from mirage.mugraph.ops import Op
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,13 @@ class VerifierChecker:
         from mirage.verifier.slicing import batch_slice
 
         sliced = batch_slice(candidate)
-        return sliced is None or self.slice_verifier.verify(sliced).equivalent
+        if sliced is None or _input_types(sliced) != _input_types(self.slice_verifier.reference):
+            return True
+        return self.slice_verifier.verify(sliced).equivalent
+
+
+def _input_types(graph: KernelGraph) -> list:
+    return [n.outputs[0] for n in graph.nodes if n.op is Op.INPUT]
 
 
 def make_checker(
