@@ -73,10 +73,13 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(context: SearchContext, counter, stop_flag, threads: int) -> None:
-    from threadpoolctl import threadpool_limits
-
+    _WORKER.update(context=context, counter=counter, stop=stop_flag)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # a dependency; without it the search runs, its workers' pools unlimited
+        return
     # kept referenced: the limits hold until the object is used to restore them
-    _WORKER.update(context=context, counter=counter, stop=stop_flag, limits=threadpool_limits(threads))
+    _WORKER["limits"] = threadpool_limits(threads)
 
 
 def threads_per_worker(workers: int) -> int:
