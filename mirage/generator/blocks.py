@@ -28,7 +28,7 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from mirage.generator.candidates import first_order, input_tuples, order_key
+from mirage.generator.candidates import first_order, input_tuples, order_head
 from mirage.generator.state import BlockState, Body, BodyList
 from mirage.mugraph.graph import AccumKind, Node, Ref, TensorType
 from mirage.mugraph.ops import COMMUTATIVE, REGISTRY, UNARY, Op
@@ -136,7 +136,7 @@ def _keyed(num_tensors: int, arity: int, containing: bool, complete: bool
     """The operand tuples (all, or those that read the newest tensor) with the part of their
     canonical key that does not depend on the op (``candidates.order_key``), computed once."""
     tuples = _containing(num_tensors, arity) if containing else input_tuples(num_tensors, arity)
-    return tuple((t, tuple(sorted(t, reverse=True)) if complete else t) for t in tuples)
+    return tuple((t, order_head(complete, t)) for t in tuples)
 
 
 class _BlockSearch:
@@ -280,12 +280,12 @@ class _BlockSearch:
         for rank, choice, arity, in_place, commutative in self.choices:
             keyed: Sequence[tuple[tuple[int, ...], tuple]]
             if choice.op is Op.CONCAT_MATMUL:
-                keyed = [(t, order_key(complete, t, rank)[0])
+                keyed = [(t, order_head(complete, t))
                          for t in _concat_matmul_tuples(state.types, made_by is not None)]
             else:
                 keyed = _keyed(count, arity, made_by is not None, complete)
             for inputs, head in keyed:
-                # candidates.order_key(complete, inputs, rank), its op-free part precomputed
+                # candidates.key_from_head, inlined: this loop runs millions of times a search
                 order = (head, rank, inputs) if complete else (head, rank)
                 if ordered and order <= last:
                     skipped += 1

@@ -60,9 +60,16 @@ def after_order(tuples: tuple[tuple[int, ...], ...], last: Order, rank: int) -> 
 
 
 def order_key(complete: bool, inputs: tuple[int, ...], rank: int) -> tuple:
-    if complete:
-        return (tuple(sorted(inputs, reverse=True)), rank, inputs)
-    return (inputs, rank)
+    return key_from_head(complete, order_head(complete, inputs), inputs, rank)
+
+
+def order_head(complete: bool, inputs: tuple[int, ...]) -> tuple[int, ...]:
+    """The first part of an op's key, which does not depend on the op (hot loops compute it once)."""
+    return tuple(sorted(inputs, reverse=True)) if complete else inputs
+
+
+def key_from_head(complete: bool, head: tuple[int, ...], inputs: tuple[int, ...], rank: int) -> tuple:
+    return (head, rank, inputs) if complete else (head, rank)
 
 
 def first_order(complete: bool) -> tuple:

@@ -10,9 +10,9 @@ Worker processes start from a fork server (a clean process, so no lock held by a
 this one is copied into them) and receive the search context once, pickled: each saturates the
 target's e-graph and draws the verifier's tests again (same seed), which takes about a second.
 Each worker limits the BLAS and OpenMP pools it loads (the verifier's float64 products) to its share
-of the cores: left at one thread a core in every worker, 16 workers on 16 cores ran 256 threads,
-and a search that verifies large products checked a tenth of the candidates it checks with one
-worker.
+of the cores: left at one thread a core in every worker, 16 workers on 16 cores may run 256 threads.
+A search of a large attention with 16 workers on a 16-core host checked 6 candidates in 41 s,
+against 154 in 30 s with 2 workers on 2 cores, which this limit is meant to fix.
 """
 
 from __future__ import annotations

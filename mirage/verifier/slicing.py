@@ -3,8 +3,8 @@
 Attention's heads, a batch of sequences: many programs compute every index of their leading dim
 independently, and a verification at the real shapes pays for all of them. A search verifies many
 candidates that pass its pruning and still differ from the reference (a scale applied twice, which
-abstract expressions do not see): at (12, 512, 64) × 512 keys, 36 of 50 candidates checked in 40 s,
-each a third of a second of float64 products.
+abstract expressions do not see): at (12, 512, 64) × 512 keys, 36 of the 50 candidates that one
+search unit checked in 40 s were wrong, and the 50 checks took 18 s of float64 products.
 
 :func:`batch_slice` rewrites a kernel graph to size 1 in its leading dim where that is exact: every
 kernel-level tensor has the same leading size ``B``, no op mixes its indices (matrix products batch
