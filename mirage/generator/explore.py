@@ -240,12 +240,13 @@ class Explorer:
         if headers and not self.space.graph_defined_first:
             yield from (("header", h) for h in self._headers(state))
 
+    def _typed_like_outputs(self, state: KernelState, sinks: list[int]) -> bool:
+        types = [state.graph.type_of(state.tensors[i]) for i in sinks]
+        return sorted((t.shape, t.dtype.value) for t in types) == self._output_types
+
     def verify(self, state: KernelState) -> bool:
         sinks = state.sinks()
-        if len(sinks) != self._outputs:
-            return False
-        types = [state.graph.type_of(state.tensors[i]) for i in sinks]
-        if sorted((t.shape, t.dtype.value) for t in types) != self._output_types:
+        if len(sinks) != self._outputs or not self._typed_like_outputs(state, sinks):
             return False
         if not self.rules.outputs_match_target([state.terms[i] for i in sinks]):
             self.stats.pruned["output_expression"] += 1
@@ -393,9 +394,13 @@ class Explorer:
         """The block-level search under one header, and the kernel subtrees of its closed graphs.
 
         Each closable body is closed as soon as the block search finds it (its kernel subtree is
-        searched before the block search goes on); a finished block search is memoized, and a
-        memoized one replays its bodies.  Either way the states are numbered alike: a body's kernel
-        subtree follows the body's block state."""
+        searched before the block search goes on), except, under ``complete_first``, a body whose
+        closed states need more kernels although an output has a reference output's type: the
+        header tiles that output, so its bodies that complete the µGraph come first, and the
+        waiting subtrees follow the block search's end, in the order found.  A finished block
+        search is memoized, and a memoized one replays its bodies.  Either way the states are
+        numbered alike: a body's kernel subtree follows the body's block state, or the block
+        search's last state and the waiting subtrees before it."""
         values = state.values or (None,) * len(state.terms)
         inputs_values = tuple(values[i] for i in header.inputs)
         key = (
@@ -409,19 +414,29 @@ class Explorer:
         cap = None if self.state_cap is None else self.state_cap - base
         final_check = header.final and self.rules.enabled("output_expression")
         extra = 0
+        deferred: list[list[KernelState]] = []  # closed bodies that wait for the block search's end
 
-        def close(body: Body) -> int:
-            """Search the kernel subtrees of ``body``; the number of states they visited."""
+        def run(children: list[KernelState]) -> int:
             nonlocal extra
-            if final_check and not self.rules.outputs_match_target(body.terms):
-                self.stats.pruned["output_expression"] += 1  # the outputs of the µGraph: must match
-                return 0
-            self.position = base + body.position + 1 + extra
             before = self.position
-            for child in self._close(state, header, body):
+            for child in children:
                 self.run_kernel(child, depth + 1)
             extra += self.position - before
             return self.position - before
+
+        def close(body: Body) -> int:
+            """Search the kernel subtrees of ``body`` (now, or once the block search has ended); the
+            number of states they visited now."""
+            if final_check and not self.rules.outputs_match_target(body.terms):
+                self.stats.pruned["output_expression"] += 1  # the outputs of the µGraph: must match
+                return 0
+            children = list(self._close(state, header, body))
+            wait = not header.final and self.space.complete_first
+            if wait and self._needs_more(children, len(state.tensors)):
+                deferred.append(children)
+                return 0
+            self.position = base + body.position + 1 + extra
+            return run(children)
 
         memo = self.context.memo
         cached = memo.get(key)
@@ -446,6 +461,23 @@ class Explorer:
         self.position = base + states + extra
         if truncated:
             raise StopSearch(StopReason.STATES)
+        for children in deferred:
+            self.position = base + states + extra
+            run(children)
+        self.position = base + states + extra
+
+    def _needs_more(self, children: list[KernelState], first_new: int) -> bool:
+        """Whether a closed body's states need more kernels although one of its outputs has the type
+        of a reference output: its header tiles that output, so a body of the same header may
+        complete the µGraph in one kernel fewer, and the search visits those first
+        (``SearchSpace.complete_first``)."""
+        for child in children:
+            sinks = child.sinks()
+            if (len(sinks) == self._outputs and self._typed_like_outputs(child, sinks)
+                    and self.rules.outputs_match_target([child.terms[i] for i in sinks])):
+                return False
+        wanted = {shape for shape, _ in self._output_types}
+        return any(t.shape in wanted for child in children for t in child.types[first_new:])
 
     def _close(self, state: KernelState, header: BlockHeader, body: Body) -> Iterator[KernelState]:
         """The kernel states made by closing ``body`` under ``header`` with each output map."""

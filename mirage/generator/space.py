@@ -162,6 +162,8 @@ class SearchSpace:
     add_reference_ops: bool = True  # also explore the reference's own ops (see ``resolve``)
     graph_defined_first: bool = True  # try graph-defined ops before pre-defined ones (same result set)
     guided_order: bool = True  # visit first the children likely to complete a µGraph (same result set)
+    complete_first: bool = True  # close bodies that complete the µGraph before those of its header
+    # that need more kernels (same result set; see explore.Explorer.run_header)
     order: str = "complete"  # canonical order: "complete", or "mirage" (Mirage's lexicographic Order)
 
     def __post_init__(self) -> None:
@@ -423,6 +425,7 @@ def _normalize(name: str, value: Any, from_json: bool = False) -> Any:
             | "add_reference_ops"
             | "graph_defined_first"
             | "guided_order"
+            | "complete_first"
         ):
             return bool(value)
     number = int(value)

@@ -4,7 +4,7 @@ accumulator's width taken from its head dim."""
 from __future__ import annotations
 
 import mirage as mi
-from mirage.generator import Budget, flash_decoding, search
+from mirage.generator import Budget, StopReason, flash_decoding, search
 from mirage.generator.space import SearchSpace
 from mirage.verifier import verify
 
@@ -90,6 +90,29 @@ def test_a_one_kernel_attention_is_found_with_the_headers():
     assert found, result.stats.summary()
     for graph in found:
         assert _unstable_exps(graph) == 0 and verify(reference, graph).equivalent
+
+
+def test_bodies_that_complete_the_graph_close_before_those_that_need_a_second_kernel():
+    """256 keys and a small shared memory: the one-kernel header loops over the keys, and its block
+    search also finds the bodies of two-kernel µGraphs (the sums divided in a combine kernel) before
+    the division. With ``complete_first`` (the default) their combine subtrees wait for the block
+    search's end, and the one-kernel µGraph comes within 2,000 states; in turn, it does not."""
+    from mirage.frontend.optimize import StableExps
+
+    reference = _attention(8, 128, 32, 256)
+
+    def one_kernel(graph):
+        return sum(n.op.value == "customized" for n in graph.nodes) == 1
+
+    stops = {}
+    for complete_first in (True, False):
+        result = search(reference, "attention", budget=Budget(states=2000), progress=False, cache=False,
+                        workers=1, stop_when=one_kernel, keep_when=StableExps(0, 1),
+                        complete_first=complete_first, shared_memory_bytes=24 * 1024,
+                        **flash_decoding.overrides(reference))
+        stops[complete_first] = result.stop_reason, [one_kernel(g) for g in result.graphs]
+    assert stops[True] == (StopReason.TARGET, [True])
+    assert stops[False][0] is StopReason.STATES and not any(stops[False][1])
 
 
 def test_the_module_example_runs():

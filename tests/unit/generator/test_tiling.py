@@ -194,6 +194,7 @@ def test_the_order_changes_what_comes_first_not_what_is_found():
     }
     guided = search(residual_rms(4, 64), workers=1, **space, **QUIET)
     canonical = search(residual_rms(4, 64), workers=1, guided_order=False, **space, **QUIET)
-    assert guided.stop_reason is canonical.stop_reason is StopReason.COMPLETE
-    assert set(guided.hashes) == set(canonical.hashes) and len(guided.hashes) > 1
-    assert guided.stats.states == canonical.stats.states
+    in_turn = search(residual_rms(4, 64), workers=1, complete_first=False, **space, **QUIET)
+    assert guided.stop_reason is canonical.stop_reason is in_turn.stop_reason is StopReason.COMPLETE
+    assert set(guided.hashes) == set(canonical.hashes) == set(in_turn.hashes) and len(guided.hashes) > 1
+    assert guided.stats.states == canonical.stats.states == in_turn.stats.states
