@@ -31,6 +31,7 @@ from mirage.config import warn_corrupt, warn_unwritable
 from mirage.mugraph.graph import KernelGraph, KernelInput, Node
 from mirage.mugraph.ops import Op
 from mirage.mugraph.serialize import content_hash, dumps, loads
+from mirage.optimizer.softmax import StableExps, unstable_exps
 
 logger = logging.getLogger("mirage.frontend")
 
@@ -328,47 +329,13 @@ def run_search(reference: KernelGraph, settings: SearchSettings,
     kwargs: dict = {"progress": progress,
                     "budget": Budget(time_s=settings.time_limit_s, results=settings.max_results)}
     if any(n.op is Op.EXP for n in reference.nodes):  # verify none of what _drop_unstable discards
-        kwargs["keep_when"] = StableExps(_unstable_exps(reference), _exp_count(reference))
+        kwargs["keep_when"] = StableExps.of(reference)
     kwargs.update((name, json.loads(value)) for name, value in settings.overrides)
     result = search(reference, settings.config, **kwargs)
     stop = getattr(result.stop_reason, "value", result.stop_reason)
     note = f"{len(result.graphs)} verified µGraph(s); search stopped: {stop}"
     interrupted = result.stop_reason is StopReason.INTERRUPTED
     return result.best, note, list(result.graphs), interrupted
-
-
-def _unstable_exps(graph: KernelGraph) -> int:
-    """How many exps of ``graph`` the online-softmax rewrite leaves as they are (a LAX softmax that
-    overflows where PyTorch's does not: exp(x) / Σ exp(x) with the two exps computed apart, say)."""
-    from mirage.optimizer.softmax import online_softmax
-
-    return len(online_softmax(graph)[1].skipped)
-
-
-def _exp_count(graph) -> int:
-    """Exps of a kernel graph, its block graphs' included."""
-    return sum(1 if n.op is Op.EXP else _exp_count(n.attrs) if hasattr(n.attrs, "nodes") else 0
-               for n in graph.nodes)
-
-
-@dataclass(frozen=True)
-class StableExps:
-    """A search's filter of complete candidates (picklable): at most ``allowed`` exps that the
-    online-softmax rewrite leaves unstable. The rewrite's analysis costs about what a verification
-    does, so it runs only on candidates with more exps than the reference's ``exps`` (a search's
-    unstable forms recompute an exp apart from its sum); others, and those the analysis cannot take,
-    are verified (and :func:`_drop_unstable` has the last word)."""
-
-    allowed: int
-    exps: int
-
-    def __call__(self, graph: KernelGraph) -> bool:
-        if _exp_count(graph) <= self.exps:
-            return True
-        try:
-            return _unstable_exps(graph) <= self.allowed
-        except Exception:  # noqa: BLE001 - the filter only saves verifications; the verifier decides
-            return True
 
 
 def _drop_unstable(reference: KernelGraph, found: KernelGraph | None, note: str,
@@ -378,8 +345,8 @@ def _drop_unstable(reference: KernelGraph, found: KernelGraph | None, note: str,
     softmax of large logits into inf / inf."""
     if not graphs or not any(n.op is Op.EXP for n in reference.nodes):  # then no verified µGraph has one
         return found, note, graphs
-    allowed = _unstable_exps(reference)
-    kept = [g for g in graphs if _unstable_exps(g) <= allowed]
+    allowed = unstable_exps(reference)
+    kept = [g for g in graphs if unstable_exps(g) <= allowed]
     if len(kept) == len(graphs):
         return found, note, graphs
     note = f"{note}; {len(graphs) - len(kept)} left out: exps the online-softmax rewrite cannot stabilise"

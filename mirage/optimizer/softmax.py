@@ -318,3 +318,43 @@ def _less_its_maximum(graph: KernelGraph, exp: Node) -> bool:
         return False
     maximum = graph.nodes[sub.inputs[1].node]
     return maximum.op is Op.REDUCTION_MAX and maximum.inputs[0] == sub.inputs[0]
+
+
+# ---- the search's stability filter (picklable and torch-free: search workers unpickle it) ------------
+
+
+def unstable_exps(graph: KernelGraph) -> int:
+    """How many exps of ``graph`` the online-softmax rewrite leaves as they are (a LAX softmax that
+    overflows where PyTorch's does not: exp(x) / Σ exp(x) with the two exps computed apart, say)."""
+    return len(online_softmax(graph)[1].skipped)
+
+
+def exp_count(graph) -> int:
+    """Exps of a kernel graph, its block graphs' included."""
+    return sum(1 if n.op is Op.EXP else exp_count(n.attrs) if hasattr(n.attrs, "nodes") else 0
+               for n in graph.nodes)
+
+
+@dataclass(frozen=True)
+class StableExps:
+    """A search's filter of complete candidates (``keep_when``): at most ``allowed`` exps that the
+    online-softmax rewrite leaves unstable. The rewrite's analysis costs about what a verification
+    does, so it runs only on candidates with more exps than the reference's ``exps`` (a search's
+    unstable forms recompute an exp apart from its sum); others, and those the analysis cannot take,
+    are verified (the caller has the last word: ``mirage.frontend.optimize``)."""
+
+    allowed: int
+    exps: int
+
+    @classmethod
+    def of(cls, reference: KernelGraph) -> StableExps:
+        """The filter that keeps what ``reference`` allows: no more unstable exps than its own."""
+        return cls(unstable_exps(reference), exp_count(reference))
+
+    def __call__(self, graph: KernelGraph) -> bool:
+        if exp_count(graph) <= self.exps:
+            return True
+        try:
+            return unstable_exps(graph) <= self.allowed
+        except Exception:  # noqa: BLE001 - the filter only saves verifications; the verifier decides
+            return True

@@ -1,5 +1,6 @@
 import json
 import logging
+import pickle
 
 import pytest
 import torch
@@ -9,6 +10,8 @@ import mirage as mi
 from mirage.frontend import optimize
 from mirage.frontend.optimize import SearchSettings, SearchUnavailable, cache_key, choose
 from mirage.mugraph.ops import Op
+from mirage.optimizer import softmax as softmax_rewrite
+from mirage.optimizer.softmax import StableExps
 
 
 def program(x, w):
@@ -553,8 +556,6 @@ def test_the_guard_times_the_runner_it_is_given(monkeypatch, caplog):
 
 
 def test_a_search_with_exps_verifies_only_candidates_whose_exps_can_be_stabilised(monkeypatch):
-    import pickle
-
     import mirage.generator as generator
 
     seen = []
@@ -573,8 +574,21 @@ def test_a_search_with_exps_verifies_only_candidates_whose_exps_can_be_stabilise
         with pytest.raises(RuntimeError, match="stop here"):
             optimize.run_search(reference, SearchSettings(config="mlp"), progress=False)
     keep = seen[0]["keep_when"]
-    assert keep == optimize.StableExps(0, 1) and pickle.loads(pickle.dumps(keep)) == keep
+    assert keep == StableExps(0, 1) and pickle.loads(pickle.dumps(keep)) == keep
     assert keep(softmax) and "keep_when" not in seen[1]
+
+
+def test_search_workers_unpickle_the_stability_filter_without_torch():
+    """Each search worker unpickles the filter: importing torch there cost every search of the frontend
+    seconds of its time budget before its first unit (16 workers on one host took 10 s)."""
+    import subprocess
+    import sys
+
+    code = ("import pickle, sys; keep = pickle.loads(sys.stdin.buffer.read()); "
+            "assert keep.allowed == 0 and 'torch' not in sys.modules, sorted(sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(StableExps(0, 1)),
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
 
 
 def test_the_stability_filter_analyses_only_candidates_with_extra_exps(monkeypatch):
@@ -586,7 +600,8 @@ def test_the_stability_filter_analyses_only_candidates_with_extra_exps(monkeypat
         return g.freeze()
 
     reference, apart = softmax(1), softmax(2)
-    keep = optimize.StableExps(optimize._unstable_exps(reference), 1)
-    assert optimize._unstable_exps(apart) > keep.allowed and not keep(apart)
-    monkeypatch.setattr(optimize, "_unstable_exps", lambda graph: pytest.fail("analysed"))
+    keep = StableExps.of(reference)
+    assert keep == StableExps(softmax_rewrite.unstable_exps(reference), 1)
+    assert softmax_rewrite.unstable_exps(apart) > keep.allowed and not keep(apart)
+    monkeypatch.setattr(softmax_rewrite, "unstable_exps", lambda graph: pytest.fail("analysed"))
     assert keep(reference)  # as many exps as the reference: verified without the analysis

@@ -60,7 +60,7 @@ def test_an_attention_of_unseen_shapes_is_found_with_the_headers():
     """A head dim of 32 and 64 keys: with the headers (and the head dim's strided accumulator), the
     search verifies fused two-kernel µGraphs whose exps the online-softmax rewrite stabilises (the
     frontend's filter cuts the others before verification); each is checked again here."""
-    from mirage.frontend.optimize import StableExps, _unstable_exps
+    from mirage.optimizer.softmax import StableExps, unstable_exps
 
     reference = _attention(8, 64, 32, 64)
     result = search(reference, "attention", budget=Budget(time_s=120), progress=False, cache=False,
@@ -69,14 +69,14 @@ def test_an_attention_of_unseen_shapes_is_found_with_the_headers():
     assert result.graphs and result.stats.pruned["keep_when"] > 0, result.stats.summary()
     for graph in result.graphs:
         assert sum(n.op.value == "customized" for n in graph.nodes) == 2
-        assert _unstable_exps(graph) == 0 and verify(reference, graph).equivalent
+        assert unstable_exps(graph) == 0 and verify(reference, graph).equivalent
 
 
 def test_a_one_kernel_attention_is_found_with_the_headers():
     """Many heads and queries, few keys: FlashAttention's one kernel of (heads, 1, query groups)
     blocks, dividing by the row sums after its loop, is in the space (10 block ops) and verified;
     the online-softmax rewrite stabilises its exps."""
-    from mirage.frontend.optimize import StableExps, _unstable_exps
+    from mirage.optimizer.softmax import StableExps, unstable_exps
 
     reference = _attention(8, 128, 32, 64)
 
@@ -89,7 +89,7 @@ def test_a_one_kernel_attention_is_found_with_the_headers():
     found = [g for g in result.graphs if one_kernel(g)]
     assert found, result.stats.summary()
     for graph in found:
-        assert _unstable_exps(graph) == 0 and verify(reference, graph).equivalent
+        assert unstable_exps(graph) == 0 and verify(reference, graph).equivalent
 
 
 def test_bodies_that_complete_the_graph_close_before_those_that_need_a_second_kernel():
@@ -97,7 +97,7 @@ def test_bodies_that_complete_the_graph_close_before_those_that_need_a_second_ke
     search also finds the bodies of two-kernel µGraphs (the sums divided in a combine kernel) before
     the division. With ``complete_first`` (the default) their combine subtrees wait for the block
     search's end, and the one-kernel µGraph comes within 2,000 states; in turn, it does not."""
-    from mirage.frontend.optimize import StableExps
+    from mirage.optimizer.softmax import StableExps
 
     reference = _attention(8, 128, 32, 256)
 
