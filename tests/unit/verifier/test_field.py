@@ -22,6 +22,7 @@ from mirage.verifier.field import (
     FieldArray,
     FieldPair,
     as_fraction,
+    centred,
     construct_fields,
     matmul_mod,
 )
@@ -163,14 +164,18 @@ def test_matmul_agrees_with_oracle(shapes):
     assert FieldAlgebra(F).matmul(x, y).equals(want)
 
 
-@pytest.mark.parametrize("inner", [1, 8192, 8193, 20000])
+@pytest.mark.parametrize("inner", [1, 2048, 2049, 8192, 8193, 20000])
 def test_matmul_is_exact_at_and_past_the_float64_depth(inner):
-    """Worst-case residues (all (p-1)/2 + 1, centred to -(p-1)/2) and random ones, against Python ints."""
+    """Worst-case residues for the products of residues as they are (all p - 1, up to k = 2048) and
+    of centred ones (all (p-1)/2 + 1, centred to -(p-1)/2, beyond), and random ones, against Python
+    ints; also with a centred copy of one operand at hand (a mixed product)."""
     rng = np.random.default_rng(inner)
-    for a in (np.full((2, inner), (P + 1) // 2, dtype=np.int64), rng.integers(0, P, (2, inner))):
-        b = rng.integers(0, P, (inner, 3))
-        exact = (a.astype(object) @ b.astype(object)) % P
-        assert np.array_equal(matmul_mod(a, b, P), exact.astype(np.int64))
+    worst = [np.full((2, inner), value, dtype=np.int64) for value in (P - 1, (P + 1) // 2)]
+    for a in (*worst, rng.integers(0, P, (2, inner))):
+        for b in (np.full((inner, 3), P - 1, dtype=np.int64), rng.integers(0, P, (inner, 3))):
+            exact = ((a.astype(object) @ b.astype(object)) % P).astype(np.int64)
+            assert np.array_equal(matmul_mod(a, b, P), exact)
+            assert np.array_equal(matmul_mod(a, b, P, a_centred=centred(a, P)), exact)
 
 
 # ---- semantics of exp, div, sqrt, opaque ----------------------------------------------------------
