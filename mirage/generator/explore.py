@@ -395,9 +395,9 @@ class Explorer:
 
         Each closable body is closed as soon as the block search finds it (its kernel subtree is
         searched before the block search goes on), except, under ``complete_first``, a body whose
-        closed states need more kernels although an output has a reference output's type: the
-        header tiles that output, so its bodies that complete the µGraph come first, and the
-        waiting subtrees follow the block search's end, in the order found.  A finished block
+        closed states need more kernels where the header fits the reference's tiling or an output
+        has a reference output's type (:meth:`_needs_more`): bodies that complete the µGraph come
+        first, and the waiting subtrees follow the block search's end, in the order found.  A finished block
         search is memoized, and a memoized one replays its bodies.  Either way the states are
         numbered alike: a body's kernel subtree follows the body's block state, or the block
         search's last state and the waiting subtrees before it."""
@@ -415,6 +415,8 @@ class Explorer:
         final_check = header.final and self.rules.enabled("output_expression")
         extra = 0
         deferred: list[list[KernelState]] = []  # closed bodies that wait for the block search's end
+        wait = not header.final and self.space.complete_first
+        fits = wait and self._fits(state, header)
 
         def run(children: list[KernelState]) -> int:
             nonlocal extra
@@ -431,8 +433,7 @@ class Explorer:
                 self.stats.pruned["output_expression"] += 1  # the outputs of the µGraph: must match
                 return 0
             children = list(self._close(state, header, body))
-            wait = not header.final and self.space.complete_first
-            if wait and self._needs_more(children, len(state.tensors)):
+            if wait and self._needs_more(children, len(state.tensors), fits):
                 deferred.append(children)
                 return 0
             self.position = base + body.position + 1 + extra
@@ -466,16 +467,24 @@ class Explorer:
             run(children)
         self.position = base + states + extra
 
-    def _needs_more(self, children: list[KernelState], first_new: int) -> bool:
-        """Whether a closed body's states need more kernels although one of its outputs has the type
-        of a reference output: its header tiles that output, so a body of the same header may
-        complete the µGraph in one kernel fewer, and the search visits those first
-        (``SearchSpace.complete_first``)."""
+    def _fits(self, state: KernelState, header: BlockHeader) -> bool:
+        """Whether ``header`` tiles the reference as one kernel can (``tiling.py``)."""
+        values = state.values or (None,) * len(state.terms)
+        return not self.context.tiling.misfits([values[i] for i in header.inputs], header.input_maps,
+                                               header.forloop_dims, header.grid_dim, header.forloop_range)
+
+    def _needs_more(self, children: list[KernelState], first_new: int, fits: bool) -> bool:
+        """Whether a closed body's states need more kernels although a body of the same header may
+        complete the µGraph in one kernel fewer: the header tiles the reference as one kernel can
+        (``fits``), or one of the body's outputs has the type of a reference output.  The search
+        visits the complete bodies first (``SearchSpace.complete_first``)."""
         for child in children:
             sinks = child.sinks()
             if (len(sinks) == self._outputs and self._typed_like_outputs(child, sinks)
                     and self.rules.outputs_match_target([child.terms[i] for i in sinks])):
                 return False
+        if fits:
+            return True
         wanted = {shape for shape, _ in self._output_types}
         return any(t.shape in wanted for child in children for t in child.types[first_new:])
 

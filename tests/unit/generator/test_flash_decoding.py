@@ -115,6 +115,29 @@ def test_bodies_that_complete_the_graph_close_before_those_that_need_a_second_ke
     assert stops[False][0] is StopReason.STATES and not any(stops[False][1])
 
 
+def test_partial_bodies_of_a_fitting_header_wait_for_its_one_kernel_bodies():
+    """64-row query groups of a head dim of 64: the tiles admit ``V @ exp(S)`` too, and its partial
+    bodies (no output of the reference's type) took their combine subtrees first. The one-kernel
+    header fits the reference's tiling, so with ``complete_first`` every partial body of it waits,
+    and the one-kernel µGraph comes within 200,000 states; in turn, it does not."""
+    from mirage.optimizer.softmax import StableExps
+
+    reference = _attention(4, 256, 64, 256)
+    layout = {**flash_decoding.overrides(reference), "griddims": [(4, 1, 4), (4, 16, 1)], "franges": [4]}
+
+    def one_kernel(graph):
+        return sum(n.op.value == "customized" for n in graph.nodes) == 1
+
+    stops = {}
+    for complete_first in (True, False):
+        result = search(reference, "attention", budget=Budget(states=200_000), progress=False, cache=False,
+                        workers=1, stop_when=one_kernel, keep_when=StableExps(0, 1),
+                        complete_first=complete_first, **layout)
+        stops[complete_first] = result.stop_reason, any(one_kernel(g) for g in result.graphs)
+    assert stops[True] == (StopReason.TARGET, True)
+    assert stops[False] == (StopReason.STATES, False)
+
+
 def test_the_module_example_runs():
     import doctest
 
