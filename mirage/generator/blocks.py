@@ -139,6 +139,18 @@ def _keyed(num_tensors: int, arity: int, containing: bool, complete: bool
     return tuple((t, order_head(complete, t)) for t in tuples)
 
 
+@functools.cache
+def _newest_keyed(num_tensors: int, arity: int, commutative: bool
+                  ) -> tuple[tuple[tuple[tuple[int, ...], tuple], ...], int]:
+    """The complete order's tuples that read the newest tensor, without those a commutative op takes
+    in the other order, and how many those are.  Every one sorts after the key of the op that made
+    the newest tensor (its head starts with that tensor, which that op did not read), so none is
+    cut by the canonical order."""
+    keyed = _keyed(num_tensors, arity, True, True)
+    kept = tuple((t, h) for t, h in keyed if not (commutative and t[0] > t[1]))
+    return kept, len(keyed) - len(kept)
+
+
 class _BlockSearch:
     def __init__(
         self,
@@ -279,6 +291,25 @@ class _BlockSearch:
         ordered = self.order
         for rank, choice, arity, in_place, commutative in self.choices:
             keyed: Sequence[tuple[tuple[int, ...], tuple]]
+            if complete and made_by is not None and arity <= 2 and choice.op is not Op.CONCAT_MATMUL:
+                keyed, cut = _newest_keyed(count, arity, commutative)
+                swapped += cut
+                for inputs, head in keyed:  # the loop below without the checks that cannot cut here
+                    if arity == 2:
+                        a, b = inputs
+                        hit = cache_get((loop, rank, type_ids[a], type_ids[b], term_ids[a], term_ids[b]))
+                    else:
+                        hit = cache_get((loop, rank, type_ids[inputs[0]], term_ids[inputs[0]]))
+                    if hit is None:
+                        hit = evaluate(loop, rank, choice, [type_ids[i] for i in inputs],
+                                       [terms[i] for i in inputs])
+                    failed = hit[0]
+                    if failed is not None:
+                        pruned[failed] += 1
+                        continue
+                    found.append(((head, rank, inputs), rank, inputs, hit[1], hit[2], hit[3],
+                                  0 if in_place else hit[4]))
+                continue
             if choice.op is Op.CONCAT_MATMUL:
                 keyed = [(t, order_head(complete, t))
                          for t in _concat_matmul_tuples(state.types, made_by is not None)]
