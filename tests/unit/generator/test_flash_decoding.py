@@ -92,27 +92,31 @@ def test_a_one_kernel_attention_is_found_with_the_headers():
         assert unstable_exps(graph) == 0 and verify(reference, graph).equivalent
 
 
+def _one_kernel(graph) -> bool:
+    return sum(n.op.value == "customized" for n in graph.nodes) == 1
+
+
+def _first_one_kernel(reference, states: int, **space) -> dict:
+    """Per ``complete_first``: why a search stopped at its first one-kernel µGraph or at ``states``,
+    and whether it found one."""
+    from mirage.optimizer.softmax import StableExps
+
+    stops = {}
+    for complete_first in (True, False):
+        result = search(reference, "attention", budget=Budget(states=states), progress=False, cache=False,
+                        workers=1, stop_when=_one_kernel, keep_when=StableExps(0, 1),
+                        complete_first=complete_first, **{**flash_decoding.overrides(reference), **space})
+        stops[complete_first] = result.stop_reason, any(_one_kernel(g) for g in result.graphs)
+    return stops
+
+
 def test_bodies_that_complete_the_graph_close_before_those_that_need_a_second_kernel():
     """256 keys and a small shared memory: the one-kernel header loops over the keys, and its block
     search also finds the bodies of two-kernel µGraphs (the sums divided in a combine kernel) before
     the division. With ``complete_first`` (the default) their combine subtrees wait for the block
     search's end, and the one-kernel µGraph comes within 2,000 states; in turn, it does not."""
-    from mirage.optimizer.softmax import StableExps
-
-    reference = _attention(8, 128, 32, 256)
-
-    def one_kernel(graph):
-        return sum(n.op.value == "customized" for n in graph.nodes) == 1
-
-    stops = {}
-    for complete_first in (True, False):
-        result = search(reference, "attention", budget=Budget(states=2000), progress=False, cache=False,
-                        workers=1, stop_when=one_kernel, keep_when=StableExps(0, 1),
-                        complete_first=complete_first, shared_memory_bytes=24 * 1024,
-                        **flash_decoding.overrides(reference))
-        stops[complete_first] = result.stop_reason, [one_kernel(g) for g in result.graphs]
-    assert stops[True] == (StopReason.TARGET, [True])
-    assert stops[False][0] is StopReason.STATES and not any(stops[False][1])
+    stops = _first_one_kernel(_attention(8, 128, 32, 256), 2000, shared_memory_bytes=24 * 1024)
+    assert stops == {True: (StopReason.TARGET, True), False: (StopReason.STATES, False)}
 
 
 def test_partial_bodies_of_a_fitting_header_wait_for_its_one_kernel_bodies():
@@ -120,22 +124,9 @@ def test_partial_bodies_of_a_fitting_header_wait_for_its_one_kernel_bodies():
     bodies (no output of the reference's type) took their combine subtrees first. The one-kernel
     header fits the reference's tiling, so with ``complete_first`` every partial body of it waits,
     and the one-kernel µGraph comes within 200,000 states; in turn, it does not."""
-    from mirage.optimizer.softmax import StableExps
-
-    reference = _attention(4, 256, 64, 256)
-    layout = {**flash_decoding.overrides(reference), "griddims": [(4, 1, 4), (4, 16, 1)], "franges": [4]}
-
-    def one_kernel(graph):
-        return sum(n.op.value == "customized" for n in graph.nodes) == 1
-
-    stops = {}
-    for complete_first in (True, False):
-        result = search(reference, "attention", budget=Budget(states=200_000), progress=False, cache=False,
-                        workers=1, stop_when=one_kernel, keep_when=StableExps(0, 1),
-                        complete_first=complete_first, **layout)
-        stops[complete_first] = result.stop_reason, any(one_kernel(g) for g in result.graphs)
-    assert stops[True] == (StopReason.TARGET, True)
-    assert stops[False] == (StopReason.STATES, False)
+    stops = _first_one_kernel(_attention(4, 256, 64, 256), 200_000, griddims=[(4, 1, 4), (4, 16, 1)],
+                              franges=[4])
+    assert stops == {True: (StopReason.TARGET, True), False: (StopReason.STATES, False)}
 
 
 def test_the_module_example_runs():
