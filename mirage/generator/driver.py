@@ -161,7 +161,7 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     rules = make_rules(output_terms(reference), space, options.disabled_rules, options.oracle_config)
     stats.oracle = rules.oracle_report
     context = SearchContext(reference, space, rules, checker, started_at, options.stop_when,
-                            options.keep_when)
+                            options.keep_when, max_results=options.budget.results)
     stats.phase_seconds["setup"] = time.perf_counter() - wall
     logger.info("search space: %s", space.describe())
 

@@ -71,6 +71,7 @@ class SearchContext:
     started_at: float  # time.time() at the start of the search
     stop_when: Callable[[KernelGraph], bool] | None = None  # picklable for worker processes
     keep_when: Callable[[KernelGraph], bool] | None = None  # likewise: which candidates to verify
+    max_results: int | None = None  # the search's result budget: a unit that found as many stops
     memo: dict = field(default_factory=dict, repr=False)
     memo_limit: int = 20_000
     _evaluator: OpEvaluator | None = field(default=None, repr=False)
@@ -270,6 +271,10 @@ class Explorer:
         logger.debug("verified µGraph at state %d:\n%s", self.position, graph)
         if self.context.stop_when is not None and self.context.stop_when(graph):
             raise StopSearch(StopReason.TARGET)
+        if self.context.max_results is not None and len(self.found) >= self.context.max_results:
+            # units are committed in order, so these fill the budget whatever earlier units find: the
+            # rest of this unit could not be committed
+            raise StopSearch(StopReason.RESULTS)
         return True
 
     def _lookahead_ok(self, sinks: int, ops_left: int, graph_defined_left: int) -> bool:

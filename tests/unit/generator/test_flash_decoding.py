@@ -129,6 +129,19 @@ def test_partial_bodies_of_a_fitting_header_wait_for_its_one_kernel_bodies():
     assert stops == {True: (StopReason.TARGET, True), False: (StopReason.STATES, False)}
 
 
+def test_a_unit_stops_once_its_results_fill_the_budget():
+    """The first one-kernel attention comes at state 161 of a unit of hundreds of thousands; with a
+    result budget of one, the unit stops there instead of running to its state cap (300,000)."""
+    from mirage.optimizer.softmax import StableExps
+
+    reference = _attention(8, 128, 32, 256)
+    result = search(reference, "attention", budget=Budget(results=1, states=300_000), progress=False,
+                    cache=False, workers=1, keep_when=StableExps(0, 1), shared_memory_bytes=24 * 1024,
+                    **flash_decoding.overrides(reference))
+    assert result.stop_reason is StopReason.RESULTS and len(result.graphs) == 1
+    assert result.stats.states < 1000, result.stats.summary()
+
+
 def test_the_module_example_runs():
     import doctest
 
