@@ -333,7 +333,8 @@ def run_search(reference: KernelGraph, settings: SearchSettings,
     kwargs.update((name, json.loads(value)) for name, value in settings.overrides)
     result = search(reference, settings.config, **kwargs)
     stop = getattr(result.stop_reason, "value", result.stop_reason)
-    note = f"{len(result.graphs)} verified µGraph(s); search stopped: {stop}"
+    note = (f"{len(result.graphs)} verified µGraph(s) of {result.stats.verify_calls} checked in "
+            f"{result.stats.states:,} states; search stopped: {stop}")
     interrupted = result.stop_reason is StopReason.INTERRUPTED
     return result.best, note, list(result.graphs), interrupted
 
