@@ -134,7 +134,7 @@ def _containing(num_tensors: int, arity: int) -> tuple[tuple[int, ...], ...]:
 def _keyed(num_tensors: int, arity: int, containing: bool, complete: bool
            ) -> tuple[tuple[tuple[int, ...], tuple], ...]:
     """The operand tuples (all, or those that read the newest tensor) with the part of their
-    canonical key that does not depend on the op (``candidates.order_key``), computed once."""
+    canonical key that does not depend on the op (``candidates.order_head``), computed once."""
     tuples = _containing(num_tensors, arity) if containing else input_tuples(num_tensors, arity)
     return tuple((t, order_head(complete, t)) for t in tuples)
 
@@ -291,39 +291,26 @@ class _BlockSearch:
         ordered = self.order
         for rank, choice, arity, in_place, commutative in self.choices:
             keyed: Sequence[tuple[tuple[int, ...], tuple]]
-            if complete and made_by is not None and arity <= 2 and choice.op is not Op.CONCAT_MATMUL:
-                keyed, cut = _newest_keyed(count, arity, commutative)
-                swapped += cut
-                for inputs, head in keyed:  # the loop below without the checks that cannot cut here
-                    if arity == 2:
-                        a, b = inputs
-                        hit = cache_get((loop, rank, type_ids[a], type_ids[b], term_ids[a], term_ids[b]))
-                    else:
-                        hit = cache_get((loop, rank, type_ids[inputs[0]], term_ids[inputs[0]]))
-                    if hit is None:
-                        hit = evaluate(loop, rank, choice, [type_ids[i] for i in inputs],
-                                       [terms[i] for i in inputs])
-                    failed = hit[0]
-                    if failed is not None:
-                        pruned[failed] += 1
-                        continue
-                    found.append(((head, rank, inputs), rank, inputs, hit[1], hit[2], hit[3],
-                                  0 if in_place else hit[4]))
-                continue
+            checked = True  # whether the order and operand-order checks can cut a tuple
             if choice.op is Op.CONCAT_MATMUL:
                 keyed = [(t, order_head(complete, t))
                          for t in _concat_matmul_tuples(state.types, made_by is not None)]
+            elif complete and made_by is not None:
+                keyed, cut = _newest_keyed(count, arity, commutative)
+                swapped += cut
+                checked = False
             else:
                 keyed = _keyed(count, arity, made_by is not None, complete)
             for inputs, head in keyed:
                 # candidates.key_from_head, inlined: this loop runs millions of times a search
                 order = (head, rank, inputs) if complete else (head, rank)
-                if ordered and order <= last:
-                    skipped += 1
-                    continue
-                if commutative and inputs[0] > inputs[1]:
-                    swapped += 1
-                    continue
+                if checked:
+                    if ordered and order <= last:
+                        skipped += 1
+                        continue
+                    if commutative and inputs[0] > inputs[1]:
+                        swapped += 1
+                        continue
                 if arity == 1:
                     (a,) = inputs
                     hit = cache_get((loop, rank, type_ids[a], term_ids[a]))
