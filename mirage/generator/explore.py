@@ -346,21 +346,12 @@ class Explorer:
         if not self.space.guided_order:
             yield from headers
             return
-        tiling = self.context.tiling
-        values = state.values or (None,) * len(state.terms)
         later: list[BlockHeader] = []
         for header in headers:
-            misfits = tiling.misfits(
-                [values[i] for i in header.inputs],
-                header.input_maps,
-                header.forloop_dims,
-                header.grid_dim,
-                header.forloop_range,
-            )
-            if misfits:
-                later.append(header)
-            else:
+            if self._fits(state, header):
                 yield header
+            else:
+                later.append(header)
         yield from later
 
     def _all_headers(self, state: KernelState) -> Iterator[BlockHeader]:
@@ -402,8 +393,8 @@ class Explorer:
         searched before the block search goes on), except, under ``complete_first``, a body whose
         closed states need more kernels where the header fits the reference's tiling or an output
         has a reference output's type (:meth:`_needs_more`): bodies that complete the µGraph come
-        first, and the waiting subtrees follow the block search's end, in the order found.  A finished block
-        search is memoized, and a memoized one replays its bodies.  Either way the states are
+        first, and the waiting subtrees follow the block search's end, in the order found.  A
+        finished block search is memoized, and a memoized one replays its bodies.  Either way the states are
         numbered alike: a body's kernel subtree follows the body's block state, or the block
         search's last state and the waiting subtrees before it."""
         values = state.values or (None,) * len(state.terms)
