@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import mirage as mi
+from mirage.mugraph.graph import BlockGraph
 
 
 class Gate(nn.Module):
@@ -115,6 +116,29 @@ class PrefillAttention(nn.Module):
     fused = staticmethod(F.scaled_dot_product_attention)  # its scale is d ** -0.5 too
 
 
+class CausalAttention(nn.Module):
+    """A decoder's causal self-attention over a 512-token prompt, through PyTorch's SDPA call."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class BiasedAttention(nn.Module):
+    """Attention with an additive bias of the scores shared by all heads (ALiBi- or T5-style),
+    written out."""
+
+    def forward(self, q, k, v, bias):
+        return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias, dim=-1) @ v
+
+    @staticmethod
+    def fused(q, k, v, bias):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+class WideHeadAttention(PrefillAttention):
+    """Prefill attention with heads of 128 dims over 1,024 tokens."""
+
+
 class Block(nn.Module):
     """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
 
@@ -141,12 +165,22 @@ PROGRAMS = {
     "bert_mlp": (BertMLP, [(8, 384)]),
     "heads_attention": (HeadsAttention, [(2, 8, 128, 64)] * 3),
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
+    "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),
+    "biased_attention": (BiasedAttention, [(1, 12, 512, 64)] * 3 + [(512, 512)]),
+    "wide_head_attention": (WideHeadAttention, [(1, 16, 1024, 128)] * 3),
 }
+
+
+def _op_text(node) -> str:
+    """A kernel-graph op's name; a fused kernel (``customized``) adds its grid and loop count."""
+    block = node.attrs if isinstance(node.attrs, BlockGraph) else None
+    return node.op.value if block is None else (
+        f"{node.op.value} grid={block.grid_dim} loop={block.forloop_range}")
 
 
 def _kernels(fast) -> dict[str, list[str]]:
     """The ops of the kernel graph chosen for each subprogram (a ``customized`` op is one fused kernel)."""
-    return {name: [n.op.value for n in choice.graph.nodes if n.op.value != "input"]
+    return {name: [_op_text(n) for n in choice.graph.nodes if n.op.value != "input"]
             for spec in fast.specializations for name, choice in spec.choices.items()}
 
 

@@ -27,7 +27,6 @@ import math
 from mirage.codegen import lower_context as ctx
 from mirage.codegen import lower_registers as registers
 from mirage.codegen import lower_softmax as softmax
-from mirage.codegen.lower_context import NEGATIVE_INFINITY
 from mirage.codegen.lower_functions import single_op_graph, thread_function
 from mirage.codegen.lower_ops import (
     LoweringError,
@@ -477,8 +476,8 @@ class KernelLowering:
                 fills.append(ctx.FillStep(self.tile(i), ctx.initial_value(node.attrs.kind is AccumKind.MAX)))
             elif node.op is Op.RUNNING_MAX:
                 fills += [
-                    ctx.FillStep(self.tile(i), NEGATIVE_INFINITY),
-                    ctx.FillStep(self.tile(i, 1), NEGATIVE_INFINITY),
+                    ctx.FillStep(self.tile(i), ctx.RUNNING_MAX_START),
+                    ctx.FillStep(self.tile(i, 1), ctx.RUNNING_MAX_START),
                 ]
         if prologue and (step := self.prologue()) is not None:
             fills.append(step)

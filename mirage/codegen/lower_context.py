@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 NEGATIVE_INFINITY = "mirage::gen::negative_infinity()"  # the initial value of maxima
+RUNNING_MAX_START = "mirage::gen::running_max_floor()"  # where running maxima start (ops.RUNNING_MAX_FLOOR)
 
 
 def initial_value(is_max: bool) -> str:
@@ -259,6 +260,7 @@ class OnlineSoftmaxType:
     columns: Tile | None = None  # per-key factors of the products (gen/softmax.cuh's Columns)
     column_factor: str | None = None  # ...or per-key values, each read as this functor of it (FactorTile)
     key_norms: str | None = None  # ...or their functor of each key's sum of squares (KeyNorms)
+    mask: bool = False  # ``columns`` is an additive mask of the scores' shape (MaskTile)
     key_scratch: int | None = None  # the warpgroup form's key norms: byte offset of their scratch
     defer_values: bool = False  # the warpgroup form's P·V issued with the next Q·K (DeferValues)
     q_fragments: bool = False  # the warpgroup form's Q·K reads Q's fragments from registers (QFragments)

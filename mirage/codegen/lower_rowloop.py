@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mirage.codegen.lower_context import (
-    NEGATIVE_INFINITY,
+    RUNNING_MAX_START,
     DirectLoop,
     RowLoopSetup,
     RowLoopStep,
@@ -90,7 +90,7 @@ class RowLoopLowering:
             value = Value(f"s{i}", self._wide(node.outputs[0].shape))
             tile = None if i in self.plan.untiled else self.lowering.tile(i)
             if node.op is Op.RUNNING_MAX:
-                out.append(State(value, NEGATIVE_INFINITY, tile, f"s{i}_previous"))
+                out.append(State(value, RUNNING_MAX_START, tile, f"s{i}_previous"))
             else:
                 initial = initial_value(node.attrs.kind is AccumKind.MAX)
                 out.append(State(value, initial, tile))

@@ -6,8 +6,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mirage.codegen import lower_context as ctx
+from mirage.codegen.lower_functions import thread_function
 from mirage.codegen.lower_ops import LoweringError
+from mirage.mugraph.dtypes import DType
+from mirage.mugraph.graph import Node, Ref, Scalar, TensorType, ThreadGraph, ThreadInput
 from mirage.mugraph.ops import Op
+
+FLOAT32 = TensorType((1,), DType.FLOAT32)
 
 if TYPE_CHECKING:
     from mirage.codegen.lower import KernelLowering
@@ -30,6 +35,9 @@ def chain_type(lw: KernelLowering) -> ctx.OnlineSoftmaxType:
         return ctx.OnlineSoftmaxType(name, q.element, q, k, v, "mirage::gen::ColumnScore",
                                      key_norms=f"mirage::gen::Compose<{g}, {factor}>",
                                      key_scratch=scratch, **forms)
+    if chain.mask_scale is not None:  # c · S + M: the chain of c · S, M / c added to each product
+        return ctx.OnlineSoftmaxType(name, q.element, q, k, v, mask_score(lw), lw.tile(chain.column),
+                                     mask=True, **forms)
     if chain.column is not None:  # the products times per-key factors (the column's step stores them)
         loaded = chain.column_loaded  # an input tile: f(1, c) taken on read
         factor = column_factor(lw).function if loaded else None
@@ -37,6 +45,19 @@ def chain_type(lw: KernelLowering) -> ctx.OnlineSoftmaxType:
                                      lw.tile(chain.column), column_factor=factor, **forms)
     score = lw.function(chain.score) if chain.score is not None else "mirage::dev::Identity"
     return ctx.OnlineSoftmaxType(name, q.element, q, k, v, score, **forms)
+
+
+def mask_score(lw: KernelLowering) -> str:
+    """The functor x · c of a masked chain's score c · S + M (its linear part: the chain scales, and
+    folds the scale into its exponentials, as for an unmasked score)."""
+    chain = lw.softmax
+    assert chain is not None and chain.score is not None and chain.mask_scale is not None
+    key = -1 - chain.score  # beside the node functors, apart from them
+    if key not in lw.functions:
+        scalar = Node(Op.MUL_SCALAR, (Ref(0),), Scalar(chain.mask_scale), (FLOAT32,))
+        graph = ThreadGraph((Node(Op.INPUT, (), ThreadInput(0), (FLOAT32,)), scalar), (Ref(1),))
+        lw.functions[key] = thread_function(f"{lw.name}_f{chain.score}_linear", graph)
+    return lw.functions[key].name
 
 
 def column_factor(lw: KernelLowering) -> ctx.Link:

@@ -172,7 +172,55 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             "inputs), or superoptimize only the traceable part") from error
     gm = exported.module()
     _drop_value_asserts(gm)
+    _explicit_causal_masks(gm)
     return gm
+
+
+CAUSAL_MASK = "_causal_mask_"  # the buffers that stand for is_causal=True
+
+
+def _explicit_causal_masks(gm: fx.GraphModule) -> None:
+    """Give each ``scaled_dot_product_attention(..., is_causal=True)`` its mask as a tensor: an
+    additive ``(queries, keys)`` buffer of 0 and −inf (query i sees keys 0..i, PyTorch's alignment),
+    built once here, so that the search sees the masked form. Where such a node still runs in
+    PyTorch, :func:`restore_causal` gives it back its flag (PyTorch's causal kernels skip the hidden
+    keys; with the mask as a tensor it would take a slower kernel)."""
+    from mirage.frontend.lowering import params
+
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not sdpa:
+            continue
+        p = params(node)
+        if not p.get("is_causal") or p.get("attn_mask") is not None:
+            continue
+        query, key = p["query"].meta["val"], p["key"].meta["val"]
+        queries, keys = int(query.shape[-2]), int(key.shape[-2])
+        hidden = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril().logical_not()
+        mask = torch.zeros(queries, keys, dtype=query.dtype, device=query.device)
+        mask = mask.masked_fill(hidden, float("-inf"))
+        name = f"{CAUSAL_MASK}{queries}x{keys}"
+        if not hasattr(gm, name):
+            gm.register_buffer(name, mask)
+        with gm.graph.inserting_before(node):
+            attribute = gm.graph.get_attr(name)
+        attribute.meta["val"] = mask
+        node.args = (p["query"], p["key"], p["value"])
+        node.kwargs = {"attn_mask": attribute, "dropout_p": p["dropout_p"], "is_causal": False,
+                       "scale": p.get("scale"), "enable_gqa": p.get("enable_gqa", False)}
+    gm.recompile()
+
+
+def restore_causal(graph: fx.Graph) -> None:
+    """Undo :func:`_explicit_causal_masks` on the attention nodes of ``graph`` that run in PyTorch:
+    ``is_causal=True`` again, the mask buffer read no more."""
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    for node in list(graph.nodes):
+        mask = node.kwargs.get("attn_mask") if node.op == "call_function" and node.target is sdpa else None
+        if isinstance(mask, fx.Node) and mask.op == "get_attr" and str(mask.target).startswith(CAUSAL_MASK):
+            node.kwargs = {**node.kwargs, "attn_mask": None, "is_causal": True}
+            if not mask.users:
+                graph.erase_node(mask)
 
 
 def _drop_value_asserts(gm: fx.GraphModule) -> None:

@@ -87,6 +87,7 @@ def auto_config(graph: KernelGraph) -> str:
 # the block-op budget a subprogram may raise the search's to (13: a matmul and a nine-op epilogue)
 MOST_BLOCK_OPS = 13
 _BLOCK_BUDGET_NAMES = ("max_block_ops", "max_num_threadblock_graph_op", "block_op_budget")
+_SHARED_MEMORY_NAMES = ("shared_memory_bytes",)
 
 
 def one_kernel_block_ops(graph: KernelGraph) -> int:
@@ -162,6 +163,10 @@ def with_attention_layout(reference: KernelGraph, settings: SearchSettings) -> S
         return settings
     if any(name in _BLOCK_BUDGET_NAMES for name, _ in settings.overrides):
         layout.pop("max_block_ops", None)  # the caller's budget stands (it may leave out the one-kernel form)
+    if any(name in _KERNEL_BUDGET_NAMES for name, _ in settings.overrides):
+        layout.pop("max_kernel_ops", None)
+    if any(name in _SHARED_MEMORY_NAMES for name, _ in settings.overrides):
+        layout.pop("shared_memory_bytes", None)
     overrides = tuple(sorted((*settings.overrides, *((k, json.dumps(v)) for k, v in layout.items()))))
     return dataclasses.replace(settings, overrides=overrides)
 

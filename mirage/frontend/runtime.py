@@ -33,6 +33,7 @@ from mirage.frontend.capture import (
     check_call,
     conform_call,
     program_name,
+    restore_causal,
     signature_of,
 )
 from mirage.frontend.errors import InputError, InputGradError
@@ -125,6 +126,7 @@ def stitch(gm: fx.GraphModule, part: Partition, modules: Mapping[str, Subprogram
     for name in part.upcasts:  # read through by subprograms: dead unless PyTorch ops use it too
         if not env[by_name[name]].users:
             graph.erase_node(env[by_name[name]])
+    restore_causal(graph)
     for name, module in modules.items():
         gm.add_submodule(name, module)
     gm.graph = graph
@@ -198,6 +200,7 @@ def torch_ops_runner(gm: fx.GraphModule, subprogram: Subprogram, device: str = "
     results = [env[n] for n in gm.graph.nodes if n.name in members
                and (not n.users or any(u.name not in members for u in n.users))]
     graph.output(tuple(results))
+    restore_causal(graph)
     module = fx.GraphModule(gm, graph).to(device)
 
     def sample(value: torch.Tensor) -> torch.Tensor:

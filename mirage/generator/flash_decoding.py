@@ -50,26 +50,77 @@ MAX_WHOLE_KEYS_PER_ITERATION = 128  # one-kernel members: a K and a V tile of 12
 MIN_WHOLE_BLOCKS = 64  # one-kernel members where heads × 16-row groups give this many blocks or more
 WHOLE_BLOCK_OPS = 10  # Q, K, V; Q·K, its scale, exp, the row sums, P·V, two accumulators (or one
 # and a saver), the division
+MASK_BLOCK_OPS = 2  # a mask's input and its add to the scores
+# the search's estimate of a masked body's shared memory (every tensor its own buffer): the space's
+# 96 KB plus a 64 × 128 tile of the mask and one of the masked scores (fp16), so that the 64-row
+# member with 128 keys an iteration is in the space (the fastest form measured: docs/performance.md)
+MASKED_SHARED_BYTES = 128 * 1024
+
+
+def _roles(reference: KernelGraph, q, k, v) -> tuple[str, ...] | None:
+    """What each input of ``reference`` is, in input order: ``q``, ``k``, ``v`` or ``mask`` (an
+    additive mask of the scores, ``(heads or 1, queries, keys)``, read by an add); None if another
+    input is there."""
+    roles = []
+    for index, node in enumerate(reference.nodes):
+        if node.op is not Op.INPUT:
+            continue
+        role = {q: "q", k: "k", v: "v"}.get(index)
+        if role is None:
+            readers = [n.op for n in reference.nodes if any(r.node == index for r in n.inputs)]
+            role = "mask" if readers == [Op.ADD] else None
+        if role is None:
+            return None
+        roles.append(role)
+    return tuple(roles) if sorted(roles) in (["k", "q", "v"], ["k", "mask", "q", "v"]) else None
+
+
+def _source(reference: KernelGraph, node: int) -> int | None:
+    """The one input that ``node`` is computed from (Q may be scaled or normalized before its
+    product), or None."""
+    found, todo, seen = set(), [node], set()
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        if reference.nodes[i].op is Op.INPUT:
+            found.add(i)
+        todo += [r.node for r in reference.nodes[i].inputs]
+    return found.pop() if len(found) == 1 else None
 
 
 def shape(reference: KernelGraph) -> tuple[int, int, int, int] | None:
-    """``(heads, queries, head dim, keys)`` where ``reference`` is ``f(Q @ K) @ V`` on rank-3 tensors,
-    Q ``(heads, queries, dim)``, K ``(heads, dim, keys)``, V ``(heads, keys, dim)`` and no other input
-    (the headers map these three; a mask would have no map); else None."""
+    """``(heads, queries, head dim, keys)`` where ``reference`` is ``f(Q @ K [+ M]) @ V`` on rank-3
+    tensors, Q ``(heads, queries, dim)``, K ``(heads, dim, keys)``, V ``(heads, keys, dim)`` and at
+    most one more input, an additive mask M ``(heads or 1, queries, keys)``; else None."""
+    found = _layout(reference)
+    return None if found is None else found[0]
+
+
+def _layout(reference: KernelGraph):
+    """:func:`shape` and the inputs' roles (:func:`_roles`), or None."""
     products = [n for n in reference.nodes if n.op is Op.MATMUL]
-    inputs = sum(n.op is Op.INPUT for n in reference.nodes)
-    if len(products) != 2 or len(reference.outputs) != 1 or inputs != 3:
+    if len(products) != 2 or len(reference.outputs) != 1:
         return None
-    q, k = (reference.type_of(r).shape for r in products[0].inputs)
-    v = reference.type_of(products[1].inputs[1]).shape
+    (q_ref, k_ref), v_ref = products[0].inputs, products[1].inputs[1]
+    sources = [_source(reference, r.node) for r in (q_ref, k_ref, v_ref)]
+    roles = None if None in sources or len(set(sources)) < 3 else _roles(reference, *sources)
+    q, k = (reference.type_of(r).shape for r in (q_ref, k_ref))
+    v = reference.type_of(v_ref).shape
     out = reference.type_of(reference.outputs[0]).shape
-    if any(len(s) != 3 for s in (q, k, v, out)):
+    if roles is None or any(len(s) != 3 for s in (q, k, v, out)):
         return None
     heads, queries, dim = q
     keys = k[2]
     if k[:2] != (heads, dim) or v != (heads, keys, out[2]) or out[:2] != (heads, queries):
         return None
-    return heads, queries, out[2], keys
+    masks = [reference.nodes[i].outputs[0].shape for i in reference.input_nodes
+             if roles[reference.input_nodes.index(i)] == "mask"]
+    if any(m[1:] != (queries, keys) or m[0] not in (1, heads) for m in masks):
+        return None
+    shared_mask = any(m[0] == 1 < heads for m in masks)
+    return (heads, queries, out[2], keys), roles, shared_mask
 
 
 def _groups(queries: int, rows: int) -> int:
@@ -83,10 +134,10 @@ def _groups(queries: int, rows: int) -> int:
 def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     """The FlashAttention and FlashDecoding overrides of the search space for ``reference`` (module
     docstring), or None where it is not an attention of rank-3 tensors."""
-    found = shape(reference)
+    found = _layout(reference)
     if found is None:
         return None
-    heads, queries, _, keys = found
+    (heads, queries, _, keys), roles, shared_mask = found
     groups = _groups(queries, ROWS_PER_GROUP)
     splits = [s for s in KEY_SPLITS if keys % s == 0 and keys // s >= MIN_KEYS_PER_SPLIT]
     whole = list(dict.fromkeys(_groups(queries, rows) for rows in WHOLE_ROWS_PER_GROUP))
@@ -97,19 +148,29 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     ranges |= {r for r in range(2, keys // MIN_KEYS_PER_ITERATION + 1) if whole and keys % r == 0
                and MIN_KEYS_PER_ITERATION <= keys // r <= MAX_WHOLE_KEYS_PER_ITERATION}
     # Q: heads on x, query groups on z; K and V: heads on x, key splits on y (K's keys are its dim 2,
-    # V's its dim 1), iterated by the for-loop; the combine's two inputs: heads, groups. A one-kernel
-    # member (y = 1) maps nothing on y and writes whole rows of the output.
-    imaps = [[(0, -1, 1), (0, -1, -1), (0, -1, -1)]] if whole else []
+    # V's its dim 1), iterated by the for-loop; the combine's two inputs: heads, groups. A mask is
+    # tiled as the scores are: heads on x (none for a mask shared by all heads), query groups on z,
+    # keys split on y and iterated. A one-kernel member (y = 1) maps nothing on y and writes whole
+    # rows of the output.
+    head = -1 if shared_mask else 0
+    whole_maps = {"q": (0, -1, 1), "k": (0, -1, -1), "v": (0, -1, -1), "mask": (head, -1, 1)}
+    split_maps = {"q": (0, -1, 1), "k": (0, 2, -1), "v": (0, 1, -1), "mask": (head, 2, 1)}
+    loop_dims = [{"q": -1, "k": 2, "v": 1, "mask": 2}[role] for role in roles]
+    imaps = [[whole_maps[role] for role in roles]] if whole else []
     omaps = [(0, -1, 1)] if whole else []
     if splits:
-        imaps += [[(0, -1, 1), (0, 2, -1), (0, 1, -1)], [(0, 1, -1), (0, 1, -1)]]
+        imaps += [[split_maps[role] for role in roles], [(0, 1, -1), (0, 1, -1)]]
         omaps += [(0, 2, 1), (0, 1, -1)]
+    block_ops = WHOLE_BLOCK_OPS + MASK_BLOCK_OPS * ("mask" in roles)
     return {
         "griddims": [(heads, 1, g) for g in whole] + [(heads, s, groups) for s in splits]
                     + ([(heads, groups, 1)] if splits else []),
         "imap_combos": imaps,
-        "fmap_combos": [[-1, 2, 1], [-1, -1]] if splits else [[-1, 2, 1]],
+        "fmap_combos": [loop_dims, [-1, -1]] if splits else [loop_dims],
         "franges": sorted(ranges),
         "omaps": omaps,
-        **({"max_block_ops": WHOLE_BLOCK_OPS} if whole else {}),
+        **({"max_block_ops": block_ops} if whole or "mask" in roles else {}),
+        # FlashDecoding's two graph-defined ops on every input (the space's default of 5 counts three)
+        **({"max_kernel_ops": len(roles) + 2} if splits and len(roles) > 3 else {}),
+        **({"shared_memory_bytes": MASKED_SHARED_BYTES} if "mask" in roles else {}),
     }

@@ -39,7 +39,7 @@ from mirage.mugraph.graph import (
     OutputSaver,
     ThreadGraph,
 )
-from mirage.mugraph.ops import REGISTRY, Op, reduce_to_dimx
+from mirage.mugraph.ops import REGISTRY, RUNNING_MAX_FLOOR, Op, reduce_to_dimx
 
 
 def tile_view(source: np.ndarray, iterator: InputIterator, grid: Dim3, forloop_range: int) -> np.ndarray:
@@ -153,7 +153,8 @@ class Interpreter:
                     rr = r if A.shape(tiles[i])[3] > 1 else 0
                     values[(i, 0)] = A.structural(lambda t, rr=rr: t[:, :, :, rr], tiles[i])
                 elif node.op is Op.RUNNING_MAX:
-                    state[i] = ins[0] if i not in state else A.maximum(state[i], ins[0])
+                    start = state[i] if i in state else A.const(RUNNING_MAX_FLOOR, ins[0])
+                    state[i] = A.maximum(start, ins[0])
                     values[(i, 0)] = state[i]
                 elif node.op is Op.ACCUM:
                     term = self._accum_term(node.attrs, ins[0], graph.reduction_dimx)

@@ -86,6 +86,10 @@ COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
 REDUCTIONS = frozenset({Op.REDUCTION, Op.REDUCTION_TO_DIMX, Op.REDUCTION_MAX})
 ACCUMULATORS = frozenset({Op.ACCUM, Op.ACCUM_RESCALE})
 FORLOOP_STATEFUL = ACCUMULATORS | {Op.RUNNING_MAX}
+# where a running maximum starts, not at −inf: a row whose scores so far are all −inf (a tile that an
+# additive mask hides whole) keeps a finite maximum, so exp(x − m) is 0 and the rescale
+# exp(m_prev − m) is 1 there instead of NaN (FlashAttention's guard). No score reaches it.
+RUNNING_MAX_FLOOR = -1e30
 # ops whose meaning uses an order (max): no finite-field fingerprint exists for them
 ORDERED = frozenset({Op.REDUCTION_MAX, Op.RUNNING_MAX, Op.ACCUM_RESCALE, Op.RELU, Op.CLAMP})
 # the LAX fragment (mirage-notes §2): multi-linear ops, division, exponentiation

@@ -23,6 +23,10 @@ Anything that does not fit the pattern exactly (another reader of an intermediat
 accumulator kind, tile shapes the tensor-core fragments do not cover) returns ``None`` with the
 reason logged, and the kernel is lowered op by op as before.
 
+A score ``c · S + M`` with ``M`` an input tile of the scores' shape (an additive mask, causal
+attention's) runs the chain of ``c · S`` with ``M / c`` added to each product before the row maxima
+(gen/softmax_detail.cuh's ``MaskTile``), each thread reading the mask at its fragments' positions.
+
 A score with a per-key operand ``f(S, c)`` is ``S · f(1, c)`` when ``f`` is linear in ``S``
 (:func:`linear_in`): the step that produces ``c`` stores the factors ``f(1, c)`` instead (``c`` has
 no other reader), and the chain multiplies each product by its key's factor. The chain step then
@@ -73,6 +77,9 @@ class SoftmaxChain:
     qk_argument: int = 0  # the product's position among the score's operands
     key_norm: tuple[int, int] | None = None  # (sum, square) when c = g(Σ_d K[d, n]²): the chain computes c
     column_loaded: bool = False  # c is an input tile (no step of its own; the chain reads it as f(1, c))
+    # the score is c · S + M with M an input tile of the scores' shape (an additive mask), c this scale:
+    # the chain adds M / c to each product and scales as a plain c · S chain does (gen/softmax.cuh)
+    mask_scale: float | None = None
     # the sm_90a form (warpgroup_form): both products as warpgroup MMAs reading K and V (``swizzled``)
     # from shared memory in the 128-byte swizzled form
     warpgroup: bool = False
@@ -155,25 +162,54 @@ def linear_in(thread: ThreadGraph, argument: int) -> bool:
     return degree[out.node] == 1
 
 
+def masked_scale(thread: ThreadGraph, argument: int) -> float | None:
+    """c when ``thread`` computes ``c · x + m`` of its input ``argument`` = x and its other input m,
+    with c > 0: x through scalar products only, then one sum with m (an additive mask); else None."""
+    scale, value, added = 1.0, None, False
+    for i, node in enumerate(thread.nodes):
+        if node.op is Op.INPUT:
+            value = i if node.attrs.index == argument and value is None else value
+            continue
+        operands = [r.node for r in node.inputs]
+        if node.op is Op.MUL_SCALAR and operands == [value] and not added:
+            scale *= node.attrs.value
+        elif node.op is Op.ADD and value in operands and not added and len(set(operands)) == 2:
+            other = thread.nodes[operands[1 - operands.index(value)]]
+            if other.op is not Op.INPUT or other.attrs.index == argument:
+                return None
+            added = True
+        else:
+            return None
+        value = i
+    (out,) = thread.outputs
+    return scale if added and out.node == value and scale > 0 else None
+
+
 def _column_operand(graph: BlockGraph, uses: dict[Ref, list[int]], s: int,
-                    loop: set[int]) -> tuple[int, int, int]:
-    """(qk, column, qk_argument) of a two-operand score (see the module docstring)."""
+                    loop: set[int]) -> tuple[int, int, int, float | None]:
+    """(qk, column, qk_argument, mask scale) of a two-operand score (see the module docstring); the
+    scale c is None unless the other operand is an additive mask of the scores (``c · S + M``)."""
     node = graph.nodes[s]
     products = [k for k, r in enumerate(node.inputs) if graph.nodes[r.node].op is Op.MATMUL]
     require(len(products) == 1 and len(set(node.inputs)) == 2, "the score has no single product operand")
     argument = products[0]
     qk, column = node.inputs[argument].node, node.inputs[1 - argument].node
     s_shape, c_shape = graph.type_of(Ref(s)).shape, graph.type_of(Ref(column)).shape
+    if c_shape == s_shape and graph.nodes[column].op is Op.INPUT:  # a mask: c · S + M, M read per score
+        scale = masked_scale(node.attrs, argument)
+        require(scale is not None, "the score is not c · S plus a mask")
+        require(_only(uses, column) == [s], "the mask has other readers")
+        return qk, column, argument, scale
     require(len(c_shape) == len(s_shape) and c_shape[-1] == s_shape[-1]
             and math.prod(c_shape[:-1]) == 1, f"the score's other operand {c_shape} is not one value per key")
     require(linear_in(node.attrs, argument), "the score is not linear in the product")
     require(_only(uses, column) == [s], "the per-key values have other readers")
     if graph.nodes[column].op is Op.INPUT:  # loaded: the chain maps each value it reads to f(1, c)
-        return qk, column, argument
+        return qk, column, argument, None
     require(graph.nodes[column].op not in (Op.INPUT, Op.ACCUM, Op.ACCUM_RESCALE, Op.RUNNING_MAX),
             "the per-key values are not computed by a step of their own")
     require(column in loop, "the per-key values are not computed in the loop")
-    return qk, column, argument
+    return qk, column, argument, None
 
 
 def _is_square_of(graph: BlockGraph, i: int, source: Ref) -> bool:
@@ -273,16 +309,18 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
     score: int | None = None
     column: int | None = None
     qk_argument = 0
+    mask_scale = None
     qk = s
     if graph.nodes[s].op is Op.FUSED:
         require(len(graph.nodes[s].inputs) <= 2, "the score has more than two operands")
         score, qk = s, graph.nodes[s].inputs[0].node
         if len(graph.nodes[s].inputs) == 2:
-            qk, column, qk_argument = _column_operand(graph, uses, s, loop)
+            qk, column, qk_argument, mask_scale = _column_operand(graph, uses, s, loop)
         require(_only(uses, qk) == [s], "the product Q·K has other readers")
     require(graph.nodes[qk].op is Op.MATMUL, "the scores are not a matmul")
     q_ref, k_ref = graph.nodes[qk].inputs
-    key_norm = _key_norm(graph, uses, column, k_ref, loop) if column is not None and key_norms else None
+    key_norm = (_key_norm(graph, uses, column, k_ref, loop)
+                if column is not None and key_norms and mask_scale is None else None)
     probs = [c for c in _only(uses, s) if c != row_max]
     require(len(probs) == 1 and _is_exp_of_difference(graph.nodes[probs[0]], s, running),
              "the scores' other reader is not exp(S − m)")
@@ -332,7 +370,7 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
     scratch = 4 * groups * rows * (width + 2) if groups > 1 else 0
     loaded = column is not None and graph.nodes[column].op is Op.INPUT
     return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch, column,
-                        qk_argument, key_norm, column_loaded=loaded)
+                        qk_argument, key_norm, column_loaded=loaded, mask_scale=mask_scale)
 
 
 def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = False,

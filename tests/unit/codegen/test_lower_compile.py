@@ -22,11 +22,13 @@ from mirage.codegen.random_graphs import random_graph
 from mirage.mugraph.serialize import graph_from_dict
 from mirage.mugraph.target import TARGETS
 from mirage.optimizer import OptimizerOptions
+from tests.unit.verifier.verifier_graphs import masked_attention
 
 SEARCH_SAMPLE = Path(__file__).parent / "snapshots" / "search_sample.json"
 BENCHMARKS = ["gqa_b1", "rmsnorm_b8", "lora_m16", "ntrans_b1"]
 RANDOM_SEEDS = [0, 1, 2, 5, 98]  # 98: a SIMT register accumulator (no K split)
 SEARCH_NAMES = ["search_gated_0", "search_softmax_rows_0"]
+MASKED_FORMS = ["whole", "split"]  # attention with an additive mask, one kernel and FlashDecoding's two
 
 
 
@@ -84,6 +86,12 @@ def _gqa_b1_32_splits():
                 if row.label == "kv_splits=32,q_splits=4,iters=2,threads=128,row_sums=True,combine_rows=8")
 
 
+def _masked(form: str = "whole"):
+    """Attention with an additive mask: 64-row blocks looping over 64 keys at a time, or 4 key splits."""
+    return masked_attention(heads=4, queries=128, keys=256, dim=64, form=form,
+                            rows=64 if form == "whole" else 16, key_tile=64, kv_splits=4)
+
+
 def _rmsnorm_b8():
     from benchmarks.mugraphs import mlp
 
@@ -102,7 +110,8 @@ WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds
           "gqa_warpgroup_sub_tiles": (_gqa_b8_long_iterations,
                                       OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
           "ntrans_op_by_op": (CASES["ntrans_b1"].fused, OptimizerOptions(row_reductions=False)),
-          "gqa_32_splits": (_gqa_b1_32_splits, OptimizerOptions(warpgroup_softmax=True, tma_copies=True))}
+          "gqa_32_splits": (_gqa_b1_32_splits, OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
+          "masked_attention_warpgroup": (_masked, OptimizerOptions(warpgroup_softmax=True, tma_copies=True))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
 PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
 # name → (the build it recompiles, the macros before its code)
@@ -122,6 +131,7 @@ def built():
     graphs["qknorm_key_scales"] = _key_scales()
     graphs.update({f"random_{s}": random_graph(s).graph for s in RANDOM_SEEDS})
     graphs.update({name: _search_graph(name) for name in SEARCH_NAMES})
+    graphs.update({f"masked_attention_{form}": _masked(form) for form in MASKED_FORMS})
     programs = {name: generate_cuda_program(g, 90) for name, g in graphs.items()}
     programs.update({name: generate_cuda_program(build(), 90, options=o)
                      for name, (build, o) in WITH_OPTIONS.items()})
@@ -137,7 +147,7 @@ def built():
 
 @pytest.mark.parametrize("name", BENCHMARKS + ["qknorm_registers", "qknorm_key_scales", *WITH_OPTIONS]
                          + [f"random_{s}" for s in RANDOM_SEEDS]
-                         + SEARCH_NAMES)
+                         + SEARCH_NAMES + [f"masked_attention_{form}" for form in MASKED_FORMS])
 def test_generated_cuda_compiles_for_sm90a(built, name):
     program, result = built[name]
     assert not isinstance(result, Exception), str(result)
@@ -167,6 +177,16 @@ def test_register_attention_runs_on_tensor_cores_without_local_memory(built):
     assert re.search(r"LDG\.E\.(64|128)\.CONSTANT", combine)  # 8- or 16-byte vectors per thread
     # ...and divides and writes its output from registers: no shared memory, no barrier at all
     assert "LDGSTS" not in combine and "BAR.SYNC" not in combine and "STS" not in combine
+
+
+@pytest.mark.parametrize("name", [f"masked_attention_{form}" for form in ("whole", "split", "warpgroup")])
+def test_masked_attention_runs_the_register_chain(built, name):
+    """c · S + M with an input tile M: the chain adds M / c to its products (MaskTile), on warp MMAs or,
+    with 64-row tiles on sm_90a, warpgroup MMAs; nothing spills."""
+    program, result = built[name]
+    assert "mirage::gen::OnlineSoftmax<" in program.code and "mirage::gen::MaskTile<" in program.code
+    sass = result.sass()
+    assert ("HGMMA" in sass) == name.endswith("warpgroup") and "LDL" not in sass and "STL" not in sass
 
 
 def _longest_load_run(sass: str) -> int:

@@ -114,3 +114,29 @@ def test_a_function_captured_by_keyword_runs_when_called_by_position():
     torch.testing.assert_close(fast(a, y=b), _two(a, b))
     with pytest.raises(InputCountError, match="another structure"):
         fast((a, b))
+
+
+def test_causal_attention_is_captured_with_its_mask_and_restored_for_pytorch():
+    """Capture gives ``is_causal=True`` its mask as a buffer of 0 and −inf (the form the search
+    takes); ``restore_causal`` puts the flag back where the node runs in PyTorch, whose causal
+    kernels are faster than its masked ones. Both forms compute PyTorch's causal attention."""
+    import torch.nn.functional as F
+
+    from mirage.frontend.capture import CAUSAL_MASK, as_module, capture, restore_causal
+
+    def causal(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = (torch.randn(1, 2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    gm = capture(as_module(causal), (q, k, v), {})
+    masks = [n for n in gm.graph.nodes if n.op == "get_attr" and n.target.startswith(CAUSAL_MASK)]
+    assert len(masks) == 1
+    mask = getattr(gm, masks[0].target)
+    assert mask.shape == (5, 5) and bool(mask.isneginf().equal(torch.ones(5, 5, dtype=torch.bool).triu(1)))
+    torch.testing.assert_close(gm(q, k, v), causal(q, k, v))
+    restore_causal(gm.graph)
+    gm.recompile()
+    (sdpa,) = [n for n in gm.graph.nodes if n.op == "call_function" and "attention" in str(n.target)]
+    assert sdpa.kwargs["is_causal"] is True and sdpa.kwargs["attn_mask"] is None
+    assert not [n for n in gm.graph.nodes if n.op == "get_attr"]
+    torch.testing.assert_close(gm(q, k, v), causal(q, k, v))

@@ -139,7 +139,6 @@ UNLOWERABLE = [
     ("cumsum", lambda x: torch.cumsum(x, -1), "no µGraph lowering"),
     ("erf", lambda x: torch.erf(x), "no µGraph lowering"),
     ("variance_of_one", lambda x: x.unsqueeze(-1).var(-1), "variance of 1 element(s) with correction 1"),
-    ("causal_attention", lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True), "is_causal"),
     ("integer_division", lambda x: torch.div(x, 2.0, rounding_mode="floor"), "rounding_mode"),
     ("division_by_zero", lambda x: x / 0.0, "division by the number 0"),
     ("infinite_scale", lambda x: x * float("inf"), "not finite"),
@@ -156,6 +155,22 @@ def test_unlowerable_ops_stay_in_pytorch_with_a_reason(name, function, reason):
     assert reason in left.reason
     assert not fast.partition.subprograms
     torch.testing.assert_close(fast(x), function(x), equal_nan=True)
+
+
+def test_causal_attention_lowers_with_its_mask_as_a_buffer():
+    """``is_causal=True`` becomes an additive mask of 0 and −inf built once at capture (a buffer of
+    the captured module, query i seeing keys 0..i); the attention is then the masked form, and the
+    subprogram's reference graph gives PyTorch's causal attention."""
+
+    def causal(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    fast = mi.superoptimize(causal, (q, k, v), search=False)
+    assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
+    (sub,) = fast.partition.subprograms
+    assert any(b.source.startswith("_causal_mask_6x6") for b in sub.inputs)
+    torch.testing.assert_close(fast(q, k, v), causal(q, k, v))
 
 
 def test_table_rows_are_consistent():

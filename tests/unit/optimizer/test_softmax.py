@@ -230,3 +230,29 @@ def test_a_program_of_pre_defined_ops_runs_the_stable_softmax():
     mask[3] = -1e4
     (got,) = program.launch([x, mask])
     torch.testing.assert_close(got, torch.softmax(x + mask, -1))
+
+
+@pytest.mark.parametrize("form", ["whole", "split"])
+@pytest.mark.parametrize("hidden", ["later_keys", "earlier_keys"])
+def test_masked_attention_stays_finite_where_a_mask_hides_whole_tiles(form, hidden):
+    """softmax(Q·K/8 + M)·V with M of 0 and −inf, as causal attention's mask is (and its mirror
+    image): some rows see no key of a whole tile, a whole split, or the loop's first iterations. The
+    running maxima start from a finite floor (ops.RUNNING_MAX_FLOOR), so exp(s − m) is 0 and the
+    rescale 1 there, and the rewritten µGraph gives the float64 reference's numbers, without NaN."""
+    import torch
+
+    from tests.unit.verifier.verifier_graphs import causal_mask, masked_attention
+
+    graph = masked_attention(form=form)
+    stable, result = online_softmax(graph)
+    assert result.rewritten and not result.skipped
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((4, 64, 32), (4, 32, 64), (4, 64, 32)))
+    mask = causal_mask(64, 64)
+    if hidden == "earlier_keys":
+        mask = np.ascontiguousarray(mask[:, ::-1, ::-1])  # query i sees keys i..63
+    (got,) = interpret(stable, [q, k, v, mask], _f32())
+    scores = torch.from_numpy(q).double() @ torch.from_numpy(k).double() / 8 + torch.from_numpy(mask).double()
+    truth = (torch.softmax(scores, -1) @ torch.from_numpy(v).double()).numpy()
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, truth, rtol=1e-4, atol=1e-5)

@@ -108,3 +108,54 @@ def small_attention(heads: int = 2, queries: int = 4, keys: int = 8, dim: int = 
     (out,) = g.customized([sums, numerators], tb2)
     g.mark_output(out)
     return g.freeze()
+
+
+def masked_attention(heads: int = 4, queries: int = 64, keys: int = 64, dim: int = 32,
+                     form: str = "reference", shared: bool = True, rows: int = 16, key_tile: int = 32,
+                     kv_splits: int = 2) -> mi.KernelGraph:
+    """softmax(Q @ K / 8 + M) @ V with an additive mask M of ``(1 or heads, queries, keys)``: the
+    reference graph (``form="reference"``), the one-kernel FlashAttention µGraph (``"whole"``: blocks of
+    ``rows`` query rows loop over the keys ``key_tile`` at a time) or the two-kernel FlashDecoding one
+    (``"split"``: ``kv_splits`` blocks a row group, one key tile a block)."""
+    g = mi.new_kernel_graph("masked_attention")
+    q = g.new_input(dims=(heads, queries, dim), dtype=mi.float16)
+    k = g.new_input(dims=(heads, dim, keys), dtype=mi.float16)
+    v = g.new_input(dims=(heads, keys, dim), dtype=mi.float16)
+    m = g.new_input(dims=(1 if shared else heads, queries, keys), dtype=mi.float16)
+    if form == "reference":
+        e = g.exp(g.add(g.mul_scalar(g.matmul(q, k), 0.125), m))
+        g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
+        return g.freeze()
+    head = -1 if shared else 0
+    split = form == "split"
+    groups = queries // rows
+    tb = mi.new_threadblock_graph(grid_dim=(heads, kv_splits if split else 1, groups),
+                                  forloop_range=1 if split else keys // key_tile, reduction_dimx=dim)
+    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
+    bk = tb.new_input(k, input_map=(0, 2 if split else -1, -1), forloop_dim=2)
+    bv = tb.new_input(v, input_map=(0, 1 if split else -1, -1), forloop_dim=1)
+    bm = tb.new_input(m, input_map=(head, 2 if split else -1, 1), forloop_dim=2)
+    e = tb.exp(tb.add(tb.mul_scalar(tb.matmul(bq, bk), 0.125), bm))
+    sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
+    if not split:
+        tb.new_output(tb.div(numerators, sums), output_map=(0, -1, 1))
+        (out,) = g.customized([q, k, v, m], tb)
+        g.mark_output(out)
+        return g.freeze()
+    tb.new_output(sums, output_map=(0, 2, 1))
+    tb.new_output(numerators, output_map=(0, 2, 1))
+    partial_sums, partial_numerators = g.customized([q, k, v, m], tb)
+    tb2 = mi.new_threadblock_graph(grid_dim=(heads, groups, 1), forloop_range=1, reduction_dimx=dim)
+    total = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")
+    n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)), acc="sum_todimx")
+    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
+    (out,) = g.customized([partial_sums, partial_numerators], tb2)
+    g.mark_output(out)
+    return g.freeze()
+
+
+def causal_mask(queries: int, keys: int):
+    """The additive float32 mask of causal attention: 0 where query i sees key j (j ≤ i), else −inf."""
+    import numpy as np
+
+    return np.where(np.tril(np.ones((queries, keys), bool)), 0.0, -np.inf).astype(np.float32)[None]

@@ -437,6 +437,10 @@ struct RowSums {
 
 MIRAGE_DEVICE float negative_infinity() { return dev::MaxReduce::identity(); }
 
+// Where running maxima start (RUNNING_MAX_FLOOR in mirage/mugraph/ops.py): finite, so that rows whose
+// scores so far are all −inf (masked) give exp(s − m) = 0 and a rescale of 1, not NaN.
+MIRAGE_DEVICE constexpr float running_max_floor() { return -1e30f; }
+
 // ---- matmul -------------------------------------------------------------------------------------
 
 // dev::SimtMatmul with different element types for A and B (an accumulator times a tile).

@@ -85,15 +85,20 @@ struct OnlineSoftmax {
                                 E % 64 == 0 && (!kKeyNorms || kSubKeys <= 128)),
                 "the warpgroup form: whole warpgroups of whole 64-row tiles, keys and E in blocks of 64, "
                 "key norms in sub-tiles of at most 128 keys (the lowering checks them first)");
+  static constexpr bool kMasked = IsMaskTile<Columns>::value;
+  static_assert(!kMasked || softmax_detail::LinearScore<Score>::value,
+                "a masked chain's score is c · S + M: its functor is the linear part c · S");
   template <class C>
   static constexpr bool covers_keys() {
     if constexpr (std::is_same_v<C, NoTile> || IsKeyNorms<C>::value) {
       return true;
+    } else if constexpr (IsMaskTile<C>::value) {
+      return C::TileLayout::size == R * N;
     } else {
       return C::TileLayout::size == N;
     }
   }
-  static_assert(covers_keys<Columns>(), "per-key factors: one value for each of the N keys");
+  static_assert(covers_keys<Columns>(), "per-key factors: one value for each of the N keys (a mask: each score)");
   static_assert((QLayout::pitch * sizeof(T)) % 16 == 0 && (KLayout::pitch * sizeof(T)) % 16 == 0 &&
                     (VLayout::pitch * sizeof(T)) % 16 == 0,
                 "ldmatrix needs 16-byte aligned rows");
@@ -158,7 +163,7 @@ struct OnlineSoftmax {
         for (int e = 0; e < 4; ++e) state.out[t][j][e] = 0.0f;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        state.maximum[t][h] = negative_infinity();
+        state.maximum[t][h] = running_max_floor();
         state.sum[t][h] = 0.0f;
       }
     }
@@ -295,7 +300,11 @@ struct OnlineSoftmax {
     } else {
       scores(q, k, key0, score);
     }
-    if constexpr (!kKeyNorms && !std::is_same_v<Columns, NoTile>) scale_keys(columns, key0, score);
+    if constexpr (kMasked) {
+      add_mask(columns, key0, score);
+    } else if constexpr (!kKeyNorms && !std::is_same_v<Columns, NoTile>) {
+      scale_keys(columns, key0, score);
+    }
     float offset[kTilesPerWarp][2];
     float factor[kTilesPerWarp][2];
 #pragma unroll
@@ -352,6 +361,23 @@ struct OnlineSoftmax {
       wgmma::fence(p);
       wgmma::fence(state.out);
     }
+  }
+
+  // Each product plus its mask value over the score's scale (c · (S + M / c) = c · S + M): a thread's
+  // scores of row tile t and key tile j sit at rows 16 row_tile(t) + lane / 4 (+ 8 for e ≥ 2) and keys
+  // key0 + 8 j + 2 (lane % 4) (+ 1 for odd e), in both forms.
+  static MIRAGE_DEVICE void add_mask(Columns mask, int key0, float (&score)[kTilesPerWarp][kKeyTiles][4]) {
+    constexpr float kInverse = 1.0f / softmax_detail::LinearScore<Score>::scale;
+#pragma unroll
+    for (int t = 0; t < kTilesPerWarp; ++t)
+#pragma unroll
+      for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = row_tile(t) * 16 + lane() / 4 + 8 * (e / 2);
+          const int key = key0 + 8 * j + 2 * (lane() % 4) + e % 2;
+          score[t][j][e] += mask.load(row * N + key) * kInverse;
+        }
   }
 
   // Each product times its key's factor (a thread's columns of key tile j: 8 j + pair and + 1). From a

@@ -225,6 +225,19 @@ struct IsFactorTile : std::false_type {};
 template <class Tile, class F>
 struct IsFactorTile<FactorTile<Tile, F>> : std::true_type {};
 
+// A [1, R, N] shared tile M of an additive mask of the scores (c · S + M, causal attention's 0 and
+// −inf): the chain adds M[row][key] / c to each product before its row maxima. The running maxima
+// start finite (running_max_floor), so rows whose keys of a sub-tile are all hidden stay NaN-free.
+template <class Tile>
+struct MaskTile : Tile {
+  MIRAGE_DEVICE MaskTile(Tile tile) : Tile(tile) {}  // NOLINT: converts the shared tile the step passes
+};
+
+template <class C>
+struct IsMaskTile : std::false_type {};
+template <class Tile>
+struct IsMaskTile<MaskTile<Tile>> : std::true_type {};
+
 // The score of a chain with per-key factors: the product times its factor, nothing more.
 struct ColumnScore {
   static constexpr float kLinearScale = 1.0f;
