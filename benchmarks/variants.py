@@ -201,16 +201,8 @@ def attention_fused(
     tb.new_output(sums, output_map=(0, 2, rows_axis))  # [2b, 256, kv_splits]
     tb.new_output(numerators, output_map=(0, 2, rows_axis))  # [2b, 256, 64 kv_splits]
     operands = [q, k, v] + ([squares] if squares is not None else [])
-    partial_sums, partial_numerators = g.customized(operands, tb)
-    tb2 = mi.new_threadblock_graph(
-        grid_dim=(heads, combine_splits, 1), block_dim=(combine_threads, 1, 1), forloop_range=1,
-        reduction_dimx=64,
-    )
-    total = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")  # [1, rows, 1]
-    n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)), acc="sum_todimx")
-    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
-    (out,) = g.customized([partial_sums, partial_numerators], tb2)
-    g.mark_output(out)
+    g.mark_output(attention.combine(g, g.customized(operands, tb), heads, combine_splits,
+                                    threads=combine_threads))
     return g.freeze()
 
 

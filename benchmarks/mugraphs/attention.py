@@ -59,17 +59,21 @@ def fused(b: int, qknorm: bool = False, kv_splits: int = 8, q_splits: int = 16,
     numerators = tb.forloop_accum(tb.matmul(e, bv))  # [1, 16, 64]
     tb.new_output(sums, output_map=(0, 2, 1))  # [2b, 256, 1024]
     tb.new_output(numerators, output_map=(0, 2, 1))  # [2b, 256, 512]
-    partial_sums, partial_numerators = g.customized([q, k, v], tb)
-
-    tb2 = mi.new_threadblock_graph(grid_dim=(heads, q_splits, 1), block_dim=(128, 1, 1), forloop_range=1,
-                                   reduction_dimx=64)
-    s = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")  # [1,16,1]
-    n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)),
-                          acc="sum_todimx")  # [1, 16, 64]
-    tb2.new_output(tb2.div(n, s), output_map=(0, 1, -1))
-    (out,) = g.customized([partial_sums, partial_numerators], tb2)
-    g.mark_output(out)
+    g.mark_output(combine(g, g.customized([q, k, v], tb), heads, q_splits))
     return g.freeze()
+
+
+def combine(g, partials, heads: int, groups: int, dim: int = 64, threads: int = 128):
+    """FlashDecoding's second kernel: (heads, groups) blocks sum the splits' partial row sums and
+    numerators (``partials``, as the first kernel writes them) and divide; returns its output."""
+    partial_sums, partial_numerators = partials
+    tb = mi.new_threadblock_graph(grid_dim=(heads, groups, 1), block_dim=(threads, 1, 1), forloop_range=1,
+                                  reduction_dimx=dim)
+    total = tb.forloop_accum(tb.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")  # [1, rows, 1]
+    n = tb.forloop_accum(tb.new_input(partial_numerators, input_map=(0, 1, -1)), acc="sum_todimx")
+    tb.new_output(tb.div(n, total), output_map=(0, 1, -1))
+    (out,) = g.customized([partial_sums, partial_numerators], tb)
+    return out
 
 
 def rows_fused(heads: int, queries: int, dim: int, keys: int, kv_splits: int, q_splits: int, iters: int,
@@ -94,12 +98,5 @@ def rows_fused(heads: int, queries: int, dim: int, keys: int, kv_splits: int, q_
     numerators = tb.forloop_accum(tb.matmul(e, bv))
     tb.new_output(sums, output_map=(0, 2, rows_axis))
     tb.new_output(numerators, output_map=(0, 2, rows_axis))
-    partial_sums, partial_numerators = g.customized([q, k, v], tb)
-    tb2 = mi.new_threadblock_graph(grid_dim=(heads, combine_splits, 1), block_dim=(128, 1, 1),
-                                   forloop_range=1, reduction_dimx=dim)
-    total = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")
-    n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)), acc="sum_todimx")
-    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
-    (out,) = g.customized([partial_sums, partial_numerators], tb2)
-    g.mark_output(out)
+    g.mark_output(combine(g, g.customized([q, k, v], tb), heads, combine_splits, dim))
     return g.freeze()

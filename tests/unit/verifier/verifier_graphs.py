@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import mirage as mi
+from benchmarks.mugraphs.attention import combine
 
 SCALARS = (0.125, 0.5, 1.0 / 3.0, 2.0, -1.5, 1e-6)
 
@@ -144,13 +145,7 @@ def masked_attention(heads: int = 4, queries: int = 64, keys: int = 64, dim: int
         return g.freeze()
     tb.new_output(sums, output_map=(0, 2, 1))
     tb.new_output(numerators, output_map=(0, 2, 1))
-    partial_sums, partial_numerators = g.customized([q, k, v, m], tb)
-    tb2 = mi.new_threadblock_graph(grid_dim=(heads, groups, 1), forloop_range=1, reduction_dimx=dim)
-    total = tb2.forloop_accum(tb2.new_input(partial_sums, input_map=(0, 1, -1)), acc="sum")
-    n = tb2.forloop_accum(tb2.new_input(partial_numerators, input_map=(0, 1, -1)), acc="sum_todimx")
-    tb2.new_output(tb2.div(n, total), output_map=(0, 1, -1))
-    (out,) = g.customized([partial_sums, partial_numerators], tb2)
-    g.mark_output(out)
+    g.mark_output(combine(g, g.customized([q, k, v, m], tb), heads, groups, dim))
     return g.freeze()
 
 
