@@ -1,11 +1,14 @@
 """Attention with an additive mask on a GPU: the one-kernel and the two-kernel µGraph, fed causal
 attention's mask of 0 and −inf (and its mirror image, which hides the loop's first iterations from
 the later rows), with the register chain on warp or warpgroup MMAs (which adds the mask to its
-products) and op by op. The running maxima start from a finite floor (``running_max_floor``), so the blocks
-and splits that see no key of a row give exp(s − m) = 0 and a rescale of 1 instead of NaN; the
-outputs match float64 PyTorch. With random masks, each build passes the float check too."""
+products and skips the sub-steps it hides whole, bit for bit as running them) and op by op. The
+running maxima start from a finite floor (``running_max_floor``), so the blocks and splits that see
+no key of a row give exp(s − m) = 0 and a rescale of 1 instead of NaN; the outputs match float64
+PyTorch. With random masks, each build passes the float check too."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -29,17 +32,22 @@ FORMS = {"whole": ("whole", OptimizerOptions()), "split": ("split", OptimizerOpt
          "whole_op_by_op": ("whole", OptimizerOptions(register_softmax=False))}
 
 
+WHOLE_STEPS = "#define MIRAGE_SOFTMAX_SKIP_HIDDEN 0\n"  # every sub-step run, hidden or not
+
+
 @pytest.fixture(scope="module")
 def programs():
     graphs = {name: masked_attention(**SHAPE, **GRAPHS[graph]) for name, (graph, _) in FORMS.items()}
     sources = [generate_cuda_program(graphs[name], None, options=options)
                for name, (_, options) in FORMS.items()]
-    return graphs, dict(zip(FORMS, build_many(sources), strict=True))
+    sources += [dataclasses.replace(source, code=WHOLE_STEPS + source.code) for source in sources]
+    built = build_many(sources)
+    return graphs, dict(zip(FORMS, built, strict=False)), dict(zip(FORMS, built[len(FORMS):], strict=True))
 
 
 @pytest.mark.parametrize("form", list(FORMS))
 def test_random_masks_pass_the_float_check(programs, form):
-    graphs, built = programs
+    _, built, _ = programs
     result = check_on_gpu(masked_attention(**SHAPE), built[form].with_poison())
     assert result.passed, result.as_dict()
 
@@ -47,7 +55,7 @@ def test_random_masks_pass_the_float_check(programs, form):
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("hidden", ["later_keys", "earlier_keys"])
 def test_a_mask_that_hides_whole_tiles_gives_finite_outputs(programs, form, hidden):
-    _, built = programs
+    _, built, whole_steps = programs
     generator = torch.Generator(device="cuda").manual_seed(0)
     heads, queries, keys, dim = SHAPE["heads"], SHAPE["queries"], SHAPE["keys"], SHAPE["dim"]
     q, k, v = (torch.randn(s, device="cuda", generator=generator).half()
@@ -60,3 +68,6 @@ def test_a_mask_that_hides_whole_tiles_gives_finite_outputs(programs, form, hidd
     truth = torch.softmax(scores, -1) @ v.double()
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.double(), truth, rtol=2e-2, atol=2e-3)
+    # the sub-steps that the mask hides whole are skipped: the same bits as running them
+    (every_step,) = whole_steps[form].with_poison()(q, k, v, mask.half())
+    assert torch.equal(got, every_step)

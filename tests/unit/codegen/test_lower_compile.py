@@ -182,11 +182,14 @@ def test_register_attention_runs_on_tensor_cores_without_local_memory(built):
 @pytest.mark.parametrize("name", [f"masked_attention_{form}" for form in ("whole", "split", "warpgroup")])
 def test_masked_attention_runs_the_register_chain(built, name):
     """c · S + M with an input tile M: the chain adds M / c to its products (MaskTile), on warp MMAs or,
-    with 64-row tiles on sm_90a, warpgroup MMAs; nothing spills."""
+    with 64-row tiles on sm_90a, warpgroup MMAs; nothing spills. Whether a sub-step's mask hides every
+    key is a warp vote, or in the warpgroup form a barrier reduction over the warpgroup."""
     program, result = built[name]
     assert "mirage::gen::OnlineSoftmax<" in program.code and "mirage::gen::MaskTile<" in program.code
     sass = result.sass()
-    assert ("HGMMA" in sass) == name.endswith("warpgroup") and "LDL" not in sass and "STL" not in sass
+    warpgroup = name.endswith("warpgroup")
+    assert ("HGMMA" in sass) == warpgroup and "LDL" not in sass and "STL" not in sass
+    assert ("BAR.RED.AND" in sass) == warpgroup and ("VOTE.ALL" in sass) == (not warpgroup)
 
 
 def _longest_load_run(sass: str) -> int:

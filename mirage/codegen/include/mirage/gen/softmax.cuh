@@ -301,7 +301,10 @@ struct OnlineSoftmax {
       scores(q, k, key0, score);
     }
     if constexpr (kMasked) {
-      add_mask(columns, key0, score);
+      const bool hidden = add_mask(columns, key0, score);
+      if constexpr (!kDeferred && MIRAGE_SOFTMAX_SKIP_HIDDEN) {
+        if (all_hidden(hidden)) return;  // P = 0 throughout: m, l and O stay as they are
+      }
     } else if constexpr (!kKeyNorms && !std::is_same_v<Columns, NoTile>) {
       scale_keys(columns, key0, score);
     }
@@ -366,8 +369,10 @@ struct OnlineSoftmax {
   // Each product plus its mask value over the score's scale (c · (S + M / c) = c · S + M): a thread's
   // scores of row tile t and key tile j sit at rows 16 row_tile(t) + lane / 4 (+ 8 for e ≥ 2) and keys
   // key0 + 8 j + 2 (lane % 4) (+ 1 for odd e), in both forms.
-  static MIRAGE_DEVICE void add_mask(Columns mask, int key0, float (&score)[kTilesPerWarp][kKeyTiles][4]) {
+  // Returns whether every value added was −∞.
+  static MIRAGE_DEVICE bool add_mask(Columns mask, int key0, float (&score)[kTilesPerWarp][kKeyTiles][4]) {
     constexpr float kInverse = 1.0f / softmax_detail::LinearScore<Score>::scale;
+    bool hidden = true;
 #pragma unroll
     for (int t = 0; t < kTilesPerWarp; ++t)
 #pragma unroll
@@ -376,8 +381,18 @@ struct OnlineSoftmax {
         for (int e = 0; e < 4; ++e) {
           const int row = row_tile(t) * 16 + lane() / 4 + 8 * (e / 2);
           const int key = key0 + 8 * j + 2 * (lane() % 4) + e % 2;
-          score[t][j][e] += mask.load(row * N + key) * kInverse;
+          const float value = mask.load(row * N + key);
+          hidden = hidden && value == negative_infinity();
+          score[t][j][e] += value * kInverse;
         }
+    return hidden;
+  }
+
+  // Whether the threads that run this sub-step's products together (a warp, or in the warpgroup form
+  // the warpgroup, whose MMAs are collective) all found their mask values −∞.
+  static MIRAGE_DEVICE bool all_hidden(bool hidden) {
+    if constexpr (kWarpgroup) return softmax_detail::warpgroup_all<kWarps / 4>(warp() / 4, hidden);
+    return __all_sync(0xffffffffu, hidden);
   }
 
   // Each product times its key's factor (a thread's columns of key tile j: 8 j + pair and + 1). From a

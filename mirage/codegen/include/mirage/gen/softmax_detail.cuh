@@ -24,6 +24,13 @@
 #define MIRAGE_SOFTMAX_LOOKAHEAD 1
 #endif
 
+// 1: a masked chain (MaskTile) skips the rest of a sub-step whose mask hides every key of the rows it
+// holds (−inf throughout: causal attention's tiles past the diagonal); the products and sums are
+// exactly those it would have added (0, and a rescale of 1). 0: every sub-step runs whole
+#ifndef MIRAGE_SOFTMAX_SKIP_HIDDEN
+#define MIRAGE_SOFTMAX_SKIP_HIDDEN 1
+#endif
+
 // 1: a score x · c (c > 0, the functor's kLinearScale) is not applied element by element: the row
 // maxima are taken over the raw products and c · log2(e) goes into the exponent's FFMA, so a score
 // costs FMNMX, FFMA, MUFU instead of FMUL, FMUL, FMNMX, FADD, MUFU; 0: the functor, then log2(e)
@@ -178,6 +185,26 @@ MIRAGE_DEVICE void warpgroup_barrier(int g) {
       warpgroup_barrier<Groups, G + 1>(g);
     }
   }
+}
+
+// Whether `pred` holds on every one of warpgroup g's 128 threads (g < Groups): a bar.red.and on barrier
+// 1 + g, the id warpgroup_barrier uses (never both in one chain: the key norms' chains have no mask).
+template <int Groups, int G = 0>
+MIRAGE_DEVICE bool warpgroup_all(int g, bool pred) {
+  if constexpr (G < Groups) {
+    if (g == G) {
+      uint32_t all;
+      asm volatile(
+          "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.and.pred q, %2, 128, p;\n"
+          " selp.u32 %0, 1, 0, q;\n}"
+          : "=r"(all)
+          : "r"(static_cast<uint32_t>(pred)), "n"(1 + G)
+          : "memory");
+      return all != 0;
+    }
+    return warpgroup_all<Groups, G + 1>(g, pred);
+  }
+  return pred;
 }
 
 // Each score of key tile j times its key's factor (a thread's columns 8 j + 2 (lane % 4), + 1).
