@@ -4,7 +4,7 @@ in their build forms, against PyTorch: the softmax written out, SDPA with the ma
 SDPA's own causal kernel (``is_causal=True``).
 
 The masks: a random bias (ALiBi- or T5-style) and causal attention's 0 / −inf.  Each member also
-runs without the chain's skip of the sub-steps a mask hides whole (``_every_step``).  Each build is
+runs with the chain's skip of the sub-steps a mask hides whole (``_skip``; off by default).  Each build is
 checked against float64 PyTorch on the same inputs before it is timed.  Prints one line per
 measurement and writes masked_attention_<date>.json into ``--out`` (default benchmarks/results)."""
 
@@ -31,12 +31,12 @@ MEMBERS = [(f"rows64_keys{keys}_warpgroup_stages{stages}", dict(rows=64, key_til
             dataclasses.replace(WARPGROUP, stages=stages)) for keys in (64, 128) for stages in (2, 3, 4)]
 MEMBERS += [(f"rows16_keys{keys}_warp_stages{stages}", dict(rows=16, key_tile=keys),
              OptimizerOptions(stages=stages)) for keys in (64, 128) for stages in (2, 3)]
-WHOLE_STEPS = "#define MIRAGE_SOFTMAX_SKIP_HIDDEN 0\n"  # the chain runs the sub-steps a mask hides whole
+SKIP_HIDDEN = "#define MIRAGE_SOFTMAX_SKIP_HIDDEN 1\n"  # the chain skips the sub-steps a mask hides whole
 
 
 def _builds() -> list:
     """Each member's program, or the error that its generation or compilation raised; then each
-    again without the skip of hidden sub-steps."""
+    again with the skip of hidden sub-steps."""
     sources: list = []
     for _, shape, options in MEMBERS:
         try:
@@ -44,7 +44,7 @@ def _builds() -> list:
             sources.append(generate_cuda_program(graph, None, options=options))
         except MirageError as error:
             sources.append(error)
-    sources += [s if isinstance(s, Exception) else dataclasses.replace(s, code=WHOLE_STEPS + s.code)
+    sources += [s if isinstance(s, Exception) else dataclasses.replace(s, code=SKIP_HIDDEN + s.code)
                 for s in sources]
     programs = iter(build_many([s for s in sources if not isinstance(s, Exception)]))
     return [s if isinstance(s, Exception) else next(programs) for s in sources]
@@ -75,7 +75,7 @@ def main(argv=None) -> None:
             baselines["sdpa_causal"] = lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
         for label, fn in baselines.items():
             record({"mask": name, "member": label, "us": time_graph(fn, replays=100).median_us})
-        labels = [label for label, _, _ in MEMBERS] + [f"{label}_every_step" for label, _, _ in MEMBERS]
+        labels = [label for label, _, _ in MEMBERS] + [f"{label}_skip" for label, _, _ in MEMBERS]
         for label, program in zip(labels, _builds(), strict=True):
             row = {"mask": name, "member": label}
             if isinstance(program, Exception):

@@ -117,7 +117,10 @@ PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
 # name → (the build it recompiles, the macros before its code)
 LAZY_RESCALE = "#define MIRAGE_SOFTMAX_RESCALE_SLACK 8\n"
 IN_TURN = "#define MIRAGE_SOFTMAX_LOOKAHEAD 0\n"
-PREFIXES = {"qknorm_two_pass": ("qknorm_registers", TWO_PASS),
+SKIP_HIDDEN = "#define MIRAGE_SOFTMAX_SKIP_HIDDEN 1\n"
+PREFIXES = {"masked_attention_whole_skip": ("masked_attention_whole", SKIP_HIDDEN),
+            "masked_attention_warpgroup_skip": ("masked_attention_warpgroup", SKIP_HIDDEN),
+            "qknorm_two_pass": ("qknorm_registers", TWO_PASS),
             "qknorm_per_element": ("qknorm_registers", PER_ELEMENT),
             "gqa_warpgroup_lazy": ("gqa_warpgroup", LAZY_RESCALE),
             "gqa_warpgroup_sub_tiles_in_turn": ("gqa_warpgroup_sub_tiles", IN_TURN),
@@ -179,17 +182,20 @@ def test_register_attention_runs_on_tensor_cores_without_local_memory(built):
     assert "LDGSTS" not in combine and "BAR.SYNC" not in combine and "STS" not in combine
 
 
-@pytest.mark.parametrize("name", [f"masked_attention_{form}" for form in ("whole", "split", "warpgroup")])
+@pytest.mark.parametrize("name", [f"masked_attention_{form}" for form in
+                                  ("whole", "split", "warpgroup", "whole_skip", "warpgroup_skip")])
 def test_masked_attention_runs_the_register_chain(built, name):
     """c · S + M with an input tile M: the chain adds M / c to its products (MaskTile), on warp MMAs or,
-    with 64-row tiles on sm_90a, warpgroup MMAs; nothing spills. Whether a sub-step's mask hides every
-    key is a warp vote, or in the warpgroup form a barrier reduction over the warpgroup."""
+    with 64-row tiles on sm_90a, warpgroup MMAs; nothing spills. With MIRAGE_SOFTMAX_SKIP_HIDDEN, whether
+    a sub-step's mask hides every key is a warp vote, or in the warpgroup form a barrier reduction over
+    the warpgroup; without, neither is there."""
     program, result = built[name]
     assert "mirage::gen::OnlineSoftmax<" in program.code and "mirage::gen::MaskTile<" in program.code
     sass = result.sass()
-    warpgroup = name.endswith("warpgroup")
+    warpgroup, skip = "warpgroup" in name, name.endswith("skip")
     assert ("HGMMA" in sass) == warpgroup and "LDL" not in sass and "STL" not in sass
-    assert ("BAR.RED.AND" in sass) == warpgroup and ("VOTE.ALL" in sass) == (not warpgroup)
+    assert ("BAR.RED.AND" in sass) == (skip and warpgroup)
+    assert ("VOTE.ALL" in sass) == (skip and not warpgroup)
 
 
 def _longest_load_run(sass: str) -> int:
