@@ -93,11 +93,11 @@ class VerifierChecker:
         self.name = f"finite-field fingerprints (delta={delta:g})"
         self.reference, self.seed, self.delta = reference, seed, delta
         self.verifier = Verifier(reference, delta=delta, seed=seed)
-        # where the reference computes each index of its leading dim alone, candidates are tested on
-        # index 0 first (mirage.verifier.slicing): a cheap rejection, a full verification after
+        # where the reference computes each index of its leading dim alone by one function (its
+        # slice, mirage.verifier.slicing), a candidate that does too is equivalent exactly when its
+        # slice is: verified there, at 1/B of the work, with the same tests and error target
         sliced = batch_slice(reference)
-        self.slice_verifier = None if sliced is None else Verifier(  # one test: it only rejects
-            sliced, delta=delta, seed=seed, max_tests=1, heuristic_tests=1)
+        self.slice_verifier = None if sliced is None else Verifier(sliced, delta=delta, seed=seed)
 
     def __getstate__(self) -> dict:
         # the receiving process draws the same tests again (same seed) instead of unpickling them
@@ -113,9 +113,9 @@ class VerifierChecker:
             return None
         candidate = dataclasses.replace(candidate, outputs=tuple(sinks))
         try:
-            if self.slice_verifier is not None and not self._slice_matches(candidate):
-                return None
-            result = self.verifier.verify(candidate)
+            result = self._slice_result(candidate)
+            if result is None:
+                result = self.verifier.verify(candidate)
         except NotVerifiableError as error:
             logger.debug("candidate cannot be fingerprinted: %s", error)
             return None
@@ -123,15 +123,17 @@ class VerifierChecker:
             return None
         return tuple(sinks[j] for j in result.output_permutation)
 
-    def _slice_matches(self, candidate: KernelGraph) -> bool:
-        """False where the candidate's slice differs from the reference's (so the candidate does);
-        True where it matches or the candidate has no exact slice."""
+    def _slice_result(self, candidate: KernelGraph):
+        """The verification of the candidate's slice against the reference's, or None where either
+        has no exact slice (the candidate is then verified whole)."""
         from mirage.verifier.slicing import batch_slice
 
+        if self.slice_verifier is None:
+            return None
         sliced = batch_slice(candidate)
         if sliced is None or _input_types(sliced) != _input_types(self.slice_verifier.reference):
-            return True
-        return self.slice_verifier.verify(sliced).equivalent
+            return None
+        return self.slice_verifier.verify(sliced)
 
 
 def _input_types(graph: KernelGraph) -> list:

@@ -11,8 +11,9 @@ kernel-level tensor has the same leading size ``B``, no op mixes its indices (ma
 over it, reductions and norms run over other dims, element-wise ops need no broadcast along it), and
 every graph-defined op gives each block one index (grid x of ``B`` mapped to dim 0 of each input and
 output, on no other axis, never iterated). The slice then computes index 0 exactly as the whole graph
-does, so two equivalent graphs have equivalent slices: a candidate whose slice differs from the
-reference's can be rejected at 1/B of the cost, and one whose slice matches is verified in full.
+does, and every other index by the same function (the same ops and block program on that index's
+inputs alone), so two graphs that slice are equivalent exactly when their slices are: the search's
+checker verifies a candidate on its slice, at 1/B of the cost.
 
 >>> import mirage as mi
 >>> g = mi.new_kernel_graph()

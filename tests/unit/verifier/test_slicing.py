@@ -1,6 +1,6 @@
 """One slice of a batched program (mirage.verifier.slicing): exact where the leading dim is
-independent, refused elsewhere; the search's checker rejects candidates on it and finds the same
-µGraphs as without it."""
+independent, refused elsewhere; the search's checker verifies candidates on it and finds the same
+µGraphs as with whole verifications."""
 
 from __future__ import annotations
 
@@ -71,9 +71,10 @@ def test_graphs_whose_leading_dim_is_not_independent_have_no_slice():
 
 
 def test_the_search_finds_the_same_graphs_with_the_slice_check(monkeypatch):
-    """A complete search of a batched product and scale: the slice check rejects candidates (a scale
-    applied twice passes the abstract expressions), and the search verifies the same µGraphs as
-    without it (it only rejects what the full verification would)."""
+    """A complete search of a batched product and scale: candidates that slice are verified on their
+    slice alone, accepted or rejected there (a scale applied twice passes the abstract expressions),
+    and the search verifies the same µGraphs as with whole verifications; those it accepted and
+    rejected on their slice are equivalent and not, verified whole."""
     g = mi.new_kernel_graph()
     x = g.new_input(dims=(8, 16, 32), dtype=mi.float16)
     w = g.new_input(dims=(8, 32, 16), dtype=mi.float16)
@@ -82,20 +83,22 @@ def test_the_search_finds_the_same_graphs_with_the_slice_check(monkeypatch):
     space = dict(griddims=[(8, 1, 1), (8, 2, 1)], franges=[1, 2], workers=1, progress=False, cache=False,
                  kernel_ops=["matmul", "mul_scalar=0.5"], max_kernel_ops=3, max_block_ops=6,
                  block_ops=["matmul", "mul_scalar=0.5", "exp", "accum=sum", "accum=none"])
-    rejected = []
-    original = search_verification.VerifierChecker._slice_matches
+    decided = {True: [], False: []}
+    original = search_verification.VerifierChecker._slice_result
 
     def counted(self, candidate):
-        matches = original(self, candidate)
-        rejected.extend([candidate] * (not matches))
-        return matches
+        result = original(self, candidate)
+        if result is not None:
+            decided[result.equivalent].append(candidate)
+        return result
 
-    monkeypatch.setattr(search_verification.VerifierChecker, "_slice_matches", counted)
+    monkeypatch.setattr(search_verification.VerifierChecker, "_slice_result", counted)
     with_slices = search(reference, "mlp", budget=Budget(time_s=300), **space)
     monkeypatch.setattr(slicing, "batch_slice", lambda graph: None)
     without = search(reference, "mlp", budget=Budget(time_s=300), **space)
     assert with_slices.stop_reason is without.stop_reason is StopReason.COMPLETE
-    assert len(rejected) > 100 and len(with_slices.graphs) > 100  # 523 and 444 when written
+    assert len(decided[False]) > 100 and len(decided[True]) > 100  # 523 and 444 when written
     found = [sorted(g.content_hash() for g in result.graphs) for result in (with_slices, without)]
     assert found[0] == found[1]
-    assert not any(verify(reference, candidate).equivalent for candidate in rejected[::50])
+    assert not any(verify(reference, candidate).equivalent for candidate in decided[False][::50])
+    assert all(verify(reference, candidate).equivalent for candidate in decided[True][::50])
