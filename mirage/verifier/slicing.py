@@ -13,7 +13,9 @@ every graph-defined op gives each block one index (grid x of ``B`` mapped to dim
 output, on no other axis, never iterated). The slice then computes index 0 exactly as the whole graph
 does, and every other index by the same function (the same ops and block program on that index's
 inputs alone), so two graphs that slice are equivalent exactly when their slices are: the search's
-checker verifies a candidate on its slice, at 1/B of the cost.
+checker verifies a candidate on its slice, at 1/B of the cost. Inputs of leading size 1 (a mask that
+all heads share) are read whole by every index: element-wise ops broadcast them, and blocks read them
+with no map of that dim; the slice keeps them as they are.
 
 >>> import mirage as mi
 >>> g = mi.new_kernel_graph()
@@ -49,9 +51,10 @@ def batch_slice(graph: KernelGraph) -> KernelGraph | None:
     compute exactly what the whole graph computes there, or the leading dim is smaller than 2."""
     from mirage.mugraph.check import check
 
-    if not graph.nodes or not graph.nodes[0].outputs or not graph.nodes[0].outputs[0].shape:
+    inputs = [n.outputs[0].shape for n in graph.nodes if n.op is Op.INPUT and n.outputs]
+    if not inputs or not all(inputs):
         return None
-    batch = graph.nodes[0].outputs[0].shape[0]
+    batch = max(shape[0] for shape in inputs)
     if batch < MIN_BATCH:
         return None
     try:
@@ -69,7 +72,14 @@ def _one(t: TensorType, batch: int) -> TensorType:
     return dataclasses.replace(t, shape=(1, *t.shape[1:]))
 
 
+def _shared(node: Node) -> bool:
+    """An input of leading size 1: every index reads it whole (a mask shared by the heads)."""
+    return node.op is Op.INPUT and node.outputs[0].shape[0] == 1
+
+
 def _slice_node(node: Node, batch: int) -> Node:
+    if _shared(node):
+        return node
     outputs = tuple(_one(t, batch) for t in node.outputs)
     rank = len(node.outputs[0].shape)
     op, attrs = node.op, node.attrs
@@ -99,7 +109,11 @@ def _slice_block(graph: BlockGraph, batch: int) -> BlockGraph:
     nodes = []
     for node in graph.nodes:
         attrs = node.attrs
-        if isinstance(attrs, InputIterator):
+        if isinstance(attrs, InputIterator) and attrs.source.shape[:1] == (1,):
+            if 0 in attrs.input_map or attrs.forloop_dim == 0:  # a shared input, read whole by every block
+                raise _Mixed
+            nodes.append(node)
+        elif isinstance(attrs, InputIterator):
             if not _one_block_an_index(attrs.input_map, attrs.forloop_dim):
                 raise _Mixed
             nodes.append(dataclasses.replace(node, attrs=dataclasses.replace(  # one block on x: no map

@@ -59,8 +59,8 @@ def test_graphs_whose_leading_dim_is_not_independent_have_no_slice():
     assert not slicing._one_block_an_index((0, -1, -1), 0)
     g = mi.new_kernel_graph()
     x = g.new_input(dims=(8, 16, 4), dtype=mi.float16)
-    g.mark_output(g.add(x, g.new_input(dims=(1, 16, 4), dtype=mi.float16)))
-    assert batch_slice(g.freeze()) is None  # broadcast along the leading dim
+    g.mark_output(g.add(x, g.mul_scalar(g.new_input(dims=(1, 16, 4), dtype=mi.float16), 2.0)))
+    assert batch_slice(g.freeze()) is None  # a computed tensor broadcast along the leading dim
     g = mi.new_kernel_graph()
     g.mark_output(g.matmul(g.new_input(dims=(8, 16), dtype=mi.float16),
                            g.new_input(dims=(16, 4), dtype=mi.float16)))
@@ -102,3 +102,32 @@ def test_the_search_finds_the_same_graphs_with_the_slice_check(monkeypatch):
     assert found[0] == found[1]
     assert not any(verify(reference, candidate).equivalent for candidate in decided[False][::50])
     assert all(verify(reference, candidate).equivalent for candidate in decided[True][::50])
+
+
+def test_an_input_shared_by_every_index_is_read_whole_by_the_slice():
+    """An additive mask of (1, queries, keys) that all heads share: the reference broadcasts it, the
+    one-kernel and the FlashDecoding µGraph read it with no map of the heads; all three slice, keeping
+    the mask whole, and the slices verify as the whole graphs do (a wrong scale: not)."""
+    from tests.unit.verifier.verifier_graphs import masked_attention
+
+    reference = masked_attention(heads=8)
+    sliced = batch_slice(reference)
+    assert sliced is not None
+    assert [n.outputs[0].shape for n in sliced.nodes if n.op.value == "input"] == [
+        (1, 64, 32), (1, 32, 64), (1, 64, 32), (1, 64, 64)]
+    for form in ("whole", "split"):
+        candidate = masked_attention(heads=8, form=form)
+        assert verify(reference, candidate).equivalent and verify(sliced, batch_slice(candidate)).equivalent
+    right, wrong = (_plus_shared(scale) for scale in (1.0, 2.0))
+    assert batch_slice(right) is not None and batch_slice(wrong) is not None
+    assert verify(batch_slice(right), batch_slice(_plus_shared(1.0))).equivalent
+    assert not verify(batch_slice(right), batch_slice(wrong)).equivalent
+
+
+def _plus_shared(scale: float) -> mi.KernelGraph:
+    """scale · x + m, x (8, 16, 4) and m (1, 16, 4) broadcast over x's leading dim."""
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(8, 16, 4), dtype=mi.float16)
+    m = g.new_input(dims=(1, 16, 4), dtype=mi.float16)
+    g.mark_output(g.add(g.mul_scalar(x, scale), m))
+    return g.freeze()
