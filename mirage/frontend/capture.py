@@ -177,6 +177,9 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
 
 
 CAUSAL_MASK = "_causal_mask_"  # the buffers that stand for is_causal=True
+# node meta of a grouped-query attention's causal mask, repeated for each query head of a key head
+# (the rows the lowering folds them into): a buffer the lowering reads where it cannot broadcast
+GROUPED_MASK = "mirage_grouped_mask"
 
 
 def _explicit_causal_masks(gm: fx.GraphModule) -> None:
@@ -200,15 +203,24 @@ def _explicit_causal_masks(gm: fx.GraphModule) -> None:
         mask = torch.zeros(queries, keys, dtype=query.dtype, device=query.device)
         mask = mask.masked_fill(hidden, float("-inf"))
         name = f"{CAUSAL_MASK}{queries}x{keys}"
-        if not hasattr(gm, name):
-            gm.register_buffer(name, mask)
-        with gm.graph.inserting_before(node):
-            attribute = gm.graph.get_attr(name)
-        attribute.meta["val"] = mask
+        attribute = _buffer(gm, node, name, mask)
+        group = int(query.shape[-3]) // int(key.shape[-3]) if query.dim() >= 3 and key.dim() >= 3 else 1
+        if p.get("enable_gqa") and group > 1:  # the lowering folds a key head's query heads into its rows
+            node.meta[GROUPED_MASK] = _buffer(gm, node, f"{name}_grouped{group}", mask.repeat(group, 1))
         node.args = (p["query"], p["key"], p["value"])
         node.kwargs = {"attn_mask": attribute, "dropout_p": p["dropout_p"], "is_causal": False,
                        "scale": p.get("scale"), "enable_gqa": p.get("enable_gqa", False)}
     gm.recompile()
+
+
+def _buffer(gm: fx.GraphModule, node: fx.Node, name: str, value: torch.Tensor) -> fx.Node:
+    """A get_attr node before ``node`` of buffer ``name`` (registered as ``value`` once)."""
+    if not hasattr(gm, name):
+        gm.register_buffer(name, value)
+    with gm.graph.inserting_before(node):
+        attribute = gm.graph.get_attr(name)
+    attribute.meta["val"] = value
+    return attribute
 
 
 def restore_causal(graph: fx.Graph) -> None:
@@ -219,8 +231,9 @@ def restore_causal(graph: fx.Graph) -> None:
         mask = node.kwargs.get("attn_mask") if node.op == "call_function" and node.target is sdpa else None
         if isinstance(mask, fx.Node) and mask.op == "get_attr" and str(mask.target).startswith(CAUSAL_MASK):
             node.kwargs = {**node.kwargs, "attn_mask": None, "is_causal": True}
-            if not mask.users:
-                graph.erase_node(mask)
+    for node in list(graph.nodes):  # the masks (and grouped masks) no subprogram reads
+        if node.op == "get_attr" and str(node.target).startswith(CAUSAL_MASK) and not node.users:
+            graph.erase_node(node)
 
 
 def _drop_value_asserts(gm: fx.GraphModule) -> None:

@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 
 from mirage.frontend import shapes
+from mirage.frontend.capture import GROUPED_MASK
 from mirage.frontend.region import FLOAT_DTYPES, RegionBuilder, Unlowerable, Value
 
 
@@ -299,8 +300,12 @@ def _attention(b: RegionBuilder, node, p):
     scores = b.emit("matmul", tq, b.transposed(k, merge_batch=True))
     scale = p.get("scale")
     scores = b.emit("mul_scalar", scores, 1.0 / math.sqrt(dim) if scale is None else float(scale))
+    grouped = node.meta.get(GROUPED_MASK) if p.get("attn_mask") is not None and group > 1 else None
+    if grouped is not None:  # causal and grouped: the mask as built for the folded rows (capture)
+        rows = b.raw(b.tensor_operand(grouped), (1, group * length, keys))[0]
+        scores = b.emit("add", scores, rows)
     weights = Value(scores, (*prefix, heads, length, keys))
-    if p.get("attn_mask") is not None:
+    if p.get("attn_mask") is not None and grouped is None:
         weights = b.add(weights, b.tensor_operand(p["attn_mask"]))
     probabilities = b.softmax(weights, -1)
     tv = b.tensor(v, (math.prod(prefix) * kv_heads, *v.shape[-2:]))

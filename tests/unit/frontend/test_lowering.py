@@ -173,6 +173,24 @@ def test_causal_attention_lowers_with_its_mask_as_a_buffer():
     torch.testing.assert_close(fast(q, k, v), causal(q, k, v))
 
 
+def test_grouped_query_causal_attention_reads_its_mask_repeated_for_the_folded_rows():
+    """Grouped-query heads fold into their key head's rows, where the (queries, keys) causal mask does
+    not broadcast; capture also builds the mask repeated for each query head of a key head, which the
+    lowering adds to the folded scores. The result is PyTorch's."""
+
+    def grouped(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    q = torch.randn(2, 8, 6, 4, generator=torch.Generator().manual_seed(0))
+    k, v = (torch.randn(2, 2, 6, 4, generator=torch.Generator().manual_seed(i)) for i in (1, 2))
+    fast = mi.superoptimize(grouped, (q, k, v), search=False)
+    assert not fast.partition.pytorch_ops
+    (sub,) = fast.partition.subprograms
+    (mask,) = [b for b in sub.inputs if b.source.startswith("_causal_mask_6x6_grouped4")]
+    assert mask.shape == (1, 24, 6)
+    torch.testing.assert_close(fast(q, k, v), grouped(q, k, v))
+
+
 def test_table_rows_are_consistent():
     assert all(row.op == name for name, row in LOWERINGS.items())
     compute = {name for name, row in LOWERINGS.items() if row.kind is Kind.COMPUTE}
