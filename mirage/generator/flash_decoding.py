@@ -141,6 +141,12 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     groups = _groups(queries, ROWS_PER_GROUP)
     splits = [s for s in KEY_SPLITS if keys % s == 0 and keys // s >= MIN_KEYS_PER_SPLIT]
     whole = list(dict.fromkeys(_groups(queries, rows) for rows in WHOLE_ROWS_PER_GROUP))
+    # the warpgroup's 64-row blocks first where they still give MIN_WHOLE_BLOCKS blocks: on an H200 that
+    # member ran (1, 12, 512, 64) attention in 7.2 µs against 14.9 for 16-row blocks, masked 10.7 against
+    # 15.9 (docs/performance.md §2); with few cores its units now come before the 16-row ones
+    widest = min(whole)  # the fewest query groups: the most rows a block
+    if heads * widest >= MIN_WHOLE_BLOCKS:
+        whole = [widest] + [g for g in whole if g != widest]
     if splits and heads * groups < MIN_WHOLE_BLOCKS:
         whole = []  # decoding: too few blocks without a split of the keys; the search's time goes to splits
     ranges = {1} | {r for s in splits for r in (2, 4, 8)

@@ -30,6 +30,8 @@ def test_the_headers_follow_the_shapes():
     # one kernel of 16 or 64 query rows a block, 64 or 128 keys an iteration; then the splits
     assert many["griddims"][:2] == [(16, 1, 8), (16, 1, 2)] and many["max_block_ops"] == 10
     assert {8, 16} <= set(many["franges"]) and [(0, -1, 1), (0, -1, -1), (0, -1, -1)] in many["imap_combos"]
+    # where 64-row blocks still give 64 blocks or more (12 heads × 8 groups), they come first
+    assert flash_decoding.overrides(_attention(12, 512, 64, 512))["griddims"][:2] == [(12, 1, 8), (12, 1, 32)]
 
 
 def test_other_programs_get_no_headers():
