@@ -62,7 +62,7 @@ def mask_score(lw: KernelLowering) -> str:
 
 def column_factor(lw: KernelLowering) -> ctx.Link:
     """The link that turns the chain's per-key values c into the factors f(1, c) before their step
-    stores them (gen/softmax_detail.cuh's ColumnFactor)."""
+    stores them (gen/softmax_columns.cuh's ColumnFactor)."""
     chain = lw.softmax
     assert chain is not None and chain.column is not None and chain.score is not None
     function = f"mirage::gen::ColumnFactor<{lw.function(chain.score)}, {chain.qk_argument}>"

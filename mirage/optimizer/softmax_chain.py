@@ -25,14 +25,14 @@ reason logged, and the kernel is lowered op by op as before.
 
 A score ``c · S + M`` with ``M`` an input tile of the scores' shape (an additive mask, causal
 attention's) runs the chain of ``c · S`` with ``M / c`` added to each product before the row maxima
-(gen/softmax_detail.cuh's ``MaskTile``), each thread reading the mask at its fragments' positions.
+(gen/softmax_columns.cuh's ``MaskTile``), each thread reading the mask at its fragments' positions.
 
 A score with a per-key operand ``f(S, c)`` is ``S · f(1, c)`` when ``f`` is linear in ``S``
 (:func:`linear_in`): the step that produces ``c`` stores the factors ``f(1, c)`` instead (``c`` has
 no other reader), and the chain multiplies each product by its key's factor. The chain step then
 runs at the score's place in the schedule, after ``c``'s step and the barrier behind it.  When ``c``
 is an input tile (the per-key values computed by an earlier kernel), the chain maps each value it
-reads to ``f(1, c)`` itself (gen/softmax_detail.cuh's ``FactorTile``): no step and no barrier.  When
+reads to ``f(1, c)`` itself (gen/softmax_columns.cuh's ``FactorTile``): no step and no barrier.  When
 ``c = g(Σ_d K[d, n]²)`` of the chain's own K (QKNorm's rms), the chain computes ``c`` itself from
 the K fragments it loads anyway (:func:`_key_norm`, ``SoftmaxChain.key_norm``): the square, the sum
 and g run in no step of their own, need no tile, and the barrier before the chain goes.

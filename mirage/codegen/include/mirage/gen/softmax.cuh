@@ -36,6 +36,7 @@
 
 #include "../mirage.cuh"
 #include "kernel.cuh"
+#include "softmax_columns.cuh"
 #include "softmax_detail.cuh"
 #include "wgmma.cuh"
 
@@ -86,6 +87,7 @@ struct OnlineSoftmax {
                 "the warpgroup form: whole warpgroups of whole 64-row tiles, keys and E in blocks of 64, "
                 "key norms in sub-tiles of at most 128 keys (the lowering checks them first)");
   static constexpr bool kMasked = IsMaskTile<Columns>::value;
+  static constexpr float kInverseScale = 1.0f / softmax_detail::LinearScore<Score>::scale;  // a mask's 1 / c
   static_assert(!kMasked || softmax_detail::LinearScore<Score>::value,
                 "a masked chain's score is c · S + M: its functor is the linear part c · S");
   template <class C>
@@ -301,12 +303,14 @@ struct OnlineSoftmax {
       scores(q, k, key0, score);
     }
     if constexpr (kMasked) {
-      const bool hidden = add_mask(columns, key0, score);
+      int rows[kTilesPerWarp];
+      fragment_rows(rows);
+      const bool hidden = softmax_detail::add_mask<N>(columns, kInverseScale, rows, key0, score);
       if constexpr (!kDeferred && MIRAGE_SOFTMAX_SKIP_HIDDEN) {
         if (all_hidden(hidden)) return;  // P = 0 throughout: m, l and O stay as they are
       }
     } else if constexpr (!kKeyNorms && !std::is_same_v<Columns, NoTile>) {
-      scale_keys(columns, key0, score);
+      softmax_detail::scale_keys(columns, key0, score);
     }
     float offset[kTilesPerWarp][2];
     float factor[kTilesPerWarp][2];
@@ -366,26 +370,10 @@ struct OnlineSoftmax {
     }
   }
 
-  // Each product plus its mask value over the score's scale (c · (S + M / c) = c · S + M): a thread's
-  // scores of row tile t and key tile j sit at rows 16 row_tile(t) + lane / 4 (+ 8 for e ≥ 2) and keys
-  // key0 + 8 j + 2 (lane % 4) (+ 1 for odd e), in both forms.
-  // Returns whether every value added was −∞.
-  static MIRAGE_DEVICE bool add_mask(Columns mask, int key0, float (&score)[kTilesPerWarp][kKeyTiles][4]) {
-    constexpr float kInverse = 1.0f / softmax_detail::LinearScore<Score>::scale;
-    bool hidden = true;
+  // The row of each row tile's first score this thread holds (rows 16 row_tile(t) + lane / 4, + 8).
+  static MIRAGE_DEVICE void fragment_rows(int (&rows)[kTilesPerWarp]) {
 #pragma unroll
-    for (int t = 0; t < kTilesPerWarp; ++t)
-#pragma unroll
-      for (int j = 0; j < kKeyTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = row_tile(t) * 16 + lane() / 4 + 8 * (e / 2);
-          const int key = key0 + 8 * j + 2 * (lane() % 4) + e % 2;
-          const float value = mask.load(row * N + key);
-          hidden = hidden && value == negative_infinity();
-          score[t][j][e] += value * kInverse;
-        }
-    return hidden;
+    for (int t = 0; t < kTilesPerWarp; ++t) rows[t] = row_tile(t) * 16 + lane() / 4;
   }
 
   // Whether the threads that run this sub-step's products together (a warp, or in the warpgroup form
@@ -393,35 +381,6 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE bool all_hidden(bool hidden) {
     if constexpr (kWarpgroup) return softmax_detail::warpgroup_all<kWarps / 4>(warp() / 4, hidden);
     return __all_sync(0xffffffffu, hidden);
-  }
-
-  // Each product times its key's factor (a thread's columns of key tile j: 8 j + pair and + 1). From a
-  // FactorTile, whose functor maps each value it reads, every lane maps the pair of keys 2 lane,
-  // 2 lane + 1 of each 64 keys once, and the lanes that scale those keys take them by shuffles (two
-  // values a lane instead of sixteen).
-  static MIRAGE_DEVICE void scale_keys(Columns columns, int key0, float (&score)[kTilesPerWarp][kKeyTiles][4]) {
-#pragma unroll
-    for (int g = 0; g < (kKeyTiles + 7) / 8; ++g) {  // 64 keys (8 key tiles) at a time
-      const int tiles = kKeyTiles - 8 * g < 8 ? kKeyTiles - 8 * g : 8;
-      float own[2];
-      if constexpr (IsFactorTile<Columns>::value) {
-        softmax_detail::column_pair(columns, key0 + g * 64 + min(2 * lane(), tiles * 8 - 2), own);
-      }
-#pragma unroll
-      for (int j = g * 8; j < g * 8 + tiles; ++j) {
-        float factor[2];
-        if constexpr (IsFactorTile<Columns>::value) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) factor[c] = __shfl_sync(0xffffffffu, own[c], (j % 8) * 4 + lane() % 4);
-        } else {
-          softmax_detail::column_pair(columns, key0 + j * 8 + (lane() % 4) * 2, factor);
-        }
-#pragma unroll
-        for (int t = 0; t < kTilesPerWarp; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) score[t][j][e] *= factor[e % 2];
-      }
-    }
   }
 
   // Row tile t's new running maxima from its scores, the rescale of its l by factor = 2^(m_prev − m)

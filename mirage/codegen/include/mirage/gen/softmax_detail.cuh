@@ -1,6 +1,6 @@
 // The online-softmax chain's parts (gen/softmax.cuh): its build switches, the quad reductions and
-// conversions of its register fragments, the functors and traits of its per-key factors, and the
-// merge of its key groups.
+// conversions of its register fragments, the key norms' sums from the tensor cores, and the merge of
+// its key groups (its second score operands: gen/softmax_columns.cuh).
 #pragma once
 
 #include <type_traits>
@@ -132,14 +132,6 @@ struct LinearScore<Score, std::void_t<decltype(Score::kLinearScale)>> {
   static constexpr float scale = Score::kLinearScale;
 };
 
-// The two factors of keys `key` and `key + 1` (even) of a [1, N] tile of per-key factors (a shared
-// tile, or a FactorTile).
-template <class Columns>
-MIRAGE_DEVICE void column_pair(Columns columns, int key, float (&factor)[2]) {
-  factor[0] = columns.load(key);
-  factor[1] = columns.load(key + 1);
-}
-
 // Σ_d K[d][n]² of 16 keys n from the tensor cores: K's B fragments b0..b3 of K[d : d + 16, 16 keys]
 // (ldmatrix.trans) are, as {b0, b2, b1, b3}, the A fragment of their transpose, so Kᵀ·K of those keys
 // (exact 16-bit products, fp32 sums) accumulates into squares[0] (keys 0..7 as columns) and
@@ -190,26 +182,6 @@ MIRAGE_DEVICE void warpgroup_barrier(int g) {
   }
 }
 
-// Whether `pred` holds on every one of warpgroup g's 128 threads (g < Groups): a bar.red.and on barrier
-// 1 + g, the id warpgroup_barrier uses (never both in one chain: the key norms' chains have no mask).
-template <int Groups, int G = 0>
-MIRAGE_DEVICE bool warpgroup_all(int g, bool pred) {
-  if constexpr (G < Groups) {
-    if (g == G) {
-      uint32_t all;
-      asm volatile(
-          "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.and.pred q, %2, 128, p;\n"
-          " selp.u32 %0, 1, 0, q;\n}"
-          : "=r"(all)
-          : "r"(static_cast<uint32_t>(pred)), "n"(1 + G)
-          : "memory");
-      return all != 0;
-    }
-    return warpgroup_all<Groups, G + 1>(g, pred);
-  }
-  return pred;
-}
-
 // Each score of key tile j times its key's factor (a thread's columns 8 j + 2 (lane % 4), + 1).
 template <int Tiles, int KeyTiles>
 MIRAGE_DEVICE void scale_columns(const float (&factor)[KeyTiles][2], float (&score)[Tiles][KeyTiles][4]) {
@@ -228,89 +200,6 @@ MIRAGE_DEVICE void store(dev::SharedTile<T, L> tile, int linear, float value) {
 MIRAGE_DEVICE void store(NoTile, int, float) {}
 
 }  // namespace softmax_detail
-
-// f(1, c): the factor of a key whose value is c, for a score f linear in the product Q·K, which is
-// argument QkArgument of f (the other is c).
-template <class Score, int QkArgument>
-struct ColumnFactor {
-  MIRAGE_DEVICE float operator()(float c) const {
-    if constexpr (QkArgument == 0) {
-      return Score{}(1.0f, c);
-    } else {
-      return Score{}(c, 1.0f);
-    }
-  }
-};
-
-// A [1, N] shared tile of per-key values c read as the factors F(c) (F a ColumnFactor): the tile of
-// an input, which no step of the kernel rewrites, so the chain applies F on each read.
-template <class Tile, class F>
-struct FactorTile : Tile {
-  MIRAGE_DEVICE FactorTile(Tile tile) : Tile(tile) {}  // NOLINT: converts the shared tile the step passes
-  MIRAGE_DEVICE float load(int linear) const { return F{}(Tile::load(linear)); }
-};
-
-template <class C>
-struct IsFactorTile : std::false_type {};
-template <class Tile, class F>
-struct IsFactorTile<FactorTile<Tile, F>> : std::true_type {};
-
-// A [1, R, N] shared tile M of an additive mask of the scores (c · S + M, causal attention's 0 and
-// −inf): the chain adds M[row][key] / c to each product before its row maxima. The running maxima
-// start finite (running_max_floor), so rows whose keys of a sub-tile are all hidden stay NaN-free.
-template <class Tile>
-struct MaskTile : Tile {
-  MIRAGE_DEVICE MaskTile(Tile tile) : Tile(tile) {}  // NOLINT: converts the shared tile the step passes
-};
-
-template <class C>
-struct IsMaskTile : std::false_type {};
-template <class Tile>
-struct IsMaskTile<MaskTile<Tile>> : std::true_type {};
-
-// The score of a chain with per-key factors: the product times its factor, nothing more.
-struct ColumnScore {
-  static constexpr float kLinearScale = 1.0f;
-  MIRAGE_DEVICE float operator()(float x) const { return x; }
-};
-
-// Per-key factors computed by the chain itself from its K tile: Factor(Σ_d K[d][n]²) for key n (the
-// factor f(1, g(c)) of a score that divides by a function g of each key's sum of squares, QKNorm's
-// rms). The sums come from the tensor cores: the K fragments a warp loads for Q·K are, reordered,
-// the A fragments of Kᵀ, so Kᵀ·K runs on them with no load of its own, and its diagonal (exact
-// fp16 / bf16 products, fp32 sums) is each key's sum of squares. No shared tile, no barrier.
-// In the warpgroup form each warp sums a quarter of a sub-tile's keys and the warpgroup trades the
-// factors through `scratch` (two buffers of the sub-tile's keys per warpgroup: the lowering's
-// scratch, 2 · warpgroups · 128 floats) and a barrier of its own 128 threads.
-template <class Factor>
-struct KeyNorms {
-  float* scratch = nullptr;
-};
-
-// Keys whose sums of squares KeyNorms accumulates at a time (a multiple of 16): more interleave
-// more independent products, and hold more accumulators.
-#ifndef MIRAGE_SOFTMAX_NORM_KEYS
-#define MIRAGE_SOFTMAX_NORM_KEYS 32
-#endif
-
-template <class C>
-struct IsKeyNorms : std::false_type {};
-template <class Factor>
-struct IsKeyNorms<KeyNorms<Factor>> : std::true_type {};
-template <class C>
-struct KeyFactor {
-  using type = ColumnScore;  // unused: no key norms
-};
-template <class Factor>
-struct KeyFactor<KeyNorms<Factor>> {
-  using type = Factor;
-};
-
-// The factor for a key's value v: f(1, g(v)), g and the ColumnFactor f as functors.
-template <class G, class F>
-struct Compose {
-  MIRAGE_DEVICE float operator()(float v) const { return F{}(G{}(v)); }
-};
 
 namespace softmax_detail {
 
