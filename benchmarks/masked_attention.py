@@ -3,7 +3,8 @@ finds (one kernel of 16- or 64-row blocks looping over the keys, the mask tiled 
 in their build forms, against PyTorch: the softmax written out, SDPA with the mask as a tensor, and
 SDPA's own causal kernel (``is_causal=True``).
 
-The masks: a random bias (ALiBi- or T5-style) and causal attention's 0 / −inf.  Each member also
+The masks: a random bias (ALiBi- or T5-style) and causal attention's 0 / −inf, the latter also as an
+input that names the causal pattern, which the chain computes (``computed_``).  Each member also
 runs with the chain's skip of the sub-steps a mask hides whole (``_skip``; off by default).  Each build is
 checked against float64 PyTorch on the same inputs before it is timed.  Prints one line per
 measurement and writes masked_attention_<date>.json into ``--out`` (default benchmarks/results)."""
@@ -34,13 +35,14 @@ MEMBERS += [(f"rows16_keys{keys}_warp_stages{stages}", dict(rows=16, key_tile=ke
 SKIP_HIDDEN = "#define MIRAGE_SOFTMAX_SKIP_HIDDEN 1\n"  # the chain skips the sub-steps a mask hides whole
 
 
-def _builds() -> list:
+def _builds(pattern: str = "") -> list:
     """Each member's program, or the error that its generation or compilation raised; then each
-    again with the skip of hidden sub-steps."""
+    again with the skip of hidden sub-steps. ``pattern``: the mask input's (a causal one is computed
+    by the chain instead of read)."""
     sources: list = []
     for _, shape, options in MEMBERS:
         try:
-            graph = masked_attention(HEADS, QUERIES, KEYS, DIM, form="whole", **shape)
+            graph = masked_attention(HEADS, QUERIES, KEYS, DIM, form="whole", **shape, pattern=pattern)
             sources.append(generate_cuda_program(graph, None, options=options))
         except MirageError as error:
             sources.append(error)
@@ -76,16 +78,20 @@ def main(argv=None) -> None:
         for label, fn in baselines.items():
             record({"mask": name, "member": label, "us": time_graph(fn, replays=100).median_us})
         labels = [label for label, _, _ in MEMBERS] + [f"{label}_skip" for label, _, _ in MEMBERS]
-        for label, program in zip(labels, _builds(), strict=True):
-            row = {"mask": name, "member": label}
-            if isinstance(program, Exception):
-                row["error"] = f"{type(program).__name__}: {str(program)[:200]}"
-            else:
-                (got,) = program(q, kt, v, mask)
-                row["max_error"] = (got.double() - truth).abs().max().item()
-                if row["max_error"] < 1e-2:
-                    row["us"] = time_graph(lambda p=program, m=mask: p(q, kt, v, m), replays=100).median_us
-            record(row)
+        # the causal mask also as an input that names its pattern: computed by the chain, not read
+        forms = [("", "")] + ([("computed_", f"causal:{QUERIES}")] if name == "causal" else [])
+        for prefix, pattern in forms:
+            for label, program in zip(labels, _builds(pattern), strict=True):
+                row = {"mask": name, "member": prefix + label}
+                if isinstance(program, Exception):
+                    row["error"] = f"{type(program).__name__}: {str(program)[:200]}"
+                else:
+                    (got,) = program(q, kt, v, mask)
+                    row["max_error"] = (got.double() - truth).abs().max().item()
+                    if row["max_error"] < 1e-2:
+                        timing = time_graph(lambda p=program, m=mask: p(q, kt, v, m), replays=100)
+                        row["us"] = timing.median_us
+                record(row)
     write_record(args.out, "masked_attention", facts, rows)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mirage.mugraph import patterns
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import KernelGraph
 
@@ -105,16 +106,18 @@ class CheckResult:
 
 
 def random_inputs(graph: KernelGraph, seed: int = 0, scale: float = 1.0, device: str = "cuda") -> list:
-    """Inputs of ``graph`` drawn from N(0, scale²), rounded to each input's dtype."""
+    """Inputs of ``graph`` drawn from N(0, scale²), rounded to each input's dtype; an input that names
+    a pattern (mirage.mugraph.patterns) gets the pattern's values, which its generated code may assume."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    return [
-        (torch.randn(t.shape, generator=generator, dtype=torch.float64) * scale)
-        .to(t.dtype.torch())
-        .to(device)
-        for t in graph.input_types
-    ]
+    inputs = []
+    for i in graph.input_nodes:
+        t, pattern = graph.nodes[i].outputs[0], graph.nodes[i].attrs.pattern
+        drawn = torch.randn(t.shape, generator=generator, dtype=torch.float64) * scale
+        value = patterns.values(pattern, t.shape, torch.float64) if pattern else drawn
+        inputs.append(value.to(t.dtype.torch()).to(device))
+    return inputs
 
 
 def compare(

@@ -180,6 +180,12 @@ class KernelLowering:
             self._tiles[key] = ctx.Tile(name, element, layout, offset)
         return self._tiles[key]
 
+    def generated_tile(self, i: int) -> ctx.Tile:
+        """The tile of input ``i`` whose values the chain computes (no shared memory: its dense layout)."""
+        shape = self.graph.nodes[i].outputs[0].shape
+        element = self.element(i)
+        return ctx.Tile(f"t{i}", element, tile_layout(shape, element, 1 << 30, False), -1)
+
     def operand(self, ref: Ref) -> ctx.Tile:
         return self.tile(ref.node)
 
@@ -188,6 +194,19 @@ class KernelLowering:
     def _iterator(self, k: int, i: int) -> ctx.InputIteratorContext:
         node = self.graph.nodes[i]
         it = node.attrs
+        if self.softmax is not None and self.softmax.mask_rows and i == self.softmax.column:
+            return ctx.InputIteratorContext(  # the chain computes the mask from indices: nothing copied
+                name=f"in{i}",
+                node=i,
+                parameter=f"input{k}",
+                tile=self.generated_tile(i),
+                source_dims=rank4(it.source.shape),
+                input_map=rank4_map(it.source.rank, it.input_map, self.graph.grid_dim),
+                forloop_dim=rank4_dim(it.source.rank, it.forloop_dim),
+                stages=1,
+                pipelined=False,
+                generated=self.softmax.mask_rows,
+            )
         if self.row_loop is not None and i in self.row_loop.plan.direct:
             shape = node.outputs[0].shape
             element = self.element(i)
@@ -614,7 +633,8 @@ class KernelLowering:
                 continue  # computed by the chain's step (or written back after the loop)
             match item.action:
                 case Action.LOAD:
-                    if not (iterators[item.node].pipelined or iterators[item.node].direct):
+                    it = iterators[item.node]
+                    if not (it.pipelined or it.direct or it.generated):
                         steps.append(ctx.LoadStep(iterators[item.node]))
                         pending_copies = emitted = True
                 case Action.COMPUTE | Action.ACCUMULATE if item.node in self.row_sums:
@@ -670,7 +690,8 @@ class KernelLowering:
         if self.l2_prefetch_iterations <= 0:
             return ()
         first = min(self.l2_prefetch_iterations, self.graph.forloop_range)
-        return tuple((it.name, first if it.forloop_dim >= 0 else 1) for it in self.iterators)
+        return tuple((it.name, first if it.forloop_dim >= 0 else 1)
+                     for it in self.iterators if not it.generated)
 
     def _direct_loop(self, loop: list[ctx.Step]) -> ctx.DirectLoop | None:
         if not self.barrier_free_loop:

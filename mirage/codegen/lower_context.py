@@ -82,6 +82,9 @@ class InputIteratorContext:
     barriers: int = -1  # the multicast or tma slots' barriers: offset in shared memory
     tma: bool = False  # copied by the TMA unit through a tensor map (dev::TensorMapIterator)
     late: bool = False  # read one iteration late (a deferred P·V's V): its stage is handed back a step later
+    # > 0: never read; its values are the causal pattern of this period, computed where they are used
+    # (gen/softmax_columns.cuh's CausalMasks)
+    generated: int = 0
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,7 @@ class OnlineSoftmaxType:
     column_factor: str | None = None  # ...or per-key values, each read as this functor of it (FactorTile)
     key_norms: str | None = None  # ...or their functor of each key's sum of squares (KeyNorms)
     mask: bool = False  # ``columns`` is an additive mask of the scores' shape (MaskTile)
+    causal: bool = False  # ...computed from indices (CausalMask): ``columns`` names no shared tile
     key_scratch: int | None = None  # the warpgroup form's key norms: byte offset of their scratch
     defer_values: bool = False  # the warpgroup form's P·V issued with the next Q·K (DeferValues)
     q_fragments: bool = False  # the warpgroup form's Q·K reads Q's fragments from registers (QFragments)
@@ -539,6 +543,10 @@ class KernelContext:
     @property
     def pipelined(self) -> tuple[InputIteratorContext, ...]:
         return tuple(i for i in self.iterators if i.pipelined)
+
+    @property
+    def generated(self) -> tuple[InputIteratorContext, ...]:
+        return tuple(i for i in self.iterators if i.generated)
 
     @property
     def multicast(self) -> tuple[InputIteratorContext, ...]:

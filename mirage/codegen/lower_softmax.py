@@ -36,8 +36,11 @@ def chain_type(lw: KernelLowering) -> ctx.OnlineSoftmaxType:
                                      key_norms=f"mirage::gen::Compose<{g}, {factor}>",
                                      key_scratch=scratch, **forms)
     if chain.mask_scale is not None:  # c · S + M: the chain of c · S, M / c added to each product
-        return ctx.OnlineSoftmaxType(name, q.element, q, k, v, mask_score(lw), lw.tile(chain.column),
-                                     mask=True, **forms)
+        assert chain.column is not None
+        causal = chain.mask_rows > 0  # M computed from indices, not read
+        tile = lw.generated_tile(chain.column) if causal else lw.tile(chain.column)
+        return ctx.OnlineSoftmaxType(name, q.element, q, k, v, mask_score(lw), tile, mask=True, causal=causal,
+                                     **forms)
     if chain.column is not None:  # the products times per-key factors (the column's step stores them)
         loaded = chain.column_loaded  # an input tile: f(1, c) taken on read
         factor = column_factor(lw).function if loaded else None

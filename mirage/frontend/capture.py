@@ -31,6 +31,7 @@ from mirage.frontend.errors import (
     InputTypeError,
     UnsupportedProgramError,
 )
+from mirage.mugraph import patterns
 
 
 class FunctionModule(nn.Module):
@@ -177,6 +178,8 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
 
 
 CAUSAL_MASK = "_causal_mask_"  # the buffers that stand for is_causal=True
+# node meta of a tensor whose values an input pattern names (mirage.mugraph.patterns)
+PATTERN = "mirage_pattern"
 # node meta of a grouped-query attention's causal mask, repeated for each query head of a key head
 # (the rows the lowering folds them into): a buffer the lowering reads where it cannot broadcast
 GROUPED_MASK = "mirage_grouped_mask"
@@ -199,27 +202,29 @@ def _explicit_causal_masks(gm: fx.GraphModule) -> None:
             continue
         query, key = p["query"].meta["val"], p["key"].meta["val"]
         queries, keys = int(query.shape[-2]), int(key.shape[-2])
-        hidden = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril().logical_not()
-        mask = torch.zeros(queries, keys, dtype=query.dtype, device=query.device)
-        mask = mask.masked_fill(hidden, float("-inf"))
+        pattern = patterns.causal(queries)
+        mask = patterns.values(pattern, (queries, keys), query.dtype, query.device)
         name = f"{CAUSAL_MASK}{queries}x{keys}"
-        attribute = _buffer(gm, node, name, mask)
+        attribute = _buffer(gm, node, name, mask, pattern)
         group = int(query.shape[-3]) // int(key.shape[-3]) if query.dim() >= 3 and key.dim() >= 3 else 1
         if p.get("enable_gqa") and group > 1:  # the lowering folds a key head's query heads into its rows
-            node.meta[GROUPED_MASK] = _buffer(gm, node, f"{name}_grouped{group}", mask.repeat(group, 1))
+            grouped = mask.repeat(group, 1)
+            node.meta[GROUPED_MASK] = _buffer(gm, node, f"{name}_grouped{group}", grouped, pattern)
         node.args = (p["query"], p["key"], p["value"])
         node.kwargs = {"attn_mask": attribute, "dropout_p": p["dropout_p"], "is_causal": False,
                        "scale": p.get("scale"), "enable_gqa": p.get("enable_gqa", False)}
     gm.recompile()
 
 
-def _buffer(gm: fx.GraphModule, node: fx.Node, name: str, value: torch.Tensor) -> fx.Node:
-    """A get_attr node before ``node`` of buffer ``name`` (registered as ``value`` once)."""
+def _buffer(gm: fx.GraphModule, node: fx.Node, name: str, value: torch.Tensor, pattern: str) -> fx.Node:
+    """A get_attr node before ``node`` of buffer ``name`` (registered as ``value`` once), whose values
+    ``pattern`` names (node meta ``PATTERN``: the lowering's kernel inputs promise them)."""
     if not hasattr(gm, name):
         gm.register_buffer(name, value)
     with gm.graph.inserting_before(node):
         attribute = gm.graph.get_attr(name)
     attribute.meta["val"] = value
+    attribute.meta[PATTERN] = pattern
     return attribute
 
 

@@ -172,8 +172,9 @@ def with_attention_layout(reference: KernelGraph, settings: SearchSettings) -> S
 
 
 def strip_names(graph: KernelGraph) -> KernelGraph:
-    nodes = tuple(dataclasses.replace(n, attrs=KernelInput("")) if isinstance(n.attrs, KernelInput) else n
-                  for n in graph.nodes)
+    """``graph`` without its names (its inputs' patterns stay: the code generated for it depends on them)."""
+    nodes = tuple(dataclasses.replace(n, attrs=KernelInput("", n.attrs.pattern))
+                  if isinstance(n.attrs, KernelInput) else n for n in graph.nodes)
     return KernelGraph(nodes, graph.outputs, "")
 
 
@@ -369,10 +370,13 @@ def profile_choice(reference: KernelGraph,
     built (``BuildChoice.as_dict``: pipeline depth and launch mode) and its time (µs a call)."""
     from mirage.codegen.select import select_fastest
 
-    selection = select_fastest(reference, candidates[:PROFILE_CANDIDATES], stages=(2, 3))
+    given = candidates[:PROFILE_CANDIDATES]
+    renamed = [_rename(g, reference) for g in given]  # built with the reference's input patterns
+    selection = select_fastest(reference, renamed, stages=(2, 3))
     best = selection.best
+    picked = next(g for g, r in zip(given, renamed, strict=True) if r is best.variant.graph)
     launch = ("on, one block per SM" if best.spread_blocks else "on") if best.dependent_launch else "off"
-    return best.variant.graph, (f"fastest of {len(selection.trials)} GPU builds: {best.median_us:.2f} µs "
+    return picked, (f"fastest of {len(selection.trials)} GPU builds: {best.median_us:.2f} µs "
                                 f"(pipeline stages {best.variant.stages}, dependent launch {launch})"), \
         best.build.as_dict(), best.median_us
 
@@ -563,11 +567,12 @@ def _cached_graph_checked(reference: KernelGraph, graph: KernelGraph, path: Path
 
 
 def _rename(graph: KernelGraph, reference: KernelGraph) -> KernelGraph:
-    """Give a cached or searched graph the reference's input names and graph name (for printing)."""
-    names = iter(n.attrs.name for n in reference.nodes if isinstance(n.attrs, KernelInput))
+    """Give a cached or searched graph the reference's input names (for printing) and patterns (which
+    the code generated for it may assume), and its graph name."""
+    attrs = iter(n.attrs for n in reference.nodes if isinstance(n.attrs, KernelInput))
     nodes: list[Node] = []
     for node in graph.nodes:
         if isinstance(node.attrs, KernelInput):
-            node = dataclasses.replace(node, attrs=KernelInput(next(names, "")))
+            node = dataclasses.replace(node, attrs=next(attrs, KernelInput("")))
         nodes.append(node)
     return KernelGraph(tuple(nodes), graph.outputs, reference.name)

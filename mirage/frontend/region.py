@@ -28,6 +28,8 @@ import torch.fx as fx
 import mirage.mugraph as mg
 from mirage.errors import GraphError
 from mirage.frontend import shapes
+from mirage.frontend.capture import PATTERN
+from mirage.mugraph import patterns
 from mirage.mugraph.builder import DTensor
 from mirage.mugraph.ops import Op
 
@@ -133,6 +135,20 @@ class Upcasts:
 NO_UPCASTS = Upcasts()
 
 
+def _pattern(x: Boundary, binding: InputBinding) -> str:
+    """The input pattern of ``x`` held as ``binding`` (node meta ``PATTERN``, set where capture built
+    the tensor): kept where the view keeps its rows of keys and the values are the pattern's, else ""."""
+    pattern = x.node.meta.get(PATTERN, "")
+    value = x.node.meta.get("val")
+    if not pattern or binding.permute is not None or binding.shape[-1:] != x.shape[-1:]:
+        return ""
+    try:
+        patterns.check_shape(pattern, binding.shape)
+        return pattern if patterns.matches(pattern, value.reshape(binding.shape)) else ""
+    except (GraphError, RuntimeError, TypeError, AttributeError):  # a fake or foreign value: no promise
+        return ""
+
+
 class RegionBuilder:
     """The kernel graph of one subprogram under construction.
 
@@ -184,7 +200,7 @@ class RegionBuilder:
             if math.prod(binding.shape) != math.prod(x.shape):
                 raise Unlowerable(f"cannot view {x.node.name}{list(x.shape)} as {list(shape)}")
             self._inputs[binding] = self.builder.new_input(dims=binding.shape, dtype=mg.DType.parse(x.dtype),
-                                                         name=x.node.name)
+                                                         name=x.node.name, pattern=_pattern(x, binding))
             self.bindings.append(binding)
         return self._inputs[binding]
 

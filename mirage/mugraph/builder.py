@@ -33,7 +33,7 @@ from mirage.errors import (
     OutputMapError,
     ShapeError,
 )
-from mirage.mugraph import build
+from mirage.mugraph import build, patterns
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import (
     Accum,
@@ -259,7 +259,11 @@ class KNGraph(_Builder):
     def __init__(self, name: str = "") -> None:
         super().__init__(KernelGraph(nodes=(), outputs=(), name=name))
 
-    def new_input(self, dims: Sequence[int], dtype: Any = DType.FLOAT16, strides=None, name: str = ""):
+    def new_input(self, dims: Sequence[int], dtype: Any = DType.FLOAT16, strides=None, name: str = "",
+                  pattern: str = ""):
+        """A device tensor the graph reads. ``pattern``: a promise that every call passes the values
+        it names (:mod:`mirage.mugraph.patterns`, e.g. ``"causal:512"``), which the generated code may
+        then compute instead of reading; the search and the verifier treat the input as any other."""
         shape = _input_dims(dims)
         if strides is not None:
             expected = _row_major_strides(shape)
@@ -269,8 +273,10 @@ class KNGraph(_Builder):
                                  f"{strides!r}: make the tensor contiguous first")
         if not isinstance(name, str):
             raise GraphError(f"an input's name must be a str, got {name!r}")
+        if pattern:
+            patterns.check_shape(pattern, shape)
         t = TensorType(shape, _parse_dtype(dtype))
-        return self._add(Op.INPUT, (), KernelInput(name), (t,))
+        return self._add(Op.INPUT, (), KernelInput(name, pattern), (t,))
 
     def customized(self, inputs: Sequence[DTensor], block_graph: TBGraph) -> list[DTensor]:
         if not isinstance(block_graph, TBGraph):

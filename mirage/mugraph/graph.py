@@ -102,9 +102,16 @@ class Ref:
 # ---- typed attributes ---------------------------------------------------------------------------
 
 
+# attribute fields written (to files and text) only where set, so that graphs without them keep their
+# files, texts and content hashes
+OMITTED_AT_DEFAULT = frozenset({"pattern"})
+
+
 @dataclass(frozen=True)
 class KernelInput:
     name: str = ""
+    # values every call passes, which the generated code may compute instead of reading (patterns.py)
+    pattern: str = ""
 
 
 @dataclass(frozen=True)

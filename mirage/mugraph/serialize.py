@@ -16,6 +16,7 @@ from typing import Any
 from mirage.errors import MirageError, SerializationError
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import (
+    OMITTED_AT_DEFAULT,
     BlockGraph,
     KernelGraph,
     Layout,
@@ -55,8 +56,10 @@ def _attrs(a: Any) -> Any:
         return None
     if isinstance(a, (KernelGraph, BlockGraph, ThreadGraph)):
         return graph_to_dict(a)
-    fields = {f.name: _value(getattr(a, f.name)) for f in dataclasses.fields(a)}
+    fields = {f.name: _value(getattr(a, f.name)) for f in dataclasses.fields(a)
+              if f.name not in OMITTED_AT_DEFAULT or getattr(a, f.name) != f.default}
     return {"type": type(a).__name__, **fields}
+
 
 
 def _unattrs(d: Any) -> Any:
@@ -67,6 +70,8 @@ def _unattrs(d: Any) -> Any:
     cls = _ATTRS[d["type"]]
     kwargs = {}
     for f in dataclasses.fields(cls):
+        if f.name not in d and f.default is not dataclasses.MISSING:
+            continue  # a field newer than the file: its default
         v = d[f.name]
         if isinstance(v, dict) and "tensor" in v:
             v = _untype(v["tensor"])

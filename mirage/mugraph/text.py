@@ -30,6 +30,7 @@ from typing import Any
 from mirage.errors import ParseError
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import (
+    OMITTED_AT_DEFAULT,
     BlockGraph,
     KernelGraph,
     Layout,
@@ -97,7 +98,8 @@ def attrs_text(attrs: Any) -> str:
             return (f" grid_dim={_value_text(attrs.grid_dim)} block_dim={_value_text(attrs.block_dim)}"
                     f" forloop_range={attrs.forloop_range} reduction_dimx={attrs.reduction_dimx}")
         return ""
-    parts = [f"{f.name}={_value_text(getattr(attrs, f.name))}" for f in dataclasses.fields(attrs)]
+    parts = [f"{f.name}={_value_text(getattr(attrs, f.name))}" for f in dataclasses.fields(attrs)
+             if f.name not in OMITTED_AT_DEFAULT or getattr(attrs, f.name) != f.default]
     return (" " + " ".join(parts)) if parts else ""
 
 
@@ -229,7 +231,8 @@ def _parse_attrs(op: Op, text: str, strings: list[str] | None = None) -> Any:
     row = spec(op)
     cls = row.attrs_type
     if op is Op.INPUT:
-        cls = next((c for names, c in _ATTRS_BY_FIELDS.items() if set(names) == set(pairs)), None)
+        cls = next((c for names, c in _ATTRS_BY_FIELDS.items()
+                    if set(names) - OMITTED_AT_DEFAULT <= set(pairs) <= set(names)), None)
         if cls is None and not pairs:
             return None
     if cls is None:

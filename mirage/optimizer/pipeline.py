@@ -34,9 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mirage.mugraph import patterns
 from mirage.mugraph.check import check
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import BlockGraph, KernelGraph, Ref
+from mirage.mugraph.ops import Op
 from mirage.mugraph.target import DEFAULT_TARGET, Target
 from mirage.optimizer.cluster_fold import ClusterFold, find_folds
 from mirage.optimizer.fusion import FusionResult, fuse_thread_graphs
@@ -63,6 +65,7 @@ class OptimizerOptions:
     wrap_single: bool = True  # wrap single element-wise ops into FUSED nodes too
     hoist_invariants: bool = True  # run loop-invariant ops before the for-loop
     register_softmax: bool = True  # attention chains in registers (softmax_chain), not op by op
+    generated_masks: bool = True  # ...their masks that inputs name as causal computed from indices
     chain_key_norms: bool = False  # per-key values g(Σ K²) computed by the chain from its K fragments;
     # off: measured slower than their own step (docs/performance.md §3)
     warpgroup_key_norms: bool = True  # ...computed so by a warpgroup chain (the warpgroup_softmax form)
@@ -198,6 +201,7 @@ class PassState:
     target: Target
     options: OptimizerOptions
     records: dict[str, Any] = field(default_factory=dict)
+    graph: KernelGraph | None = None  # the kernel graph the running pass was given
 
 
 PassFunction = Callable[[KernelGraph, PassState], tuple[KernelGraph, Any]]
@@ -248,16 +252,33 @@ def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain 
     layouts = state.records["select_layouts"].of_kernel(k)
     schedule = dict(state.records["schedule"])[k]
     options = state.options
-    chain = match_softmax_chain(block, schedule, layouts, options.chain_key_norms)
+
+    def matched(key_norms: bool) -> SoftmaxChain | None:
+        return _generated_mask(k, block, state, match_softmax_chain(block, schedule, layouts, key_norms))
+
+    chain = matched(options.chain_key_norms)
     if chain is None or not options.warpgroup_softmax or state.target.compute_capability != 90:
         return chain
     if options.warpgroup_key_norms and not options.chain_key_norms:
-        chain = match_softmax_chain(block, schedule, layouts, True) or chain
+        chain = matched(True) or chain
     warpgroup = warpgroup_form(block, chain, options.defer_values, options.q_fragments)
-    if not warpgroup.warpgroup or warpgroup.swizzled & _multicast(block, state.target, options).inputs:
+    if not warpgroup.warpgroup or warpgroup.swizzled & _multicast(block, state.target, options, chain).inputs:
         # not in the warpgroup form (a multicast copies whole rows, not swizzled tiles)
-        return match_softmax_chain(block, schedule, layouts, options.chain_key_norms)
+        return matched(options.chain_key_norms)
     return warpgroup
+
+
+def _generated_mask(k: int, block: BlockGraph, state: PassState,
+                    chain: SoftmaxChain | None) -> SoftmaxChain | None:
+    """``chain`` with its mask computed from indices (``SoftmaxChain.mask_rows``) where the mask is a
+    kernel input that names the causal pattern (mirage.mugraph.patterns) and the options allow it."""
+    if chain is None or chain.mask_scale is None or not state.options.generated_masks or state.graph is None:
+        return chain
+    source = state.graph.nodes[state.graph.nodes[k].inputs[block.input_nodes.index(chain.column)].node]
+    if source.op is not Op.INPUT or not source.attrs.pattern:
+        return chain
+    kind, period = patterns.parse(source.attrs.pattern)
+    return dataclasses.replace(chain, mask_rows=period) if kind == patterns.CAUSAL else chain
 
 
 def _row_loop(k: int, block: BlockGraph, state: PassState) -> RowLoop | None:
@@ -282,7 +303,7 @@ def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
     swizzled, late = (chain.swizzled, chain.late) if chain is not None else (frozenset(), frozenset())
     return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
                        layouts, state.target, stages, o.accumulator_dtype, in_registers, read_at,
-                       _multicast(block, state.target, o).inputs, swizzled, late,
+                       _multicast(block, state.target, o, chain).inputs, swizzled, late,
                        _tma(block, chain, state.target, o), o.early_prologue)
 
 
@@ -291,9 +312,15 @@ def _tma(block: BlockGraph, chain: SoftmaxChain | None, target: Target,
     return tma_inputs(block, chain, target, o.tma_copies, o.cluster_folds or o.counter_folds)
 
 
-def _multicast(block: BlockGraph, target: Target, o: OptimizerOptions) -> Multicast:
-    return multicast_inputs(block, target, o.multicast_cluster, o.one_barrier_loops,
-                            o.cluster_folds or o.counter_folds, o.multicast_axes)
+def _multicast(block: BlockGraph, target: Target, o: OptimizerOptions,
+               chain: SoftmaxChain | None = None) -> Multicast:
+    """The inputs multicast to clusters, less a chain's mask computed from indices (never copied)."""
+    multicast = multicast_inputs(block, target, o.multicast_cluster, o.one_barrier_loops,
+                                 o.cluster_folds or o.counter_folds, o.multicast_axes)
+    if chain is None or not chain.mask_rows or chain.column not in multicast.inputs:
+        return multicast
+    inputs = multicast.inputs - {chain.column}
+    return dataclasses.replace(multicast, inputs=inputs) if inputs else Multicast()
 
 
 PIPELINE: tuple[Pass, ...] = (
@@ -313,6 +340,7 @@ def run_pipeline(graph: KernelGraph, state: PassState,
     records = []
     for p in passes:
         start = time.perf_counter()
+        state.graph = graph
         graph, result = p.run(graph, state)
         seconds = time.perf_counter() - start
         state.records[p.name] = result
@@ -347,7 +375,7 @@ def prepare(graph, target: Target = DEFAULT_TARGET,
             input_layouts=tuple(layouts.of_device(r) for r in node.inputs),
             output_layouts=tuple(layouts.of_device(Ref(k, j)) for j in range(len(node.outputs))),
             softmax_chain=plans["plan_softmax_chain"][k], row_loop=plans["plan_row_loop"][k],
-            multicast=_multicast(block, target, options),
+            multicast=_multicast(block, target, options, plans["plan_softmax_chain"][k]),
             tma_inputs=_tma(block, plans["plan_softmax_chain"][k], target, options)))
     clusters = options.cluster_folds and target.compute_capability >= 90
     folds = find_folds(result, options.max_cluster) if clusters else ()

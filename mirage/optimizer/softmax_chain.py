@@ -26,6 +26,8 @@ reason logged, and the kernel is lowered op by op as before.
 A score ``c · S + M`` with ``M`` an input tile of the scores' shape (an additive mask, causal
 attention's) runs the chain of ``c · S`` with ``M / c`` added to each product before the row maxima
 (gen/softmax_columns.cuh's ``MaskTile``), each thread reading the mask at its fragments' positions.
+Where the mask is a kernel input of the causal pattern (:mod:`mirage.mugraph.patterns`,
+``mask_rows``), the chain computes it from the positions instead (``CausalMask``): no copy, no tile.
 
 A score with a per-key operand ``f(S, c)`` is ``S · f(1, c)`` when ``f`` is linear in ``S``
 (:func:`linear_in`): the step that produces ``c`` stores the factors ``f(1, c)`` instead (``c`` has
@@ -80,6 +82,9 @@ class SoftmaxChain:
     # the score is c · S + M with M an input tile of the scores' shape (an additive mask), c this scale:
     # the chain adds M / c to each product and scales as a plain c · S chain does (gen/softmax.cuh)
     mask_scale: float | None = None
+    # > 0: the mask is a kernel input of the causal pattern with this period (mirage.mugraph.patterns),
+    # which the chain computes from its fragments' indices: the mask tile is neither copied nor stored
+    mask_rows: int = 0
     # the sm_90a form (warpgroup_form): both products as warpgroup MMAs reading K and V (``swizzled``)
     # from shared memory in the 128-byte swizzled form
     warpgroup: bool = False
@@ -118,7 +123,8 @@ class SoftmaxChain:
     @property
     def register_only(self) -> frozenset[int]:
         """Intermediates that never reach shared memory (no buffer in the memory plan)."""
-        nodes = (self.qk, self.score, self.row_max, self.prob, self.pv, *self._key_nodes)
+        generated = (self.column,) if self.mask_rows else ()
+        nodes = (self.qk, self.score, self.row_max, self.prob, self.pv, *self._key_nodes, *generated)
         return frozenset(n for n in nodes if n is not None)
 
     @property
@@ -405,7 +411,7 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
         log.debug("online-softmax chain kept on warp MMAs: %s", reason)
         return chain
     swizzled = {k_ref.node, v_ref.node}
-    if chain.column_loaded and graph.type_of(Ref(chain.column)).shape[-1] == 64:
+    if chain.column_loaded and not chain.mask_rows and graph.type_of(Ref(chain.column)).shape[-1] == 64:
         swizzled.add(chain.column)  # read only through its layout's offsets (and copied like K)
     only_chain = (_only_input_of(graph, uses, q_ref.node, chain.qk)
                   or _normalized_for(graph, uses, q_ref.node, chain.qk))

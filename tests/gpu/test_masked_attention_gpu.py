@@ -26,10 +26,20 @@ pytestmark = pytest.mark.gpu
 SHAPE = dict(heads=4, queries=128, keys=256, dim=64)
 GRAPHS = {"whole": dict(form="whole", rows=64, key_tile=64),
           "split": dict(form="split", rows=16, kv_splits=4)}
-# (graph, options): the register chain on warp MMAs, on warpgroup MMAs with TMA copies, and op by op
+WARPGROUP = OptimizerOptions(warpgroup_softmax=True, tma_copies=True)
+# (graph, options): the register chain on warp MMAs, on warpgroup MMAs with TMA copies, and op by op;
+# the "_causal" forms' mask input names the causal pattern, which the chain computes instead of reading
 FORMS = {"whole": ("whole", OptimizerOptions()), "split": ("split", OptimizerOptions()),
-         "whole_warpgroup": ("whole", OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
-         "whole_op_by_op": ("whole", OptimizerOptions(register_softmax=False))}
+         "whole_warpgroup": ("whole", WARPGROUP),
+         "whole_op_by_op": ("whole", OptimizerOptions(register_softmax=False)),
+         "whole_causal": ("whole", OptimizerOptions()), "split_causal": ("split", OptimizerOptions()),
+         "whole_warpgroup_causal": ("whole", WARPGROUP)}
+CAUSAL = f"causal:{SHAPE['queries']}"
+
+
+def _graph(name: str, form: str = "reference"):
+    return masked_attention(**SHAPE, **({} if form == "reference" else GRAPHS[form]),
+                            pattern=CAUSAL if name.endswith("_causal") else "")
 
 
 SKIP_HIDDEN = "#define MIRAGE_SOFTMAX_SKIP_HIDDEN 1\n"  # sub-steps that the mask hides whole skipped
@@ -37,7 +47,7 @@ SKIP_HIDDEN = "#define MIRAGE_SOFTMAX_SKIP_HIDDEN 1\n"  # sub-steps that the mas
 
 @pytest.fixture(scope="module")
 def programs():
-    graphs = {name: masked_attention(**SHAPE, **GRAPHS[graph]) for name, (graph, _) in FORMS.items()}
+    graphs = {name: _graph(name, graph) for name, (graph, _) in FORMS.items()}
     sources = [generate_cuda_program(graphs[name], None, options=options)
                for name, (_, options) in FORMS.items()]
     sources += [dataclasses.replace(source, code=SKIP_HIDDEN + source.code) for source in sources]
@@ -48,13 +58,31 @@ def programs():
 @pytest.mark.parametrize("form", list(FORMS))
 def test_random_masks_pass_the_float_check(programs, form):
     _, built, _ = programs
-    result = check_on_gpu(masked_attention(**SHAPE), built[form].with_poison())
+    result = check_on_gpu(_graph(form), built[form].with_poison())  # a causal form: fed the causal mask
     assert result.passed, result.as_dict()
+
+
+@pytest.mark.parametrize("form", [name for name in FORMS if name.endswith("_causal")])
+def test_a_causal_pattern_is_computed_not_read(programs, form):
+    """The chain computes the mask its input's pattern names: fed zeros, it still hides the later keys."""
+    _, built, _ = programs
+    kernels = built[form].cuda.prepared.kernels
+    assert any(k.softmax_chain is not None and k.softmax_chain.mask_rows == SHAPE["queries"] for k in kernels)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    heads, queries, keys, dim = SHAPE["heads"], SHAPE["queries"], SHAPE["keys"], SHAPE["dim"]
+    q, k, v = (torch.randn(s, device="cuda", generator=generator).half()
+               for s in ((heads, queries, dim), (heads, dim, keys), (heads, keys, dim)))
+    (got,) = built[form].with_poison()(q, k, v, torch.zeros(1, queries, keys, device="cuda").half())
+    mask = torch.from_numpy(causal_mask(queries, keys)).cuda().double()
+    truth = torch.softmax(q.double() @ k.double() / 8 + mask, -1) @ v.double()
+    torch.testing.assert_close(got.double(), truth, rtol=2e-2, atol=2e-3)
 
 
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("hidden", ["later_keys", "earlier_keys"])
 def test_a_mask_that_hides_whole_tiles_gives_finite_outputs(programs, form, hidden):
+    if form.endswith("_causal") and hidden == "earlier_keys":
+        pytest.skip("a causal pattern's input promises the causal mask")
     _, built, skipping = programs
     generator = torch.Generator(device="cuda").manual_seed(0)
     heads, queries, keys, dim = SHAPE["heads"], SHAPE["queries"], SHAPE["keys"], SHAPE["dim"]

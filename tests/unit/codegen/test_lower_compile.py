@@ -86,10 +86,15 @@ def _gqa_b1_32_splits():
                 if row.label == "kv_splits=32,q_splits=4,iters=2,threads=128,row_sums=True,combine_rows=8")
 
 
-def _masked(form: str = "whole"):
-    """Attention with an additive mask: 64-row blocks looping over 64 keys at a time, or 4 key splits."""
+def _masked(form: str = "whole", pattern: str = ""):
+    """Attention with an additive mask: 64-row blocks looping over 64 keys at a time, or 4 key splits;
+    ``pattern``: the mask input's (the causal one is computed by the chain, not read)."""
     return masked_attention(heads=4, queries=128, keys=256, dim=64, form=form,
-                            rows=64 if form == "whole" else 16, key_tile=64, kv_splits=4)
+                            rows=64 if form == "whole" else 16, key_tile=64, kv_splits=4, pattern=pattern)
+
+
+def _causal(form: str = "whole"):
+    return _masked(form, "causal:128")
 
 
 def _rmsnorm_b8():
@@ -111,7 +116,11 @@ WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds
                                       OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
           "ntrans_op_by_op": (CASES["ntrans_b1"].fused, OptimizerOptions(row_reductions=False)),
           "gqa_32_splits": (_gqa_b1_32_splits, OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
-          "masked_attention_warpgroup": (_masked, OptimizerOptions(warpgroup_softmax=True, tma_copies=True))}
+          "masked_attention_warpgroup": (_masked, OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
+          "causal_attention_whole": (_causal, OptimizerOptions()),
+          "causal_attention_split": (lambda: _causal("split"), OptimizerOptions()),
+          "causal_attention_warpgroup": (_causal, OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
+          "causal_attention_read": (_causal, OptimizerOptions(generated_masks=False))}
 TWO_PASS = "#define MIRAGE_SOFTMAX_INTERLEAVE 0\n"
 PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
 # name → (the build it recompiles, the macros before its code)
@@ -196,6 +205,23 @@ def test_masked_attention_runs_the_register_chain(built, name):
     assert ("HGMMA" in sass) == warpgroup and "LDL" not in sass and "STL" not in sass
     assert ("BAR.RED.AND" in sass) == (skip and warpgroup)
     assert ("VOTE.ALL" in sass) == (skip and not warpgroup)
+
+
+@pytest.mark.parametrize("name", ["causal_attention_whole", "causal_attention_split",
+                                  "causal_attention_warpgroup"])
+def test_a_causal_pattern_is_computed_by_the_chain(built, name):
+    """A mask input that names the causal pattern: the chain computes it from its fragments' positions
+    (CausalMask), so the kernel neither copies nor stores it; with the option off the tile is read."""
+    program, result = built[name]
+    assert "mirage::gen::CausalMask>" in program.code or "mirage::gen::CausalMask," in program.code
+    assert "mirage::gen::MaskTile<" not in program.code and "computed, never read" in program.code
+    (kernel, *_) = program.prepared.kernels
+    mask = kernel.softmax_chain.column
+    assert kernel.softmax_chain.mask_rows == 128 and mask not in {b.node for b in kernel.memory.buffers}
+    read, _ = built["causal_attention_read"]
+    assert "mirage::gen::MaskTile<" in read.code and read.prepared.kernels[0].smem_bytes > kernel.smem_bytes
+    sass = result.sass()
+    assert "LDL" not in sass and "STL" not in sass and ("HGMMA" in sass) == ("warpgroup" in name)
 
 
 def _longest_load_run(sass: str) -> int:

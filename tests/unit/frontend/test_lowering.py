@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import mirage as mi
 from mirage.frontend.lowering import LOWERINGS, Kind
+from mirage.mugraph.graph import KernelInput
 from mirage.mugraph.ops import Op
 
 
@@ -171,6 +172,9 @@ def test_causal_attention_lowers_with_its_mask_as_a_buffer():
     (sub,) = fast.partition.subprograms
     assert any(b.source.startswith("_causal_mask_6x6") for b in sub.inputs)
     torch.testing.assert_close(fast(q, k, v), causal(q, k, v))
+    # the mask's kernel input promises the causal values (the generated code may compute them)
+    inputs = {n.attrs.name: n.attrs.pattern for n in sub.graph.nodes if isinstance(n.attrs, KernelInput)}
+    assert sorted(inputs.values()) == ["", "", "", "causal:6"] and inputs["_causal_mask_6x6"] == "causal:6"
 
 
 def test_grouped_query_causal_attention_reads_its_mask_repeated_for_the_folded_rows():
@@ -189,6 +193,24 @@ def test_grouped_query_causal_attention_reads_its_mask_repeated_for_the_folded_r
     (mask,) = [b for b in sub.inputs if b.source.startswith("_causal_mask_6x6_grouped4")]
     assert mask.shape == (1, 24, 6)
     torch.testing.assert_close(fast(q, k, v), grouped(q, k, v))
+    inputs = [n.attrs for n in sub.graph.nodes if isinstance(n.attrs, KernelInput)]
+    patterns = [a.pattern for a in inputs if a.pattern]
+    assert patterns == ["causal:6"]  # 24 rows: the 6 queries repeated for the 4 folded heads
+
+
+def test_a_user_mask_names_no_pattern_even_if_causal():
+    """Only the masks capture builds itself promise their values: a mask the caller passes may change
+    between calls, so its kernel input names no pattern."""
+
+    def masked(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    m = torch.zeros(6, 6).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    fast = mi.superoptimize(masked, (q, k, v, m), search=False)
+    (sub,) = fast.partition.subprograms
+    assert not [n for n in sub.graph.nodes if isinstance(n.attrs, KernelInput) and n.attrs.pattern]
+    torch.testing.assert_close(fast(q, k, v, m), masked(q, k, v, m))
 
 
 def test_table_rows_are_consistent():

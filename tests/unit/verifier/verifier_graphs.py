@@ -113,16 +113,17 @@ def small_attention(heads: int = 2, queries: int = 4, keys: int = 8, dim: int = 
 
 def masked_attention(heads: int = 4, queries: int = 64, keys: int = 64, dim: int = 32,
                      form: str = "reference", shared: bool = True, rows: int = 16, key_tile: int = 32,
-                     kv_splits: int = 2) -> mi.KernelGraph:
+                     kv_splits: int = 2, pattern: str = "") -> mi.KernelGraph:
     """softmax(Q @ K / 8 + M) @ V with an additive mask M of ``(1 or heads, queries, keys)``: the
     reference graph (``form="reference"``), the one-kernel FlashAttention µGraph (``"whole"``: blocks of
     ``rows`` query rows loop over the keys ``key_tile`` at a time) or the two-kernel FlashDecoding one
-    (``"split"``: ``kv_splits`` blocks a row group, one key tile a block)."""
+    (``"split"``: ``kv_splits`` blocks a row group, one key tile a block). ``pattern``: the mask input's
+    (mirage.mugraph.patterns; "causal:<queries>" promises causal attention's mask)."""
     g = mi.new_kernel_graph("masked_attention")
     q = g.new_input(dims=(heads, queries, dim), dtype=mi.float16)
     k = g.new_input(dims=(heads, dim, keys), dtype=mi.float16)
     v = g.new_input(dims=(heads, keys, dim), dtype=mi.float16)
-    m = g.new_input(dims=(1 if shared else heads, queries, keys), dtype=mi.float16)
+    m = g.new_input(dims=(1 if shared else heads, queries, keys), dtype=mi.float16, pattern=pattern)
     if form == "reference":
         e = g.exp(g.add(g.mul_scalar(g.matmul(q, k), 0.125), m))
         g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))

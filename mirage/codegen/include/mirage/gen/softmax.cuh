@@ -92,7 +92,7 @@ struct OnlineSoftmax {
                 "a masked chain's score is c · S + M: its functor is the linear part c · S");
   template <class C>
   static constexpr bool covers_keys() {
-    if constexpr (std::is_same_v<C, NoTile> || IsKeyNorms<C>::value) {
+    if constexpr (std::is_same_v<C, NoTile> || IsKeyNorms<C>::value || std::is_same_v<C, CausalMask>) {
       return true;
     } else if constexpr (IsMaskTile<C>::value) {
       return C::TileLayout::size == R * N;

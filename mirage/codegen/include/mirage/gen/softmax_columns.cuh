@@ -47,10 +47,36 @@ struct MaskTile : Tile {
   MIRAGE_DEVICE MaskTile(Tile tile) : Tile(tile) {}  // NOLINT: converts the shared tile the step passes
 };
 
+// The causal mask of one iteration's [1, R, N] tile, computed instead of read (an input that names the
+// causal pattern, mirage/mugraph/patterns.py): 0 where key j <= query i, -inf where j > i. Row r of
+// the tile is row row0 + r of the source (its dims before the keys flattened), whose query is that row
+// modulo `period` (grouped-query heads folded into the rows repeat the queries); its key n is key0 + n.
+struct CausalMask {
+  int row0;
+  int key0;
+  int period;
+  // The last key of the tile that row `row` sees (tile-relative; below 0: none).
+  MIRAGE_DEVICE int last_key(int row) const { return (row0 + row) % period - key0; }
+};
+
+// Each iteration's CausalMask of a block, from where its tile would lie in the source (keys: the
+// source's last dim, row-major).
+struct CausalMasks {
+  dev::TileCoordinate tile;
+  int keys;
+  int period;
+  MIRAGE_DEVICE CausalMask at(int iteration) const {
+    const int64_t first = tile.at(iteration);
+    return CausalMask{static_cast<int>(first / keys), static_cast<int>(first % keys), period};
+  }
+};
+
 template <class C>
 struct IsMaskTile : std::false_type {};
 template <class Tile>
 struct IsMaskTile<MaskTile<Tile>> : std::true_type {};
+template <>
+struct IsMaskTile<CausalMask> : std::true_type {};
 
 // The score of a chain with per-key factors: the product times its factor, nothing more.
 struct ColumnScore {
@@ -127,24 +153,36 @@ MIRAGE_DEVICE bool warpgroup_all(int g, bool pred) {
 }
 
 // Each product plus its mask value over the score's scale c (c · (S + M / c) = c · S + M; M an
-// [1, R, N] tile, rows[t] the row of the thread's first score of row tile t); returns whether every
-// value added was −∞.
+// [1, R, N] tile or a CausalMask, rows[t] the row of the thread's first score of row tile t); returns
+// whether every value added was −∞.
 template <int N, int Tiles, int KeyTiles, class Mask>
 MIRAGE_DEVICE bool add_mask(Mask mask, float inverse_scale, const int (&rows)[Tiles], int key0,
                             float (&score)[Tiles][KeyTiles][4]) {
   const int lane = dev::thread_index() % dev::kWarpSize;
   bool hidden = true;
 #pragma unroll
-  for (int t = 0; t < Tiles; ++t)
+  for (int t = 0; t < Tiles; ++t) {
+    int last[2] = {0, 0};  // a causal mask's last key seen by the thread's two rows of the tile
+    if constexpr (std::is_same_v<Mask, CausalMask>) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) last[h] = mask.last_key(rows[t] + 8 * h);
+    }
 #pragma unroll
     for (int j = 0; j < KeyTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + 8 * j + 2 * (lane % 4) + e % 2;
-        const float value = mask.load((rows[t] + 8 * (e / 2)) * N + key);
-        hidden = hidden && value == negative_infinity();
-        score[t][j][e] += value * inverse_scale;
+        if constexpr (std::is_same_v<Mask, CausalMask>) {
+          const bool past = key > last[e / 2];
+          hidden = hidden && past;
+          score[t][j][e] = past ? negative_infinity() : score[t][j][e];
+        } else {
+          const float value = mask.load((rows[t] + 8 * (e / 2)) * N + key);
+          hidden = hidden && value == negative_infinity();
+          score[t][j][e] += value * inverse_scale;
+        }
       }
+  }
   return hidden;
 }
 
