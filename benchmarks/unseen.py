@@ -123,6 +123,13 @@ class CausalAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+class GroupedCausalAttention(nn.Module):
+    """Llama-style causal self-attention with grouped-query heads (32 query heads, 8 key heads)."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
 class BiasedAttention(nn.Module):
     """Attention with an additive bias of the scores shared by all heads (ALiBi- or T5-style),
     written out."""
@@ -167,6 +174,7 @@ PROGRAMS = {
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
     "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),
     "biased_attention": (BiasedAttention, [(1, 12, 512, 64)] * 3 + [(512, 512)]),
+    "grouped_causal_attention": (GroupedCausalAttention, [(1, 32, 256, 64)] + [(1, 8, 256, 64)] * 2),
     "wide_head_attention": (WideHeadAttention, [(1, 16, 1024, 128)] * 3),
 }
 

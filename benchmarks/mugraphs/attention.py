@@ -100,3 +100,24 @@ def rows_fused(heads: int, queries: int, dim: int, keys: int, kv_splits: int, q_
     tb.new_output(numerators, output_map=(0, 2, rows_axis))
     g.mark_output(combine(g, g.customized([q, k, v], tb), heads, combine_splits, dim))
     return g.freeze()
+
+
+def one_kernel(heads: int, queries: int, keys: int, dim: int, rows: int, key_tile: int,
+               threads: int = 128) -> mi.KernelGraph:
+    """``softmax(Q @ K / sqrt(dim)) @ V`` as one kernel, FlashAttention's form (the prefill µGraphs the
+    search finds): (heads, 1, queries / rows) blocks of ``rows`` query rows loop over the keys
+    ``key_tile`` at a time; Q (heads, queries, dim), K (heads, dim, keys), V (heads, keys, dim)."""
+    g = mi.new_kernel_graph("attention")
+    q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in
+               zip(((heads, queries, dim), (heads, dim, keys), (heads, keys, dim)), "QKV", strict=True))
+    tb = mi.new_threadblock_graph(grid_dim=(heads, 1, queries // rows), block_dim=(threads, 1, 1),
+                                  forloop_range=keys // key_tile, reduction_dimx=dim)
+    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
+    bk = tb.new_input(k, input_map=(0, -1, -1), forloop_dim=2)
+    bv = tb.new_input(v, input_map=(0, -1, -1), forloop_dim=1)
+    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5))
+    sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
+    tb.new_output(tb.div(numerators, sums), output_map=(0, -1, 1))
+    (out,) = g.customized([q, k, v], tb)
+    g.mark_output(out)
+    return g.freeze()
