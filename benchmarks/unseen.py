@@ -175,6 +175,7 @@ PROGRAMS = {
     "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),
     "biased_attention": (BiasedAttention, [(1, 12, 512, 64)] * 3 + [(512, 512)]),
     "grouped_causal_attention": (GroupedCausalAttention, [(1, 32, 256, 64)] + [(1, 8, 256, 64)] * 2),
+    "long_causal_attention": (CausalAttention, [(1, 16, 2048, 64)] * 3),
     "wide_head_attention": (WideHeadAttention, [(1, 16, 1024, 128)] * 3),
 }
 

@@ -729,7 +729,18 @@ class KernelLowering:
             post_loop=tuple(steps[Phase.POST_LOOP]),
             cluster_shape=self._multicast_cluster(steps[Phase.LOOP]),
             async_readers=self.async_readers,
+            causal_bound=self._causal_bound(steps[Phase.LOOP]),
         )
+
+    def _causal_bound(self, loop: list[ctx.Step]) -> str:
+        """The computed causal mask's iterator where it may bound the loop: its tile moves along the keys
+        with the loop, the loop runs the chain's step alone (a step whose keys are all hidden changes
+        nothing), and no input is multicast (the blocks of a cluster would stop at different steps)."""
+        masks = [it for it in self.iterators if it.generated and it.forloop_dim == 3]
+        if (len(masks) != 1 or any(it.multicast for it in self.iterators) or self.barrier_free_loop
+                or not all(isinstance(s, ctx.OnlineSoftmaxStep | ctx.BarrierStep) for s in loop)):
+            return ""
+        return masks[0].name
 
     def _multicast_cluster(self, loop: list[ctx.Step]) -> tuple[int, int, int]:
         """Blocks per cluster along each grid axis: the multicast inputs' ((1, 1, 1) without). Their slots

@@ -539,6 +539,9 @@ class KernelContext:
     post_loop: tuple[Step, ...]
     cluster_shape: tuple[int, int, int] = (1, 1, 1)  # blocks per cluster (multicast inputs)
     async_readers: bool = False  # pipelined tiles read by warpgroup MMAs (Pipeline<S, true>)
+    # a computed causal mask's iterator that bounds the loop: the steps whose keys no row of the block
+    # sees are not run, nor are their tiles copied ("": every step runs)
+    causal_bound: str = ""
 
     @property
     def pipelined(self) -> tuple[InputIteratorContext, ...]:

@@ -211,10 +211,16 @@ def test_masked_attention_runs_the_register_chain(built, name):
                                   "causal_attention_warpgroup"])
 def test_a_causal_pattern_is_computed_by_the_chain(built, name):
     """A mask input that names the causal pattern: the chain computes it from its fragments' positions
-    (CausalMask), so the kernel neither copies nor stores it; with the option off the tile is read."""
+    (CausalMask), so the kernel neither copies nor stores it, and runs only the loop steps whose keys
+    some row of the block sees; with the option off the tile is read."""
     program, result = built[name]
     assert "mirage::gen::CausalMask>" in program.code or "mirage::gen::CausalMask," in program.code
     assert "mirage::gen::MaskTile<" not in program.code and "computed, never read" in program.code
+    # the loop stops after the last step whose keys some row of the block sees and no tile past it is
+    # copied, where the loop runs the chain alone (the split form loads its one tile in the loop: its
+    # chain returns at once instead)
+    bounded = "for (int iteration = 0; iteration < iterations; ++iteration)" in program.code
+    assert bounded == (name != "causal_attention_split")
     (kernel, *_) = program.prepared.kernels
     mask = kernel.softmax_chain.column
     assert kernel.softmax_chain.mask_rows == 128 and mask not in {b.node for b in kernel.memory.buffers}

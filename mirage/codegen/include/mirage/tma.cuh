@@ -46,11 +46,12 @@ class TensorMapIterator {
   static constexpr int kBoxElements = L::rows * 64;
   static constexpr int kBarrierBytes = (Releasers > 0 ? 2 : 1) * Stages * static_cast<int>(sizeof(uint64_t));
 
-  // `map`: the input's tensor map (a kernel parameter); `barriers`: kBarrierBytes of shared memory.
+  // `map`: the input's tensor map (a kernel parameter); `barriers`: kBarrierBytes of shared memory;
+  // `iterations`: the loop's steps that run, when fewer than the range (no tile past them is copied).
   MIRAGE_DEVICE TensorMapIterator(const CUtensorMap* map, DimMap imap, int forloop_dim, int forloop_range,
-                                  uint3 block, T* shared, uint64_t* barriers)
-      : map_(map), forloop_dim_(forloop_dim), forloop_range_(forloop_range), shared_(shared),
-        barriers_(barriers) {
+                                  uint3 block, T* shared, uint64_t* barriers, int iterations = -1)
+      : map_(map), forloop_dim_(forloop_dim), forloop_range_(iterations < 0 ? forloop_range : iterations),
+        shared_(shared), barriers_(barriers) {
 #pragma unroll
     for (int d = 0; d < 4; ++d) {
       const int64_t blocks = detail::block_offset(imap, block, d) * (d == forloop_dim ? forloop_range : 1);

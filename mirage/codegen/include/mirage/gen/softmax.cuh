@@ -180,6 +180,11 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE void step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
                                  dev::SharedTile<T, VLayout> v, Columns columns = {}) {
     const int key0 = key_group() * kKeys;
+    if constexpr (std::is_same_v<Columns, CausalMask> && !kDeferred) {
+      // no row of the block sees a key of this step (a computed causal mask): its scores would all be
+      // −∞, its P 0, and m, l and O unchanged. Uniform over the block (over a warp's key group).
+      if (columns.last_key_of_rows(0, R - 1) < key0) return;
+    }
     if constexpr (kLookahead) {
       step_ahead(state, q, k, v, key0);
       return;

@@ -57,17 +57,34 @@ struct CausalMask {
   int period;
   // The last key of the tile that row `row` sees (tile-relative; below 0: none).
   MIRAGE_DEVICE int last_key(int row) const { return (row0 + row) % period - key0; }
+  // The last key of the tile that any of rows first … last sees (tile-relative): the rows' largest
+  // query, or the period's last where they wrap around it.
+  MIRAGE_DEVICE int last_key_of_rows(int first, int last) const {
+    const int a = (row0 + first) % period;
+    const int b = (row0 + last) % period;
+    return (b < a || last - first + 1 >= period ? period - 1 : b) - key0;
+  }
 };
 
 // Each iteration's CausalMask of a block, from where its tile would lie in the source (keys: the
-// source's last dim, row-major).
+// source's last dim, row-major); the tile has `rows` rows and `step_keys` keys.
 struct CausalMasks {
   dev::TileCoordinate tile;
   int keys;
   int period;
+  int rows;
+  int step_keys;
   MIRAGE_DEVICE CausalMask at(int iteration) const {
     const int64_t first = tile.at(iteration);
     return CausalMask{static_cast<int>(first / keys), static_cast<int>(first % keys), period};
+  }
+  // How many of the loop's first steps show some key to some row of the block, when the tile moves
+  // along the keys with the loop: the later steps show none (their keys lie past every row's last).
+  MIRAGE_DEVICE int iterations(int forloop_range) const {
+    if (tile.iteration_step != step_keys) return forloop_range;
+    const int last = at(0).last_key_of_rows(0, rows - 1);
+    const int visible = last < 0 ? 0 : last / step_keys + 1;
+    return visible < forloop_range ? visible : forloop_range;
   }
 };
 
