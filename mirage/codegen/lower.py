@@ -66,9 +66,11 @@ class KernelLowering:
         one_barrier_loops: bool = False,
         stagger_shared_loads: bool = False,
         tma_release: bool = False,
+        heavy_first: bool = False,
     ) -> None:
         self.kernel = kernel
         self.tma_release = tma_release
+        self.heavy_first = heavy_first
         self.released_loop = False  # set by steps(): stages handed back through barriers, none in the loop
         self.stagger_shared_loads = stagger_shared_loads
         self.name = name
@@ -702,6 +704,7 @@ class KernelLowering:
 
     def context(self) -> ctx.KernelContext:
         steps = self.steps()
+        causal_bound = self._causal_bound(steps[Phase.LOOP])
         bound = {t.name: t for t in self._tiles.values() if t.offset >= 0}
         return ctx.KernelContext(
             name=self.name,
@@ -729,8 +732,18 @@ class KernelLowering:
             post_loop=tuple(steps[Phase.POST_LOOP]),
             cluster_shape=self._multicast_cluster(steps[Phase.LOOP]),
             async_readers=self.async_readers,
-            causal_bound=self._causal_bound(steps[Phase.LOOP]),
+            causal_bound=causal_bound,
+            heavy_first_axis=self._heavy_first_axis(causal_bound),
         )
+
+    def _heavy_first_axis(self, bound: str) -> int:
+        """The grid axis along the rows of the bounding causal mask ``bound`` (its rank-4 dim 2), where
+        the grid splits it; -1 for none, or with heavy-first launches off (``heavy_first``)."""
+        if not bound or not self.heavy_first:
+            return -1
+        (mask,) = [it for it in self.iterators if it.name == bound]
+        axes = [a for a in range(3) if mask.input_map[a] == 2 and self.graph.grid_dim[a] > 1]
+        return axes[0] if len(axes) == 1 else -1
 
     def _causal_bound(self, loop: list[ctx.Step]) -> str:
         """The computed causal mask's iterator where it may bound the loop: its tile moves along the keys

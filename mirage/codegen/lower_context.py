@@ -542,6 +542,9 @@ class KernelContext:
     # a computed causal mask's iterator that bounds the loop: the steps whose keys no row of the block
     # sees are not run, nor are their tiles copied ("": every step runs)
     causal_bound: str = ""
+    # the grid axis that a bounding causal mask's rows lie along, launched from its far end (the blocks
+    # of the last rows run the most steps; started first, they do not trail the rest): -1 for none
+    heavy_first_axis: int = -1
 
     @property
     def pipelined(self) -> tuple[InputIteratorContext, ...]:

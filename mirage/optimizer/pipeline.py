@@ -66,6 +66,7 @@ class OptimizerOptions:
     hoist_invariants: bool = True  # run loop-invariant ops before the for-loop
     register_softmax: bool = True  # attention chains in registers (softmax_chain), not op by op
     generated_masks: bool = True  # ...their masks that inputs name as causal computed from indices
+    heavy_first: bool = True  # ...and the blocks of the rows that see the most keys launched first
     chain_key_norms: bool = False  # per-key values g(Σ K²) computed by the chain from its K fragments;
     # off: measured slower than their own step (docs/performance.md §3)
     warpgroup_key_norms: bool = True  # ...computed so by a warpgroup chain (the warpgroup_softmax form)

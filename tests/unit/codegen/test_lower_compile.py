@@ -221,6 +221,8 @@ def test_a_causal_pattern_is_computed_by_the_chain(built, name):
     # chain returns at once instead)
     bounded = "for (int iteration = 0; iteration < iterations; ++iteration)" in program.code
     assert bounded == (name != "causal_attention_split")
+    # where the loop is bounded, the row blocks that run the most steps (the last rows) launch first
+    assert ("reversed_along(::blockIdx, ::gridDim, 2)" in program.code) == bounded
     (kernel, *_) = program.prepared.kernels
     mask = kernel.softmax_chain.column
     assert kernel.softmax_chain.mask_rows == 128 and mask not in {b.node for b in kernel.memory.buffers}

@@ -74,6 +74,15 @@ MIRAGE_HOST_DEVICE int64_t block_offset(DimMap map, uint3 block, int d) {
 }
 }  // namespace detail
 
+// `block` with its index along grid axis `axis` (0: x, 1: y, 2: z) counted from the other end: the
+// blocks the hardware starts first then compute the tiles at the axis's far end.
+MIRAGE_DEVICE uint3 reversed_along(uint3 block, dim3 grid, int axis) {
+  if (axis == 0) block.x = grid.x - 1 - block.x;
+  if (axis == 1) block.y = grid.y - 1 - block.y;
+  if (axis == 2) block.z = grid.z - 1 - block.z;
+  return block;
+}
+
 // Tile of an input iterator with tile layout L, input map `imap`, forloop dim `forloop_dim`
 // (-1: the same tile at every iteration) and forloop range `forloop_range`.
 template <class L>
