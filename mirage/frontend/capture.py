@@ -12,6 +12,7 @@ number and the kinds of inputs must match the first capture (:func:`check_call`)
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -174,6 +175,7 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     gm = exported.module()
     _drop_value_asserts(gm)
     _explicit_causal_masks(gm)
+    _additive_bool_masks(gm)
     return gm
 
 
@@ -212,6 +214,34 @@ def _explicit_causal_masks(gm: fx.GraphModule) -> None:
             node.meta[GROUPED_MASK] = _buffer(gm, node, f"{name}_grouped{group}", grouped, pattern)
         node.args = (p["query"], p["key"], p["value"])
         node.kwargs = {"attn_mask": attribute, "dropout_p": p["dropout_p"], "is_causal": False,
+                       "scale": p.get("scale"), "enable_gqa": p.get("enable_gqa", False)}
+    gm.recompile()
+
+
+def _additive_bool_masks(gm: fx.GraphModule) -> None:
+    """Give each ``scaled_dot_product_attention`` with a boolean ``attn_mask`` (True: the key takes
+    part) the additive mask of the same meaning, 0 and −inf in the query's dtype, computed in PyTorch
+    before it (``where``, then a cast), so that the attention is the masked form the search takes."""
+    from mirage.frontend.lowering import params
+
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not sdpa:
+            continue
+        p = params(node)
+        mask = p.get("attn_mask")
+        value = mask.meta.get("val") if isinstance(mask, fx.Node) else None
+        if not isinstance(value, torch.Tensor) or value.dtype is not torch.bool:
+            continue
+        dtype = p["query"].meta["val"].dtype
+        with gm.graph.inserting_before(node):
+            where = gm.graph.call_function(torch.ops.aten.where.Scalar, (mask, 0.0, float("-inf")))
+            additive = gm.graph.call_function(torch.ops.aten._to_copy.default, (where,), {"dtype": dtype})
+        with getattr(value, "fake_mode", None) or contextlib.nullcontext():
+            where.meta["val"] = torch.where(value, 0.0, float("-inf"))
+            additive.meta["val"] = where.meta["val"].to(dtype)
+        node.args = (p["query"], p["key"], p["value"])
+        node.kwargs = {"attn_mask": additive, "dropout_p": p.get("dropout_p", 0.0), "is_causal": False,
                        "scale": p.get("scale"), "enable_gqa": p.get("enable_gqa", False)}
     gm.recompile()
 

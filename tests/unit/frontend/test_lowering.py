@@ -198,6 +198,30 @@ def test_grouped_query_causal_attention_reads_its_mask_repeated_for_the_folded_r
     assert patterns == ["causal:6"]  # 24 rows: the 6 queries repeated for the 4 folded heads
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_boolean_mask_becomes_additive_and_is_lowered(dtype):
+    """SDPA with a boolean mask (True: the key takes part): capture puts the additive mask of the same
+    meaning (0, −inf in the query's dtype) before it, computed in PyTorch, and the attention becomes a
+    subprogram of the masked form. The result is PyTorch's, against float64."""
+
+    def masked(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=torch.Generator().manual_seed(i)).to(dtype)
+               for i in range(3))
+    m = torch.rand(8, 8, generator=torch.Generator().manual_seed(3)) > 0.4
+    m[:, 0] = True  # every query sees a key
+    fast = mi.superoptimize(masked, (q, k, v, m), search=False)
+    (sub,) = fast.partition.subprograms
+    assert len(sub.inputs) == 4
+    truth = masked(q.double(), k.double(), v.double(), m)
+    torch.testing.assert_close(fast(q, k, v, m).double(), truth, rtol=2e-3, atol=2e-3)
+    other = m.logical_not()
+    other[:, 0] = True  # another mask, same shape: the result follows it
+    truth = masked(q.double(), k.double(), v.double(), other)
+    torch.testing.assert_close(fast(q, k, v, other).double(), truth, rtol=2e-3, atol=2e-3)
+
+
 def test_a_user_mask_names_no_pattern_even_if_causal():
     """Only the masks capture builds itself promise their values: a mask the caller passes may change
     between calls, so its kernel input names no pattern."""
