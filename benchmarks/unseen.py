@@ -130,6 +130,19 @@ class GroupedCausalAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
+class WindowedAttention(nn.Module):
+    """Local attention over a 512-token prompt: each query sees the keys within 128 positions, a
+    boolean mask (a buffer) passed to SDPA."""
+
+    def __init__(self, tokens: int = 512, window: int = 128):
+        super().__init__()
+        positions = torch.arange(tokens)
+        self.register_buffer("window", (positions[:, None] - positions[None, :]).abs() < window)
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.window)
+
+
 class BiasedAttention(nn.Module):
     """Attention with an additive bias of the scores shared by all heads (ALiBi- or T5-style),
     written out."""
@@ -176,6 +189,7 @@ PROGRAMS = {
     "biased_attention": (BiasedAttention, [(1, 12, 512, 64)] * 3 + [(512, 512)]),
     "grouped_causal_attention": (GroupedCausalAttention, [(1, 32, 256, 64)] + [(1, 8, 256, 64)] * 2),
     "long_causal_attention": (CausalAttention, [(1, 16, 2048, 64)] * 3),
+    "windowed_attention": (WindowedAttention, [(1, 12, 512, 64)] * 3),
     "wide_head_attention": (WideHeadAttention, [(1, 16, 1024, 128)] * 3),
 }
 
