@@ -222,6 +222,31 @@ def test_a_boolean_mask_becomes_additive_and_is_lowered(dtype):
     torch.testing.assert_close(fast(q, k, v, other).double(), truth, rtol=2e-3, atol=2e-3)
 
 
+def test_a_constant_boolean_mask_is_converted_once_and_again_after_an_update():
+    """A boolean mask held in a buffer is converted to its additive form at the first call only
+    (the same tensor comes back while the buffer is unchanged); an update in place is followed."""
+    from mirage.frontend.capture import additive_mask
+
+    class Windowed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            positions = torch.arange(16)
+            self.register_buffer("window", (positions[:, None] - positions[None, :]).abs() < 4)
+
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.window)
+
+    model = Windowed()
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    fast = mi.superoptimize(model, (q, k, v), search=False, progress=False)
+    torch.testing.assert_close(fast(q, k, v), model(q, k, v))
+    first = additive_mask(model.window, torch.float32)
+    assert additive_mask(model.window, torch.float32) is first  # unchanged: converted once
+    model.window[:, :8] = True  # in place: the next call converts it again
+    assert additive_mask(model.window, torch.float32) is not first
+    torch.testing.assert_close(fast(q, k, v), model(q, k, v))
+
+
 def test_a_user_mask_names_no_pattern_even_if_causal():
     """Only the masks capture builds itself promise their values: a mask the caller passes may change
     between calls, so its kernel input names no pattern."""
