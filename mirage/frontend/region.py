@@ -79,15 +79,20 @@ class Value:
 
 @dataclass(frozen=True)
 class InputBinding:
-    """Graph input ``i`` is ``source`` (an fx node name), permuted, then reshaped to ``shape``."""
+    """Graph input ``i`` is ``source`` (an fx node name), permuted, then reshaped to ``shape``; with
+    ``expand``, first broadcast to that shape and copied (where the graph tensor it meets merges dims
+    that the source broadcasts over, e.g. a key-padding mask against scores of (batch · heads) rows)."""
 
     source: str
     permute: tuple[int, ...] | None
     shape: Shape
+    expand: Shape | None = None
 
     def apply(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.permute is not None:
             tensor = tensor.permute(self.permute)
+        if self.expand is not None:
+            tensor = tensor.expand(self.expand).contiguous()
         return tensor if tensor.shape == self.shape else tensor.reshape(self.shape)
 
 
@@ -140,7 +145,8 @@ def _pattern(x: Boundary, binding: InputBinding) -> str:
     the tensor): kept where the view keeps its rows of keys and the values are the pattern's, else ""."""
     pattern = x.node.meta.get(PATTERN, "")
     value = x.node.meta.get("val")
-    if not pattern or binding.permute is not None or binding.shape[-1:] != x.shape[-1:]:
+    if (not pattern or binding.permute is not None or binding.expand is not None
+            or binding.shape[-1:] != x.shape[-1:]):
         return ""
     try:
         patterns.check_shape(pattern, binding.shape)
@@ -190,14 +196,15 @@ class RegionBuilder:
             raise Unlowerable("a number where a tensor is needed")
         return x
 
-    def bind(self, x: Boundary, shape: Sequence[int], permute: tuple[int, ...] | None = None) -> DTensor:
+    def bind(self, x: Boundary, shape: Sequence[int], permute: tuple[int, ...] | None = None,
+             expand: Shape | None = None) -> DTensor:
         if x.dtype not in FLOAT_DTYPES:
             raise Unlowerable(f"{x.node.name} has dtype {x.dtype}; µGraphs hold floating-point tensors")
         if 0 in x.shape:
             raise Unlowerable(f"{x.node.name}{list(x.shape)} is empty (a dimension of size 0)")
-        binding = InputBinding(x.node.name, permute, tuple(int(s) for s in shape))
+        binding = InputBinding(x.node.name, permute, tuple(int(s) for s in shape), expand)
         if binding not in self._inputs:
-            if math.prod(binding.shape) != math.prod(x.shape):
+            if math.prod(binding.shape) != math.prod(expand or x.shape):
                 raise Unlowerable(f"cannot view {x.node.name}{list(x.shape)} as {list(shape)}")
             self._inputs[binding] = self.builder.new_input(dims=binding.shape, dtype=mg.DType.parse(x.dtype),
                                                          name=x.node.name, pattern=_pattern(x, binding))
@@ -308,13 +315,19 @@ class RegionBuilder:
         full = [tuple(x.tensor.dims) for x, s in pairs if isinstance(x, Value) and s == out]
         frames = full[:1] or list(dict.fromkeys([self.default_shape(out), tuple(out)]))
         targets = next((t for t in (self._targets(f, out, pairs) for f in frames) if t is not None), None)
+        expanded: set[int] = set()
+        if targets is None and full:  # a computed operand holds merged dims an outside one broadcasts over
+            targets, expanded = self._expanded_targets(full[0], out, pairs)
         if targets is None:
             raise Unlowerable(f"operands of shapes {list(sa)} and {list(sb)} are held in graph tensors that "
                               "do not broadcast")
         tensors = []
-        for (x, _), target in zip(pairs, targets, strict=True):
+        for k, ((x, _), target) in enumerate(zip(pairs, targets, strict=True)):
             if isinstance(x, Value) and x.expanded_from is not None:
                 x = Value(x.tensor, x.expanded_from, x.reciprocal)
+            if k in expanded:
+                tensors.append((self.bind(x, target, expand=tuple(out)), False))
+                continue
             tensors.append(self.raw(x, target))
         (ta, ra), (tb, rb) = tensors
         result, reciprocal = combine(ta, ra, tb, rb)
@@ -332,6 +345,22 @@ class RegionBuilder:
                 return None
             targets.append(target)
         return targets
+
+    @classmethod
+    def _expanded_targets(cls, frame: Shape, out: Shape, pairs) -> tuple[list[Shape] | None, set[int]]:
+        """Graph shapes of both operands in ``frame`` where the outside operands that do not fit it
+        are broadcast to ``out`` and copied (bound with ``expand``), and which those are."""
+        targets, expanded = [], set()
+        for k, (x, s) in enumerate(pairs):
+            target = cls._targets(frame, out, ((x, s),))
+            if target is not None:
+                targets.append(target[0])
+            elif isinstance(x, Boundary):
+                targets.append(tuple(frame))
+                expanded.add(k)
+            else:
+                return None, set()
+        return targets, expanded
 
     def add(self, a: Operand, b: Operand, sign: float = 1.0) -> Value:
         def combine(ta, ra, tb, rb):

@@ -247,6 +247,28 @@ def test_a_constant_boolean_mask_is_converted_once_and_again_after_an_update():
     torch.testing.assert_close(fast(q, k, v), model(q, k, v))
 
 
+@pytest.mark.parametrize("heads", [2, 8])  # 8: four query heads a key head (grouped, folded into rows)
+@pytest.mark.parametrize("mask_shape", [(16, 16), (2, 1, 1, 16), (2, 1, 16, 16), (1, "heads", 1, 16)])
+def test_masks_that_broadcast_over_merged_dims_are_bound_expanded(heads, mask_shape):
+    """Scores are held with batch and heads merged (and grouped-query heads folded into the rows), so
+    a key-padding mask of shape (b, 1, 1, keys) does not broadcast against them: it is bound expanded
+    to the scores' shape (copied at each call) and the attention is lowered; the result is float64
+    PyTorch's for each mask shape, with and without grouped heads."""
+    mask_shape = tuple(heads if d == "heads" else d for d in mask_shape)
+
+    def masked(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, heads, 16, 8, generator=g)
+    k, v = (torch.randn(2, 2, 16, 8, generator=g) for _ in range(2))
+    m = torch.randn(mask_shape, generator=g)
+    fast = mi.superoptimize(masked, (q, k, v, m), search=False, progress=False)
+    assert len(fast.partition.subprograms) == 1 and not fast.partition.pytorch_ops
+    truth = masked(q.double(), k.double(), v.double(), m.double())
+    torch.testing.assert_close(fast(q, k, v, m).double(), truth, rtol=1e-5, atol=1e-5)
+
+
 def test_a_user_mask_names_no_pattern_even_if_causal():
     """Only the masks capture builds itself promise their values: a mask the caller passes may change
     between calls, so its kernel input names no pattern."""
