@@ -704,7 +704,7 @@ class KernelLowering:
 
     def context(self) -> ctx.KernelContext:
         steps = self.steps()
-        causal_bound = self._causal_bound(steps[Phase.LOOP])
+        causal_bound = softmax.causal_bound(self, steps[Phase.LOOP])
         bound = {t.name: t for t in self._tiles.values() if t.offset >= 0}
         return ctx.KernelContext(
             name=self.name,
@@ -733,27 +733,8 @@ class KernelLowering:
             cluster_shape=self._multicast_cluster(steps[Phase.LOOP]),
             async_readers=self.async_readers,
             causal_bound=causal_bound,
-            heavy_first_axis=self._heavy_first_axis(causal_bound),
+            heavy_first_axis=softmax.heavy_first_axis(self, causal_bound),
         )
-
-    def _heavy_first_axis(self, bound: str) -> int:
-        """The grid axis along the rows of the bounding causal mask ``bound`` (its rank-4 dim 2), where
-        the grid splits it; -1 for none, or with heavy-first launches off (``heavy_first``)."""
-        if not bound or not self.heavy_first:
-            return -1
-        (mask,) = [it for it in self.iterators if it.name == bound]
-        axes = [a for a in range(3) if mask.input_map[a] == 2 and self.graph.grid_dim[a] > 1]
-        return axes[0] if len(axes) == 1 else -1
-
-    def _causal_bound(self, loop: list[ctx.Step]) -> str:
-        """The computed causal mask's iterator where it may bound the loop: its tile moves along the keys
-        with the loop, the loop runs the chain's step alone (a step whose keys are all hidden changes
-        nothing), and no input is multicast (the blocks of a cluster would stop at different steps)."""
-        masks = [it for it in self.iterators if it.generated and it.forloop_dim == 3]
-        if (len(masks) != 1 or any(it.multicast for it in self.iterators) or self.barrier_free_loop
-                or not all(isinstance(s, ctx.OnlineSoftmaxStep | ctx.BarrierStep) for s in loop)):
-            return ""
-        return masks[0].name
 
     def _multicast_cluster(self, loop: list[ctx.Step]) -> tuple[int, int, int]:
         """Blocks per cluster along each grid axis: the multicast inputs' ((1, 1, 1) without). Their slots

@@ -100,3 +100,24 @@ def scratch_offset(lw: KernelLowering) -> int:
     """After the plan and the reduction scratch (whose size is known up front)."""
     base = -(-lw.kernel.smem_bytes // 16) * 16
     return base + -(-4 * max(lw.threads // 32, 1) // 16) * 16
+
+
+def causal_bound(lw: KernelLowering, loop: list[ctx.Step]) -> str:
+    """The computed causal mask's iterator where it may bound the loop: its tile moves along the keys
+    with the loop, the loop runs the chain's step alone (a step whose keys are all hidden changes
+    nothing), and no input is multicast (the blocks of a cluster would stop at different steps)."""
+    masks = [it for it in lw.iterators if it.generated and it.forloop_dim == 3]
+    if (len(masks) != 1 or any(it.multicast for it in lw.iterators) or lw.barrier_free_loop
+            or not all(isinstance(s, ctx.OnlineSoftmaxStep | ctx.BarrierStep) for s in loop)):
+        return ""
+    return masks[0].name
+
+
+def heavy_first_axis(lw: KernelLowering, bound: str) -> int:
+    """The grid axis along the rows of the bounding causal mask ``bound`` (its rank-4 dim 2), where
+    the grid splits it; -1 for none, or with heavy-first launches off (``heavy_first``)."""
+    if not bound or not lw.heavy_first:
+        return -1
+    (mask,) = [it for it in lw.iterators if it.name == bound]
+    axes = [a for a in range(3) if mask.input_map[a] == 2 and lw.graph.grid_dim[a] > 1]
+    return axes[0] if len(axes) == 1 else -1
