@@ -374,7 +374,8 @@ def profile_choice(reference: KernelGraph,
     renamed = [_rename(g, reference) for g in given]  # built with the reference's input patterns
     selection = select_fastest(reference, renamed, stages=(2, 3))
     best = selection.best
-    picked = next(g for g, r in zip(given, renamed, strict=True) if r is best.variant.graph)
+    built = best.variant.graph
+    picked = next((g for g, r in zip(given, renamed, strict=True) if r is built), built)
     launch = ("on, one block per SM" if best.spread_blocks else "on") if best.dependent_launch else "off"
     return picked, (f"fastest of {len(selection.trials)} GPU builds: {best.median_us:.2f} µs "
                                 f"(pipeline stages {best.variant.stages}, dependent launch {launch})"), \
