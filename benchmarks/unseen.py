@@ -143,6 +143,19 @@ class WindowedAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.window)
 
 
+class PaddedAttention(nn.Module):
+    """A BERT-style encoder's attention over a batch of 4 prompts padded to 256 tokens: a boolean
+    key-padding mask of shape (4, 1, 1, 256) (a buffer), which broadcasts over heads and queries."""
+
+    def __init__(self, lengths: tuple[int, ...] = (256, 200, 131, 64), tokens: int = 256):
+        super().__init__()
+        keep = torch.arange(tokens)[None, :] < torch.tensor(lengths)[:, None]
+        self.register_buffer("keep", keep[:, None, None, :])
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.keep)
+
+
 class BiasedAttention(nn.Module):
     """Attention with an additive bias of the scores shared by all heads (ALiBi- or T5-style),
     written out."""
@@ -190,6 +203,7 @@ PROGRAMS = {
     "grouped_causal_attention": (GroupedCausalAttention, [(1, 32, 256, 64)] + [(1, 8, 256, 64)] * 2),
     "long_causal_attention": (CausalAttention, [(1, 16, 2048, 64)] * 3),
     "windowed_attention": (WindowedAttention, [(1, 12, 512, 64)] * 3),
+    "padded_attention": (PaddedAttention, [(4, 12, 256, 64)] * 3),
     "wide_head_attention": (WideHeadAttention, [(1, 16, 1024, 128)] * 3),
 }
 
