@@ -269,6 +269,31 @@ def test_masks_that_broadcast_over_merged_dims_are_bound_expanded(heads, mask_sh
     torch.testing.assert_close(fast(q, k, v, m).double(), truth, rtol=1e-5, atol=1e-5)
 
 
+def test_ops_after_a_subprogram_see_eager_pytorchs_layout():
+    """Eager SDPA lays its (batch, heads, seq, dim) output out as (batch, seq, heads, dim), so a model's
+    ``.transpose(1, 2).contiguous().view(b, t, d)`` exports as a bare ``view``, which the subprogram's
+    row-major output would not allow: the output is laid out as eager's (``runtime.restrided``) before
+    the PyTorch ops that follow it. A GPT-style attention half-block, against eager PyTorch."""
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.proj = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = (z.view(b, t, 4, 8).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return x + self.proj(y.transpose(1, 2).contiguous().view(b, t, d))
+
+    torch.manual_seed(0)
+    model, x = Attention().eval(), torch.randn(2, 8, 32)
+    fast = mi.superoptimize(model, (x,), search=False, progress=False)
+    assert len(fast.partition.subprograms) >= 2  # the attention's output feeds PyTorch's view
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x))
+
+
 def test_a_user_mask_names_no_pattern_even_if_causal():
     """Only the masks capture builds itself promise their values: a mask the caller passes may change
     between calls, so its kernel input names no pattern."""
