@@ -167,12 +167,18 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
 
     search_start = time.perf_counter()
     deadline = None if options.budget.time_s is None else started_at + options.budget.time_s
-    explorer = Explorer(context)
+    explorer = Explorer(context, deadline)
     root = root_state(reference, space.order == "complete")
     explorer.visit("kernel", 0)
     explorer.stats.kernel_states += 1
     root_found = explorer.verify(root)
-    units = [] if root_found else split(explorer, root)
+    listed = True
+    try:
+        units = [] if root_found else split(explorer, root)
+    except StopSearch:  # the budget ran out while the root's children were listed: no unit runs
+        logger.warning("the search's time budget ran out while its work units were listed (%d inputs); "
+                       "nothing was searched", len(reference.input_types))
+        units, listed = [], False
     stats.add_unit(_unit_stats(explorer))
     stats.units_total = len(units)
     committer = _Committer(options.budget, explorer.position)
@@ -202,7 +208,7 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     stats.workers, stats.backend = workers, executor.name
     progress.bind(executor, committer, stats)
     last_checkpoint = time.time()
-    stop: StopReason | None = committer.stop
+    stop: StopReason | None = committer.stop if listed else StopReason.TIME
     try:
         if stop is None:
             for record in executor.results(pending, deadline, committer.remaining_states):
@@ -235,7 +241,7 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
         progress.close()
     if path is not None:
         path = _save_checkpoint(checkpoint, path)
-    if stop is StopReason.TIME and committer.stop is None and committer.next == len(units):
+    if stop is StopReason.TIME and committer.stop is None and committer.next == len(units) and listed:
         stop = None  # every unit finished while the last ones drained
     stop = stop or committer.stop or StopReason.COMPLETE
     stats.phase_seconds["search"] = time.perf_counter() - search_start

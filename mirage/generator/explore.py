@@ -181,8 +181,11 @@ class Explorer:
         if self._ticks % _CHECK_EVERY == 0:
             if self.progress is not None:
                 self.progress(_CHECK_EVERY)
-            if self.deadline is not None and time.time() > self.deadline:
-                raise StopSearch(StopReason.TIME)
+            self.check_deadline()
+
+    def check_deadline(self) -> None:
+        if self.deadline is not None and time.time() > self.deadline:
+            raise StopSearch(StopReason.TIME)
 
     def extra_verdict(
         self,
@@ -347,7 +350,9 @@ class Explorer:
             yield from headers
             return
         later: list[BlockHeader] = []
-        for header in headers:
+        for count, header in enumerate(headers):
+            if count % _CHECK_EVERY == 0:  # many inputs make many headers: the listing keeps the budget too
+                self.check_deadline()
             if self._fits(state, header):
                 yield header
             else:

@@ -605,3 +605,30 @@ def test_the_stability_filter_analyses_only_candidates_with_extra_exps(monkeypat
     assert softmax_rewrite.unstable_exps(apart) > keep.allowed and not keep(apart)
     monkeypatch.setattr(softmax_rewrite, "unstable_exps", lambda graph: pytest.fail("analysed"))
     assert keep(reference)  # as many exps as the reference: verified without the analysis
+
+
+def test_a_search_whose_units_cannot_be_listed_in_its_budget_stops_on_time():
+    """A subprogram of many inputs (a residual MLP half-block: 10 tensors) has so many block headers
+    that listing the search's work units alone used to take hours, past any budget: the listing keeps
+    the clock too, and the search stops at its budget with the reason, having searched nothing."""
+    import time
+
+    class Half(torch.nn.Module):
+        def __init__(self, d=64):
+            super().__init__()
+            self.proj, self.ln = torch.nn.Linear(d, d), torch.nn.LayerNorm(d)
+            self.fc, self.out = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+        def forward(self, x, y):
+            x = x + self.proj(y)
+            return x + self.out(F.gelu(self.fc(self.ln(x))))
+
+    torch.manual_seed(0)
+    model, inputs = Half().eval(), (torch.randn(2, 16, 64), torch.randn(2, 16, 64))
+    start = time.perf_counter()
+    fast = mi.superoptimize(model, inputs, time_limit_s=1, use_cache=False, progress=False)
+    assert time.perf_counter() - start < 60
+    whole = [line for line in fast.report().splitlines() if "before a split: 7 torch ops" in line]
+    assert whole and "in 1 states; search stopped: time budget spent" in whole[0]
+    with torch.no_grad():
+        torch.testing.assert_close(fast(*inputs), model(*inputs))
