@@ -233,7 +233,10 @@ def rmsnorm_variant(b: int, two_kernels: bool = False, **splits) -> KernelGraph:
 
 # program → (family rows, builder(size, **arguments))
 FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
-    "rmsnorm": (_rows((3,), grid=(128,), iters=(8, 16), threads=(256, 512)), rmsnorm_variant),
+    # RMSNorm: 128 blocks; or the normalization in a kernel of its own, which leaves the GEMV room for a
+    # third stage of 512-row K tiles at b = 8 (the fused kernel's norm tiles do not fit beside them)
+    "rmsnorm": (_rows((3,), grid=(128,), iters=(8, 16), threads=(256, 512))
+                + _rows((3,), two_kernels=(True,), grid=(128,), iters=(8,), threads=(256,)), rmsnorm_variant),
     # GatedMLP: 128 blocks, K tiles of 256 or 128 rows; or 64 wider blocks with a deeper ring (the fastest
     # at m = 1 of the wide family at depths 3–5: explore_h100_2026-11-26_gatedmlp_depths.json)
     "gatedmlp": (_rows((3, 4), grid=(128,), iters=(16, 32), threads=(128, 256))
@@ -257,6 +260,7 @@ WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
     "rmsnorm": lambda: (_rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(256, 512))
                         + _rows((3, 4), two_kernels=(True,), grid=(128,), iters=(16, 32),
                                 threads=(128, 256))
+                        + _rows((2, 3), two_kernels=(True,), grid=(128,), iters=(8,), threads=(256, 512))
                         + _rows((2,), grid=(64, 96, 128), iters=(8, 16), threads=(256, 512))
                         # more, narrower blocks: two blocks on some SMs, more weight streams
                         + _rows((2, 3), grid=(192, 256), iters=(8, 16), threads=(128, 256))

@@ -30,7 +30,6 @@ from mirage.codegen import lower_softmax as softmax
 from mirage.codegen.lower_functions import single_op_graph, thread_function
 from mirage.codegen.lower_ops import (
     LoweringError,
-    element_size,
     element_type,
     functor,
     plan_pitch,
@@ -38,6 +37,7 @@ from mirage.codegen.lower_ops import (
     rank4_dim,
     rank4_map,
     tile_layout,
+    vector_copies,
 )
 from mirage.codegen.lower_rowloop import RowLoopLowering
 from mirage.mugraph.graph import AccumKind, BlockGraph, Ref
@@ -513,10 +513,7 @@ class KernelLowering:
         vectors: cp.async, or plain stores where a pointer is misaligned), none staged through
         registers and stored at a later load call (``InputIterator::kRegisterStaged``), whose
         stores would need a barrier after the loads."""
-        def vectors(it: ctx.InputIteratorContext) -> bool:
-            vector = 16 // element_size(it.tile.element)
-            return it.tile.layout.dims[3] % vector == 0 and it.tile.layout.pitch % vector == 0
-        return all(vectors(it) for it in self.iterators if it.pipelined)
+        return all(vector_copies(it.tile) for it in self.iterators if it.pipelined)
 
     @property
     def barrier_free_loop(self) -> bool:

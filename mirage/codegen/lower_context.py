@@ -545,6 +545,10 @@ class KernelContext:
     # the grid axis that a bounding causal mask's rows lie along, launched from its far end (the blocks
     # of the last rows run the most steps; started first, they do not trail the rest): -1 for none
     heavy_first_axis: int = -1
+    # pipelined program inputs whose first stages are copied before the dependency wait (early_loads)
+    early_loads: tuple[InputIteratorContext, ...] = ()
+    # the next kernel may launch only once this one's wait has returned (it reads program inputs early)
+    signal_after_wait: bool = False
 
     @property
     def pipelined(self) -> tuple[InputIteratorContext, ...]:

@@ -134,6 +134,13 @@ def element_size(element: str) -> int:
     return 4 if element == "float" else 2
 
 
+def vector_copies(tile) -> bool:
+    """Whether an input tile's rows are copied in 16-byte vectors (cp.async, or plain stores where a
+    pointer is misaligned), not staged through registers (``InputIterator::kRegisterStaged``)."""
+    vector = 16 // element_size(tile.element)
+    return tile.layout.dims[3] % vector == 0 and tile.layout.pitch % vector == 0
+
+
 def rank4(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
     """A shape of rank 1 to 4 padded with leading 1s (the device library's four dims)."""
     if not 1 <= len(shape) <= 4:

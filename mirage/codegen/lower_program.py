@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirage.codegen import early_loads
 from mirage.codegen import lower_context as ctx
 from mirage.codegen.lower import KernelLowering
 from mirage.codegen.lower_context import FoldedKernel, KernelContext
@@ -260,8 +261,8 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
     graph = prepared.graph
     prefix = kernel_prefix(graph)
     accumulator = element_type(prepared.options.accumulator_dtype, "the accumulator dtype")
-    contexts = {k.node: _lower_kernel(prepared, k, f"{prefix}_k{k.node}", accumulator)
-                for k in prepared.kernels}
+    contexts = early_loads.with_early_loads(prepared, {
+        k.node: _lower_kernel(prepared, k, f"{prefix}_k{k.node}", accumulator) for k in prepared.kernels})
     units: list[KernelContext | FoldedKernel] = []
     launches = []
     for kernel in prepared.kernels:

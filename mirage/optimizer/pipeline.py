@@ -122,6 +122,9 @@ class OptimizerOptions:
     # (faster than the block barriers in 16 of 18 gqa builds, bit for bit the same: docs/performance.md §3)
     early_prologue: bool = True  # the loop's first stages fetched before the pre-loop steps instead of
     # after them (QKNorm's Q rms), so their copies and the pre-loop operands' fly together
+    early_input_loads: bool = True  # a kernel after the program's first issues its first stages of program
+    # inputs (a GEMV's weight) before it waits for the kernel before it, which signals only after its own
+    # wait (codegen.early_loads)
 
 
 @dataclass(frozen=True)
