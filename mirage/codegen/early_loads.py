@@ -10,7 +10,11 @@ That is safe only against the kernels of the program.  A kernel that the *caller
 program may still be writing that input, and a kernel may launch as soon as the one before it signals
 (``launch_dependents``), which every kernel does first thing.  So the kernel before an early reader
 signals only after its own wait has returned: by then everything launched before it has completed, the
-caller's writes included.  The cp.async copies issued early join the prologue's first commit group,
+caller's writes included.
+
+The stages must not share shared memory with any tile of the steps before the loop, which the early
+copies would overwrite: only kernels whose memory plan starts the stages' lifetimes at the kernel's
+start qualify.  The cp.async copies issued early join the prologue's first commit group,
 whose wait then covers them; the prologue still commits one group per stage, so the loop's waits count
 as before.
 """
@@ -22,6 +26,8 @@ import dataclasses
 from mirage.codegen import lower_context as ctx
 from mirage.codegen.lower_ops import vector_copies
 from mirage.mugraph.ops import Op
+from mirage.optimizer.memory import timeline
+from mirage.optimizer.schedule import Phase
 
 
 def with_early_loads(prepared, contexts: dict[int, ctx.KernelContext]) -> dict[int, ctx.KernelContext]:
@@ -36,7 +42,7 @@ def with_early_loads(prepared, contexts: dict[int, ctx.KernelContext]) -> dict[i
                           if graph.nodes[ref.node].op is Op.INPUT}
         context = out[kernel.node]
         early = tuple(it for it in context.pipelined if it.parameter in program_inputs and _copied(it))
-        if not early or context.causal_bound or context.stages < 2:
+        if not early or context.causal_bound or context.stages < 2 or not _stages_live_from_start(kernel):
             continue
         out[kernel.node] = dataclasses.replace(
             context, early_loads=early,
@@ -44,6 +50,14 @@ def with_early_loads(prepared, contexts: dict[int, ctx.KernelContext]) -> dict[i
             post_loop=_without(context.post_loop, early))
         out[before.node] = dataclasses.replace(out[before.node], signal_after_wait=True)
     return out
+
+
+def _stages_live_from_start(kernel) -> bool:
+    """No tile of the steps before the loop shares shared memory with the pipeline's stages: the
+    memory plan starts the stages' lifetimes at the first pre-loop level (``early_prologue``), or the
+    kernel has no pre-loop steps. Otherwise a pre-loop tile may sit where an early copy lands."""
+    _, _, spans = timeline(kernel.schedule)
+    return kernel.memory.early_prologue or Phase.PRE_LOOP not in spans
 
 
 def _copied(it: ctx.InputIteratorContext) -> bool:

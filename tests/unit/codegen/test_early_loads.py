@@ -67,3 +67,19 @@ def test_early_loads_compile_for_sm90a():
     assert re.search(r"LDGSTS", gemv)
     # a copy of the weight is issued before the dependency wait (ACQBULK / griddepcontrol.wait)
     assert gemv.index("LDGSTS") < gemv.index("ACQBULK")
+
+
+def _normalize_k_member():
+    from benchmarks.variants import family
+
+    return next(g for row, g in family("qknorm_b1") if "normalize_k=True" in row.label)
+
+
+def test_the_attention_kernel_after_the_key_norms_reads_v_early_where_its_stages_live_from_the_start():
+    program = _program(_normalize_k_member())
+    attention = program.contexts[1]
+    assert attention.pre_loop and {it.parameter for it in attention.early_loads} <= {"input0", "input2"}
+    assert attention.early_loads and program.contexts[0].signal_after_wait
+    # without the early prologue, the memory plan may place Q's pre-loop tiles over the stages: no early loads
+    late = _program(_normalize_k_member(), early_prologue=False)
+    assert not any(k.early_loads or k.signal_after_wait for k in late.contexts)
