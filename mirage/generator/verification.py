@@ -22,7 +22,6 @@ from typing import Protocol
 import numpy as np
 
 from mirage.mugraph.graph import KernelGraph, Ref
-from mirage.mugraph.ops import Op
 
 logger = logging.getLogger(__name__)
 
@@ -87,17 +86,14 @@ class VerifierChecker:
     name = "finite-field fingerprints"
 
     def __init__(self, reference: KernelGraph, seed: int = 0, delta: float = 1e-9) -> None:
-        from mirage.verifier import Verifier
-        from mirage.verifier.slicing import batch_slice
+        from mirage.verifier.slicing import SlicedVerifier
 
         self.name = f"finite-field fingerprints (delta={delta:g})"
         self.reference, self.seed, self.delta = reference, seed, delta
-        self.verifier = Verifier(reference, delta=delta, seed=seed)
         # where the reference computes each index of its leading dim alone by one function (its
         # slice, mirage.verifier.slicing), a candidate that does too is equivalent exactly when its
         # slice is: verified there, at 1/B of the work, with the same tests and error target
-        sliced = batch_slice(reference)
-        self.slice_verifier = None if sliced is None else Verifier(sliced, delta=delta, seed=seed)
+        self.verifier = SlicedVerifier(reference, delta=delta, seed=seed)
 
     def __getstate__(self) -> dict:
         # the receiving process draws the same tests again (same seed) instead of unpickling them
@@ -113,31 +109,13 @@ class VerifierChecker:
             return None
         candidate = dataclasses.replace(candidate, outputs=tuple(sinks))
         try:
-            result = self._slice_result(candidate)
-            if result is None:
-                result = self.verifier.verify(candidate)
+            result = self.verifier.verify(candidate)
         except NotVerifiableError as error:
             logger.debug("candidate cannot be fingerprinted: %s", error)
             return None
         if not result.equivalent or result.output_permutation is None:
             return None
         return tuple(sinks[j] for j in result.output_permutation)
-
-    def _slice_result(self, candidate: KernelGraph):
-        """The verification of the candidate's slice against the reference's, or None where either
-        has no exact slice (the candidate is then verified whole)."""
-        from mirage.verifier.slicing import batch_slice
-
-        if self.slice_verifier is None:
-            return None
-        sliced = batch_slice(candidate)
-        if sliced is None or _input_types(sliced) != _input_types(self.slice_verifier.reference):
-            return None
-        return self.slice_verifier.verify(sliced)
-
-
-def _input_types(graph: KernelGraph) -> list:
-    return [n.outputs[0] for n in graph.nodes if n.op is Op.INPUT]
 
 
 def make_checker(

@@ -42,6 +42,43 @@ from mirage.mugraph.ops import ELEMENTWISE, REDUCTIONS, Op
 MIN_BATCH = 2  # below this a slice saves nothing
 
 
+class SlicedVerifier:
+    """A :class:`~mirage.verifier.Verifier` of ``reference`` that checks each candidate on its slice
+    where the reference and the candidate both have an exact one with the same inputs (at 1/B of the
+    work: two such graphs are equivalent exactly when their slices are, module docstring), and whole
+    otherwise. Keyword arguments go to both verifiers; the whole one is built when first needed."""
+
+    def __init__(self, reference: KernelGraph, **options) -> None:
+        from mirage.verifier.verify import Verifier
+
+        self.reference, self._options, self._whole = reference, options, None
+        sliced = batch_slice(reference)
+        self.sliced = None if sliced is None else Verifier(sliced, **options)
+
+    def verify(self, candidate: KernelGraph):
+        from mirage.verifier.verify import Verifier
+
+        result = self.verify_slice(candidate)
+        if result is not None:
+            return result
+        if self._whole is None:
+            self._whole = Verifier(self.reference, **self._options)
+        return self._whole.verify(candidate)
+
+    def verify_slice(self, candidate: KernelGraph):
+        """The verification of the candidate's slice, or None where either graph has no exact one."""
+        if self.sliced is None:
+            return None
+        sliced = batch_slice(candidate)
+        if sliced is None or _input_types(sliced) != _input_types(self.sliced.reference):
+            return None
+        return self.sliced.verify(sliced)
+
+
+def _input_types(graph: KernelGraph) -> list[TensorType]:
+    return [n.outputs[0] for n in graph.nodes if n.op is Op.INPUT]
+
+
 class _Mixed(Exception):
     """The leading dim is not independent somewhere."""
 

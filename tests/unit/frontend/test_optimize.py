@@ -632,3 +632,35 @@ def test_a_search_whose_units_cannot_be_listed_in_its_budget_stops_on_time():
     assert whole and "in 1 states; search stopped: time budget spent" in whole[0]
     with torch.no_grad():
         torch.testing.assert_close(fast(*inputs), model(*inputs))
+
+
+def test_given_candidates_of_a_batched_program_are_verified_on_one_slice(monkeypatch):
+    """A batched product and scale: the right candidate passes and a scale applied twice fails, each
+    checked on index 0 of the batch alone (no verifier of the whole program is built), and the
+    verdicts are those of whole verifications."""
+    from mirage.verifier import verify
+    from mirage.verifier.verify import Verifier
+
+    def batched(scales):
+        g = mi.new_kernel_graph()
+        x = g.new_input(dims=(8, 16, 32), dtype=mi.float16)
+        w = g.new_input(dims=(8, 32, 16), dtype=mi.float16)
+        y = g.matmul(x, w)
+        for s in scales:
+            y = g.mul_scalar(y, s)
+        g.mark_output(y)
+        return g.freeze()
+
+    reference, right, wrong = batched([0.5]), batched([0.25, 2.0]), batched([0.5, 0.5])
+    built = []
+    original = Verifier.__init__
+
+    def counted(self, graph, *args, **kwargs):
+        built.append(graph.nodes[0].outputs[0].shape[0])
+        original(self, graph, *args, **kwargs)
+
+    monkeypatch.setattr(Verifier, "__init__", counted)
+    assert optimize.verified_candidates(reference, [wrong, right]) == [right]
+    assert built == [1]  # one verifier, of the slice
+    monkeypatch.setattr(Verifier, "__init__", original)
+    assert verify(reference, right).equivalent and not verify(reference, wrong).equivalent

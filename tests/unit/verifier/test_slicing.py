@@ -8,7 +8,6 @@ import doctest
 
 import mirage as mi
 from mirage.generator import Budget, StopReason, search
-from mirage.generator import verification as search_verification
 from mirage.verifier import slicing, verify
 from mirage.verifier.slicing import batch_slice
 from tests.unit.verifier.verifier_graphs import small_attention
@@ -84,7 +83,7 @@ def test_the_search_finds_the_same_graphs_with_the_slice_check(monkeypatch):
                  kernel_ops=["matmul", "mul_scalar=0.5"], max_kernel_ops=3, max_block_ops=6,
                  block_ops=["matmul", "mul_scalar=0.5", "exp", "accum=sum", "accum=none"])
     decided = {True: [], False: []}
-    original = search_verification.VerifierChecker._slice_result
+    original = slicing.SlicedVerifier.verify_slice
 
     def counted(self, candidate):
         result = original(self, candidate)
@@ -92,7 +91,7 @@ def test_the_search_finds_the_same_graphs_with_the_slice_check(monkeypatch):
             decided[result.equivalent].append(candidate)
         return result
 
-    monkeypatch.setattr(search_verification.VerifierChecker, "_slice_result", counted)
+    monkeypatch.setattr(slicing.SlicedVerifier, "verify_slice", counted)
     with_slices = search(reference, "mlp", budget=Budget(time_s=300), **space)
     monkeypatch.setattr(slicing, "batch_slice", lambda graph: None)
     without = search(reference, "mlp", budget=Budget(time_s=300), **space)
