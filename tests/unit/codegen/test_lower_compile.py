@@ -54,6 +54,14 @@ def _key_scales():
     return next(g for row, g in family("qknorm_b1") if "key_scales" in row.label)
 
 
+def _normalize_k():
+    """The QKNorm member that normalizes K in a kernel of its own: its attention kernel copies its first
+    V stages before waiting for that kernel (early loads)."""
+    from benchmarks.variants import family
+
+    return next(g for row, g in family("qknorm_b8") if "normalize_k" in row.label)
+
+
 def _gqa_b8_long_iterations():
     """The gqa_b8 member of 4 key splits: 128 keys an iteration, two 64-key sub-tiles a warpgroup."""
     from benchmarks.variants import family
@@ -105,6 +113,7 @@ def _rmsnorm_b8():
 
 WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds=True)),
           "rmsnorm_multicast": (_rmsnorm_b8, OptimizerOptions(multicast_cluster=2)),
+          "qknorm_normalize_k_early_loads": (_normalize_k, OptimizerOptions()),
           "gqa_counter_folded": (_folded_attention, OptimizerOptions(counter_folds=True)),
           "qknorm_key_norms": (_key_scales, OptimizerOptions(chain_key_norms=True)),
           "gqa_warpgroup": (_gqa_b8, OptimizerOptions(warpgroup_softmax=True)),
@@ -442,3 +451,13 @@ def test_sub_tile_products_overlap_the_softmax_only_with_lookahead(built, name, 
             and "MUFU.EX2" in part]
     assert bool(both) == ahead
     assert "LDL" not in attention and "STL" not in attention
+
+
+def test_early_loads_in_the_attention_kernel_compile_without_spills(built):
+    """The K-normalize member's attention kernel issues its first V copies before the dependency wait
+    (mirage.codegen.early_loads), and the K-normalize kernel signals after its own wait."""
+    program, result = built["qknorm_normalize_k_early_loads"]
+    contexts = program.contexts
+    assert any(c.early_loads for c in contexts) and contexts[0].signal_after_wait
+    sass = result.sass()
+    assert "LDL" not in sass and "STL" not in sass
