@@ -123,6 +123,25 @@ class CausalAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+class NanoCausalAttention(nn.Module):
+    """nanoGPT's attention without flash: a lower-triangular buffer compared with 0 hides the later
+    keys through ``masked_fill(..., -inf)`` (captured as the causal pattern, mirage.frontend.fill_masks)."""
+
+    def __init__(self, tokens: int = 512):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(tokens, tokens)).view(1, 1, tokens, tokens))
+
+    def forward(self, q, k, v):
+        t = q.size(-2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        return F.softmax(att, dim=-1) @ v
+
+    @staticmethod
+    def fused(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class GroupedCausalAttention(nn.Module):
     """Llama-style causal self-attention with grouped-query heads (32 query heads, 8 key heads)."""
 
@@ -200,6 +219,7 @@ PROGRAMS = {
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
     "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),
     "biased_attention": (BiasedAttention, [(1, 12, 512, 64)] * 3 + [(512, 512)]),
+    "nano_causal_attention": (NanoCausalAttention, [(1, 12, 512, 64)] * 3),
     "grouped_causal_attention": (GroupedCausalAttention, [(1, 32, 256, 64)] + [(1, 8, 256, 64)] * 2),
     "long_causal_attention": (CausalAttention, [(1, 16, 2048, 64)] * 3),
     "windowed_attention": (WindowedAttention, [(1, 12, 512, 64)] * 3),

@@ -24,6 +24,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
+from mirage.frontend import fill_masks
 from mirage.frontend.errors import (
     CaptureError,
     ExampleInputsError,
@@ -177,6 +178,7 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     _drop_value_asserts(gm)
     _explicit_causal_masks(gm)
     _additive_bool_masks(gm)
+    fill_masks.additive_fills(gm)
     return gm
 
 

@@ -1,0 +1,185 @@
+"""Scores hidden with ``masked_fill(scores, mask, -inf)`` (nanoGPT's and many hand-written attentions),
+captured as the additive form the search takes: ``scores + fill``, where ``fill`` is −inf where the
+boolean ``mask`` is True and 0 elsewhere.  The two agree wherever the scores are finite.
+
+A mask computed only from the module's buffers (``self.bias[:, :, :t, :t] == 0``) is folded: a
+:class:`FoldedConstant` submodule computes it from those buffers once and again only when one of them
+changes (its version counter), and the fill is converted once per mask (:func:`fill_mask`), so a call
+runs no kernel for either.  Where that fill holds the causal pattern (``mirage.mugraph.patterns``)
+its node names the pattern, and the generated kernels compute the mask instead of reading it; a
+buffer changed since then is checked again when the fill is recomputed, and a mask that no longer
+holds the pattern raises :class:`MaskPatternError` instead of running kernels that assume it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import weakref
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from mirage.errors import MirageError
+from mirage.mugraph import patterns
+
+aten = torch.ops.aten
+# the ops a buffer-only mask may be computed with (pure, cheap, no randomness)
+FOLDABLE = frozenset({
+    aten.alias.default, aten.slice.Tensor, aten.select.int, aten.view.default, aten.reshape.default,
+    aten.unsqueeze.default, aten.squeeze.dim, aten.expand.default, aten.clone.default,
+    aten._to_copy.default, aten.eq.Scalar, aten.ne.Scalar, aten.lt.Scalar, aten.le.Scalar,
+    aten.gt.Scalar, aten.ge.Scalar, aten.logical_not.default, aten.bitwise_not.default,
+})
+FOLDED = "_mirage_folded_"
+
+
+class MaskPatternError(MirageError):
+    """A mask that the generated kernels compute from its pattern no longer holds that pattern."""
+
+
+class FoldedConstant(nn.Module):
+    """A tensor computed from buffers alone: computed again only when a buffer has changed."""
+
+    def __init__(self, function: fx.GraphModule) -> None:
+        super().__init__()
+        self.function = function
+        self._key: tuple | None = None
+        self._value: torch.Tensor | None = None
+
+    def forward(self, *buffers: torch.Tensor) -> torch.Tensor:
+        key = _versions(buffers)
+        if key is None or key != self._key or self._value is None:
+            self._value = self.function(*buffers)
+            self._key = key
+        return self._value
+
+
+def _versions(tensors) -> tuple | None:
+    try:
+        return tuple((id(t), t._version) for t in tensors)
+    except RuntimeError:  # an inference tensor keeps no version counter: compute every time
+        return None
+
+
+# each mask's fill, by the mask's id: (a weak reference to the mask, its version, dtype, the fill)
+_FILLS: dict[int, tuple[weakref.ref, int, torch.dtype, torch.Tensor]] = {}
+
+
+def fill_mask(mask: torch.Tensor, dtype: torch.dtype, pattern: str = "") -> torch.Tensor:
+    """−inf where ``mask`` is True, 0 elsewhere, in ``dtype``; converted again only for a mask not
+    seen before or changed since. A fill that ``pattern`` names is checked when it is computed."""
+    try:
+        version = mask._version
+    except RuntimeError:
+        version = None
+    entry = _FILLS.get(id(mask))
+    if version is not None and entry is not None and entry[0]() is mask and entry[1:3] == (version, dtype):
+        return entry[3]
+    fill = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
+    if pattern and not patterns.matches(pattern, fill):
+        raise MaskPatternError(
+            f"a mask that the generated kernels compute as the {pattern!r} pattern now holds other "
+            "values (a buffer it is computed from changed since the capture); superoptimize the model "
+            "again, or keep the buffer unchanged")
+    if version is not None and not torch.compiler.is_compiling():
+        for key in [k for k, e in _FILLS.items() if e[0]() is None]:
+            del _FILLS[key]
+        _FILLS[id(mask)] = (weakref.ref(mask), version, dtype, fill)
+    return fill
+
+
+def additive_fills(gm: fx.GraphModule) -> None:
+    """Rewrite every ``masked_fill(x, mask, -inf)`` of ``gm`` as ``x + fill_mask(mask)`` (in place)."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.masked_fill.Scalar or len(node.args) != 3:
+            continue
+        x, mask, value = node.args
+        mask_value = mask.meta.get("val") if isinstance(mask, fx.Node) else None
+        x_value = x.meta.get("val") if isinstance(x, fx.Node) else None
+        if (not isinstance(mask_value, torch.Tensor) or mask_value.dtype is not torch.bool
+                or not isinstance(x_value, torch.Tensor) or not x_value.is_floating_point()
+                or not (isinstance(value, float) and math.isinf(value) and value < 0)):
+            continue
+        pattern, original = "", mask
+        folded = _fold(gm, mask, f"{FOLDED}{count}")
+        if folded is not None:
+            count += 1
+            mask = folded
+            fill_value = fill_mask(folded.meta["val"], x_value.dtype)
+            if fill_value.dim() >= 2:
+                candidate = patterns.causal(int(fill_value.shape[-2]))
+                if patterns.matches(candidate, fill_value):
+                    pattern = candidate
+        with gm.graph.inserting_before(node):
+            fill = gm.graph.call_function(fill_mask, (mask, x_value.dtype, pattern))
+            added = gm.graph.call_function(aten.add.Tensor, (x, fill))
+        with getattr(x_value, "fake_mode", None) or contextlib.nullcontext():
+            fill.meta["val"] = torch.zeros(mask_value.shape, dtype=x_value.dtype, device=x_value.device)
+            added.meta["val"] = x_value + fill.meta["val"]
+        if pattern:
+            from mirage.frontend.capture import PATTERN
+
+            fill.meta["val"] = fill_mask(mask.meta["val"], x_value.dtype)
+            fill.meta[PATTERN] = pattern
+        node.replace_all_uses_with(added)
+        gm.graph.erase_node(node)
+        if folded is not None:
+            _erase_unused(gm.graph, original)
+    gm.recompile()
+
+
+def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
+    """Erase ``node`` and then its operands, as far as nothing else reads them (a folded mask's ops)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n.users or n.op not in ("call_function", "get_attr"):
+            continue
+        operands = n.all_input_nodes
+        graph.erase_node(n)
+        stack.extend(operands)
+
+
+def _fold(gm: fx.GraphModule, mask: fx.Node, name: str) -> fx.Node | None:
+    """A ``call_module`` node of a :class:`FoldedConstant` computing ``mask`` from ``gm``'s buffers,
+    with its real value, inserted after them; None where ``mask`` depends on anything else."""
+    nodes, buffers, stack = {}, {}, [mask]
+    while stack:
+        n = stack.pop()
+        if n in nodes or n in buffers:
+            continue
+        if n.op == "get_attr":
+            buffers[n] = None
+        elif n.op == "call_function" and n.target in FOLDABLE:
+            nodes[n] = None
+            stack.extend(n.all_input_nodes)
+        else:
+            return None
+    if not buffers:
+        return None
+    graph = fx.Graph()
+    env = {b: graph.placeholder(f"buffer{k}") for k, b in enumerate(buffers)}
+    for n in gm.graph.nodes:  # in graph order: operands before their users
+        if n in nodes:
+            env[n] = graph.node_copy(n, lambda a: env[a])
+    graph.output(env[mask])
+    module = FoldedConstant(fx.GraphModule(gm, graph))
+    gm.add_submodule(name, module)
+    values = [_attribute(gm, str(b.target)) for b in buffers]
+    with torch.no_grad():
+        value = module(*values)
+    with gm.graph.inserting_before(mask):
+        folded = gm.graph.call_module(name, tuple(buffers))
+    folded.meta["val"] = value
+    return folded
+
+
+def _attribute(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    owner = gm
+    *path, last = target.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    return getattr(owner, last)

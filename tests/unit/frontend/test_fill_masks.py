@@ -1,0 +1,83 @@
+"""``masked_fill(scores, mask, -inf)`` captured as ``scores + fill`` (mirage.frontend.fill_masks)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+import mirage as mi
+from mirage.frontend.fill_masks import MaskPatternError
+from mirage.mugraph.graph import KernelInput
+
+
+class NanoAttention(nn.Module):
+    """nanoGPT's attention without flash: a lower-triangular buffer, compared with 0, hides the
+    later keys through ``masked_fill``."""
+
+    def __init__(self, tokens: int = 8):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(tokens, tokens)).view(1, 1, tokens, tokens))
+
+    def forward(self, q, k, v):
+        t = q.size(-2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        return torch.softmax(att, dim=-1) @ v
+
+
+def _qkv(shape=(1, 2, 8, 4)):
+    return tuple(torch.randn(shape, generator=torch.Generator().manual_seed(i)) for i in range(3))
+
+
+def _patterns(sub):
+    return sorted(n.attrs.pattern for n in sub.graph.nodes if isinstance(n.attrs, KernelInput))
+
+
+def test_a_causal_masked_fill_is_one_subprogram_whose_mask_names_the_pattern():
+    model, (q, k, v) = NanoAttention(), _qkv()
+    fast = mi.superoptimize(model, (q, k, v), search=False)
+    assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
+    (sub,) = fast.partition.subprograms
+    assert _patterns(sub) == ["", "", "", "causal:8"]
+    expected = model.double()(*(x.double() for x in (q, k, v)))
+    torch.testing.assert_close(fast(q, k, v).double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_buffer_changed_away_from_the_pattern_raises_and_one_kept_causal_runs():
+    model, (q, k, v) = NanoAttention(), _qkv()
+    fast = mi.superoptimize(model, (q, k, v), search=False)
+    fast(q, k, v)
+    buffers = [b for name, b in fast.named_buffers() if name.endswith("bias")]
+    assert buffers, "the captured module keeps the model's buffer"
+    for b in buffers:
+        b.mul_(2.0)  # still 0 exactly where it was: the same mask, recomputed
+    torch.testing.assert_close(fast(q, k, v), model(q, k, v))
+    for b in buffers:
+        b.fill_(1.0)  # every key visible: no longer the causal mask the kernels would compute
+    with pytest.raises(MaskPatternError, match="superoptimize the model again"):
+        fast(q, k, v)
+
+
+def test_a_mask_from_an_input_is_added_unfolded_and_a_finite_fill_is_left_alone():
+    def padded(q, k, v, keep):
+        att = (q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf"))
+        return torch.softmax(att, dim=-1) @ v
+
+    def finite(q, k, v, keep):
+        att = (q @ k.transpose(-2, -1)).masked_fill(~keep, -1e4)
+        return torch.softmax(att, dim=-1) @ v
+
+    q, k, v = _qkv()
+    keep = torch.ones(1, 1, 1, 8, dtype=torch.bool)
+    keep[..., 5:] = False
+    fast = mi.superoptimize(padded, (q, k, v, keep), search=False)
+    assert not any("masked_fill" in op.target for op in fast.partition.pytorch_ops)
+    (sub,) = fast.partition.subprograms  # the scores, their fill and the attention: one subprogram
+    assert _patterns(sub) == ["", "", "", ""]  # computed from an input: no promise
+    torch.testing.assert_close(fast(q, k, v, keep), padded(q, k, v, keep))
+    left = mi.superoptimize(finite, (q, k, v, keep), search=False)
+    assert any("masked_fill" in op.target for op in left.partition.pytorch_ops)
+    torch.testing.assert_close(left(q, k, v, keep), finite(q, k, v, keep))
