@@ -1,31 +1,15 @@
-"""``masked_fill(scores, mask, -inf)`` captured as ``scores + fill`` (mirage.frontend.fill_masks)."""
+"""``masked_fill(scores, mask, -inf)`` captured as ``scores + fill`` (mirage.frontend.fill_masks), on
+nanoGPT's attention (a lower-triangular buffer compared with 0) and on masks from inputs."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-import torch.nn as nn
 
 import mirage as mi
+from benchmarks.unseen import NanoCausalAttention
 from mirage.frontend.fill_masks import MaskPatternError
 from mirage.mugraph.graph import KernelInput
-
-
-class NanoAttention(nn.Module):
-    """nanoGPT's attention without flash: a lower-triangular buffer, compared with 0, hides the
-    later keys through ``masked_fill``."""
-
-    def __init__(self, tokens: int = 8):
-        super().__init__()
-        self.register_buffer("bias", torch.tril(torch.ones(tokens, tokens)).view(1, 1, tokens, tokens))
-
-    def forward(self, q, k, v):
-        t = q.size(-2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
-        return torch.softmax(att, dim=-1) @ v
 
 
 def _qkv(shape=(1, 2, 8, 4)):
@@ -37,7 +21,7 @@ def _patterns(sub):
 
 
 def test_a_causal_masked_fill_is_one_subprogram_whose_mask_names_the_pattern():
-    model, (q, k, v) = NanoAttention(), _qkv()
+    model, (q, k, v) = NanoCausalAttention(tokens=8), _qkv()
     fast = mi.superoptimize(model, (q, k, v), search=False)
     assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
     (sub,) = fast.partition.subprograms
@@ -47,7 +31,7 @@ def test_a_causal_masked_fill_is_one_subprogram_whose_mask_names_the_pattern():
 
 
 def test_a_buffer_changed_away_from_the_pattern_raises_and_one_kept_causal_runs():
-    model, (q, k, v) = NanoAttention(), _qkv()
+    model, (q, k, v) = NanoCausalAttention(tokens=8), _qkv()
     fast = mi.superoptimize(model, (q, k, v), search=False)
     fast(q, k, v)
     buffers = [b for name, b in fast.named_buffers() if name.endswith("bias")]
