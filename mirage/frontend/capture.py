@@ -179,6 +179,7 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     _explicit_causal_masks(gm)
     _additive_bool_masks(gm)
     fill_masks.additive_fills(gm)
+    fill_masks.causal_buffers(gm)
     return gm
 
 

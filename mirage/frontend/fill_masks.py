@@ -9,6 +9,9 @@ runs no kernel for either.  Where that fill holds the causal pattern (``mirage.m
 its node names the pattern, and the generated kernels compute the mask instead of reading it; a
 buffer changed since then is checked again when the fill is recomputed, and a mask that no longer
 holds the pattern raises :class:`MaskPatternError` instead of running kernels that assume it.
+
+An additive mask kept as a buffer (``att + self.mask[:t, :t]``, or SDPA's float ``attn_mask``) whose
+values are the causal pattern gets the same promise and the same check (:func:`causal_buffers`).
 """
 
 from __future__ import annotations
@@ -40,20 +43,31 @@ class MaskPatternError(MirageError):
 
 
 class FoldedConstant(nn.Module):
-    """A tensor computed from buffers alone: computed again only when a buffer has changed."""
+    """A tensor computed from buffers alone: computed again only when a buffer has changed, and then
+    checked against ``pattern`` where the generated kernels assume it."""
 
-    def __init__(self, function: fx.GraphModule) -> None:
+    def __init__(self, function: fx.GraphModule, pattern: str = "") -> None:
         super().__init__()
         self.function = function
+        self.pattern = pattern
         self._key: tuple | None = None
         self._value: torch.Tensor | None = None
 
     def forward(self, *buffers: torch.Tensor) -> torch.Tensor:
         key = _versions(buffers)
         if key is None or key != self._key or self._value is None:
-            self._value = self.function(*buffers)
-            self._key = key
+            value = self.function(*buffers)
+            if self.pattern and not patterns.matches(self.pattern, value):
+                raise _broken(self.pattern)
+            self._value, self._key = value, key
         return self._value
+
+
+def _broken(pattern: str) -> MaskPatternError:
+    return MaskPatternError(
+        f"a mask that the generated kernels compute as the {pattern!r} pattern now holds other values "
+        "(a buffer it is computed from changed since the capture); superoptimize the model again, or "
+        "keep the buffer unchanged")
 
 
 def _versions(tensors) -> tuple | None:
@@ -79,10 +93,7 @@ def fill_mask(mask: torch.Tensor, dtype: torch.dtype, pattern: str = "") -> torc
         return entry[3]
     fill = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
     if pattern and not patterns.matches(pattern, fill):
-        raise MaskPatternError(
-            f"a mask that the generated kernels compute as the {pattern!r} pattern now holds other "
-            "values (a buffer it is computed from changed since the capture); superoptimize the model "
-            "again, or keep the buffer unchanged")
+        raise _broken(pattern)
     if version is not None and not torch.compiler.is_compiling():
         for key in [k for k, e in _FILLS.items() if e[0]() is None]:
             del _FILLS[key]
@@ -131,6 +142,76 @@ def additive_fills(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
+def causal_buffers(gm: fx.GraphModule) -> None:
+    """Promise the causal pattern on additive masks read from buffers (in place): the operand of an
+    ``add`` or an attention's float ``attn_mask`` that is computed from buffers alone and holds the
+    causal mask's values (``self.mask[:t, :t]`` of 0 and −inf) is folded, its node names the pattern,
+    and a buffer changed away from it raises :class:`MaskPatternError` at the next call."""
+    from mirage.frontend.capture import PATTERN
+
+    sdpa = aten.scaled_dot_product_attention.default
+    count = sum(1 for name, _ in gm.named_children() if name.startswith(FOLDED))
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is aten.add.Tensor:
+            operands = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+        elif node.target is sdpa:
+            mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+            operands = [mask] if isinstance(mask, fx.Node) else []
+        else:
+            continue
+        for operand in operands:
+            if operand.meta.get(PATTERN):  # a mask capture built itself (is_causal=True): kept as it is
+                continue
+            value = _real(gm, operand)
+            if value is None or not value.is_floating_point() or value.dim() < 2:
+                continue
+            pattern = patterns.causal(int(value.shape[-2]))
+            if not patterns.matches(pattern, value):
+                continue
+            folded = _fold(gm, operand, f"{FOLDED}{count}", pattern)
+            if folded is None:
+                continue
+            count += 1
+            folded.meta[PATTERN] = pattern
+            node.replace_input_with(operand, folded)
+            _erase_unused(gm.graph, operand)
+    gm.recompile()
+
+
+def _real(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
+    """The value of ``node`` where it is computed from buffers alone through foldable ops (else None)."""
+    nodes, buffers = _ancestors(node)
+    if nodes is None or not buffers:
+        return None
+    env = {b: _attribute(gm, str(b.target)) for b in buffers}
+    with torch.no_grad():
+        for n in gm.graph.nodes:
+            if n in nodes:
+                args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
+                env[n] = n.target(*args, **kwargs)
+    value = env[node]
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _ancestors(node: fx.Node) -> tuple[dict | None, dict]:
+    """The foldable ops ``node`` is computed with and the buffers it reads (None: something else)."""
+    nodes, buffers, stack = {}, {}, [node]
+    while stack:
+        n = stack.pop()
+        if n in nodes or n in buffers:
+            continue
+        if n.op == "get_attr":
+            buffers[n] = None
+        elif n.op == "call_function" and n.target in FOLDABLE:
+            nodes[n] = None
+            stack.extend(n.all_input_nodes)
+        else:
+            return None, buffers
+    return nodes, buffers
+
+
 def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
     """Erase ``node`` and then its operands, as far as nothing else reads them (a folded mask's ops)."""
     stack = [node]
@@ -143,22 +224,12 @@ def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
         stack.extend(operands)
 
 
-def _fold(gm: fx.GraphModule, mask: fx.Node, name: str) -> fx.Node | None:
-    """A ``call_module`` node of a :class:`FoldedConstant` computing ``mask`` from ``gm``'s buffers,
-    with its real value, inserted after them; None where ``mask`` depends on anything else."""
-    nodes, buffers, stack = {}, {}, [mask]
-    while stack:
-        n = stack.pop()
-        if n in nodes or n in buffers:
-            continue
-        if n.op == "get_attr":
-            buffers[n] = None
-        elif n.op == "call_function" and n.target in FOLDABLE:
-            nodes[n] = None
-            stack.extend(n.all_input_nodes)
-        else:
-            return None
-    if not buffers:
+def _fold(gm: fx.GraphModule, mask: fx.Node, name: str, pattern: str = "") -> fx.Node | None:
+    """A ``call_module`` node of a :class:`FoldedConstant` computing ``mask`` from ``gm``'s buffers
+    (checked against ``pattern`` whenever it is computed), with its real value, inserted before
+    ``mask``; None where ``mask`` depends on anything else."""
+    nodes, buffers = _ancestors(mask)
+    if nodes is None or not buffers:
         return None
     graph = fx.Graph()
     env = {b: graph.placeholder(f"buffer{k}") for k, b in enumerate(buffers)}
@@ -166,12 +237,12 @@ def _fold(gm: fx.GraphModule, mask: fx.Node, name: str) -> fx.Node | None:
         if n in nodes:
             env[n] = graph.node_copy(n, lambda a: env[a])
     graph.output(env[mask])
-    module = FoldedConstant(fx.GraphModule(gm, graph))
+    module = FoldedConstant(fx.GraphModule(gm, graph), pattern)
     gm.add_submodule(name, module)
     values = [_attribute(gm, str(b.target)) for b in buffers]
     with torch.no_grad():
         value = module(*values)
-    with gm.graph.inserting_before(mask):
+    with gm.graph.inserting_after(mask):  # after every buffer it reads, before every user
         folded = gm.graph.call_module(name, tuple(buffers))
     folded.meta["val"] = value
     return folded

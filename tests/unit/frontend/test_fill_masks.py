@@ -65,3 +65,46 @@ def test_a_mask_from_an_input_is_added_unfolded_and_a_finite_fill_is_left_alone(
     left = mi.superoptimize(finite, (q, k, v, keep), search=False)
     assert any("masked_fill" in op.target for op in left.partition.pytorch_ops)
     torch.testing.assert_close(left(q, k, v, keep), finite(q, k, v, keep))
+
+
+class AdditiveCausal(torch.nn.Module):
+    """An additive causal mask kept as a buffer of 0 and −inf, sliced to the prompt and added."""
+
+    def __init__(self, tokens: int = 8, sdpa: bool = False):
+        super().__init__()
+        self.sdpa = sdpa
+        self.register_buffer("mask", torch.full((tokens, tokens), float("-inf")).triu(1))
+
+    def forward(self, q, k, v):
+        t = q.size(-2)
+        if self.sdpa:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask[:t, :t])
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.5 + self.mask[:t, :t], dim=-1) @ v
+
+
+@pytest.mark.parametrize("sdpa", [False, True])
+def test_an_additive_causal_buffer_is_promised_and_checked_when_it_changes(sdpa):
+    model, (q, k, v) = AdditiveCausal(sdpa=sdpa), _qkv()
+    fast = mi.superoptimize(model, (q, k, v), search=False)
+    assert not fast.partition.pytorch_ops
+    (sub,) = fast.partition.subprograms
+    assert _patterns(sub) == ["", "", "", "causal:8"]
+    torch.testing.assert_close(fast(q, k, v), model(q, k, v))
+    (mask,) = [b for name, b in fast.named_buffers() if name.endswith("mask")]
+    mask.zero_()  # no longer causal
+    with pytest.raises(MaskPatternError):
+        fast(q, k, v)
+
+
+def test_a_non_causal_buffer_and_is_causal_keep_their_forms():
+    window = AdditiveCausal()
+    window.mask = torch.zeros(8, 8)  # a bias of zeros: read, no promise
+    q, k, v = _qkv()
+    fast = mi.superoptimize(window, (q, k, v), search=False)
+    (sub,) = fast.partition.subprograms
+    assert _patterns(sub) == ["", "", "", ""]
+    torch.testing.assert_close(fast(q, k, v), window(q, k, v))
+    causal = mi.superoptimize(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True), (q, k, v), search=False)
+    (sub,) = causal.partition.subprograms
+    assert any(b.source.startswith("_causal_mask_8x8") for b in sub.inputs)
