@@ -2,7 +2,8 @@
 captured as the additive form the search takes: ``scores + fill``, where ``fill`` is −inf where the
 boolean ``mask`` is True and 0 elsewhere.  The two agree wherever the scores are finite.
 
-A mask computed only from the module's buffers (``self.bias[:, :, :t, :t] == 0``) is folded: a
+A mask computed only from the module's buffers (``self.bias[:, :, :t, :t] == 0``) or from constants
+(``torch.ones(t, t).triu(1).bool()`` in the forward) is folded: a
 :class:`FoldedConstant` submodule computes it from those buffers once and again only when one of them
 changes (its version counter), and the fill is converted once per mask (:func:`fill_mask`), so a call
 runs no kernel for either.  Where that fill holds the causal pattern (``mirage.mugraph.patterns``)
@@ -28,12 +29,21 @@ from mirage.errors import MirageError
 from mirage.mugraph import patterns
 
 aten = torch.ops.aten
-# the ops a buffer-only mask may be computed with (pure, cheap, no randomness)
-FOLDABLE = frozenset({
+# tensors made from constants alone (no randomness): a mask built in the forward from them is constant
+CREATION = frozenset({
+    aten.ones.default, aten.zeros.default, aten.full.default, aten.arange.default, aten.arange.start,
+    aten.arange.start_step, aten.scalar_tensor.default,
+})
+# the ops a mask of buffers and constants may be computed with (pure, cheap, no randomness)
+FOLDABLE = CREATION | frozenset({
     aten.alias.default, aten.slice.Tensor, aten.select.int, aten.view.default, aten.reshape.default,
     aten.unsqueeze.default, aten.squeeze.dim, aten.expand.default, aten.clone.default,
-    aten._to_copy.default, aten.eq.Scalar, aten.ne.Scalar, aten.lt.Scalar, aten.le.Scalar,
-    aten.gt.Scalar, aten.ge.Scalar, aten.logical_not.default, aten.bitwise_not.default,
+    aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.eq.Scalar, aten.ne.Scalar,
+    aten.lt.Scalar, aten.le.Scalar,
+    aten.gt.Scalar, aten.ge.Scalar, aten.eq.Tensor, aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor,
+    aten.gt.Tensor, aten.ge.Tensor, aten.sub.Tensor, aten.abs.default, aten.logical_not.default,
+    aten.bitwise_not.default, aten.logical_and.default, aten.logical_or.default, aten.triu.default,
+    aten.tril.default,
 })
 FOLDED = "_mirage_folded_"
 
@@ -183,7 +193,7 @@ def causal_buffers(gm: fx.GraphModule) -> None:
 def _real(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
     """The value of ``node`` where it is computed from buffers alone through foldable ops (else None)."""
     nodes, buffers = _ancestors(node)
-    if nodes is None or not buffers:
+    if nodes is None or not (buffers or nodes):
         return None
     env = {b: _attribute(gm, str(b.target)) for b in buffers}
     with torch.no_grad():
@@ -229,7 +239,7 @@ def _fold(gm: fx.GraphModule, mask: fx.Node, name: str, pattern: str = "") -> fx
     (checked against ``pattern`` whenever it is computed), with its real value, inserted before
     ``mask``; None where ``mask`` depends on anything else."""
     nodes, buffers = _ancestors(mask)
-    if nodes is None or not buffers:
+    if nodes is None or not (buffers or nodes):
         return None
     graph = fx.Graph()
     env = {b: graph.placeholder(f"buffer{k}") for k, b in enumerate(buffers)}

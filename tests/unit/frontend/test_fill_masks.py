@@ -108,3 +108,22 @@ def test_a_non_causal_buffer_and_is_causal_keep_their_forms():
         q, k, v, is_causal=True), (q, k, v), search=False)
     (sub,) = causal.partition.subprograms
     assert any(b.source.startswith("_causal_mask_8x8") for b in sub.inputs)
+
+
+@pytest.mark.parametrize("form", ["fill", "additive"])
+def test_a_causal_mask_built_in_the_forward_from_constants_is_folded_and_promised(form):
+    def attention(q, k, v):
+        t = q.size(-2)
+        scores = q @ k.transpose(-2, -1)
+        if form == "fill":
+            scores = scores.masked_fill(torch.triu(torch.ones(t, t), diagonal=1).bool(), float("-inf"))
+        else:
+            scores = scores + torch.full((t, t), float("-inf")).triu(1)
+        return torch.softmax(scores, dim=-1) @ v
+
+    q, k, v = _qkv()
+    fast = mi.superoptimize(attention, (q, k, v), search=False)
+    assert not fast.partition.pytorch_ops  # no kernel builds the mask at each call
+    (sub,) = fast.partition.subprograms
+    assert _patterns(sub) == ["", "", "", "causal:8"]
+    torch.testing.assert_close(fast(q, k, v), attention(q, k, v))
