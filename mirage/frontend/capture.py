@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -225,7 +224,8 @@ def _explicit_causal_masks(gm: fx.GraphModule) -> None:
 def _additive_bool_masks(gm: fx.GraphModule) -> None:
     """Give each ``scaled_dot_product_attention`` with a boolean ``attn_mask`` (True: the key takes
     part) the additive mask of the same meaning, 0 and −inf in the query's dtype, computed in PyTorch
-    before it (:func:`additive_mask`), so that the attention is the masked form the search takes."""
+    before it (:func:`fill_masks.additive_mask`), so that the attention is the masked form the search
+    takes."""
     from mirage.frontend.lowering import params
 
     sdpa = torch.ops.aten.scaled_dot_product_attention.default
@@ -239,38 +239,13 @@ def _additive_bool_masks(gm: fx.GraphModule) -> None:
             continue
         dtype = p["query"].meta["val"].dtype
         with gm.graph.inserting_before(node):
-            additive = gm.graph.call_function(additive_mask, (mask, dtype))
+            additive = gm.graph.call_function(fill_masks.additive_mask, (mask, dtype))
         with getattr(value, "fake_mode", None) or contextlib.nullcontext():
             additive.meta["val"] = torch.where(value, 0.0, float("-inf")).to(dtype)
         node.args = (p["query"], p["key"], p["value"])
         node.kwargs = {"attn_mask": additive, "dropout_p": p.get("dropout_p", 0.0), "is_causal": False,
                        "scale": p.get("scale"), "enable_gqa": p.get("enable_gqa", False)}
     gm.recompile()
-
-
-# the additive form of each boolean mask converted, by the mask's id: (a weak reference to the mask,
-# its version counter, the dtype, the additive mask)
-_ADDITIVE: dict[int, tuple[weakref.ref, int, torch.dtype, torch.Tensor]] = {}
-
-
-def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """0 where ``mask`` is True, −inf where False, in ``dtype``. A mask converted before and unchanged
-    since (the same tensor, its version counter where it has one) gives the same tensor again, so a
-    constant mask (a buffer) is converted once, and one updated in place is converted again."""
-    try:
-        version = mask._version
-    except RuntimeError:  # an inference tensor keeps no version counter: convert every time
-        version = None
-    entry = _ADDITIVE.get(id(mask))
-    if (version is not None and entry is not None and entry[0]() is mask and entry[1] == version
-            and entry[2] == dtype):
-        return entry[3]
-    additive = torch.where(mask, 0.0, float("-inf")).to(dtype)
-    if version is not None and not torch.compiler.is_compiling():
-        for key in [k for k, e in _ADDITIVE.items() if e[0]() is None]:  # masks freed since
-            del _ADDITIVE[key]
-        _ADDITIVE[id(mask)] = (weakref.ref(mask), version, dtype, additive)
-    return additive
 
 
 def _buffer(gm: fx.GraphModule, node: fx.Node, name: str, value: torch.Tensor, pattern: str) -> fx.Node:

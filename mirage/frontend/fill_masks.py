@@ -53,7 +53,8 @@ class MaskPatternError(MirageError):
 
 
 class FoldedConstant(nn.Module):
-    """A tensor computed from buffers alone: computed again only when a buffer has changed, and then
+    """A tensor computed from buffers and constants alone: computed again only when a buffer has
+    changed, and then
     checked against ``pattern`` where the generated kernels assume it."""
 
     def __init__(self, function: fx.GraphModule, pattern: str = "") -> None:
@@ -87,28 +88,39 @@ def _versions(tensors) -> tuple | None:
         return None
 
 
-# each mask's fill, by the mask's id: (a weak reference to the mask, its version, dtype, the fill)
-_FILLS: dict[int, tuple[weakref.ref, int, torch.dtype, torch.Tensor]] = {}
+# each boolean mask converted, by the mask's id: (a weak reference to the mask, its version, dtype,
+# which value hides, the additive mask)
+_FILLS: dict[int, tuple[weakref.ref, int, torch.dtype, bool, torch.Tensor]] = {}
 
 
-def fill_mask(mask: torch.Tensor, dtype: torch.dtype, pattern: str = "") -> torch.Tensor:
-    """−inf where ``mask`` is True, 0 elsewhere, in ``dtype``; converted again only for a mask not
-    seen before or changed since. A fill that ``pattern`` names is checked when it is computed."""
+def fill_mask(mask: torch.Tensor, dtype: torch.dtype, pattern: str = "", hides: bool = True) -> torch.Tensor:
+    """The additive form of boolean ``mask`` in ``dtype``: −inf where it is ``hides`` (True: a
+    ``masked_fill`` mask; False: SDPA's ``attn_mask``, True where the key takes part), 0 elsewhere.
+    A mask converted before and unchanged since (the same tensor, its version counter where it has
+    one) gives the same tensor again, so a constant mask is converted once and one updated in place
+    again. A result that ``pattern`` names is checked when it is computed."""
     try:
         version = mask._version
-    except RuntimeError:
+    except RuntimeError:  # an inference tensor keeps no version counter: convert every time
         version = None
     entry = _FILLS.get(id(mask))
-    if version is not None and entry is not None and entry[0]() is mask and entry[1:3] == (version, dtype):
-        return entry[3]
-    fill = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
+    if (version is not None and entry is not None and entry[0]() is mask
+            and entry[1:4] == (version, dtype, hides)):
+        return entry[4]
+    hidden = mask if hides else ~mask
+    fill = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(hidden, float("-inf"))
     if pattern and not patterns.matches(pattern, fill):
         raise _broken(pattern)
     if version is not None and not torch.compiler.is_compiling():
-        for key in [k for k, e in _FILLS.items() if e[0]() is None]:
+        for key in [k for k, e in _FILLS.items() if e[0]() is None]:  # masks freed since
             del _FILLS[key]
-        _FILLS[id(mask)] = (weakref.ref(mask), version, dtype, fill)
+        _FILLS[id(mask)] = (weakref.ref(mask), version, dtype, hides, fill)
     return fill
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """SDPA's boolean ``attn_mask`` (True: the key takes part) as 0 and −inf (:func:`fill_mask`)."""
+    return fill_mask(mask, dtype, hides=False)
 
 
 def additive_fills(gm: fx.GraphModule) -> None:
@@ -236,8 +248,8 @@ def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
 
 def _fold(gm: fx.GraphModule, mask: fx.Node, name: str, pattern: str = "") -> fx.Node | None:
     """A ``call_module`` node of a :class:`FoldedConstant` computing ``mask`` from ``gm``'s buffers
-    (checked against ``pattern`` whenever it is computed), with its real value, inserted before
-    ``mask``; None where ``mask`` depends on anything else."""
+    and constants (checked against ``pattern`` whenever it is computed), with its real value, inserted
+    after ``mask``; None where ``mask`` depends on anything else."""
     nodes, buffers = _ancestors(mask)
     if nodes is None or not (buffers or nodes):
         return None

@@ -225,7 +225,7 @@ def test_a_boolean_mask_becomes_additive_and_is_lowered(dtype):
 def test_a_constant_boolean_mask_is_converted_once_and_again_after_an_update():
     """A boolean mask held in a buffer is converted to its additive form at the first call only
     (the same tensor comes back while the buffer is unchanged); an update in place is followed."""
-    from mirage.frontend.capture import additive_mask
+    from mirage.frontend.fill_masks import additive_mask
 
     class Windowed(torch.nn.Module):
         def __init__(self):
