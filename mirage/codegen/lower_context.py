@@ -268,6 +268,7 @@ class OnlineSoftmaxType:
     key_scratch: int | None = None  # the warpgroup form's key norms: byte offset of their scratch
     defer_values: bool = False  # the warpgroup form's P·V issued with the next Q·K (DeferValues)
     q_fragments: bool = False  # the warpgroup form's Q·K reads Q's fragments from registers (QFragments)
+    pingpong: int = 0  # the warpgroup form's two warpgroups take turns issuing products (PingPong)
 
     @property
     def state(self) -> str:
@@ -275,11 +276,11 @@ class OnlineSoftmaxType:
 
     @property
     def flags(self) -> str:
-        """The template's trailing bool arguments (DeferValues, QFragments) up to the last true one."""
-        flags = [self.defer_values, self.q_fragments]
+        """The template's trailing arguments (DeferValues, QFragments, PingPong) up to the last set one."""
+        flags = [self.defer_values, self.q_fragments, self.pingpong]
         while flags and not flags[-1]:
             flags.pop()
-        return "".join(", true" if f else ", false" for f in flags)
+        return "".join(f", {f}" if type(f) is int else ", true" if f else ", false" for f in flags)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ def chain_type(lw: KernelLowering) -> ctx.OnlineSoftmaxType:
     q, k = (lw.operand(r) for r in lw.graph.nodes[chain.qk].inputs)
     v = lw.operand(lw.graph.nodes[chain.pv].inputs[1])
     name = f"softmax{chain.qk}"
-    forms = {"defer_values": chain.defer_values, "q_fragments": chain.q_fragments}
+    forms = {"defer_values": chain.defer_values, "q_fragments": chain.q_fragments, "pingpong": chain.pingpong}
     if chain.key_norm is not None:  # per-key factors from the chain's own K fragments
         assert chain.score is not None and chain.column is not None
         node = lw.graph.nodes[chain.column]

@@ -113,6 +113,8 @@ class OptimizerOptions:
     q_fragments: bool = True  # ...their Q·K products read Q's fragments from registers (ldmatrix at each
     # sub-tile) instead of Q's tile from shared memory through descriptors (gqa_b1 7.21 → 6.86 µs, the
     # others within noise: docs/performance.md §3)
+    softmax_pingpong: int = 0  # ...with two warpgroups a block, they take turns issuing their products
+    # (FlashAttention-3's ping-pong; 1: each Q·K issue, 2: a Q·K's issue to its P·V's; docs/codegen.md)
     multicast_axes: tuple[int, ...] = (0,)  # the grid axes a multicast cluster may span; along z
     # (attention's K and V, shared by the query splits) it measured 1.3-1.6x slower
     tma_copies: bool = False  # sm_90: a warpgroup chain's pipelined K and V tiles copied by the TMA unit
@@ -265,7 +267,8 @@ def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain 
         return chain
     if options.warpgroup_key_norms and not options.chain_key_norms:
         chain = matched(True) or chain
-    warpgroup = warpgroup_form(block, chain, options.defer_values, options.q_fragments)
+    warpgroup = warpgroup_form(block, chain, options.defer_values, options.q_fragments,
+                               options.softmax_pingpong)
     if not warpgroup.warpgroup or warpgroup.swizzled & _multicast(block, state.target, options, chain).inputs:
         # not in the warpgroup form (a multicast copies whole rows, not swizzled tiles)
         return matched(options.chain_key_norms)

@@ -94,6 +94,9 @@ class SoftmaxChain:
     late: frozenset[int] = frozenset()
     # the warpgroup form's Q·K reads Q's fragments from registers (gen/softmax.cuh's QFragments)
     q_fragments: bool = False
+    # the warpgroup form's two warpgroups take turns issuing their products (gen/softmax.cuh's PingPong:
+    # 1 each Q·K issue, 2 from a Q·K's issue to its P·V's; 0 none, also with one warpgroup)
+    pingpong: int = 0
 
     @property
     def defer_values(self) -> bool:
@@ -380,7 +383,7 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
 
 
 def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = False,
-                   q_fragments: bool = False) -> SoftmaxChain:
+                   q_fragments: bool = False, pingpong: int = 0) -> SoftmaxChain:
     """``chain`` in the warpgroup form when it qualifies, else unchanged (the reason logged): K and V
     are input tiles that only the chain and column reductions read (its copies write them swizzled;
     :func:`_offset_readers`), the warps form whole warpgroups of whole 64-row tiles (one key group),
@@ -391,8 +394,8 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
     D a multiple of 64; else the chain loads its fragments into registers.  ``defer_values``:
     each sub-tile's P·V is issued with the next sub-tile's Q·K (V then keeps one ring slot more:
     ``late``).  ``q_fragments``: the Q·K products read Q's fragments from registers (loaded from its
-    tile at each sub-tile) instead of Q's tile through descriptors.  The caller checks the target
-    (sm_90a)."""
+    tile at each sub-tile) instead of Q's tile through descriptors.  ``pingpong``: with two warpgroups,
+    their product issues take turns (kept only then).  The caller checks the target (sm_90a)."""
     try:
         uses = graph.consumers()
         require(chain.groups == 1, "key groups")
@@ -421,7 +424,7 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
     scratch = 2 * (warps // 4) * 128 * 4 if chain.key_norm is not None else chain.scratch_bytes
     return dataclasses.replace(chain, warpgroup=True, swizzled=frozenset(swizzled), scratch_bytes=scratch,
                                late=frozenset({v_ref.node}) if defer_values else frozenset(),
-                               q_fragments=q_fragments)
+                               q_fragments=q_fragments, pingpong=pingpong if warps == 8 else 0)
 
 
 def _offset_readers(graph: BlockGraph, uses: dict[Ref, list[int]], node: int, user: int) -> bool:

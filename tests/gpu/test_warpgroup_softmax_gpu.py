@@ -88,6 +88,33 @@ def test_deferred_values_change_no_bit(name):
         assert torch.equal(x, y)
 
 
+# two warpgroups a block: the suite's gqa_b8 pick (4 key splits, two 64-key sub-tiles a step: the
+# lookahead), one sub-tile a step, and QKNorm's key norms (their own barriers inside a turn)
+PINGPONG = {"gqa_b8_pick": ("gqa_b8", "kv_splits=4,q_splits=2,iters=8,threads=256,", "combine_rows=8"),
+            "gqa_b8_256": MEMBERS["gqa_b8_256"], "qknorm_b1_scales": MEMBERS["qknorm_b1_scales"]}
+
+
+@pytest.mark.parametrize("name", list(PINGPONG))
+@pytest.mark.parametrize("defer", [False, True])
+def test_pingpong_turns_change_no_bit(name, defer):
+    """The warpgroups' turns (``softmax_pingpong`` 1 and 2) order the issues, not the sums: the same
+    bits as without them, over several launches (a turn left pending would hang the next)."""
+    graph = _member(*PINGPONG[name])
+    options = dataclasses.replace(OptimizerOptions(), stages=4 if name.endswith("pick") else 2,
+                                  warpgroup_softmax=True, tma_copies=True, defer_values=defer)
+    programs = [generate_cuda_program(graph, None, options=dataclasses.replace(options, softmax_pingpong=t))
+                for t in (0, 1, 2)]
+    chains = [next(line for line in p.code.splitlines() if "OnlineSoftmax<" in line) for p in programs]
+    assert [c.endswith(f", {t}>;") for t, c in zip((1, 2), chains[1:], strict=True)] == [True, True]
+    built = build_many(programs)
+    inputs = random_inputs(graph, seed=5)
+    expected = built[0](*inputs)
+    for program in built[1:]:
+        for _ in range(3):
+            for x, y in zip(program.with_poison()(*inputs), expected, strict=True):
+                assert torch.equal(x, y)
+
+
 @pytest.mark.parametrize("name", ["gqa_b8_128", "gqa_b8_256", "gqa_b1", "qknorm_b1"])
 def test_rising_maxima_raise_the_reference(name):
     """Each score plus a bias that rises from −24 to 0 over every 128 keys (Q's first column 8, K's

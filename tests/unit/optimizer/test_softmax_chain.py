@@ -286,6 +286,18 @@ def test_q_fragments_render_the_chain_with_register_operands():
         assert f"mirage::gen::NoTile, {str(defer).lower()}, true>;" in code
 
 
+@pytest.mark.parametrize(("threads", "asked", "kept"), [(256, 1, 1), (256, 2, 2), (128, 2, 0)])
+def test_pingpong_turns_are_kept_only_for_two_warpgroups(threads, asked, kept):
+    """``softmax_pingpong``: the chain's type gets PingPong (after QFragments) with two warpgroups; a
+    block of one warpgroup has nobody to take turns with, and renders as without the option."""
+    graph = _gqa(**SPLITS | dict(q_splits=2, iters=8, threads=threads))
+    (first, _) = _kernels(graph, **WARPGROUP, q_fragments=True, softmax_pingpong=asked)
+    assert first.softmax_chain.pingpong == kept
+    code = generate_cuda_program(graph, 90, options=dataclasses.replace(
+        OptimizerOptions(), **WARPGROUP, q_fragments=True, softmax_pingpong=asked)).code
+    assert code.count("mirage::gen::NoTile, false, true" + (f", {kept}>;" if kept else ">;")) == 1
+
+
 def test_a_normalized_q_is_swizzled_its_input_is_not():
     """QKNorm's Q, normalized in the block before the chain reads it: the rms_norm's tile, which only
     the chain reads (its pass writes 8-element chunks through the layout), is swizzled with K and V;

@@ -182,6 +182,23 @@ MIRAGE_DEVICE void warpgroup_barrier(int g) {
   }
 }
 
+// The ping-pong turns (OnlineSoftmax's PingPong) of warpgroup g of two: wait for g's turn (barrier 3 + g,
+// which the other warpgroup's pass completes), pass it to the other (arrive at 4 − g)
+MIRAGE_DEVICE void take_turn(int g) {
+  if (g == 0) {
+    asm volatile("bar.sync 3, 256;" ::: "memory");
+  } else {
+    asm volatile("bar.sync 4, 256;" ::: "memory");
+  }
+}
+MIRAGE_DEVICE void pass_turn(int g) {
+  if (g == 0) {
+    asm volatile("bar.arrive 4, 256;" ::: "memory");
+  } else {
+    asm volatile("bar.arrive 3, 256;" ::: "memory");
+  }
+}
+
 // Each score of key tile j times its key's factor (a thread's columns 8 j + 2 (lane % 4), + 1).
 template <int Tiles, int KeyTiles>
 MIRAGE_DEVICE void scale_columns(const float (&factor)[KeyTiles][2], float (&score)[Tiles][KeyTiles][4]) {
