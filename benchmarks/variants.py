@@ -261,6 +261,12 @@ WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
                         + _rows((3, 4), two_kernels=(True,), grid=(128,), iters=(16, 32),
                                 threads=(128, 256))
                         + _rows((2, 3), two_kernels=(True,), grid=(128,), iters=(8,), threads=(256, 512))
+                        # K split in two as well: 256 blocks, two a column strip, partial sums added
+                        # after (two blocks an SM stream more of W at once: stream_floor, boxes);
+                        # measured slower on the H200, best 17.33 µs at b = 1 against 16.54, 19.81 at
+                        # b = 8 against 18.56 (explore_h200_2026-11-28_rmsnorm_split_k.json)
+                        + _rows((2, 3, 4), two_kernels=(True,), grid=(128,), k_splits=(2,), iters=(4, 8),
+                                threads=(256, 512))
                         + _rows((2,), grid=(64, 96, 128), iters=(8, 16), threads=(256, 512))
                         # more, narrower blocks: two blocks on some SMs, more weight streams
                         + _rows((2, 3), grid=(192, 256), iters=(8, 16), threads=(128, 256))

@@ -39,10 +39,11 @@ def rmsnorm_fused(b: int, grid: int = 64, iters: int = 64, threads: int = 128) -
 
 
 def rmsnorm_two_kernels(b: int, grid: int = 128, iters: int = 16, threads: int = 256,
-                        norm_threads: int = 256) -> mi.KernelGraph:
+                        norm_threads: int = 256, k_splits: int = 1) -> mi.KernelGraph:
     """Two kernels: ``Y = rms(X) · G`` (one block per row), then the weight-streaming ``Y @ W``.  The
     second kernel's weight tiles depend on nothing the first writes, so, launched while the first
-    runs (programmatic dependent launch), it pulls its first tiles into L2 during it."""
+    runs (programmatic dependent launch), it pulls its first tiles into L2 during it.  ``k_splits``:
+    the product split along K too (:func:`streamed_matmul`)."""
     g = mi.new_kernel_graph("rmsnorm")
     x, gain, w = (g.new_input(dims=s, dtype=mi.float16, name=n)
                   for s, n in zip(rmsnorm_shapes(b), "XGW", strict=True))
@@ -52,19 +53,30 @@ def rmsnorm_two_kernels(b: int, grid: int = 128, iters: int = 16, threads: int =
     bg = tn.new_input(gain, input_map=(-1, -1, -1), forloop_dim=-1)  # [1, 4096]
     tn.new_output(tn.forloop_accum(tn.mul(tn.rms_norm(bx, eps=EPS), bg)), output_map=(0, -1, -1))
     (y,) = g.customized([x, gain], tn)
-    g.mark_output(streamed_matmul(g, y, w, grid, iters, threads))
+    g.mark_output(streamed_matmul(g, y, w, grid, iters, threads, k_splits))
     return g.freeze()
 
 
-def streamed_matmul(g, x, w, grid: int, iters: int, threads: int):
+def streamed_matmul(g, x, w, grid: int, iters: int, threads: int, k_splits: int = 1):
     """``X @ W`` as one weight-streaming kernel: ``grid`` blocks split W's columns, ``iters``
-    for-loop iterations its rows (every block reads all of X)."""
-    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=iters)
-    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
-    bw = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
-    tb.new_output(tb.forloop_accum(tb.matmul(bx, bw)), output_map=(1, -1, -1))
+    for-loop iterations its rows (every block reads all of X).  With ``k_splits`` > 1 the blocks split
+    K as well (grid y; each reads its part of X and ``iters`` tiles of its rows of W), their partial
+    products stacked along the rows, and a second kernel of ``grid`` blocks sums them: two blocks of a
+    column strip an SM stream more of W at once (a cluster fold can run the sum in the first kernel)."""
+    tb = mi.new_threadblock_graph(grid_dim=(grid, k_splits, 1), block_dim=(threads, 1, 1),
+                                  forloop_range=iters)
+    along = (1, 0) if k_splits > 1 else (-1, -1)  # grid y: X's columns, W's rows, the partials' rows
+    bx = tb.new_input(x, input_map=(-1, along[0], -1), forloop_dim=1)
+    bw = tb.new_input(w, input_map=(1, along[1], -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(bx, bw)), output_map=(1, along[1], -1))
     (out,) = g.customized([x, w], tb)
-    return out
+    if k_splits == 1:
+        return out
+    ts = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=k_splits)
+    tp = ts.new_input(out, input_map=(1, -1, -1), forloop_dim=0)  # one split's rows an iteration
+    ts.new_output(ts.forloop_accum(tp), output_map=(1, -1, -1))  # summed over the iterations
+    (total,) = g.customized([out], ts)
+    return total
 
 
 def gatedmlp_shapes(m: int) -> list[tuple[int, ...]]:
