@@ -409,10 +409,24 @@ def _warn_on_cluster_waves(fn, launch: KernelLaunch, smem_bytes: int) -> None:
     active = dependent_launch.max_active_clusters(fn.kernel.ptr, launch.grid, launch.block, smem_bytes,
                                                   launch.cluster)
     clusters = math.prod(launch.grid) // launch.cluster_size
-    if active < clusters:
-        log.warning("%s: %d clusters of %d blocks, but the GPU runs %d at once, so they run in waves; "
-                    "build without OptimizerOptions.cluster_folds or multicast_cluster", launch.name,
-                    clusters, launch.cluster_size, active)
+    warn_cluster_waves(launch.name, clusters, launch.cluster_size, active)
+
+
+_CLUSTER_WAVES_WARNED: set[tuple] = set()
+
+
+def warn_cluster_waves(name: str, clusters: int, size: int, active: int) -> bool:
+    """Warn that kernel ``name``'s ``clusters`` clusters of ``size`` blocks run in waves (the GPU runs
+    ``active`` at once), once per process for each distinct case: a selection loads many builds of one
+    kernel, which would repeat it.  Whether it warned."""
+    key = (name, clusters, size, active)
+    if active >= clusters or key in _CLUSTER_WAVES_WARNED:
+        return False
+    _CLUSTER_WAVES_WARNED.add(key)
+    log.warning("%s: %d clusters of %d blocks, but the GPU runs %d at once, so they run in waves; "
+                "build without OptimizerOptions.cluster_folds or multicast_cluster",
+                name, clusters, size, active)
+    return True
 
 
 @functools.cache

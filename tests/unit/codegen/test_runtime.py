@@ -3,12 +3,15 @@ and building programs through the compile cache (nvcc runs; nothing is launched)
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
 from codegen_helpers import needs_nvcc
 
 import mirage as mi
+from mirage.codegen import runtime as runtime_module
 from mirage.codegen.compile import CompileError, CompileOptions
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.codegen.runtime import LaunchError, Program, build, compile_program
@@ -230,3 +233,18 @@ def test_a_call_holds_its_streams_scratch_while_it_launches(monkeypatch):
     assert held[0][2] == held[2][2] and held[1][2] != held[3][2]  # the middle kept, the result fresh
     (scratch,) = program._scratches.values()
     assert not scratch.lock.locked()  # released after each call
+
+
+def test_waves_are_named_once_per_case(caplog, monkeypatch):
+    """A kernel whose clusters run in waves is named once per process for each distinct case (a
+    selection loads many builds of one kernel)."""
+    monkeypatch.setattr(runtime_module, "_CLUSTER_WAVES_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger=runtime_module.log.name):
+        assert not runtime_module.warn_cluster_waves("k4", 64, 2, 66)  # every cluster at once
+        assert runtime_module.warn_cluster_waves("k4", 768, 2, 264)
+        assert not runtime_module.warn_cluster_waves("k4", 768, 2, 264)  # another build of the same kernel
+        assert runtime_module.warn_cluster_waves("k4", 768, 2, 198)  # another launch mode: other numbers
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert messages[0].startswith("k4: 768 clusters of 2 blocks, but the GPU runs 264 at once")
+    assert "multicast_cluster" in messages[0]
