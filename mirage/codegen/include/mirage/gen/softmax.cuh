@@ -132,20 +132,7 @@ struct OnlineSoftmax {
   static constexpr bool kQFragments = kWarpgroup && QFragments;
   // none for the chain that computes the key norms itself: at 255 registers, the settle spills
   static constexpr float kRescaleSlack = kKeyNorms ? 0.0f : MIRAGE_SOFTMAX_RESCALE_SLACK;
-  // PingPong (the warpgroup form, two warpgroups): they take turns issuing their products (named
-  // barriers 3 and 4, FlashAttention-3's ping-pong), so that the tensor cores run one warpgroup's
-  // products while the other computes its softmax. kTurnScores: a turn around each Q·K issue (with the
-  // deferred P·V behind it; PingPong 1, and 2 in the deferred form); kTurnSpan (2): from a sub-tile's
-  // Q·K issue to the end of its P·V issue. The results are the same either way, bit for bit.
-  static constexpr int kPingPong = kWarpgroup && kWarps == 8 ? PingPong : 0;
-  static constexpr bool kTurnScores = kPingPong == 1 || (kPingPong == 2 && kDeferred);
-  static constexpr bool kTurnSpan = kPingPong == 2 && !kDeferred;
-  static MIRAGE_DEVICE void take_turn() {
-    if constexpr (kPingPong != 0) softmax_detail::take_turn(warp() / 4);
-  }
-  static MIRAGE_DEVICE void pass_turn() {
-    if constexpr (kPingPong != 0) softmax_detail::pass_turn(warp() / 4);
-  }
+  using Turn = softmax_detail::Turns<kWarpgroup && kWarps == 8 ? PingPong : 0, kDeferred>;  // PingPong
 
   struct State {
     float out[kTilesPerWarp][kOutTiles][4];
@@ -186,9 +173,7 @@ struct OnlineSoftmax {
     state.v = nullptr;
     state.key0 = 0;
     state.parity = 0;
-    if constexpr (kPingPong != 0) {
-      if (warp() / 4 == 1) pass_turn();  // the first warpgroup takes the first turn
-    }
+    Turn::start(warp() / 4);  // the first warpgroup takes the first turn
   }
 
   // One iteration of the chain over this iteration's K and V tiles, in sub-tiles of at most
@@ -217,9 +202,7 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE void write_back(State& state, float* scratch, MaxTile max_tile, RunningTile running_tile,
                                        SumTile sum_tile, OutTile out_tile) {
     using softmax_detail::store;
-    if constexpr (kPingPong != 0) {
-      if (warp() / 4 == 0) take_turn();  // the second warpgroup's last pass (one more than its turns)
-    }
+    Turn::finish(warp() / 4);  // the second warpgroup's last pass (one more than its turns)
     if constexpr (kDeferred) {  // the last sub-tile's P·V
       if (state.v != nullptr) {
         cute::warpgroup_arrive();
@@ -307,7 +290,7 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE void sub_step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
                                      dev::SharedTile<T, VLayout> v, Columns columns, int key0) {
     float score[kTilesPerWarp][kKeyTiles][4];
-    if constexpr (kTurnSpan) take_turn();  // passed at the end of the P·V issue (in_step_values)
+    if constexpr (Turn::kSpan) Turn::take(warp() / 4);  // passed after the P·V issue (in_step_values)
     if constexpr (kWarpgroup && kKeyNorms) {  // the keys' factors while the tensor cores run Q·K
       float factor[kKeyTiles][2];
       float squares[kWarpKeys / 16][2][4];
@@ -333,10 +316,7 @@ struct OnlineSoftmax {
       fragment_rows(rows);
       const bool hidden = softmax_detail::add_mask<N>(columns, kInverseScale, rows, key0, score);
       if constexpr (!kDeferred && MIRAGE_SOFTMAX_SKIP_HIDDEN) {
-        if (all_hidden(hidden)) {  // P = 0 throughout: m, l and O stay as they are
-          if constexpr (kTurnSpan) pass_turn();
-          return;
-        }
+        if (all_hidden(hidden)) return Turn::leave(warp() / 4);  // P = 0: m, l and O stay as they are
       }
     } else if constexpr (!kKeyNorms && !std::is_same_v<Columns, NoTile>) {
       softmax_detail::scale_keys(columns, key0, score);
@@ -392,7 +372,7 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int kk = 0; kk < kKeyTiles / 2; ++kk) accumulate_keys(state, p[kk], v, key0, kk);
     }
-    if constexpr (kTurnSpan) pass_turn();  // every product of the sub-tile issued
+    if constexpr (Turn::kSpan) Turn::pass(warp() / 4);  // every product of the sub-tile issued
     if constexpr (kWarpgroup) {
       cute::warpgroup_wait<0>();  // O complete, K and V no longer read
       wgmma::fence(p);
@@ -668,7 +648,7 @@ struct OnlineSoftmax {
                                              float (&score)[kTilesPerWarp][kKeyTiles][4], Meanwhile meanwhile) {
     QOperand a[kTilesPerWarp][D / 16];
     q_operands(q, a);
-    if constexpr (kTurnScores) take_turn();
+    if constexpr (Turn::kScores) Turn::take(warp() / 4);
     issue_scores(a, k, key0, score);
     if constexpr (Pending) {  // the last sub-tile's P·V behind these; wait for the scores only
       wgmma::fence(state.out);
@@ -677,11 +657,11 @@ struct OnlineSoftmax {
       issue_values(state, state.p, state.v, state.key0);
       wgmma::fence(state.out);
       wgmma::fence(state.p);
-      if constexpr (kTurnScores) pass_turn();
+      if constexpr (Turn::kScores) Turn::pass(warp() / 4);
       meanwhile();
       cute::warpgroup_wait<1>();
     } else {
-      if constexpr (kTurnScores) pass_turn();
+      if constexpr (Turn::kScores) Turn::pass(warp() / 4);
       meanwhile();
       cute::warpgroup_wait<0>();
     }
@@ -739,16 +719,16 @@ struct OnlineSoftmax {
     QOperand a[kTilesPerWarp][D / 16];
     q_operands(q, a);
     float score[2][kTilesPerWarp][kKeyTiles][4];
-    take_turn();  // (without turns, take_turn and pass_turn are empty)
+    Turn::take(warp() / 4);  // (without turns, empty)
     issue_scores(a, k, key0, score[0]);
-    pass_turn();
+    Turn::pass(warp() / 4);
     cute::warpgroup_wait<0>();
     wgmma::fence(score[0]);
 #pragma unroll
     for (int sub = 0; sub < kSubs; ++sub) {
-      if constexpr (kPingPong != 0) take_turn();  // kTurnSpan: passed in in_step_values
+      Turn::take(warp() / 4);  // with kSpan, passed in in_step_values
       if (sub + 1 < kSubs) issue_scores(a, k, key0 + (sub + 1) * kSubKeys, score[(sub + 1) % 2]);
-      if constexpr (kTurnScores) pass_turn();
+      if constexpr (Turn::kScores) Turn::pass(warp() / 4);
       float offset[kTilesPerWarp][2];
       float factor[kTilesPerWarp][2];
 #pragma unroll

@@ -182,22 +182,46 @@ MIRAGE_DEVICE void warpgroup_barrier(int g) {
   }
 }
 
-// The ping-pong turns (OnlineSoftmax's PingPong) of warpgroup g of two: wait for g's turn (barrier 3 + g,
-// which the other warpgroup's pass completes), pass it to the other (arrive at 4 − g)
-MIRAGE_DEVICE void take_turn(int g) {
-  if (g == 0) {
-    asm volatile("bar.sync 3, 256;" ::: "memory");
-  } else {
-    asm volatile("bar.sync 4, 256;" ::: "memory");
+// OnlineSoftmax's PingPong (the warpgroup form with two warpgroups; 0 elsewhere): the warpgroups take
+// turns issuing their products (FlashAttention-3's ping-pong), so that the tensor cores run one's
+// products while the other computes its softmax. kScores: a turn around each Q·K issue (with a deferred
+// P·V behind it: PingPong 1, and 2 in the deferred form); kSpan (2): from a sub-tile's Q·K issue to the
+// end of its P·V issue. take(g) waits for warpgroup g's turn (barrier 3 + g, which the other's pass
+// completes), pass(g) hands it over (arrive at 4 − g). The second warpgroup passes once before the loop
+// (`start`) and the first takes that last pass after it (`finish`): no arrival is left on a barrier.
+// The sums and their order do not change.
+template <int PingPong, bool Deferred>
+struct Turns {
+  static constexpr bool kScores = PingPong == 1 || (PingPong == 2 && Deferred);
+  static constexpr bool kSpan = PingPong == 2 && !Deferred;
+  static MIRAGE_DEVICE void take(int g) {
+    if constexpr (PingPong != 0) {
+      if (g == 0) {
+        asm volatile("bar.sync 3, 256;" ::: "memory");
+      } else {
+        asm volatile("bar.sync 4, 256;" ::: "memory");
+      }
+    }
   }
-}
-MIRAGE_DEVICE void pass_turn(int g) {
-  if (g == 0) {
-    asm volatile("bar.arrive 4, 256;" ::: "memory");
-  } else {
-    asm volatile("bar.arrive 3, 256;" ::: "memory");
+  static MIRAGE_DEVICE void pass(int g) {
+    if constexpr (PingPong != 0) {
+      if (g == 0) {
+        asm volatile("bar.arrive 4, 256;" ::: "memory");
+      } else {
+        asm volatile("bar.arrive 3, 256;" ::: "memory");
+      }
+    }
   }
-}
+  static MIRAGE_DEVICE void start(int g) {
+    if (g == 1) pass(g);
+  }
+  static MIRAGE_DEVICE void finish(int g) {
+    if (g == 0) take(g);
+  }
+  static MIRAGE_DEVICE void leave(int g) {  // a sub-step left early: its span's turn passed
+    if constexpr (kSpan) pass(g);
+  }
+};
 
 // Each score of key tile j times its key's factor (a thread's columns 8 j + 2 (lane % 4), + 1).
 template <int Tiles, int KeyTiles>
