@@ -128,6 +128,12 @@ class OptimizerOptions:
     # inputs (a GEMV's weight) before it waits for the kernel before it, which signals only after its own
     # wait (codegen.early_loads)
 
+    def __post_init__(self) -> None:
+        if type(self.softmax_pingpong) is not int or self.softmax_pingpong not in (0, 1, 2):
+            raise ValueError(f"OptimizerOptions.softmax_pingpong={self.softmax_pingpong!r}: use 0 (no "
+                             "turns), 1 (a turn around each Q·K issue) or 2 (from a Q·K's issue to its "
+                             "P·V's)")
+
 
 @dataclass(frozen=True)
 class PreparedKernel:

@@ -298,6 +298,12 @@ def test_pingpong_turns_are_kept_only_for_two_warpgroups(threads, asked, kept):
     assert code.count("mirage::gen::NoTile, false, true" + (f", {kept}>;" if kept else ">;")) == 1
 
 
+@pytest.mark.parametrize("turns", [3, -1, True])
+def test_pingpong_modes_other_than_0_1_2_are_refused(turns):
+    with pytest.raises(ValueError, match="softmax_pingpong"):
+        OptimizerOptions(softmax_pingpong=turns)
+
+
 def test_a_normalized_q_is_swizzled_its_input_is_not():
     """QKNorm's Q, normalized in the block before the chain reads it: the rms_norm's tile, which only
     the chain reads (its pass writes 8-element chunks through the layout), is swizzled with K and V;

@@ -194,22 +194,26 @@ template <int PingPong, bool Deferred>
 struct Turns {
   static constexpr bool kScores = PingPong == 1 || (PingPong == 2 && Deferred);
   static constexpr bool kSpan = PingPong == 2 && !Deferred;
-  static MIRAGE_DEVICE void take(int g) {
+  static MIRAGE_DEVICE void take(int g) { turn<false, 3, 4>(g); }
+  static MIRAGE_DEVICE void pass(int g) { turn<true, 4, 3>(g); }
+  // bar.sync (take) or bar.arrive (pass) of the two warpgroups, on barrier First for warpgroup 0 and
+  // Second for 1 (constant ids)
+  template <bool Arrive, int First, int Second>
+  static MIRAGE_DEVICE void turn(int g) {
     if constexpr (PingPong != 0) {
       if (g == 0) {
-        asm volatile("bar.sync 3, 256;" ::: "memory");
+        barrier<Arrive, First>();
       } else {
-        asm volatile("bar.sync 4, 256;" ::: "memory");
+        barrier<Arrive, Second>();
       }
     }
   }
-  static MIRAGE_DEVICE void pass(int g) {
-    if constexpr (PingPong != 0) {
-      if (g == 0) {
-        asm volatile("bar.arrive 4, 256;" ::: "memory");
-      } else {
-        asm volatile("bar.arrive 3, 256;" ::: "memory");
-      }
+  template <bool Arrive, int Id>
+  static MIRAGE_DEVICE void barrier() {
+    if constexpr (Arrive) {
+      asm volatile("bar.arrive %0, 256;" ::"n"(Id) : "memory");
+    } else {
+      asm volatile("bar.sync %0, 256;" ::"n"(Id) : "memory");
     }
   }
   static MIRAGE_DEVICE void start(int g) {
