@@ -67,8 +67,10 @@ class KernelLowering:
         stagger_shared_loads: bool = False,
         tma_release: bool = False,
         heavy_first: bool = False,
+        evict_first_streams: bool = False,
     ) -> None:
         self.kernel = kernel
+        self.evict_first_streams = evict_first_streams
         self.tma_release = tma_release
         self.heavy_first = heavy_first
         self.released_loop = False  # set by steps(): stages handed back through barriers, none in the loop
@@ -244,6 +246,8 @@ class KernelLowering:
             pipelined=pipelined,
             staggered=(self.stagger_shared_loads and shared_by_blocks and tile.layout.rows > 1
                        and not multicast),
+            evict_first=(self.evict_first_streams and pipelined and not shared_by_blocks and not multicast
+                         and not tma),
             multicast=multicast,
             barriers=self.kernel.memory.barriers_of(i) if multicast or tma else -1,
             tma=tma,

@@ -78,6 +78,7 @@ class InputIteratorContext:
     pipelined: bool  # loaded stage by stage across the for-loop (cp.async pipeline)
     direct: bool = False  # no shared tile: a row-local loop reads its elements from global memory
     staggered: bool = False  # blocks that load the same tile start at different rows (a rotation)
+    evict_first: bool = False  # no other block reads its tiles: the copies mark their lines first to leave L2
     multicast: int = 0  # > 1: read once per cluster of this many blocks (dev::MulticastIterator)
     barriers: int = -1  # the multicast or tma slots' barriers: offset in shared memory
     tma: bool = False  # copied by the TMA unit through a tensor map (dev::TensorMapIterator)

@@ -218,7 +218,8 @@ def _lower_kernel(prepared: PreparedProgram, kernel, name: str, accumulator: str
                           options.two_blocks_per_sm, options.l2_prefetch_iterations,
                           options.register_row_sums, options.fold_operand_scale,
                           options.direct_output_stores, options.one_barrier_loops,
-                          options.stagger_shared_loads, options.tma_release, options.heavy_first).context()
+                          options.stagger_shared_loads, options.tma_release, options.heavy_first,
+                          options.evict_first_streams).context()
 
 
 def _folded(graph: KernelGraph, fold: ClusterFold, name: str, producer: KernelContext,

@@ -14,6 +14,7 @@ from typing import Any
 from mirage.errors import MirageError
 
 SWIZZLE_BYTES = 128  # the box's inner dim: 64 16-bit elements, 128-byte swizzled (Swizzled128Layout)
+SWIZZLES = (0, 32, 64, 128)  # the spans the driver offers (CU_TENSOR_MAP_SWIZZLE_*)
 
 
 class TensorMapError(MirageError):
@@ -27,13 +28,19 @@ class TensorMapSpec:
 
     input: int
     box: tuple[int, int, int, int]
+    swizzle: int = SWIZZLE_BYTES  # bytes of the swizzle span, 0 for rows landed as they are
+
+    def __post_init__(self) -> None:
+        if self.swizzle not in SWIZZLES:
+            raise TensorMapError(f"a tensor map swizzles 0, 32, 64 or 128 bytes, not {self.swizzle}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"input": self.input, "box": list(self.box)}
+        return {"input": self.input, "box": list(self.box), "swizzle": self.swizzle}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TensorMapSpec:
-        return cls(int(d["input"]), tuple(int(b) for b in d["box"]))  # type: ignore[arg-type]
+        return cls(int(d["input"]), tuple(int(b) for b in d["box"]),  # type: ignore[arg-type]
+                   int(d.get("swizzle", SWIZZLE_BYTES)))
 
 
 def aligned(tensor):
@@ -48,12 +55,12 @@ def encode(tensor, spec: TensorMapSpec) -> bytes:
     elements are copied as 16-bit words, so fp16 and bf16 alike."""
     shape = (1,) * (4 - tensor.dim()) + tuple(tensor.shape)
     strides = (0,) * (4 - tensor.dim()) + tuple(tensor.stride())
-    return _encode(tensor.data_ptr(), shape, strides, tensor.element_size(), spec.box)
+    return _encode(tensor.data_ptr(), shape, strides, tensor.element_size(), spec.box, spec.swizzle)
 
 
 @functools.lru_cache(maxsize=256)
 def _encode(address: int, shape: tuple[int, ...], strides: tuple[int, ...], size: int,
-            box: tuple[int, ...]) -> bytes:
+            box: tuple[int, ...], swizzle: int = SWIZZLE_BYTES) -> bytes:
     if size != 2 or strides[3] != 1:
         raise TensorMapError(f"a tensor of {size}-byte elements and innermost stride {strides[3]} cannot be "
                              "copied by TMA here; pass a contiguous fp16/bf16 tensor or build without "
@@ -76,7 +83,8 @@ def _encode(address: int, shape: tuple[int, ...], strides: tuple[int, ...], size
         driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, address,
         [u64(d) for d in dims], [u64(p) for p in pitches], [u32(b) for b in boxes], [u32(1)] * 4,
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        getattr(driver.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B" if swizzle else
+                "CU_TENSOR_MAP_SWIZZLE_NONE"),
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if error != driver.CUresult.CUDA_SUCCESS:

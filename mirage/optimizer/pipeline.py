@@ -95,6 +95,8 @@ class OptimizerOptions:
     free_innermost: bool = True  # False: every shared tile is row-major (only swizzles are chosen)
     swizzle_by_padding: bool = True  # realise swizzled dims as one extra 16-byte vector per row
     layout_timeout_ms: int = 20_000
+    evict_first_streams: bool = True  # pipelined input tiles that no other block reads (a GEMV's weight
+    # strips) copied with an L2 evict-first policy: a stream read once leaves L2 first
     stagger_shared_loads: bool = False  # blocks that load the same tile (an input map leaving a grid axis
     # unmapped) start their copies at different rows, so that they do not all ask for the same lines at once
     cluster_folds: bool = False  # a light op reading a split kernel's partials runs at the end of that

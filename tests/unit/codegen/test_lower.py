@@ -587,9 +587,25 @@ def test_tiles_that_several_blocks_load_start_at_a_row_of_their_own():
     _, graph = family("rmsnorm_b8")[0]
     plain = generate_cuda_program(graph, 90)
     staggered = generate_cuda_program(graph, 90, options=OptimizerOptions(stagger_shared_loads=True))
-    assert ", false, true>" not in plain.code
+    assert "kThreads, false, true> " not in plain.code
     (kernel,) = staggered.contexts
     by_source = {it.source_dims: it.staggered for it in kernel.iterators}
     assert by_source == {(1, 1, 16, 4096): True, (1, 1, 1, 4096): False, (1, 1, 4096, 6144): False}
-    assert staggered.code.count(", false, true>") == 1
+    assert staggered.code.count("kThreads, false, true> ") == 1
     assert "static_cast<int>(blockIdx.x + 128u * (blockIdx.y + 1u * blockIdx.z))" in staggered.code
+
+
+def test_weight_strips_that_no_other_block_reads_leave_l2_first():
+    """evict_first_streams (on by default): rmsnorm's W tile (one strip per block) is copied with the
+    evict-first L2 policy; X and the gain, which every block loads, are not; off, no iterator is."""
+    from benchmarks.variants import family
+
+    _, graph = family("rmsnorm_b8")[0]
+    hinted = generate_cuda_program(graph, 90)
+    plain = generate_cuda_program(graph, 90, options=OptimizerOptions(evict_first_streams=False))
+    (kernel,) = hinted.contexts
+    by_source = {it.source_dims: it.evict_first for it in kernel.iterators}
+    assert by_source == {(1, 1, 16, 4096): False, (1, 1, 1, 4096): False, (1, 1, 4096, 6144): True}
+    assert hinted.code.count("kThreads, false, false, true> ") == 1
+    assert not any(it.evict_first for k in plain.contexts for it in k.iterators)
+    assert "false, false, true>" not in plain.code

@@ -33,9 +33,16 @@
 #ifndef MIRAGE_CP_ASYNC_L2_BYTES
 #define MIRAGE_CP_ASYNC_L2_BYTES 128
 #endif
-// With no prefetch hint: mark the copied lines first to leave L2 (a stream read once).
+// Mark every copied line first to leave L2 (the iterators' EvictFirst, for all inputs; a probe's switch).
 #ifndef MIRAGE_CP_ASYNC_EVICT_FIRST
 #define MIRAGE_CP_ASYNC_EVICT_FIRST 0
+#endif
+#if MIRAGE_CP_ASYNC_L2_BYTES == 256
+#define MIRAGE_CP_ASYNC_PREFETCH ".L2::256B"
+#elif MIRAGE_CP_ASYNC_L2_BYTES == 128
+#define MIRAGE_CP_ASYNC_PREFETCH ".L2::128B"
+#else
+#define MIRAGE_CP_ASYNC_PREFETCH ""
 #endif
 
 namespace mirage::dev {
@@ -107,7 +114,11 @@ MIRAGE_DEVICE void pipelined_forloop(int forloop_range, Body body, const Iterato
 // Staggered: a tile that several blocks load (the same rows of X for every block of a GEMV) is
 // copied starting at row `rotation mod rows` (the block's index), so that the blocks do not all ask
 // L2 for the same lines at the same moment; every row is still copied once per block.
-template <class T, class L, int Stages, int NumThreads, bool Coherent = false, bool Staggered = false>
+// EvictFirst: the 16-byte copies mark their lines first to leave L2 (an L2 cache policy): a tile that
+// no other block reads (a GEMV's weight strip) streams through L2 without pushing out what is read
+// again (X, the outputs).
+template <class T, class L, int Stages, int NumThreads, bool Coherent = false, bool Staggered = false,
+          bool EvictFirst = false>
 class InputIterator {
  public:
   using Element = T;
@@ -131,7 +142,9 @@ class InputIterator {
         forloop_range_(forloop_range),
         shared_(shared),
         vectorized_(kVectorizableShape && aligned(global, strides, coordinate)),
-        first_row_(Staggered ? rotation % L::rows : 0) {}
+        first_row_(Staggered ? rotation % L::rows : 0) {
+    if constexpr (kEvictFirst) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy_));
+  }
 
   MIRAGE_DEVICE SharedTile<T, L> stage(int iteration) const {
     return SharedTile<T, L>{shared_ + (iteration % Stages) * kStageElements};
@@ -237,20 +250,14 @@ class InputIterator {
         const int col = (chunk % kChunksPerRow) * kVector;
         const auto* from = reinterpret_cast<const cute::uint128_t*>(source + row_offset(row) + col);
         auto* to = reinterpret_cast<cute::uint128_t*>(target + L::element_offset(row, col));
-#if MIRAGE_CP_ASYNC_L2_BYTES == 256
-        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(
-                         static_cast<uint32_t>(__cvta_generic_to_shared(to))), "l"(from));
-#elif MIRAGE_CP_ASYNC_L2_BYTES == 0 && MIRAGE_CP_ASYNC_EVICT_FIRST
-        uint64_t policy;
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(
-                         static_cast<uint32_t>(__cvta_generic_to_shared(to))), "l"(from), "l"(policy));
-#elif MIRAGE_CP_ASYNC_L2_BYTES == 0
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                         static_cast<uint32_t>(__cvta_generic_to_shared(to))), "l"(from));
-#else
-        cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(*from, *to);
-#endif
+        const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(to));
+        if constexpr (kEvictFirst) {
+          asm volatile("cp.async.cg.shared.global.L2::cache_hint" MIRAGE_CP_ASYNC_PREFETCH " [%0], [%1], 16, %2;\n"
+                       ::"r"(address), "l"(from), "l"(policy_));
+        } else {
+          asm volatile("cp.async.cg.shared.global" MIRAGE_CP_ASYNC_PREFETCH " [%0], [%1], 16;\n"
+                       ::"r"(address), "l"(from));
+        }
       }
     }
   }
@@ -296,6 +303,8 @@ class InputIterator {
     }
   }
 
+  static constexpr bool kEvictFirst = EvictFirst || MIRAGE_CP_ASYNC_EVICT_FIRST;
+
   const T* global_;
   Strides strides_;
   TileCoordinate coordinate_;
@@ -303,6 +312,7 @@ class InputIterator {
   T* shared_;
   bool vectorized_;
   int first_row_;  // Staggered: the row this block copies first
+  uint64_t policy_ = 0;  // EvictFirst: the L2 cache policy of the copies
   mutable T staged_[kRegisterStaged ? kRing : 1][kRegisterStaged ? kStaged : 1];
 };
 

@@ -31,7 +31,7 @@ extern "C" __global__ void __launch_bounds__(128) rms_rows_k1(
   const mirage::dev::SharedTile<float, mirage::dev::Layout<1, 1, 16, 1, 1>> t3{mirage::dev::shared_at<float>(shared, 8832)};
   const mirage::dev::SharedTile<__half, mirage::dev::Layout<1, 1, 16, 1, 1>> t4{mirage::dev::shared_at<__half>(shared, 0)};
   const mirage::dev::Strides in0_strides = mirage::dev::row_major_strides(1, 1, 64, 256);
-  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 16, 128, 136>, 2, kThreads> in0(
+  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 16, 128, 136>, 2, kThreads, false, false, true> in0(
       input0, in0_strides,
       mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 16, 128, 136>>(in0_strides, mirage::dev::DimMap{2, -1, -1}, 3, kForloopRange, blockIdx),
       kForloopRange, mirage::dev::shared_at<__half>(shared, 0));

@@ -29,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(128) small_linear_k2(
       mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 16, 32, 40>>(in0_strides, mirage::dev::DimMap{-1, -1, -1}, 3, kForloopRange, blockIdx),
       kForloopRange, mirage::dev::shared_at<__half>(shared, 18432));
   const mirage::dev::Strides in1_strides = mirage::dev::row_major_strides(1, 1, 128, 256);
-  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 32, 64, 72>, 4, kThreads> in1(
+  const mirage::dev::InputIterator<__half, mirage::dev::Layout<1, 1, 32, 64, 72>, 4, kThreads, false, false, true> in1(
       input1, in1_strides,
       mirage::dev::locate_input_tile<mirage::dev::Layout<1, 1, 32, 64, 72>>(in1_strides, mirage::dev::DimMap{3, -1, -1}, 2, kForloopRange, blockIdx),
       kForloopRange, mirage::dev::shared_at<__half>(shared, 0));
