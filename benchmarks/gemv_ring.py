@@ -5,9 +5,11 @@ Each block owns a strip of ``cols`` columns of every weight (rmsnorm: one W, 48 
 and W2, 32 columns each; 128 blocks).  One producer warp (one thread) issues a TMA tensor copy per
 weight and stage of ``rows`` rows into a ring of ``stages`` stages (rows landed as they are, no
 swizzle), each stage with a ``full`` transaction barrier and an ``empty`` barrier that every consumer
-warp arrives on once it has read the stage.  ``consumers`` warps split each stage's rows, read X's
-fragments straight from global memory (L2: every block reads all of X) and multiply on the tensor cores
-(``ldmatrix.trans``, ``mma.sync``).  No block barrier runs in the loop and the ring is refilled as
+thread arrives on once it has read the stage (its arrival releases its own reads; a warp's one arrival
+after ``__syncwarp`` gave two wrong builds of 64 in the first runs).  ``consumers`` warps split each
+stage's rows, read X's fragments straight from global memory (L2: every block reads all of X), or all
+of them into registers before the loop, and multiply on the tensor cores (``ldmatrix.trans``,
+``mma.sync``).  No block barrier runs in the loop and the ring is refilled as
 soon as a stage is free, not after an iteration's barrier.  The warps' sums meet once, after the loop.
 rmsnorm's rows are multiplied by G on the way and divided by rms(X) at the end; gatedmlp's output is
 ``silu(X @ W1) * (X @ W2)``.
@@ -122,7 +124,7 @@ extern "C" __global__ void __launch_bounds__((CONSUMERS + 1) * 32) gemv_ring(
   const int warp = threadIdx.x / 32, lane = threadIdx.x %% 32;
   const int n0 = blockIdx.x * NC, steps = KDIM / KC;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) { bar_init(full + s, 1); bar_init(empty + s, CONSUMERS); }
+    for (int s = 0; s < STAGES; ++s) { bar_init(full + s, 1); bar_init(empty + s, CONSUMERS * 32); }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -181,8 +183,7 @@ extern "C" __global__ void __launch_bounds__((CONSUMERS + 1) * 32) gemv_ring(
           }
         }
       }
-      __syncwarp();
-      if (lane == 0) bar_arrive(empty + s);
+      bar_arrive(empty + s);  // every consumer thread: its own reads of the stage are ordered before
     }
   }
   __syncthreads();  // every stage has landed and been read: the ring's memory holds the partial sums

@@ -236,7 +236,11 @@ FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
     # RMSNorm: 128 blocks; or the normalization in a kernel of its own, which leaves the GEMV room for a
     # third stage of 512-row K tiles at b = 8 (the fused kernel's norm tiles do not fit beside them)
     "rmsnorm": (_rows((3,), grid=(128,), iters=(8, 16), threads=(256, 512))
-                + _rows((3,), two_kernels=(True,), grid=(128,), iters=(8,), threads=(256,)), rmsnorm_variant),
+                + _rows((3,), two_kernels=(True,), grid=(128,), iters=(8,), threads=(256,))
+                # ...or that kernel and then the kernel graph's pre-defined matmul (the library's GEMM):
+                # on an H200 cuBLAS streams W in 13.2-14.7 µs, our GEMV in 15.3-17.2
+                # (stream_floor_h200_2026-11-28.json)
+                + _rows((2,), two_kernels=(True,), library_product=(True,)), rmsnorm_variant),
     # GatedMLP: 128 blocks, K tiles of 256 or 128 rows; or 64 wider blocks with a deeper ring (the fastest
     # at m = 1 of the wide family at depths 3–5: explore_h100_2026-11-26_gatedmlp_depths.json)
     "gatedmlp": (_rows((3, 4), grid=(128,), iters=(16, 32), threads=(128, 256))

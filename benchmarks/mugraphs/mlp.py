@@ -39,11 +39,14 @@ def rmsnorm_fused(b: int, grid: int = 64, iters: int = 64, threads: int = 128) -
 
 
 def rmsnorm_two_kernels(b: int, grid: int = 128, iters: int = 16, threads: int = 256,
-                        norm_threads: int = 256, k_splits: int = 1) -> mi.KernelGraph:
+                        norm_threads: int = 256, k_splits: int = 1,
+                        library_product: bool = False) -> mi.KernelGraph:
     """Two kernels: ``Y = rms(X) · G`` (one block per row), then the weight-streaming ``Y @ W``.  The
     second kernel's weight tiles depend on nothing the first writes, so, launched while the first
     runs (programmatic dependent launch), it pulls its first tiles into L2 during it.  ``k_splits``:
-    the product split along K too (:func:`streamed_matmul`)."""
+    the product split along K too (:func:`streamed_matmul`).  ``library_product``: the product is the
+    kernel graph's pre-defined matmul (the vendor library's GEMM, as a Mirage µGraph's kernel-level
+    operators are) instead of a generated kernel; ``grid``, ``iters``, ``threads`` then go unused."""
     g = mi.new_kernel_graph("rmsnorm")
     x, gain, w = (g.new_input(dims=s, dtype=mi.float16, name=n)
                   for s, n in zip(rmsnorm_shapes(b), "XGW", strict=True))
@@ -53,7 +56,8 @@ def rmsnorm_two_kernels(b: int, grid: int = 128, iters: int = 16, threads: int =
     bg = tn.new_input(gain, input_map=(-1, -1, -1), forloop_dim=-1)  # [1, 4096]
     tn.new_output(tn.forloop_accum(tn.mul(tn.rms_norm(bx, eps=EPS), bg)), output_map=(0, -1, -1))
     (y,) = g.customized([x, gain], tn)
-    g.mark_output(streamed_matmul(g, y, w, grid, iters, threads, k_splits))
+    g.mark_output(g.matmul(y, w) if library_product else streamed_matmul(g, y, w, grid, iters, threads,
+                                                                         k_splits))
     return g.freeze()
 
 
