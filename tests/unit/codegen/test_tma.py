@@ -161,6 +161,16 @@ def test_tensor_maps_refuse_what_tma_cannot_copy():
         tensor_maps.encode(rows_of_ten, spec)
 
 
+def test_a_tensor_map_spec_keeps_its_swizzle_and_refuses_spans_the_driver_lacks():
+    """0 lands rows as they are (a weight strip's unpadded tiles); a record written before the field
+    existed reads back as the 128-byte swizzle it meant."""
+    unswizzled = tensor_maps.TensorMapSpec(2, (1, 1, 256, 48), swizzle=0)
+    assert tensor_maps.TensorMapSpec.from_dict(unswizzled.to_dict()) == unswizzled
+    assert tensor_maps.TensorMapSpec.from_dict({"input": 1, "box": [1, 1, 64, 64]}).swizzle == 128
+    with pytest.raises(tensor_maps.TensorMapError, match="0, 32, 64 or 128"):
+        tensor_maps.TensorMapSpec(1, (1, 1, 64, 64), swizzle=48)
+
+
 def test_a_misaligned_input_is_copied_into_aligned_storage():
     torch = pytest.importorskip("torch")
     base = torch.arange(16 * 64 * 64 + 8, dtype=torch.float16)
