@@ -183,7 +183,10 @@ extern "C" __global__ void __launch_bounds__((CONSUMERS + 1) * 32) gemv_ring(
           }
         }
       }
-      bar_arrive(empty + s);  // every consumer thread: its own reads of the stage are ordered before
+      // every consumer thread: its ldmatrix reads (generic proxy) ordered before the TMA's refill (async
+      // proxy); without the fence ptxas issues the arrival before the reads have returned
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      bar_arrive(empty + s);
     }
   }
   __syncthreads();  // every stage has landed and been read: the ring's memory holds the partial sums
