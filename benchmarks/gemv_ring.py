@@ -302,7 +302,7 @@ def measure_case(case: str, args) -> list[dict]:
         row = {"case": case, "what": "TMA ring", "consumers": consumers, "stages": stages, "rows": rows,
                "evict_first": bool(evict), "x_in_registers": bool(xreg), "smem": smem,
                "relative_error": error}
-        if error < 1e-2:
+        if error < 2e-3:  # correct builds sit at 3·10⁻⁴; a racing ring showed 0.9 %
             row["us"] = time_graph(run, replays=100).median_us
         rows_out.append(row)
         print(row, flush=True)
