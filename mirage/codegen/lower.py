@@ -68,8 +68,10 @@ class KernelLowering:
         tma_release: bool = False,
         heavy_first: bool = False,
         evict_first_streams: bool = False,
+        producer_warp: bool = False,
     ) -> None:
         self.kernel = kernel
+        self.producer_warp = producer_warp
         self.evict_first_streams = evict_first_streams
         self.tma_release = tma_release
         self.heavy_first = heavy_first
@@ -535,6 +537,16 @@ class KernelLowering:
                 and self.softmax is not None and self.softmax.warpgroup
                 and all(isinstance(s, ctx.OnlineSoftmaxStep | ctx.BarrierStep) for s in loop))
 
+    def _producer_joins(self, pre_loop: list[ctx.Step]) -> int:
+        """The block barriers the computing threads pass before the loop, which a producer warp
+        (``producer_warp``) joins after its first stages, or -1 for no producer warp: not asked for, the
+        loop not released, multicast copies, or a pre-loop step whose barriers are its own (a reduction)."""
+        countable = all(isinstance(s, ctx.LoadStep | ctx.PrologueStep | ctx.BarrierStep | ctx.FillStep)
+                        for s in pre_loop)
+        if not (self.producer_warp and self.released_loop and countable) or self.kernel.multicast.inputs:
+            return -1
+        return sum(isinstance(s, ctx.BarrierStep) for s in pre_loop)
+
     def in_registers_loop(self) -> frozenset[int]:
         """Loop nodes computed by a register step (softmax chain or row-local loop)."""
         if self.softmax is not None:
@@ -718,6 +730,7 @@ class KernelLowering:
             stages=self.stages,
             loads_after_barrier=self.loads_after_barrier,
             released_loop=self.released_loop,
+            producer_joins=self._producer_joins(steps[Phase.PRE_LOOP]),
             direct_loop=self._direct_loop(steps[Phase.LOOP]),
             l2_prefetch=self._l2_prefetch(),
             parameters=self.parameters(),

@@ -551,6 +551,20 @@ class KernelContext:
     early_loads: tuple[InputIteratorContext, ...] = ()
     # the next kernel may launch only once this one's wait has returned (it reads program inputs early)
     signal_after_wait: bool = False
+    # >= 0: a released loop's copies are issued by one more warp, threads [threads, threads + 32), which
+    # computes nothing: it issues the first stages, joins the computing threads' block barriers before
+    # the loop (this many), issues the rest as stages are released, and leaves
+    # (OptimizerOptions.producer_warp)
+    producer_joins: int = -1
+
+    @property
+    def producer_warp(self) -> bool:
+        return self.producer_joins >= 0
+
+    @property
+    def launch_threads(self) -> int:
+        """Threads a block is launched with: the computing threads, and the producer warp if any."""
+        return self.threads + 32 * self.producer_warp
 
     @property
     def pipelined(self) -> tuple[InputIteratorContext, ...]:

@@ -219,7 +219,7 @@ def _lower_kernel(prepared: PreparedProgram, kernel, name: str, accumulator: str
                           options.register_row_sums, options.fold_operand_scale,
                           options.direct_output_stores, options.one_barrier_loops,
                           options.stagger_shared_loads, options.tma_release, options.heavy_first,
-                          options.evict_first_streams).context()
+                          options.evict_first_streams, options.producer_warp).context()
 
 
 def _folded(graph: KernelGraph, fold: ClusterFold, name: str, producer: KernelContext,
@@ -283,7 +283,7 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
                 context.name,
                 kernel.node,
                 kernel.grid_dim,
-                (context.threads, 1, 1),
+                (context.launch_threads, 1, 1),
                 context.smem_bytes,
                 tuple(Ref(kernel.node, j) for j in range(len(node.outputs))),
                 node.inputs,

@@ -124,6 +124,8 @@ class OptimizerOptions:
     tma_release: bool = True  # ...and where every pipelined input is so copied and the loop is the chain's
     # step alone (P·V in step), stages handed back through per-stage barriers: no block barrier in the loop
     # (faster than the block barriers in 16 of 18 gqa builds, bit for bit the same: docs/performance.md §3)
+    producer_warp: bool = False  # ...and such a released loop's copies issued by one more warp of its own
+    # (warp specialization), where the computing threads' block barriers before the loop can be counted
     early_prologue: bool = True  # the loop's first stages fetched before the pre-loop steps instead of
     # after them (QKNorm's Q rms), so their copies and the pre-loop operands' fly together
     early_input_loads: bool = True  # a kernel after the program's first issues its first stages of program

@@ -3,7 +3,8 @@ passes the float check against the float64 reference and gives the same bits as 
 of the same warpgroup form (the same tiles land in the same swizzled places; only who copies them
 differs), over several launches, with each P·V in its step or deferred, at two depths, with the
 stages handed back through barriers instead of the loop's block barriers (``tma_release``), and with
-the Q·K products reading Q's fragments from registers instead of its tile (``q_fragments``);
+the Q·K products reading Q's fragments from registers instead of its tile (``q_fragments``), and with
+the copies issued by a producer warp of their own (``producer_warp``, where the kernel qualifies);
 the tensor maps (by-value kernel parameters) survive a CUDA graph's capture and replay; a misaligned
 input is copied into aligned storage, and the encoder refuses one with a clear error."""
 
@@ -56,6 +57,8 @@ FORMS = {
     "deferred_released": (True, True, {}),
     "q_fragments": (False, True, {"q_fragments": True}),
     "q_fragments_deferred": (True, True, {"q_fragments": True}),
+    "producer_warp": (False, True, {"producer_warp": True}),
+    "producer_warp_deferred": (True, True, {"producer_warp": True}),
 }
 
 

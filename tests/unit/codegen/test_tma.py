@@ -32,7 +32,8 @@ def _gqa(case: str = "gqa_b8", *parts: str):
 def gqa_b8():
     graph = _gqa("gqa_b8", "kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8")
     return {name: generate_cuda_program(graph, 90, options=options)
-            for name, options in (("cp_async", WARPGROUP), ("tma", TMA), ("release", RELEASE))}
+            for name, options in (("cp_async", WARPGROUP), ("tma", TMA), ("release", RELEASE),
+                                  ("producer", dataclasses.replace(RELEASE, producer_warp=True)))}
 
 
 def test_k_and_v_of_the_warpgroup_chain_get_tensor_maps(gqa_b8):
@@ -115,6 +116,33 @@ def test_a_deferred_values_tile_is_released_a_step_late():
     assert "__syncthreads" not in loop and "Pipeline<" not in loop
 
 
+def test_a_producer_warp_issues_every_copy_and_joins_the_barriers_before_the_loop(gqa_b8):
+    """With producer_warp the released loop's copies move to one more warp: the block launches with 32
+    more threads (and asks the registers for them), the iterators copy from the first thread past the
+    computing ones; that warp issues the first stages, meets the computing threads at their one block
+    barrier before the loop (Q has landed), issues the rest and leaves before the computing code; the
+    loop only waits, computes and releases. Without a released loop, or where a pre-loop step holds
+    barriers of its own (QKNorm's Q norm), nothing changes."""
+    program = gqa_b8["producer"]
+    assert program.kernels[0].block == (160, 1, 1) and "__launch_bounds__(160)" in program.code
+    assert "Swizzled128Layout<1, 1, 64, 64>, 2, kThreads, kThreads> in1(" in program.code
+    producer = program.code.split("if (mirage::dev::thread_index() >= kThreads) {")[1].split("return;")[0]
+    first, rest = producer.split("__syncthreads();  // the computing threads' barrier 1 before the loop")
+    assert "wait_for_prerequisite_grids();" in first and "iteration < 2;" in first
+    assert "in1.load(iteration);" in first and "in2.load(iteration);" in rest and "__syncthreads" not in rest
+    before = program.code.split("// ---- before the for-loop")[1].split("// ---- the for-loop")[0]
+    assert before.count("::wait();") + before.count("__syncthreads") == 1  # the barrier it joins
+    loop = _loop(program.code)
+    assert ".load(" not in loop and "__syncthreads" not in loop and "in1.release(iteration);" in loop
+    assert program.kernels[1].block == (128, 1, 1)  # the combine: no TMA, no producer warp
+    graph = _gqa("gqa_b8", "kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8")
+    blocked = generate_cuda_program(graph, 90, options=dataclasses.replace(TMA, producer_warp=True))
+    assert "thread_index() >= kThreads" not in blocked.code and blocked.kernels[0].block == (128, 1, 1)
+    normed = next(g for row, g in family("qknorm_b1") if "key_scales" in row.label)
+    program = generate_cuda_program(normed, 90, options=dataclasses.replace(RELEASE, producer_warp=True))
+    assert "thread_index() >= kThreads" not in program.code and "release(iteration)" in program.code
+
+
 @needs_nvcc
 def test_tma_build_compiles_to_tensor_copies(gqa_b8):
     """The TMA build issues UTMALDG and keeps the threads' LDGSTS only for Q: far fewer than the
@@ -128,7 +156,8 @@ def test_tma_build_compiles_to_tensor_copies(gqa_b8):
     assert copies["tma"] * 2 < copies["cp_async"], copies
     barriers = {name: len(re.findall(r"\bBAR\.SYNC", f)) for name, f in attention.items()}
     assert barriers["release"] < barriers["tma"], barriers
-    for name in ("tma", "release"):
+    assert "UTMALDG" in attention["producer"], "the producer warp's copies"
+    for name in ("tma", "release", "producer"):
         assert "LDL" not in attention[name] and "STL" not in attention[name]
 
 

@@ -23,6 +23,12 @@
 //
 //   for (r < R) { in1.load(r + S - 1); in1.wait(r); ... use in1.stage(r) ...; in1.release(r); }
 //   __syncthreads();  // before the stages' memory is reused
+//
+// Copier is the thread that issues the copies: thread 0, which also computes, or the first thread of a
+// producer warp after the Releasers computing threads (OptimizerOptions.producer_warp). That warp issues
+// the first S stages, meets the computing threads at each of their block barriers before the loop, then
+// issues stage r once it is released (load(r) waits for its `empty` barrier) and leaves; the computing
+// threads' load() calls do nothing, and they only wait, read and release.
 #pragma once
 
 #include <cuda.h>
@@ -33,7 +39,7 @@
 
 namespace mirage::dev {
 
-template <class T, class L, int Stages, int Releasers = 0>
+template <class T, class L, int Stages, int Releasers = 0, int Copier = 0>
 class TensorMapIterator {
  public:
   using Element = T;
@@ -59,6 +65,8 @@ class TensorMapIterator {
     }
   }
 
+  static_assert(Copier == 0 || Copier == Releasers, "the copies are issued by thread 0 or by a producer warp");
+
   // One thread initializes the stages' barriers; the caller then meets the block (__syncthreads).
   MIRAGE_DEVICE void init() const {
     if (thread_index() == 0) {
@@ -75,9 +83,9 @@ class TensorMapIterator {
     return SharedTile<T, L>{shared_ + (iteration % Stages) * L::storage};
   }
 
-  // Thread 0 issues the tile of `iteration` (nothing past the range).
+  // Thread Copier issues the tile of `iteration` (nothing past the range).
   MIRAGE_DEVICE void load(int iteration) const {
-    if (iteration >= forloop_range_ || thread_index() != 0) return;
+    if (iteration >= forloop_range_ || thread_index() != Copier) return;
     uint64_t* full = barrier(iteration % Stages);
     // the stage's last use (iteration - Stages) is over in every thread
     if constexpr (Releasers > 0) {
