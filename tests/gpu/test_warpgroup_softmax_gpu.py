@@ -150,3 +150,29 @@ def test_chain_key_norms_match_their_step(name, stages):
     assert "KeyNorms<" in ours.source and "KeyNorms<" not in theirs.source
     assert_checked_and_matching(graph, ours, theirs, 13,
                                 lambda x, y: torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-3))
+
+
+# the suite's picks on the H200 (2026-11-28) whose warpgroups take 128 keys an iteration, and gqa_b1's
+SUB_KEYS_PICKS = {
+    "gqa_b8_pick": (("gqa_b8", "kv_splits=4,q_splits=2,iters=8,threads=256,", "combine_rows=8"), 4),
+    "qknorm_b8_pick": (("qknorm_b8", "kv_splits=4,q_splits=4,iters=8,threads=128,", "normalize_k=True"), 2),
+    "gqa_b1_pick": (("gqa_b1", "kv_splits=16,q_splits=4,iters=2,threads=128,", "combine_rows=8"), 2),
+}
+
+
+@pytest.mark.parametrize("name", list(SUB_KEYS_PICKS))
+@pytest.mark.parametrize("defer", [False, True])
+def test_128_key_sub_tiles_pass_the_float_check(name, defer):
+    """``MIRAGE_WARPGROUP_SUB_KEYS=128`` (both 64-key Q·K blocks of an iteration issued at once, one
+    wait; measured faster on the b = 8 picks): the build passes the float check against the float64
+    reference and agrees with the 64-key build to fp16 rounding (the row maxima come over 128 keys at
+    once, so the bits may differ), over several launches, with TMA copies and P·V in step or deferred."""
+    parts, stages = SUB_KEYS_PICKS[name]
+    graph = _member(*parts)
+    options = dataclasses.replace(OptimizerOptions(), stages=stages, warpgroup_softmax=True, tma_copies=True,
+                                  defer_values=defer)
+    program = generate_cuda_program(graph, None, options=options)
+    wide = dataclasses.replace(program, code="#define MIRAGE_WARPGROUP_SUB_KEYS 128\n" + program.code)
+    ours, theirs = build_many([wide, program])
+    assert_checked_and_matching(graph, ours, theirs, 13,
+                                lambda x, y: torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-3))
