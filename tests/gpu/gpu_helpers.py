@@ -2,6 +2,23 @@
 
 from __future__ import annotations
 
+from benchmarks.mugraphs import mlp
+from benchmarks.rms_forms import gemv
+
+# weight-streaming programs that the copy-path tests (multicast, evict-first) build in several ways
+GEMV_PROGRAMS = {
+    "rmsnorm_b8": lambda: mlp.rmsnorm_fused(8, grid=128, iters=16, threads=256),
+    "gemv_b8": lambda: gemv(8, 128, 16, 256),
+    "lora_k_loop": lambda: mlp.lora_fused(16, grid=64, iters=2, threads=128),
+}
+
+
+def assert_equal_bits(x, y) -> None:
+    """A ``same`` for the helpers below: bit for bit."""
+    import torch
+
+    assert torch.equal(x, y)
+
 
 def misaligned(tensor):
     """A copy of ``tensor`` that starts 2 bytes past a 16-byte boundary (16-bit elements): what the

@@ -17,10 +17,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 
-from gpu_helpers import assert_checked_and_matching, assert_matching_on_misaligned  # noqa: E402
+from gpu_helpers import (  # noqa: E402
+    GEMV_PROGRAMS,
+    assert_checked_and_matching,
+    assert_equal_bits,
+    assert_matching_on_misaligned,
+)
 
 from benchmarks.mugraphs import mlp  # noqa: E402
-from benchmarks.rms_forms import gemv  # noqa: E402
 from benchmarks.variants import family  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
@@ -29,11 +33,9 @@ from mirage.optimizer import OptimizerOptions  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 GRAPHS = {
-    "rmsnorm_b8": lambda: mlp.rmsnorm_fused(8, grid=128, iters=16, threads=256),
+    **GEMV_PROGRAMS,
     "rmsnorm_b1_512": lambda: mlp.rmsnorm_fused(1, grid=128, iters=16, threads=512),
     "gatedmlp_m8": lambda: mlp.gatedmlp_fused(8, grid=128, iters=16, threads=256),
-    "gemv_b8": lambda: gemv(8, 128, 16, 256),
-    "lora_k_loop": lambda: mlp.lora_fused(16, grid=64, iters=2, threads=128),
     # K and V along the query splits (clusters of two along grid z)
     "gqa_b8": lambda: _member("gqa_b8", "kv_splits=8,q_splits=2,iters=8,threads=128,", "combine_rows=8"),
     "qknorm_b1_key_scales": lambda: _member("qknorm_b1", "key_scales=True", "q_splits=4"),
@@ -56,15 +58,11 @@ def _builds(graph, stages: int):
 def test_multicast_build_matches_the_plain_build(name, stages):
     graph = GRAPHS[name]()
     ours, theirs = _builds(graph, stages)
-    assert_checked_and_matching(graph, ours, theirs, 5, _equal)
-
-
-def _equal(x, y) -> None:
-    assert torch.equal(x, y)
+    assert_checked_and_matching(graph, ours, theirs, 5, assert_equal_bits)
 
 
 def test_misaligned_tile_is_copied_element_by_element():
     """X starting 2 bytes past a 16-byte boundary: no bulk copies, the same results."""
     graph = GRAPHS["rmsnorm_b8"]()
     ours, theirs = _builds(graph, 2)
-    assert_matching_on_misaligned(graph, ours, theirs, 0, 6, _equal)
+    assert_matching_on_misaligned(graph, ours, theirs, 0, 6, assert_equal_bits)
