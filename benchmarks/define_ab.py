@@ -2,7 +2,7 @@
 timed in turn and compared bit for bit: what a change behind the define or option does to every case,
 in one run.
 
-    python -m benchmarks.define_ab --define MIRAGE_ASSUME_THREAD_INDEX=1 \\
+    python -m benchmarks.define_ab --define MIRAGE_ASSUME_THREAD_INDEX=0 \\
         [--suite benchmarks/results/suite_2026-11-26.json] [--cases gqa_b1,lora_m16] [--out DIR]
     python -m benchmarks.define_ab --options producer_warp=true --cases gqa_b8
 

@@ -4,7 +4,10 @@ Stages (each can be dumped; a failing tool raises :class:`CompileError` with the
 reproduces the failure)::
 
     SOURCE  --nvcc-->  CUBIN  (+ PTX, kept from the same nvcc run on request)
-    CUBIN   --cuobjdump -sass-->  SASS (on request)
+    CUBIN   --cuobjdump -sass-->  SASS (read for every build, kept on request)
+
+Every cubin's SASS is checked for instructions the GPU cannot run (:mod:`mirage.codegen.miscompile`);
+a cubin with one is rebuilt once under the check's fallback defines, which the cache entry records.
 
 Typical use::
 
@@ -34,6 +37,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from mirage.codegen import miscompile
 from mirage.codegen.toolchain import (
     Environment,
     ToolchainError,
@@ -76,8 +80,9 @@ class CompileError(MirageError):
         self.output = output
         self.returncode = returncode
         self.directory = directory
+        status = f" (exit status {returncode})" if returncode else ""
         super().__init__(
-            f"{stage.value} stage failed (exit status {returncode}). Reproduce with:\n"
+            f"{stage.value} stage failed{status}. Reproduce with:\n"
             f"  cd {shlex.quote(str(directory))} && {shlex.join(self.command)}\n{output.strip()}"
         )
 
@@ -262,6 +267,7 @@ def cache_key(source: str, options: CompileOptions, environment: Environment | N
         tool_version(find_nvcc(environment)),
         _library_fingerprint(),
         _cutlass_fingerprint(environment),
+        miscompile.CHECKS,
     ):
         digest.update(part.encode())
         digest.update(b"\0")
@@ -340,13 +346,15 @@ def compile_source(
     try:
         source_path = scratch / SOURCE_NAME
         source_path.write_text(source)
-        command, seconds = source_to_cubin(source_path, options, environment, keep_ptx=Stage.PTX in dumps)
+        keep_ptx = Stage.PTX in dumps
+        command, seconds, sass, fallback = _build_runnable(source_path, options, environment, keep_ptx)
         if Stage.SASS in dumps:
-            sass = cubin_to_sass(scratch / STAGE_FILES[Stage.CUBIN], environment)
             (scratch / STAGE_FILES[Stage.SASS]).write_text(sass)
         assert options.target is not None
         metadata = {"command": command, "seconds": seconds, "target": options.target.arch,
                     "cubin_bytes": (scratch / STAGE_FILES[Stage.CUBIN]).stat().st_size}
+        if fallback:
+            metadata["fallback_defines"] = dict(fallback)
         (scratch / "metadata.json").write_text(json.dumps(metadata, indent=2))
         logger.info("compiled %s for %s in %.1f s", key[:12], metadata["target"], seconds)
         _publish(scratch, entry)
@@ -355,6 +363,36 @@ def compile_source(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return CompileResult(key, entry, tuple(command), seconds, from_cache=False)
+
+
+def _build_runnable(
+    source_path: Path, options: CompileOptions, environment: Environment, keep_ptx: bool
+) -> tuple[list[str], float, str, tuple[tuple[str, str], ...]]:
+    """SOURCE → CUBIN whose SASS the GPU can run (:mod:`mirage.codegen.miscompile`): a cubin with an
+    instruction ptxas should not have emitted is rebuilt once under the fallback defines.
+
+    Returns (command, seconds, SASS, the fallback defines used or ``()``).
+    """
+    command, seconds = source_to_cubin(source_path, options, environment, keep_ptx)
+    cubin = source_path.parent / STAGE_FILES[Stage.CUBIN]
+    sass = cubin_to_sass(cubin, environment)
+    found = miscompile.faulting_instructions(sass)
+    if not found:
+        return command, seconds, sass, ()
+    names = {name for name, _ in miscompile.FALLBACK_DEFINES}
+    defines = tuple(d for d in options.defines if d[0] not in names) + miscompile.FALLBACK_DEFINES
+    if set(defines) == set(options.defines):
+        raise CompileError(Stage.SASS, command, miscompile.describe(found), 0, source_path.parent)
+    logger.info("%s; rebuilding with %s", miscompile.describe(found).split(";")[0], defines[-1])
+    cubin.unlink()
+    command, more = source_to_cubin(source_path, dataclasses.replace(options, defines=defines), environment,
+                                    keep_ptx)
+    sass = cubin_to_sass(cubin, environment)
+    found = miscompile.faulting_instructions(sass)
+    if found:
+        raise CompileError(Stage.SASS, command, miscompile.describe(found) + "\n(also under the fallback "
+                           "defines: report the nvcc version and this source)", 0, source_path.parent)
+    return command, seconds + more, sass, miscompile.FALLBACK_DEFINES
 
 
 def _keep_failed_source(scratch: Path, root: Path, key: str) -> Path:

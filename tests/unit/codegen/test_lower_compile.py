@@ -135,13 +135,15 @@ PER_ELEMENT = "#define MIRAGE_SOFTMAX_FOLD_SCALE 0\n"
 # name → (the build it recompiles, the macros before its code)
 LAZY_RESCALE = "#define MIRAGE_SOFTMAX_RESCALE_SLACK 8\n"
 IN_TURN = "#define MIRAGE_SOFTMAX_LOOKAHEAD 0\n"
+SUB_KEYS_64 = "#define MIRAGE_WARPGROUP_SUB_KEYS 64\n"  # two 64-key sub-tiles where an iteration has 128 keys
 SKIP_HIDDEN = "#define MIRAGE_SOFTMAX_SKIP_HIDDEN 1\n"
 PREFIXES = {"masked_attention_whole_skip": ("masked_attention_whole", SKIP_HIDDEN),
             "masked_attention_warpgroup_skip": ("masked_attention_warpgroup", SKIP_HIDDEN),
             "qknorm_two_pass": ("qknorm_registers", TWO_PASS),
             "qknorm_per_element": ("qknorm_registers", PER_ELEMENT),
             "gqa_warpgroup_lazy": ("gqa_warpgroup", LAZY_RESCALE),
-            "gqa_warpgroup_sub_tiles_in_turn": ("gqa_warpgroup_sub_tiles", IN_TURN),
+            "gqa_warpgroup_64_key_sub_tiles": ("gqa_warpgroup_sub_tiles", SUB_KEYS_64),
+            "gqa_warpgroup_sub_tiles_in_turn": ("gqa_warpgroup_sub_tiles", SUB_KEYS_64 + IN_TURN),
             "qknorm_lazy": ("qknorm_registers", LAZY_RESCALE)}
 
 
@@ -436,10 +438,11 @@ def _between_waits(sass: str) -> list[str]:
     return re.split(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0", sass)
 
 
-@pytest.mark.parametrize("name, ahead", [("gqa_warpgroup_sub_tiles", True),
+@pytest.mark.parametrize("name, ahead", [("gqa_warpgroup_64_key_sub_tiles", True),
                                          ("gqa_warpgroup_sub_tiles_in_turn", False)])
 def test_sub_tile_products_overlap_the_softmax_only_with_lookahead(built, name, ahead):
-    """Where an iteration has two 64-key sub-tiles (gqa_b8 with 4 key splits), the lookahead issues
+    """Where an iteration has two 64-key sub-tiles (gqa_b8 with 4 key splits, built with
+    ``MIRAGE_WARPGROUP_SUB_KEYS`` 64 where the default takes one of 128 keys), the lookahead issues
     the second sub-tile's Q·K (a fresh accumulator: ``RZ, !UPT``) after the first one's wait and
     before its exponentials, so one stretch between full waits holds both; issued in turn
     (``MIRAGE_SOFTMAX_LOOKAHEAD`` 0), no stretch does. Both without spills."""

@@ -107,10 +107,11 @@ MIRAGE_HOST_DEVICE constexpr int round_up(int a, int b) { return ceil_div(a, b) 
 // the cases between -0.4 and +0.4 µs and made a GEMV member of rmsnorm_b1 21.3 → 28.9 µs
 // (benchmarks/results/define_ab_h100_2026-11-27_thread_index.json); on an H200 the suite's picks built
 // with it gave the same bits and took gatedmlp_m1 22.41 → 19.61 µs, gatedmlp_m8 22.52 → 21.32, the
-// rest within -0.3 / +0.13 µs (define_ab_h200_2026-11-28_thread_index.json). Still off by default: it
-// becomes the default once the GPU tests have run with it (docs/performance.md §5).
+// rest within -0.3 / +0.13 µs (define_ab_h200_2026-11-28_thread_index.json). On by default. ptxas 13.0
+// miscompiles some kernels under it (a cp.async copy the GPU stops at): the compiler checks every cubin
+// and rebuilds such a kernel with the define at 0 (mirage/codegen/miscompile.py).
 #ifndef MIRAGE_ASSUME_THREAD_INDEX
-#define MIRAGE_ASSUME_THREAD_INDEX 0
+#define MIRAGE_ASSUME_THREAD_INDEX 1
 #endif
 MIRAGE_DEVICE int thread_index() {
   const int index = static_cast<int>(threadIdx.x);

@@ -54,8 +54,9 @@
 // Keys of a sub-tile in the warpgroup form where a warpgroup's keys of an iteration come in multiples of
 // it (else 64): 128 issues the Q·K products of two independent 64-key blocks together and waits once,
 // at twice S's registers. Chains with key norms take 128 where they can (half the trades: −0.5 µs).
+// 128 by default: gqa_b8 and qknorm_b8 −0.6 to −0.9 µs on an H200 (define_ab_h200_2026-11-28_sub_keys.json).
 #ifndef MIRAGE_WARPGROUP_SUB_KEYS
-#define MIRAGE_WARPGROUP_SUB_KEYS 64
+#define MIRAGE_WARPGROUP_SUB_KEYS 128
 #endif
 static_assert(MIRAGE_WARPGROUP_SUB_KEYS % 64 == 0, "warpgroup sub-tiles are whole blocks of 64 keys");
 
