@@ -37,6 +37,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import filelock
+
 from mirage.codegen import miscompile
 from mirage.codegen.toolchain import (
     Environment,
@@ -332,15 +334,34 @@ def compile_source(
     root = Path(cache_dir) if cache_dir is not None else environment.cache_dir
     key = cache_key(source, options, environment)
     entry = root / key[:2] / key
-    if entry.is_dir():
-        problem, metadata = _entry_problem(entry)
-        if problem:  # a truncated or damaged entry is rebuilt, never returned
-            warn_corrupt(entry, f"a compiled kernel that cannot be used ({problem})")
-            shutil.rmtree(entry, ignore_errors=True)
-        elif metadata is not None and _complete_entry(entry, dumps, environment):
-            logger.debug("cache hit %s", key)
-            return CompileResult(key, entry, tuple(metadata["command"]), 0.0, from_cache=True)
+    cached = _cached(key, entry, dumps, environment)
+    if cached is not None:
+        return cached
+    (root / "locks").mkdir(parents=True, exist_ok=True)
+    # One build of a key at a time, across threads and processes (parallel test or search workers
+    # asking for the same kernels): the others wait and take the published entry.
+    with filelock.FileLock(root / "locks" / f"{key}.lock"):
+        cached = _cached(key, entry, dumps, environment)
+        return cached if cached is not None else _build(source, options, dumps, environment, root, key)
 
+
+def _cached(key: str, entry: Path, dumps: frozenset[Stage], environment: Environment) -> CompileResult | None:
+    """The cache entry of ``key`` when it is whole and has ``dumps``; a damaged one is removed."""
+    if not entry.is_dir():
+        return None
+    problem, metadata = _entry_problem(entry)
+    if problem:  # a truncated or damaged entry is rebuilt, never returned
+        warn_corrupt(entry, f"a compiled kernel that cannot be used ({problem})")
+        shutil.rmtree(entry, ignore_errors=True)
+    elif metadata is not None and _complete_entry(entry, dumps, environment):
+        logger.debug("cache hit %s", key)
+        return CompileResult(key, entry, tuple(metadata["command"]), 0.0, from_cache=True)
+    return None
+
+
+def _build(source: str, options: CompileOptions, dumps: frozenset[Stage], environment: Environment,
+           root: Path, key: str) -> CompileResult:
+    entry = root / key[:2] / key
     (root / "scratch").mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=key[:12] + "-", dir=root / "scratch"))
     try:

@@ -202,7 +202,7 @@ def test_failed_build_reports_a_reproducible_command_and_caches_nothing(cache_di
     assert shlex.join(error.command) in str(error)
     assert "-gencode=arch=compute_90a,code=sm_90a" in error.command
     # Nothing in the cache: no entry, no leftovers; only the failed source, kept apart.
-    entries = [p for p in cache_dir.iterdir() if p.name not in ("failed", "scratch")]
+    entries = [p for p in cache_dir.iterdir() if p.name not in ("failed", "scratch", "locks")]
     assert entries == []
     assert list((cache_dir / "scratch").iterdir()) == []
     assert error.directory.parent == cache_dir / "failed"
@@ -262,3 +262,28 @@ def test_a_corrupt_cache_entry_is_warned_about_and_rebuilt(
     assert any("corrupt cache file" in r.getMessage() and "compiled kernel" in r.getMessage()
                for r in caplog.records)
     assert compile_source(SCALE_KERNEL, OPTIONS).from_cache
+
+
+@needs_nvcc
+def test_processes_asking_for_one_kernel_at_once_build_it_once(cache_dir: Path, tmp_path: Path) -> None:
+    """Parallel workers (pytest-xdist, search workers) that need the same kernel wait for the first
+    build and take its cache entry: nvcc runs once."""
+    import os
+    import sys
+
+    real = toolchain.find_nvcc(read_environment())
+    log = tmp_path / "nvcc_calls"
+    wrapper = tmp_path / "nvcc"
+    logged = f"{{ echo build >> {shlex.quote(str(log))}; sleep 2; }}"  # the others start meanwhile
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = "--version" ] || {logged}\nexec {shlex.quote(str(real))} "$@"\n')
+    wrapper.chmod(0o755)
+    script = (f"from mirage.codegen.compile import compile_source, CompileOptions\n"
+              f"from mirage.mugraph.target import TARGETS\n"
+              f"print(compile_source({SCALE_KERNEL!r}, CompileOptions(target=TARGETS['H100'])).from_cache)\n")
+    env = {**os.environ, "MIRAGE_NVCC": str(wrapper)}
+    workers = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+               for _ in range(3)]
+    outputs = [w.communicate(timeout=300)[0].split() for w in workers]
+    assert all(w.returncode == 0 for w in workers)
+    assert log.read_text().count("build") == 1
+    assert sorted(o[-1] for o in outputs) == ["False", "True", "True"]

@@ -22,12 +22,34 @@ KERNEL = 'extern "C" __global__ void scale(float* out) { out[threadIdx.x] *= 2.0
 
 
 def test_an_odd_descriptor_register_is_found_and_an_even_one_is_not() -> None:
-    sass = "\n".join([RUNNABLE, FAULTING, "        /*1ba0*/      LDG.E desc[UR11][R2.64] ;"])
-    found = miscompile.faulting_instructions(sass)
-    assert found == ["0c60: LDGSTS.E.BYPASS.LTC128B.128 [R7+UR0], desc[UR1][R4.64]",
-                     "1ba0: LDG.E desc[UR11][R2.64]"]
-    assert miscompile.faulting_instructions(RUNNABLE) == []
-    assert "2 instruction(s)" in miscompile.describe(found)
+    sass = "\n".join(["        /*0000*/                   ULDC.64 UR0, c[0x0][0x208] ;",
+                      "        /*0010*/                   ULDC.64 UR6, c[0x0][0x208] ;", RUNNABLE, FAULTING])
+    assert miscompile.faulting_instructions(sass) == [
+        "0c60: LDGSTS.E.BYPASS.LTC128B.128 [R7+UR0], desc[UR1][R4.64]"]
+    assert miscompile.faulting_instructions("\n".join(sass.splitlines()[:3])) == []
+    assert "1 instruction(s)" in miscompile.describe(miscompile.faulting_instructions(sass))
+
+
+def _kernel(*instructions: str) -> str:
+    lines = [f"        /*{16 * k:04x}*/                   {text} ;" for k, text in enumerate(instructions)]
+    return "\t\tFunction : k\n" + "\n".join(lines)
+
+
+def test_an_address_reading_a_uniform_register_nothing_writes_is_found() -> None:
+    assert miscompile.faulting_instructions(_kernel("LDS R2, [R3+UR6]")) == ["0000: LDS R2, [R3+UR6]"]
+    assert miscompile.faulting_instructions(_kernel("S2UR UR6, SR_CgaCtaId", "LDS R2, [R3+UR6]")) == []
+    assert miscompile.faulting_instructions(
+        _kernel("ULDC.64 UR4, c[0x0][0x208]", "@P0 LDG.E R2, desc[UR4][R2.64]")) == []
+    assert miscompile.faulting_instructions(
+        _kernel("UIMAD.WIDE.U32 UR8, UR2, 0x4, URZ", "R2UR UR2, R0", "STG.E desc[UR8][R2.64], R5")) == []
+    # wgmma leaves the half of gdesc that its register operand replaces unwritten
+    wgmma = "HGMMA.64x64x16.F32 R24, R100, gdesc[UR24].tnspB, R24, gsb0"
+    assert miscompile.faulting_instructions(_kernel("R2UR UR26, R22", "R2UR UR27, R23", wgmma)) == []
+
+
+def test_each_kernel_is_checked_on_its_own() -> None:
+    writes, reads = _kernel("S2UR UR6, SR_CgaCtaId"), _kernel("LDS R2, [R3+UR6]")
+    assert miscompile.faulting_instructions(writes + "\n" + reads) == ["0000: LDS R2, [R3+UR6]"]
 
 
 @pytest.fixture
