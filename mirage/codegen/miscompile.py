@@ -53,7 +53,7 @@ def _written_uniforms(instructions: list[tuple[str, str]]) -> set[int]:
     return written
 
 
-def _kernel_faults(sass: str) -> list[str]:
+def _kernel_faults(sass: str, name: str) -> list[str]:
     instructions = _INSTRUCTION.findall(sass)
     written = _written_uniforms(instructions)
     found = []
@@ -62,15 +62,18 @@ def _kernel_faults(sass: str) -> list[str]:
         unwritten = {int(n) for bracket in _BRACKETS.findall(operands)
                      for n in _UNIFORM.findall(bracket)} - written
         if _ODD_DESCRIPTOR.search(text) or unwritten:
-            found.append(f"{address}: {text}")
+            found.append(f"{name}+0x{address}: {text}" if name else f"{address}: {text}")
     return found
 
 
 def faulting_instructions(sass: str) -> list[str]:
     """The instructions of ``sass`` (``cuobjdump -sass`` text, one kernel or several) that the GPU
-    cannot run, as ``"<address>: <instruction>"`` lines; empty when there are none."""
+    cannot run, as ``"<kernel>+0x<address>: <instruction>"`` lines (the form compute-sanitizer
+    reports a fault in); empty when there are none."""
     kernels = sass.split("Function : ")
-    return [line for kernel in (kernels[1:] or kernels) for line in _kernel_faults(kernel)]
+    if len(kernels) == 1:
+        return _kernel_faults(sass, "")
+    return [line for kernel in kernels[1:] for line in _kernel_faults(kernel, kernel.split()[0])]
 
 
 def describe(found: list[str]) -> str:

@@ -3,7 +3,10 @@
 ``mirage sass show CUBIN --kernel K`` prints every instruction with its decoded control bits, the
 registers it reads and writes, the instructions its operands come from and why it is pinned.
 ``mirage sass swap CUBIN --kernel K ADDR_A ADDR_B -o OUT`` swaps two adjacent instructions, or refuses
-(exit status 2) with the legality model's reason.  Also runs standalone:
+(exit status 2) with the legality model's reason.  ``mirage sass check CUBIN`` lists the instructions
+of every kernel that the GPU cannot run (:mod:`mirage.codegen.miscompile`; exit status 1 when there
+are some), for a cubin built elsewhere or one that stops with an illegal-instruction error.  Also
+runs standalone:
 ``python -m mirage.sass.cli show kernel.cubin --kernel my_kernel``.
 """
 
@@ -105,8 +108,27 @@ def cmd_swap(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mirage.codegen.compile import cubin_to_sass
+    from mirage.codegen.miscompile import describe, faulting_instructions
+
+    cubin = Path(args.cubin)
+    if not cubin.is_file():
+        raise MirageError(f"{cubin} is not a file: give the path of a .cubin")
+    found = faulting_instructions(cubin_to_sass(cubin.resolve()))
+    if not found:
+        sys.stdout.write(f"{cubin}: no instruction the GPU cannot run\n")
+        return 0
+    sys.stdout.write(describe(found) + "\nmirage's own builds rebuild such a kernel with "
+                     "-DMIRAGE_ASSUME_THREAD_INDEX=0; elsewhere, build without that assumption or "
+                     "with another nvcc\n")
+    return 1
+
+
 def add_subparsers(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Mount ``sass show`` and ``sass swap`` on a parent command line's subparsers."""
+    """Mount ``sass show``, ``sass swap`` and ``sass check`` on a parent command line's subparsers."""
     sass = subparsers.add_parser("sass", help="inspect and hand-edit the SASS schedule of a cubin")
     commands = sass.add_subparsers(dest="sass_command", metavar="SASS_COMMAND")
     commands.required = True
@@ -126,6 +148,10 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     swap.add_argument("--repair-stalls", action="store_true",
                       help="allow the swap when raising a stall count keeps every distance")
     swap.set_defaults(run=cmd_swap)
+
+    check = commands.add_parser("check", help="list the instructions the GPU cannot run (ptxas miscompiles)")
+    check.add_argument("cubin", help="path to a .cubin")
+    check.set_defaults(run=cmd_check)
     return sass
 
 

@@ -36,7 +36,7 @@ def _kernel(*instructions: str) -> str:
 
 
 def test_an_address_reading_a_uniform_register_nothing_writes_is_found() -> None:
-    assert miscompile.faulting_instructions(_kernel("LDS R2, [R3+UR6]")) == ["0000: LDS R2, [R3+UR6]"]
+    assert miscompile.faulting_instructions(_kernel("LDS R2, [R3+UR6]")) == ["k+0x0000: LDS R2, [R3+UR6]"]
     assert miscompile.faulting_instructions(_kernel("S2UR UR6, SR_CgaCtaId", "LDS R2, [R3+UR6]")) == []
     assert miscompile.faulting_instructions(
         _kernel("ULDC.64 UR4, c[0x0][0x208]", "@P0 LDG.E R2, desc[UR4][R2.64]")) == []
@@ -49,7 +49,7 @@ def test_an_address_reading_a_uniform_register_nothing_writes_is_found() -> None
 
 def test_each_kernel_is_checked_on_its_own() -> None:
     writes, reads = _kernel("S2UR UR6, SR_CgaCtaId"), _kernel("LDS R2, [R3+UR6]")
-    assert miscompile.faulting_instructions(writes + "\n" + reads) == ["0000: LDS R2, [R3+UR6]"]
+    assert miscompile.faulting_instructions(writes + "\n" + reads) == ["k+0x0000: LDS R2, [R3+UR6]"]
 
 
 @pytest.fixture

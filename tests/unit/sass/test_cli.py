@@ -67,3 +67,21 @@ def test_top_level_command_mounts_sass(capsys):
     mirage_cli = pytest.importorskip("mirage.cli")
     assert mirage_cli.main(["sass", "show", ELEMENTWISE, "--kernel", "scaled_add"]) == 0
     assert "LDG.E.CONSTANT" in capsys.readouterr().out
+
+
+MISCOMPILED = str(FIXTURES / "miscompiled" / "random_1.cubin")
+
+
+def test_check_lists_the_instructions_the_gpu_cannot_run(capsys):
+    assert cli.main(["check", MISCOMPILED]) == 1
+    out = capsys.readouterr().out
+    assert "random_1_k4+0x0c60: LDGSTS.E.BYPASS.LTC128B.128 [R7+UR0], desc[UR1][R4.64]" in out
+    assert "random_1_k4+0x0fd0:" in out and "2 instruction(s)" in out
+    assert "-DMIRAGE_ASSUME_THREAD_INDEX=0" in out
+
+
+def test_check_passes_a_runnable_cubin_and_refuses_a_missing_file(capsys, tmp_path):
+    assert cli.main(["check", ELEMENTWISE]) == 0
+    assert "no instruction the GPU cannot run" in capsys.readouterr().out
+    assert cli.main(["check", str(tmp_path / "none.cubin")]) == cli.REFUSED
+    assert "is not a file" in capsys.readouterr().err
