@@ -411,8 +411,9 @@ def _build_runnable(
     sass = cubin_to_sass(cubin, environment)
     found = miscompile.faulting_instructions(sass)
     if found:
-        raise CompileError(Stage.SASS, command, miscompile.describe(found) + "\n(also under the fallback "
-                           "defines: report the nvcc version and this source)", 0, source_path.parent)
+        raise CompileError(Stage.SASS, command, miscompile.describe(found) + f"\n(also with {defines[-1]}: "
+                           "if the source sets that define itself, remove it; else report the nvcc "
+                           "version and this source)", 0, source_path.parent)
     return command, seconds + more, sass, miscompile.FALLBACK_DEFINES
 
 

@@ -16,7 +16,10 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from mirage.codegen.compile import cubin_to_sass
+from mirage.codegen.miscompile import describe, faulting_instructions
 from mirage.errors import MirageError
 from mirage.sass.elf import Cubin
 from mirage.sass.kernel import Kernel, load_kernel
@@ -109,11 +112,6 @@ def cmd_swap(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from mirage.codegen.compile import cubin_to_sass
-    from mirage.codegen.miscompile import describe, faulting_instructions
-
     cubin = Path(args.cubin)
     if not cubin.is_file():
         raise MirageError(f"{cubin} is not a file: give the path of a .cubin")
