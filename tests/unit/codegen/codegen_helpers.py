@@ -1,9 +1,10 @@
 """Shared by the codegen tests: the skip for machines without nvcc, host programs built on the device
-library, and the check that declarations the device library must reject fail to compile with the
-library's messages."""
+library, the check that declarations the device library must reject fail to compile with the
+library's messages, and the SASS of a build split by kernel."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -47,3 +48,9 @@ def assert_each_is_rejected(checks: list[tuple[str, str]], options: CompileOptio
         compile_source(source, options)
     for _, message in checks:
         assert message in caught.value.output, message
+
+
+def sass_by_function(sass: str) -> dict[str, str]:
+    """Split ``cuobjdump -sass`` output into one text per kernel."""
+    parts = re.split(r"^\s+Function : (\S+)\s*$", sass, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from codegen_helpers import assert_each_is_rejected, build_host_program, needs_nvcc
+from codegen_helpers import assert_each_is_rejected, build_host_program, needs_nvcc, sass_by_function
 
 from mirage.codegen.compile import CompileError, CompileOptions, Stage, compile_source, compile_sources
 from mirage.mugraph.target import TARGETS
@@ -28,12 +28,6 @@ OPTIONS = CompileOptions(target=TARGETS["H100"])
 
 
 pytestmark = needs_nvcc
-
-
-def sass_by_function(sass: str) -> dict[str, str]:
-    """Split ``cuobjdump -sass`` output into one text per kernel."""
-    parts = re.split(r"^\s+Function : (\S+)\s*$", sass, flags=re.MULTILINE)
-    return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
 def opcodes(function_sass: str) -> set[str]:

@@ -33,6 +33,16 @@
 #define MIRAGE_SPLIT_K 1
 #endif
 
+// 1: an element-wise map whose threads each see the same columns in every chunk (NumThreads chunks
+// span whole rows) reads its operands that depend on the column alone (a row vector or a scalar
+// broadcast to the result) once, before its loop, so that what the function computes from them alone
+// (a norm's rsqrt of a column sum) is computed once a thread, not once a row; the same values come out
+// in the same order. 0: every operand read at every chunk (build with -DMIRAGE_MAP_FIXED_COLUMNS=0 to
+// compare).
+#ifndef MIRAGE_MAP_FIXED_COLUMNS
+#define MIRAGE_MAP_FIXED_COLUMNS 1
+#endif
+
 namespace mirage::gen {
 
 // ---- functors of IR ops that the device library does not define -------------------------------
@@ -70,6 +80,39 @@ MIRAGE_DEVICE void map_chunk(Function function, const int (&index)[4], float (&v
   for (int e = 0; e < C; ++e) values[e] = function(operands[I][e]...);
 }
 
+// An operand that depends on the result's column alone: a row vector or a scalar (broadcast to it).
+template <class Tile>
+constexpr bool kColumnOnly = Tile::TileLayout::size == Tile::TileLayout::dim3;
+
+// Whether map_apply's threads each see the same C columns in all their chunks (chunks t,
+// t + NumThreads, ... of C elements: NumThreads · C is a whole number of rows) and take more than one
+// chunk, and an operand depends on the column alone (MIRAGE_MAP_FIXED_COLUMNS).
+template <int NumThreads, class OutLayout, int C, class... Tiles>
+constexpr bool kFixedColumns = MIRAGE_MAP_FIXED_COLUMNS && (kColumnOnly<Tiles> || ...) &&
+                               (NumThreads * C) % OutLayout::cols == 0 && OutLayout::size / C > NumThreads;
+
+// map_apply's loop when kFixedColumns holds: the column-only operands' chunks are read once, from
+// the thread's first chunk, and stay in registers; the others are read at every chunk.
+template <int NumThreads, class OutLayout, int C, class Function, class Emit, class... Tiles, std::size_t... I>
+MIRAGE_DEVICE void map_fixed_columns(Function function, Emit emit, std::index_sequence<I...>, Tiles... tiles) {
+  float operands[sizeof...(Tiles)][C];
+  const int first = dev::thread_index() * C;  // < OutLayout::size: every thread has a chunk
+  {
+    int index[4];
+    OutLayout::coordinates(first, index);
+    ((kColumnOnly<Tiles> ? load_chunk(tiles, index, operands[I]) : void()), ...);
+  }
+  for (int linear = first; linear < OutLayout::size; linear += NumThreads * C) {
+    int index[4];
+    OutLayout::coordinates(linear, index);
+    ((kColumnOnly<Tiles> ? void() : load_chunk(tiles, index, operands[I])), ...);
+    float values[C];
+#pragma unroll
+    for (int e = 0; e < C; ++e) values[e] = function(operands[I][e]...);
+    emit(linear, values);
+  }
+}
+
 }  // namespace detail
 
 // emit(i, function(tiles[i]...)) for every element i of OutLayout, in chunks; each tile broadcasts
@@ -79,13 +122,18 @@ MIRAGE_DEVICE void map_apply(Function function, Emit emit, Tiles... tiles) {
   static_assert((dev::kBroadcastsTo<typename Tiles::TileLayout, OutLayout> && ...),
                 "an operand does not broadcast to the result");
   constexpr int kChunk = chunk_elements(OutLayout::cols, OutLayout::size, NumThreads);
-  for_each_chunk<NumThreads, OutLayout, kChunk>([&](int linear) {
-    int index[4];
-    OutLayout::coordinates(linear, index);
-    float values[kChunk];
-    detail::map_chunk(function, index, values, std::index_sequence_for<Tiles...>{}, tiles...);
-    emit(linear, values);
-  });
+  if constexpr (detail::kFixedColumns<NumThreads, OutLayout, kChunk, Tiles...>) {
+    detail::map_fixed_columns<NumThreads, OutLayout, kChunk>(function, emit, std::index_sequence_for<Tiles...>{},
+                                                             tiles...);
+  } else {
+    for_each_chunk<NumThreads, OutLayout, kChunk>([&](int linear) {
+      int index[4];
+      OutLayout::coordinates(linear, index);
+      float values[kChunk];
+      detail::map_chunk(function, index, values, std::index_sequence_for<Tiles...>{}, tiles...);
+      emit(linear, values);
+    });
+  }
 }
 
 namespace detail {
