@@ -135,7 +135,9 @@ def _wide_qknorm_rows() -> list[Variant]:
     scores in the attention kernel (``key_scales``), or K normalized in the attention kernel when
     each key is read by one or two blocks only (``q_splits`` 1 or 2)."""
     rows = []
-    for norm_blocks in (64,):  # 32 measured slower on every split (explore_h100_2026-11-22_run7.json)
+    # 32 blocks a head measured slower on every split op by op (explore_h100_2026-11-22_run7.json); with
+    # the column loop (a thread a key, no shared memory) 128 keys a block fill 128 threads
+    for norm_blocks in (32, 64):
         rows += _wide_attention_rows((("normalize_k", True), ("norm_blocks", norm_blocks)),
                                      kv_splits=(4, 8, 16, 32), q_splits=(2, 4, 8))
     rows += _wide_attention_rows(KEY_SCALES, kv_splits=(8, 16, 32), q_splits=(2, 4, 8))

@@ -301,6 +301,8 @@ class OnlineSoftmaxWriteBack:
     chain: OnlineSoftmaxType
     scratch: int  # byte offset of the key-group merge scratch (unused with one group)
     tiles: tuple[Tile | None, Tile | None, Tile | None, Tile | None]  # maximum, running, sum, out
+    # per tile, the output saver that takes the result straight from the chain instead (or None)
+    savers: tuple[OutputSaverContext | None, ...] = (None, None, None, None)
 
 
 # ---- row-local loop bodies (mirage.codegen.lower_rowloop) ---------------------------------------------
@@ -347,6 +349,7 @@ class Statement:
     column: str = "row_loop_col + e"  # load: the column of element e (RowLoop.group)
     groups: int = 1  # read: a thread's groups of consecutive columns, ``stride`` columns apart
     stride: int = 0
+    transposed: bool = False  # load, read: the loop's row is the tile's column (RowLoop.transposed)
 
 
 @dataclass(frozen=True)
@@ -370,6 +373,7 @@ class RowLoopSetup:
     group: int  # consecutive columns (RowLoop.group); groups row_threads · group columns apart
     states: tuple[State, ...]
     threads: int  # of the block (all active when rows · row_threads equals it)
+    transposed: bool = False  # the loop's rows are the tiles' columns (RowLoop.transposed)
 
 
 @dataclass(frozen=True)
@@ -406,6 +410,7 @@ class RowLoopWriteBack:
     column: str = "row_loop_col + e"  # the column of element e
     groups: int = 1  # a thread's groups of consecutive columns, ``stride`` columns apart
     stride: int = 0
+    transposed: bool = False  # the loop's rows are the tiles' columns (RowLoop.transposed)
 
 
 @dataclass(frozen=True)

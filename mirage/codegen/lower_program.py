@@ -219,7 +219,8 @@ def _lower_kernel(prepared: PreparedProgram, kernel, name: str, accumulator: str
                           options.register_row_sums, options.fold_operand_scale,
                           options.direct_output_stores, options.one_barrier_loops,
                           options.stagger_shared_loads, options.tma_release, options.heavy_first,
-                          options.evict_first_streams, options.producer_warp).context()
+                          options.evict_first_streams, options.producer_warp,
+                          options.softmax_output_stores).context()
 
 
 def _folded(graph: KernelGraph, fold: ClusterFold, name: str, producer: KernelContext,

@@ -59,6 +59,8 @@ class RowLoopLowering:
         """Where a thread's elements sit in its row (RowLoop.group): element e's column, and the
         groups of consecutive columns with their distance."""
         p = self.plan
+        if p.transposed:  # element e of a thread's column is the tile's row e
+            return {"column": "e", "groups": 1, "stride": 0, "transposed": True}
         if p.group == p.chunk:
             return {"column": "row_loop_col + e", "groups": 1, "stride": 0}
         stride = p.row_threads * p.group
@@ -66,7 +68,7 @@ class RowLoopLowering:
                 "groups": p.chunk // p.group, "stride": stride}
 
     def _wide(self, shape: tuple[int, ...]) -> bool:
-        return self.plan.width > 1 and shape[-1] == self.plan.width
+        return self.plan.width > 1 and shape[-2 if self.plan.transposed else -1] == self.plan.width
 
     def _operand(self, ref: Ref) -> Value:
         if ref.node in self.values:
@@ -76,10 +78,11 @@ class RowLoopLowering:
             layout = self._layout
             if ref.node in self.plan.direct:
                 self.statements.append(Statement("read", value, iterator=f"in{ref.node}",
-                                                 groups=layout["groups"], stride=layout["stride"]))
+                                                 groups=layout["groups"], stride=layout["stride"],
+                                                 transposed=self.plan.transposed))
             else:
                 self.statements.append(Statement("load", value, tile=self.lowering.operand(ref),
-                                                 column=layout["column"]))
+                                                 column=layout["column"], transposed=self.plan.transposed))
             self._loaded[ref.node] = value
         return self._loaded[ref.node]
 
@@ -110,8 +113,7 @@ class RowLoopLowering:
 
     def setup(self) -> RowLoopSetup:
         return RowLoopSetup(self.plan.rows, self.plan.row_threads, self.plan.chunk, self.plan.group,
-                            self.states(),
-                            self.lowering.threads)
+                            self.states(), self.lowering.threads, self.plan.transposed)
 
     def step(self) -> RowLoopStep:
         for i in self.plan.nodes:
@@ -155,8 +157,9 @@ class RowLoopLowering:
         the range allows (32 iterations at most 26 a batch: two of 16, not 26 and 6)."""
         reads = tuple(t for t in step.statements if t.kind == "read")
         per_iteration = sum(self.plan.chunk if t.result.wide else 1 for t in reads)
+        vectors = () if self.plan.transposed else tuple(sorted({t.iterator for t in reads if t.result.wide}))
         return DirectLoop(batch_size(self.graph.forloop_range, READ_REGISTERS // max(per_iteration, 1)),
-                          reads, tuple(sorted({t.iterator for t in reads if t.result.wide})), step)
+                          reads, vectors, step)
 
     def write_back(self) -> RowLoopWriteBack:
         """After the loop: the post nodes from the states' registers, the states that keep a tile

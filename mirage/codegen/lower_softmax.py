@@ -89,11 +89,27 @@ def place(lw: KernelLowering, smem_limit: int | None) -> None:
 
 
 def write_back(lw: KernelLowering) -> ctx.OnlineSoftmaxWriteBack:
+    """After the loop: the chain's results into their tiles, or, those that only an output saver
+    reads (``softmax_output_stores``), straight into the output (``gen::GlobalSink``): no shared
+    round trip, no saver pass and no barrier before it."""
     chain = lw.softmax
     assert chain is not None
     nodes = (chain.maximum, chain.running, chain.sum, chain.out)
     tiles = tuple(None if i is None else lw.tile(i) for i in nodes)
-    return ctx.OnlineSoftmaxWriteBack(chain_type(lw), scratch_offset(lw), tiles)
+    savers = tuple(None if i is None or i == chain.running else _saved_only(lw, i) for i in nodes)
+    lw.stored_directly |= {i for i, saver in zip(nodes, savers, strict=True) if saver is not None}
+    return ctx.OnlineSoftmaxWriteBack(chain_type(lw), scratch_offset(lw), tiles, savers)
+
+
+def _saved_only(lw: KernelLowering, i: int) -> ctx.OutputSaverContext | None:
+    """The saver of chain result ``i`` when it is the result's only reader, else None."""
+    if not lw.softmax_output_stores:
+        return None
+    readers = lw.graph.consumers().get(Ref(i, 0), [])
+    outputs = list(lw.graph.output_nodes)
+    if len(readers) != 1 or readers[0] not in outputs:
+        return None
+    return lw.saver_of(readers[0])
 
 
 def scratch_offset(lw: KernelLowering) -> int:

@@ -77,12 +77,17 @@ class OptimizerOptions:
     row_epilogues: bool = True  # ...running element-wise work after the loop in registers too, and
     # writing results from registers to the outputs (a split-KV combine's O / l, row_loop)
     row_interleave: bool = True  # ...a thread's columns in groups of 8 interleaved across its row
+    column_loops: bool = False  # ...and bodies that reduce over dim -2 as the loop of the transposed
+    # tiles, a whole column a thread (row_loop); off: QKNorm's key norm measured slower than op by op
+    # (docs/performance.md §3)
     two_blocks_per_sm: bool = False  # softmax-chain kernels of 256+ threads: registers for 2 blocks per SM
     l2_prefetch_iterations: int = 0  # tiles of each input pulled into L2 before the dependency wait
     register_row_sums: bool = True  # mean / rms accumulators of a tile summed in registers (gen::RowSums)
     fold_operand_scale: bool = True  # A = X·g (g a row vector) scaled in the matmul's A fragments
     direct_output_stores: bool = True  # one-iteration kernels: a result read only by its saver goes
     # from its chain straight to the device output (gen::GlobalSink), not through a shared tile
+    softmax_output_stores: bool = False  # ...and so do an online-softmax chain's results after its loop;
+    # off: its scattered 4-byte stores measured slower than the shared round trip (docs/performance.md §3)
     one_barrier_loops: bool = False  # pipelined loops: wait and barrier, then the next loads, so the
     # barrier at the end of each iteration goes (one barrier per iteration instead of two); off:
     # the loads then leave one wait later, and it measured within noise (docs/performance.md §3)
@@ -303,7 +308,7 @@ def _row_loop(k: int, block: BlockGraph, state: PassState) -> RowLoop | None:
         return None
     o = state.options
     return match_row_loop(block, dict(state.records["schedule"])[k], o.direct_row_loads, o.row_reductions,
-                          o.row_epilogues, o.row_interleave)
+                          o.row_epilogues, o.row_interleave, o.column_loops)
 
 
 def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:

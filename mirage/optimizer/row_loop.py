@@ -43,6 +43,13 @@ savers read, states or post nodes, goes from registers to the device output
 (:attr:`RowLoop.outputs`).  States that nothing else reads after the loop then get no shared tile
 (:attr:`RowLoop.untiled`), and the write-back, its barrier and the savers' pass go.
 
+Columns (``column_loops``).  A body whose tiles are ``[R, W]`` and ``[1, W]`` and whose reductions run
+over dim -2 (a norm of every column, such as QKNorm's keys stored transposed) is the same loop on the
+transposed tiles (:attr:`RowLoop.transposed`): the loop's rows are the tile's W columns, its width the R
+tile rows, and each thread owns one column whole (``chunk = R``, one thread a row of the loop), so its
+reductions need no other thread.  A warp's 32 threads hold 32 consecutive columns: each direct read
+and each store of element ``e`` covers 32 neighbouring elements of one tile row.
+
 Interleaving (``row_interleave``).  A thread that holds more than 8 columns holds them in groups of 8
 (:attr:`RowLoop.group`), group ``j`` at column ``(j · row_threads + lane) · 8``: each of a warp's
 16-byte accesses then covers 512 contiguous bytes, where consecutive chunks of 16 or more columns a
@@ -64,6 +71,7 @@ log = logging.getLogger(__name__)
 
 ELEMENTWISE_KINDS = frozenset({AccumKind.NONE, AccumKind.SUM, AccumKind.MEAN, AccumKind.MAX})
 VECTOR = 8  # columns of one 16-byte access of 16-bit elements: a thread's group when it holds more
+COLUMN_ELEMENTS = 64  # the most tile rows a thread of a transposed loop holds (registers per wide value)
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,7 @@ class RowLoop:
     untiled: tuple[int, ...] = ()  # states that need no shared tile (read only by post nodes and savers)
     vector: int = 0  # a thread's columns come in groups of this many, interleaved across the row's
     # threads (0: one group, the chunk's consecutive columns)
+    transposed: bool = False  # the loop's rows are the tiles' columns (see the module docstring)
 
     @property
     def register_only(self) -> frozenset[int]:
@@ -113,10 +122,11 @@ class RowLoop:
 
 
 
-def _rows_and_width(shape: tuple[int, ...]) -> tuple[int, int]:
+def _rows_and_width(shape: tuple[int, ...], transposed: bool = False) -> tuple[int, int]:
+    """(rows, width) of a tile in the loop's view: the tile's own, or its columns as the rows."""
     require(len(shape) >= 2 and math.prod(shape[:-2]) == 1,
              f"shape {list(shape)} is not one [rows, cols] tile")
-    return shape[-2], shape[-1]
+    return (shape[-1], shape[-2]) if transposed else (shape[-2], shape[-1])
 
 
 def _chunk(rows: int, width: int, threads: int) -> int | None:
@@ -139,18 +149,22 @@ def _direct_inputs(graph: BlockGraph, members: set[int]) -> tuple[int, ...]:
     return ()
 
 
-def _row_reduction(graph: BlockGraph, i: int, width: int) -> bool:
-    """Whether node ``i`` reduces along a wide row (else it is a copy, or not row-local)."""
+def _row_reduction(graph: BlockGraph, i: int, width: int, transposed: bool = False) -> bool:
+    """Whether node ``i`` reduces along a wide row of the loop's view (else it is a copy, or not
+    row-local): the tile's last dim, or with ``transposed`` its dim -2."""
     node = graph.nodes[i]
     source = graph.type_of(node.inputs[0]).shape
     if node.op is Op.RMS_NORM:
+        require(not transposed or source[-1] == 1, f"%{i}: rms_norm along the rows of a column loop")
         return width > 1 and source[-1] == width
-    require(source[node.attrs.dim] == 1 or node.attrs.dim == len(source) - 1,
+    along = len(source) - (2 if transposed else 1)
+    require(source[node.attrs.dim] == 1 or node.attrs.dim == along,
             f"%{i} reduces a dim other than the row's")
     return source[node.attrs.dim] > 1
 
 
-def _post(graph: BlockGraph, schedule: Schedule, states: list[int], rows: int, width: int) -> tuple[int, ...]:
+def _post(graph: BlockGraph, schedule: Schedule, states: list[int], rows: int, width: int,
+          transposed: bool = False) -> tuple[int, ...]:
     """The post-loop nodes, if every one is element-wise over the states and earlier ones (rows ×
     (1 or W)) and read only by later ones and output savers: computed in registers after the loop."""
     post = [item.node for item in schedule.items
@@ -163,7 +177,7 @@ def _post(graph: BlockGraph, schedule: Schedule, states: list[int], rows: int, w
         require(node.op is Op.FUSED or node.op in ELEMENTWISE, f"%{i} ({node.op.value}) after the loop")
         require(all(r.node in known and r.index == 0 for r in node.inputs),
                 f"%{i} reads more than the states")
-        shape = _rows_and_width(graph.type_of(Ref(i)).shape)
+        shape = _rows_and_width(graph.type_of(Ref(i)).shape, transposed)
         require(shape[0] == rows and shape[1] in (1, width), f"%{i} is not rows × (1 or W)")
         require(set(uses.get(Ref(i, 0), [])) <= set(post) | savers, f"%{i} is read by more than the savers")
         known.add(i)
@@ -171,11 +185,12 @@ def _post(graph: BlockGraph, schedule: Schedule, states: list[int], rows: int, w
 
 
 def _epilogue(graph: BlockGraph, schedule: Schedule, members: set[int], states: list[int], rows: int,
-              width: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
+              width: int, transposed: bool = False
+              ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]:
     """(post nodes, untiled states, outputs): what runs after the loop in registers, the states no
     one reads from a tile then, and the savers written from registers."""
     try:
-        post = _post(graph, schedule, states, rows, width)
+        post = _post(graph, schedule, states, rows, width, transposed)
     except NoMatch as reason:
         log.debug("after the loop op by op: %s", reason)
         post = ()
@@ -187,25 +202,20 @@ def _epilogue(graph: BlockGraph, schedule: Schedule, members: set[int], states: 
     return post, untiled, outputs
 
 
-def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions: bool,
-           epilogues: bool, interleave: bool) -> RowLoop:
-    require(graph.forloop_range > 1 or reductions, "a one-iteration loop")
+def _loop_nodes(schedule: Schedule) -> list[int]:
     loop = [item.node for item in schedule.items
             if isinstance(item, Step) and item.phase is Phase.LOOP and item.epilogue_of is None
             and item.action in (Action.COMPUTE, Action.ACCUMULATE)]
     loop += [item.node for item in schedule.items
              if isinstance(item, Step) and item.phase is Phase.LOOP and item.epilogue_of is not None]
-    order = sorted(set(loop))  # node order is a topological order
-    require(bool(order), "an empty loop body")
+    return sorted(set(loop))  # node order is a topological order
+
+
+def _states_and_reductions(graph: BlockGraph, order: list[int], width: int, reductions: bool,
+                           transposed: bool) -> tuple[list[int], list[int]]:
+    """The loop's states (accumulators, running maxima) and its reductions along a wide row."""
     members = set(order)
-    shapes = {graph.type_of(Ref(i)).shape for i in order}
-    shapes |= {graph.type_of(r).shape for i in order for r in graph.nodes[i].inputs}
-    dims = {_rows_and_width(s) for s in shapes}
-    rows = {r for r, _ in dims}
-    widths = {w for _, w in dims} - {1}
-    require(len(rows) == 1 and len(widths) <= 1, f"tiles of shapes {sorted(dims)}: not rows × (1 or W)")
-    (r,) = rows
-    width = widths.pop() if widths else 1
+    along = -2 if transposed else -1  # the tile dim of the loop's rows
     states, reducing = [], []
     for i in order:
         node = graph.nodes[i]
@@ -213,13 +223,13 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions
         if op is Op.FUSED or op in ELEMENTWISE:
             continue
         if op is Op.RUNNING_MAX:
-            require(graph.type_of(node.inputs[0]).shape[-1] == 1, "a running max of a wide value")
+            require(graph.type_of(node.inputs[0]).shape[along] == 1, "a running max of a wide value")
             states.append(i)
         elif op in (Op.ACCUM, Op.ACCUM_RESCALE):
             kind = node.attrs.kind
             source = graph.type_of(node.inputs[0])
             elementwise = kind in ELEMENTWISE_KINDS and (
-                kind in (AccumKind.NONE, AccumKind.MAX) or source.shape[-1] == 1
+                kind in (AccumKind.NONE, AccumKind.MAX) or source.shape[along] == 1
             )
             require(elementwise, f"%{i}: a {kind.value} accumulator that is not element-wise")
             if op is Op.ACCUM_RESCALE:
@@ -227,11 +237,29 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions
             states.append(i)
         elif op in (Op.REDUCTION, Op.REDUCTION_MAX, Op.RMS_NORM):
             require(reductions or op is not Op.RMS_NORM, f"%{i}: rms_norm in the loop body")
-            if _row_reduction(graph, i, width):
+            if _row_reduction(graph, i, width, transposed):
                 require(reductions, f"%{i} reduces along the row")
                 reducing.append(i)
         else:
             raise NoMatch(f"%{i}: {op.value} in the loop body")
+    return states, reducing
+
+
+def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions: bool,
+           epilogues: bool, interleave: bool, transposed: bool = False) -> RowLoop:
+    require(graph.forloop_range > 1 or reductions, "a one-iteration loop")
+    order = _loop_nodes(schedule)
+    require(bool(order), "an empty loop body")
+    members = set(order)
+    shapes = {graph.type_of(Ref(i)).shape for i in order}
+    shapes |= {graph.type_of(r).shape for i in order for r in graph.nodes[i].inputs}
+    dims = {_rows_and_width(s, transposed) for s in shapes}
+    rows = {r for r, _ in dims}
+    widths = {w for _, w in dims} - {1}
+    require(len(rows) == 1 and len(widths) <= 1, f"tiles of shapes {sorted(dims)}: not rows × (1 or W)")
+    (r,) = rows
+    width = widths.pop() if widths else 1
+    states, reducing = _states_and_reductions(graph, order, width, reductions, transposed)
     uses = graph.consumers()
     for i in order:
         if i in states:
@@ -239,31 +267,47 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions
         readers = set(uses.get(Ref(i, 0), []))
         require(readers <= members, f"%{i} is read after the loop")
     threads = math.prod(graph.block_dim)
-    chunk = _chunk(r, width, threads)
-    require(chunk is not None, f"{r} rows × {width} columns need more threads than the block has")
+    if transposed:  # a whole column a thread: no thread shares a reduction
+        require(bool(reducing), "no reduction over the columns")
+        require(width <= COLUMN_ELEMENTS, f"columns of {width} elements: more than a thread holds")
+        require(r <= threads, f"{r} columns need more threads than the block has")
+        require(2 * r >= threads, f"{r} columns leave more than half of {threads} threads idle")
+        chunk = width
+    else:
+        chunk = _chunk(r, width, threads)
+        require(chunk is not None, f"{r} rows × {width} columns need more threads than the block has")
     row_threads = width // chunk
-    if reducing:
+    if reducing and not transposed:
         require(r * row_threads == threads and row_threads & (row_threads - 1) == 0,
                 f"{r} rows of {row_threads} threads in a block of {threads}: rows must fill it")
         require(row_threads <= 32 or graph.forloop_range == 1, "rows spanning warps in a loop")
     direct = _direct_inputs(graph, members) if direct_loads else ()
     post, untiled, outputs = ((), (), ())
     if epilogues:
-        post, untiled, outputs = _epilogue(graph, schedule, members, states, r, width)
-    vector = VECTOR if interleave and chunk > VECTOR else 0
+        post, untiled, outputs = _epilogue(graph, schedule, members, states, r, width, transposed)
+    vector = VECTOR if interleave and chunk > VECTOR and not transposed else 0
     return RowLoop(r, width, chunk, tuple(order), tuple(states), direct, tuple(reducing), outputs, threads,
-                   post, untiled, vector)
+                   post, untiled, vector, transposed)
 
 
 def match(graph: BlockGraph, schedule: Schedule, direct_loads: bool = True,
-          reductions: bool = True, epilogues: bool = True, interleave: bool = True) -> RowLoop | None:
+          reductions: bool = True, epilogues: bool = True, interleave: bool = True,
+          columns: bool = True) -> RowLoop | None:
     """The row-local loop of ``graph`` (see the module docstring), or None.  ``direct_loads``: read
     the per-iteration inputs that only the body uses straight from global memory; ``reductions``:
     bodies may reduce along their rows, and one-iteration loops qualify; ``epilogues``: element-wise
     work after the loop runs in registers too, and results go from registers to the outputs;
-    ``interleave``: a thread's columns in groups of :data:`VECTOR`, interleaved across the row."""
+    ``interleave``: a thread's columns in groups of :data:`VECTOR`, interleaved across the row;
+    ``columns``: a body that reduces over its tiles' columns (dim -2) is the loop of the transposed
+    tiles, a column a thread (with ``reductions``)."""
     try:
         return _match(graph, schedule, direct_loads, reductions, epilogues, interleave)
     except NoMatch as reason:
+        if columns and reductions:
+            try:
+                return _match(graph, schedule, direct_loads, reductions, epilogues, interleave,
+                              transposed=True)
+            except NoMatch as column_reason:
+                log.debug("no column loop either: %s", column_reason)
         log.debug("loop body lowered op by op: %s", reason)
         return None

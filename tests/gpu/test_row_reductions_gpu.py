@@ -8,7 +8,9 @@ in fp16 and bf16, and a loop whose body reduces rows of eight threads. A misalig
 loop's scalar reads and must give the same values. Split-KV combines whose division after the loop
 runs in registers (``row_epilogues``) match the tiled form bit for bit. A sweep of shapes (rows of 64
 to 8192 columns, 1 to 64 rows a block, 64 to 1024 threads, fp16, bf16 and fp32; a thread's columns in
-one group or interleaved groups of 8) checks every build that comes out row-local against float64."""
+one group or interleaved groups of 8) checks every build that comes out row-local against float64.
+Bodies that reduce over their tiles' rows (a column softmax in three types, QKNorm's key norm) run a
+column a thread with ``column_loops`` and match the reference and the op-by-op build."""
 
 from __future__ import annotations
 
@@ -28,7 +30,12 @@ from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
 from mirage.optimizer import OptimizerOptions  # noqa: E402
 from tests.gpu.gpu_helpers import assert_checked_and_matching, assert_matching_on_misaligned  # noqa: E402
-from tests.unit.optimizer.optimizer_graphs import gated_rms, rms_of_slices, row_softmax  # noqa: E402
+from tests.unit.optimizer.optimizer_graphs import (  # noqa: E402
+    column_softmax,
+    gated_rms,
+    rms_of_slices,
+    row_softmax,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -150,3 +157,33 @@ def test_row_local_shapes_match_the_reference(swept, name):
     build, arguments = SWEEP[name]
     result = check_on_gpu(build(*arguments), swept[name].with_poison(), seed=5)
     assert result.passed, result.as_dict()
+
+
+COLUMNS = dataclasses.replace(OptimizerOptions(), column_loops=True)
+COLUMN_GRAPHS = {  # bodies that reduce over their tiles' rows: a column a thread (row_loop.transposed)
+    **{f"column_softmax_{r}x{c}_{b}b_{t}t_{name}": column_softmax(r, c, b, t, dtype)
+       for (r, c, b, t), (name, dtype) in itertools.product(
+           ((64, 1024, 8, 128), (32, 2048, 8, 256), (8, 384, 3, 128), (48, 768, 8, 96)),
+           (("fp16", mi.float16), ("bf16", mi.bfloat16), ("fp32", mi.float32)))},
+    **{f"qknorm_b{b}_norm_blocks{n}": attention_fused(
+        b, True, row_sums=True, combine_rows=8, normalize_k=True, norm_blocks=n, kv_splits=4, q_splits=4,
+        iters=8, threads=128) for b in (1, 8) for n in (32, 64)},
+}
+
+
+@pytest.fixture(scope="module")
+def built_columns() -> dict:
+    ours = [generate_cuda_program(g, options=COLUMNS) for g in COLUMN_GRAPHS.values()]
+    assert all("read_column(" in p.code for p in ours)
+    theirs = [generate_cuda_program(g) for g in COLUMN_GRAPHS.values()]
+    assert not any("read_column(" in p.code for p in theirs)
+    ours, theirs = build_many(ours), build_many(theirs)
+    return {name: (COLUMN_GRAPHS[name], ours[k], theirs[k]) for k, name in enumerate(COLUMN_GRAPHS)}
+
+
+@pytest.mark.parametrize("name", list(COLUMN_GRAPHS))
+def test_column_local_build_matches_reference_and_op_by_op(built_columns, name):
+    """Checked against the float64 reference, then against the op-by-op build over three launches
+    into poisoned buffers."""
+    graph, ours, theirs = built_columns[name]
+    assert_checked_and_matching(graph, ours, theirs, seed=9, same=_close)

@@ -7,14 +7,14 @@ import dataclasses
 import re
 
 import pytest
-from codegen_helpers import needs_nvcc
+from codegen_helpers import needs_nvcc, sass_by_function
 
 from benchmarks.mugraphs import ntrans
 from mirage.codegen.compile import CompileOptions, Stage, compile_sources
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.mugraph.target import TARGETS
 from mirage.optimizer import OptimizerOptions, prepare
-from tests.unit.optimizer.optimizer_graphs import gated_rms, rms_of_slices, row_softmax
+from tests.unit.optimizer.optimizer_graphs import column_softmax, gated_rms, rms_of_slices, row_softmax
 
 OFF = dataclasses.replace(OptimizerOptions(), row_reductions=False)
 
@@ -137,3 +137,62 @@ def test_direct_loop_batches_are_as_even_as_the_range_allows(iterations, most, b
     assert batch_size(iterations, most) == batch
     batches = -(-iterations // batch)
     assert batch <= max(most, 1) and batches == -(-iterations // max(1, min(most, iterations)))
+
+
+COLUMNS = dataclasses.replace(OptimizerOptions(), column_loops=True)
+
+
+def _key_norm_kernel(norm_blocks: int, options=None):
+    """QKNorm's K-normalize kernel, K / rms over dim 1 of K (16, 64, 4096): tiles [64, 4096 / norm_blocks]."""
+    from benchmarks.variants import attention_fused
+
+    graph = attention_fused(8, True, row_sums=True, combine_rows=8, normalize_k=True, norm_blocks=norm_blocks,
+                            kv_splits=4, q_splits=4, iters=8, threads=128)
+    return prepare(graph, options=options or COLUMNS).kernels[0]
+
+
+@pytest.mark.parametrize("norm_blocks", [32, 64])
+def test_column_norm_runs_a_column_a_thread(norm_blocks):
+    """The key norm reduces over the tiles' rows (dim -2): the loop of the transposed tiles, each
+    thread a whole column of 64 in registers, read from global memory and written to the output."""
+    kernel = _key_norm_kernel(norm_blocks)
+    plan = kernel.row_loop
+    assert plan is not None and plan.transposed
+    assert (plan.rows, plan.width, plan.chunk, plan.row_threads) == (4096 // norm_blocks, 64, 64, 1)
+    assert len(plan.reductions) == 1 and plan.scratch_floats == 0
+    assert set(plan.direct) == set(kernel.block_graph.input_nodes) and len(plan.outputs) == 1
+    assert kernel.memory.buffers == () and kernel.smem_bytes == 0
+    assert _key_norm_kernel(norm_blocks, OptimizerOptions()).row_loop is None  # off by default
+    no_reductions = dataclasses.replace(COLUMNS, row_reductions=False)  # column loops reduce: both needed
+    assert _key_norm_kernel(norm_blocks, no_reductions).row_loop is None
+
+
+def test_columns_that_leave_most_threads_idle_stay_op_by_op():
+    assert _kernel(column_softmax(rows=64, cols=1024, blocks=8, threads=128), COLUMNS).row_loop.transposed
+    # 32 columns a block of 128 threads: three warps of four would idle
+    assert _kernel(column_softmax(rows=64, cols=256, blocks=8, threads=128), COLUMNS).row_loop is None
+    # columns of 128 elements: more than a thread holds in registers
+    assert _kernel(column_softmax(rows=128, cols=1024, blocks=8, threads=128), COLUMNS).row_loop is None
+    # a row softmax is still the row-local loop, not the transposed one
+    assert not _kernel(row_softmax(), COLUMNS).row_loop.transposed
+
+
+@needs_nvcc
+def test_column_norm_sass_reads_each_element_once_without_shared_memory():
+    """Each thread of the column loop loads its 64 elements (2 bytes each, a warp's 32 threads 64
+    neighbouring bytes of a row), takes one rsqrt, and stores 64 results; no shared memory, no
+    barrier. Op by op the kernel stages the tile through shared memory with a barrier."""
+    from benchmarks.variants import attention_fused
+
+    graph = attention_fused(8, True, row_sums=True, combine_rows=8, normalize_k=True, norm_blocks=32,
+                            kv_splits=4, q_splits=4, iters=8, threads=128)
+    programs = [generate_cuda_program(graph, options=o) for o in (COLUMNS, None)]
+    assert "read_column(" in programs[0].code and "sink.column(" in programs[0].code
+    results = compile_sources([p.code for p in programs], CompileOptions(target=TARGETS["H100"]),
+                              dumps={Stage.SASS})
+    ours, op_by_op = (sass_by_function(r.sass())[f"{programs[0].kernels[0].name}"] for r in results)
+    assert len(re.findall(r"\bLDG\.E\.U16", ours)) == 64 and len(re.findall(r"\bSTG\.E\.U16", ours)) == 64
+    assert len(re.findall(r"\bMUFU\.RSQ", ours)) == 1
+    assert not re.search(r"\b(LDS|STS|LDGSTS|BAR\.SYNC)", ours)
+    assert "LDGSTS" in op_by_op and "BAR.SYNC" in op_by_op
+    assert "LDL" not in ours and "STL" not in ours

@@ -282,19 +282,30 @@ def matmul_epilogue(op: str, m: int = 16, k: int = 256, n: int = 512) -> mi.Kern
     return g.freeze()
 
 
-def row_softmax(rows: int = 64, cols: int = 1024, blocks: int = 8, threads: int = 256,
-                dtype=mi.float16) -> mi.KernelGraph:
-    """exp(x − max) / Σ exp(x − max) along each row, ``rows / blocks`` rows a block, one iteration:
-    a max and a sum along the row."""
-    g = mi.new_kernel_graph("row_softmax")
+def _softmax_along(dim: int, rows: int, cols: int, blocks: int, threads: int, dtype) -> mi.KernelGraph:
+    """exp(x − max) / Σ exp(x − max) over dim ``dim`` of x (rows, cols), the other dim split over
+    ``blocks`` blocks, one iteration: a max and a sum over ``dim`` of every tile."""
+    g = mi.new_kernel_graph("row_softmax" if dim == 1 else "column_softmax")
     x = g.new_input(dims=(rows, cols), dtype=dtype)
     tb = mi.new_threadblock_graph(grid_dim=(blocks, 1, 1), block_dim=(threads, 1, 1), forloop_range=1)
-    bx = tb.new_input(x, input_map=(0, -1, -1))
-    e = tb.exp(tb.sub(bx, tb.reduction_max(bx, 1)))
-    tb.new_output(tb.forloop_accum(tb.div(e, tb.reduction(e, 1))), output_map=(0, -1, -1))
+    bx = tb.new_input(x, input_map=(1 - dim, -1, -1))
+    e = tb.exp(tb.sub(bx, tb.reduction_max(bx, dim)))
+    tb.new_output(tb.forloop_accum(tb.div(e, tb.reduction(e, dim))), output_map=(1 - dim, -1, -1))
     (o,) = g.customized([x], tb)
     g.mark_output(o)
     return g.freeze()
+
+
+def row_softmax(rows: int = 64, cols: int = 1024, blocks: int = 8, threads: int = 256,
+                dtype=mi.float16) -> mi.KernelGraph:
+    """Softmax along each row, ``rows / blocks`` rows a block: a row-local loop's max and sum."""
+    return _softmax_along(1, rows, cols, blocks, threads, dtype)
+
+
+def column_softmax(rows: int = 64, cols: int = 1024, blocks: int = 8, threads: int = 128,
+                   dtype=mi.float16) -> mi.KernelGraph:
+    """Softmax down each column, ``cols / blocks`` columns a block: a column loop's max and sum."""
+    return _softmax_along(0, rows, cols, blocks, threads, dtype)
 
 
 def gated_rms(rows: int = 4, cols: int = 2048, threads: int = 512, dtype=mi.float16) -> mi.KernelGraph:

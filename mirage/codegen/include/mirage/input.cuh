@@ -226,6 +226,15 @@ class InputIterator {
     }
   }
 
+  // Element `col` of each of the tile's first N rows (a column-local loop: a thread's whole column);
+  // the threads of a warp hold consecutive columns, so each row's loads are coalesced.
+  template <int N>
+  MIRAGE_DEVICE void read_column(int iteration, int col, float (&out)[N]) const {
+    static_assert(N <= L::dim2, "a column of one [rows, cols] tile");
+    const T* source = global_ + coordinate_.at(iteration) + col * strides_.stride[3];
+#pragma unroll
+    for (int e = 0; e < N; ++e, source += strides_.stride[2]) out[e] = to_float(*source);
+  }
 
  private:
   static MIRAGE_DEVICE bool aligned(const T* global, const Strides& strides, TileCoordinate coordinate) {

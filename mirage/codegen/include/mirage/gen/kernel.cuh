@@ -338,6 +338,33 @@ struct GlobalSink {
            static_cast<int64_t>(linear % L::cols) * strides.stride[3];
   }
   MIRAGE_DEVICE void operator()(int linear, float value) const { *at(linear) = dev::from_float<T>(value); }
+  // elements linear and linear + 1 of a row (linear even): one 4- or 8-byte store where rows are
+  // contiguous and aligned (an online-softmax chain's output fragments: two neighbouring columns a lane)
+  MIRAGE_DEVICE void pair(int linear, float a, float b) const {
+    if constexpr (L::cols % 2 == 0 && sizeof(T) <= 4) {
+      if (vectors) {
+        const float values[2] = {a, b};
+        uint32_t words[2 * sizeof(T) / 4];
+        dev::pack_words<T>(values, words);
+        if constexpr (sizeof(T) == 2) {
+          *reinterpret_cast<uint32_t*>(at(linear)) = words[0];
+        } else {
+          *reinterpret_cast<uint2*>(at(linear)) = make_uint2(words[0], words[1]);
+        }
+        return;
+      }
+    }
+    (*this)(linear, a);
+    (*this)(linear + 1, b);
+  }
+  // element e of `values` at (row e, col): a column-local loop's column
+  template <int C>
+  MIRAGE_DEVICE void column(int col, const float (&values)[C]) const {
+    static_assert(C <= L::dim2, "a column of one [rows, cols] tile");
+    T* place = at(col);
+#pragma unroll
+    for (int e = 0; e < C; ++e, place += strides.stride[2]) *place = dev::from_float<T>(values[e]);
+  }
   template <int C>
   MIRAGE_DEVICE void chunk(int linear, const float (&values)[C]) const {
     if (vectors) {  // rows 16-byte aligned

@@ -233,8 +233,8 @@ struct OnlineSoftmax {
           }
 #pragma unroll
           for (int j = 0; j < kOutTiles; ++j) {
-            store(out_tile, row * E + j * 8 + pair, state.out[t][j][2 * h]);
-            store(out_tile, row * E + j * 8 + pair + 1, state.out[t][j][2 * h + 1]);
+            softmax_detail::store_pair(out_tile, row * E + j * 8 + pair, state.out[t][j][2 * h],
+                                       state.out[t][j][2 * h + 1]);
           }
         }
     } else {

@@ -244,6 +244,21 @@ MIRAGE_DEVICE void store(dev::SharedTile<T, L> tile, int linear, float value) {
   tile.store(linear, value);
 }
 MIRAGE_DEVICE void store(NoTile, int, float) {}
+// a result that only its output saver reads, written by the chain into the device output
+template <class T, class L>
+MIRAGE_DEVICE void store(const GlobalSink<T, L>& sink, int linear, float value) {
+  sink(linear, value);
+}
+// two neighbouring columns of a row (`linear` even)
+template <class Tile>
+MIRAGE_DEVICE void store_pair(Tile tile, int linear, float a, float b) {
+  store(tile, linear, a);
+  store(tile, linear + 1, b);
+}
+template <class T, class L>
+MIRAGE_DEVICE void store_pair(const GlobalSink<T, L>& sink, int linear, float a, float b) {
+  sink.pair(linear, a, b);
+}
 
 }  // namespace softmax_detail
 
