@@ -132,8 +132,9 @@ def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = (),
 
 def _wide_qknorm_rows() -> list[Variant]:
     """QKNorm: K normalized in a kernel of its own (tiles of 128 or 64 keys), its rms dividing the
-    scores in the attention kernel (``key_scales``), or K normalized in the attention kernel when
-    each key is read by one or two blocks only (``q_splits`` 1 or 2)."""
+    scores in the attention kernel (``key_scales``, or ``key_sums`` from a kernel of per-key sums), or
+    K normalized in the attention kernel when each key is read by one or two blocks only (``q_splits``
+    1 or 2)."""
     rows = []
     # 32 blocks a head measured slower on every split op by op (explore_h100_2026-11-22_run7.json); with
     # the column loop (a thread a key, no shared memory) 128 keys a block fill 128 threads
@@ -141,6 +142,8 @@ def _wide_qknorm_rows() -> list[Variant]:
         rows += _wide_attention_rows((("normalize_k", True), ("norm_blocks", norm_blocks)),
                                      kv_splits=(4, 8, 16, 32), q_splits=(2, 4, 8))
     rows += _wide_attention_rows(KEY_SCALES, kv_splits=(8, 16, 32), q_splits=(2, 4, 8))
+    # ...or each key's sum of squares from a kernel of its own, K' never written (``key_sums``)
+    rows += _wide_attention_rows(KEY_SUMS, kv_splits=(4, 8), q_splits=(2, 4))
     return rows + _wide_attention_rows(q_splits=(1, 2))
 
 
