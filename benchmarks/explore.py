@@ -7,8 +7,10 @@ every member here is checked against the float64 reference, so that a new loweri
 every split of the family it may be chosen from.  ``--op-by-op`` also builds each member with the
 register-resident online-softmax chain switched off (``OptimizerOptions(register_softmax=False)``),
 for a before/after comparison in one run; ``--plain-launch`` also times every build with ordinary
-launches instead of programmatic dependent ones.  Writes ``explore_<date>.json`` under ``--out``: per
-member the label, pipeline depth, chain on/off, grids, shared memory, median µs and the error.
+launches instead of programmatic dependent ones, ``--first-plain`` with dependent launches for every
+kernel but the program's first (``Program.first_plain``).  Writes ``explore_<date>.json`` under
+``--out``: per member the label, pipeline depth, chain on/off, grids, shared memory, median µs and the
+error.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ log = logging.getLogger("benchmarks.explore")
 def explore_case(
     case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False,
     also: list[dict] | None = None, plain_launch: bool = False, spread: bool = False, match: str = "",
-    fold: bool = False, depths: tuple[int, ...] = (), base: dict | None = None,
+    fold: bool = False, depths: tuple[int, ...] = (), base: dict | None = None, first_plain: bool = False,
 ) -> list[dict]:
     from benchmarks.mugraphs import CASES
     from benchmarks.variants import family
@@ -85,6 +87,10 @@ def explore_case(
                 spread_out = dataclasses.replace(program, spread_blocks=True)
                 row["median_us_spread"] = time_graph(lambda p=spread_out: p.launch(inputs),
                                                      replays=replays).median_us
+            if first_plain:  # dependent launches but for the program's first kernel
+                inner = dataclasses.replace(program, first_plain=True)
+                row["median_us_first_plain"] = time_graph(lambda p=inner: p.launch(inputs),
+                                                          replays=replays).median_us
             result = check_on_gpu(reference, program, inputs=inputs, reference=expected)
             row["relative_error"], row["passed"] = result.worst_error, result.passed
         except Exception as error:  # noqa: BLE001 - recorded and reported, never hidden
@@ -134,6 +140,9 @@ def main(argv=None) -> int:
                              "launch)")
     parser.add_argument("--spread", action="store_true",
                         help="also time every build with one block per SM for grids of one wave")
+    parser.add_argument("--first-plain", action="store_true",
+                        help="also time every build with dependent launches for all but the program's "
+                             "first kernel (Program.first_plain)")
     parser.add_argument("--match", default="",
                         help="only the members whose label matches this regular expression, e.g. threads=512")
     parser.add_argument("--stages", default="",
@@ -155,7 +164,7 @@ def main(argv=None) -> int:
                                              plain_launch=args.plain_launch, spread=args.spread,
                                              match=args.match, fold=args.family == "fold",
                                              depths=tuple(int(d) for d in args.stages.split(",") if d),
-                                             base=_options(args.base))
+                                             base=_options(args.base), first_plain=args.first_plain)
         (out / f"explore_{facts['date']}.json").write_text(json.dumps(result, indent=1))
     bad = [r for rows in result["cases"].values() for r in rows if "passed" in r and not r["passed"]]
     return 1 if bad else 0

@@ -131,6 +131,10 @@ class Program:
     poison: bool = False
     dependent_launch: bool = True  # overlap each launch with the kernel before it (dependent_launch)
     spread_blocks: bool = False  # grids of at most one wave: one block per SM (see _shared_bytes)
+    # with dependent_launch: the program's first kernel without the overlap, so that a call's first
+    # kernel does not start under the previous call's last one (see overlaps; explored, not among
+    # the selection's launch modes)
+    first_plain: bool = False
     _functions: dict[str, Any] = field(default_factory=dict, repr=False)
     _plan: tuple | None = field(default=None, init=False, repr=False, compare=False)  # see _steps
     # each kernel's driver launch by (device index, kernel name); False where the device takes none
@@ -334,6 +338,11 @@ class Program:
             blob = self._maps[key] = tensor_maps.encode(tensor, launch.tensor_maps[k])
         return blob
 
+    def overlaps(self, launch: KernelLaunch) -> bool:
+        """Whether ``launch`` may start under the kernel before it (programmatic dependent launch)."""
+        first = bool(self.cuda.kernels) and launch.name == self.cuda.kernels[0].name
+        return self.dependent_launch and not (self.first_plain and first)
+
     def _pack(self, launch: KernelLaunch, device_index: int) -> dependent_launch.PackedLaunch | bool:
         """The kernel's launches through the driver, or False where the device cannot take them."""
         if not dependent_launch.available(device_index):
@@ -344,7 +353,7 @@ class Program:
             fn = self._function(launch)
         return dependent_launch.PackedLaunch(fn.kernel.ptr, launch.grid, launch.block,
                                              self._shared_bytes(launch), len(launch.arguments),
-                                             len(launch.tensor_maps), overlap=self.dependent_launch)
+                                             len(launch.tensor_maps), overlap=self.overlaps(launch))
 
     def _launch_cupy(self, launch: KernelLaunch, pointers: list[int], device, stream: int) -> None:
         import cupy

@@ -248,3 +248,21 @@ def test_waves_are_named_once_per_case(caplog, monkeypatch):
     assert len(messages) == 2
     assert messages[0].startswith("k4: 768 clusters of 2 blocks, but the GPU runs 264 at once")
     assert "multicast_cluster" in messages[0]
+
+
+def test_first_plain_launches_only_the_later_kernels_as_dependents():
+    """``Program.first_plain``: every kernel but the program's first may start under the one before
+    it; without dependent launches none does."""
+    import dataclasses
+
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.codegen.runtime import Program
+
+    cuda = generate_cuda_program(two_kernels(False, False), 90)
+    first, second = cuda.kernels
+    program = Program(cuda, None)
+    assert program.overlaps(first) and program.overlaps(second)
+    inner = dataclasses.replace(program, first_plain=True)
+    assert not inner.overlaps(first) and inner.overlaps(second)
+    plain = dataclasses.replace(inner, dependent_launch=False)
+    assert not plain.overlaps(first) and not plain.overlaps(second)
