@@ -136,8 +136,8 @@ def _wide_qknorm_rows() -> list[Variant]:
     K normalized in the attention kernel when each key is read by one or two blocks only (``q_splits``
     1 or 2)."""
     rows = []
-    # 32 blocks a head measured slower on every split op by op (explore_h100_2026-11-22_run7.json); with
-    # the column loop (a thread a key, no shared memory) 128 keys a block fill 128 threads
+    # 32 blocks a head: slower on every split on the H100 (explore_h100_2026-11-22_run7.json), 0.07-0.16 µs
+    # faster on the H200 (explore_h200_2026-11-28_wide_qknorm_b8.json); both are explored
     for norm_blocks in (32, 64):
         rows += _wide_attention_rows((("normalize_k", True), ("norm_blocks", norm_blocks)),
                                      kv_splits=(4, 8, 16, 32), q_splits=(2, 4, 8))

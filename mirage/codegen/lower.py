@@ -69,7 +69,7 @@ class KernelLowering:
         heavy_first: bool = False,
         evict_first_streams: bool = False,
         producer_warp: bool = False,
-        softmax_output_stores: bool = True,
+        softmax_output_stores: bool = False,
     ) -> None:
         self.kernel = kernel
         self.softmax_output_stores = softmax_output_stores
@@ -264,10 +264,6 @@ class KernelLowering:
         (src,) = self.graph.nodes[i].inputs
         tile = ctx.Tile(f"t{src.node}", self.element(src.node), self._result_layout(src.node), -1)
         return self._saver(self.graph.output_nodes.index(i), i, tile)
-
-    def saver_of(self, i: int) -> ctx.OutputSaverContext:
-        """The context of output saver ``i``."""
-        return self._saver(list(self.graph.output_nodes).index(i), i)
 
     def _saver(self, j: int, i: int, tile: ctx.Tile | None = None) -> ctx.OutputSaverContext:
         node = self.graph.nodes[i]

@@ -109,7 +109,7 @@ def _saved_only(lw: KernelLowering, i: int) -> ctx.OutputSaverContext | None:
     outputs = list(lw.graph.output_nodes)
     if len(readers) != 1 or readers[0] not in outputs:
         return None
-    return lw.saver_of(readers[0])
+    return lw.direct_saver(readers[0])
 
 
 def scratch_offset(lw: KernelLowering) -> int:
