@@ -91,6 +91,10 @@ def explore_case(
                 inner = dataclasses.replace(program, first_plain=True)
                 row["median_us_first_plain"] = time_graph(lambda p=inner: p.launch(inputs),
                                                           replays=replays).median_us
+                if spread:
+                    inner = dataclasses.replace(inner, spread_blocks=True)
+                    row["median_us_first_plain_spread"] = time_graph(lambda p=inner: p.launch(inputs),
+                                                                     replays=replays).median_us
             result = check_on_gpu(reference, program, inputs=inputs, reference=expected)
             row["relative_error"], row["passed"] = result.worst_error, result.passed
         except Exception as error:  # noqa: BLE001 - recorded and reported, never hidden
@@ -142,7 +146,7 @@ def main(argv=None) -> int:
                         help="also time every build with one block per SM for grids of one wave")
     parser.add_argument("--first-plain", action="store_true",
                         help="also time every build with dependent launches for all but the program's "
-                             "first kernel (Program.first_plain)")
+                             "first kernel (Program.first_plain); with --spread, also spread so")
     parser.add_argument("--match", default="",
                         help="only the members whose label matches this regular expression, e.g. threads=512")
     parser.add_argument("--stages", default="",
