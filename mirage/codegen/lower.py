@@ -720,7 +720,6 @@ class KernelLowering:
     def context(self) -> ctx.KernelContext:
         steps = self.steps()
         causal_bound = softmax.causal_bound(self, steps[Phase.LOOP])
-        steps[Phase.LOOP] = softmax.with_next_k(self, steps[Phase.LOOP], causal_bound)
         bound = {t.name: t for t in self._tiles.values() if t.offset >= 0}
         return ctx.KernelContext(
             name=self.name,

@@ -291,9 +291,6 @@ class OnlineSoftmaxStep:
     kind: ClassVar[str] = "online_softmax"
     node: int  # the chain's first matmul
     chain: OnlineSoftmaxType
-    # the TMA iterator of K where the step may wait for the next iteration's stage and start its
-    # products (a released loop of at least two stages, a chain without a second score operand)
-    next_k: str = ""
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ its type, the link that maps per-key values to factors, its merge scratch and it
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from mirage.codegen import lower_context as ctx
@@ -128,25 +127,6 @@ def causal_bound(lw: KernelLowering, loop: list[ctx.Step]) -> str:
             or not all(isinstance(s, ctx.OnlineSoftmaxStep | ctx.BarrierStep) for s in loop)):
         return ""
     return masks[0].name
-
-
-def with_next_k(lw: KernelLowering, loop: list[ctx.Step], bound: str) -> list[ctx.Step]:
-    """The loop's steps, the chain's told the iterator of its K where the step may wait for the next
-    iteration's stage (gen/softmax.cuh's step with the next K): a released loop of TMA stages at least
-    two deep (the next stage's copy is issued before this iteration's step), every iteration run (no
-    causal bound), and a warpgroup chain without a second score operand, deferred P·V or turns."""
-    if not (lw.released_loop and lw.stages >= 2 and lw.graph.forloop_range > 1 and not bound):
-        return loop
-    out = []
-    for s in loop:
-        if isinstance(s, ctx.OnlineSoftmaxStep):
-            c = s.chain
-            plain = not (c.columns or c.key_norms or c.mask or c.defer_values or c.pingpong)
-            ks = [it for it in lw.iterators if it.tile.name == c.k.name and it.tma and it.pipelined]
-            if plain and c.k.layout.swizzled and len(ks) == 1:
-                s = dataclasses.replace(s, next_k=ks[0].name)
-        out.append(s)
-    return out
 
 
 def heavy_first_axis(lw: KernelLowering, bound: str) -> int:

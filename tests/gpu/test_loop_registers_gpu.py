@@ -126,28 +126,6 @@ def test_softmax_orders_are_bit_identical(case):
     assert torch.equal(interleaved(*inputs)[0], separate(*inputs)[0])
 
 
-ACROSS_MEMBERS = [("gqa_b8", "kv_splits=4,q_splits=2,iters=8,threads=256,row_sums=True,combine_rows=8"),
-                  ("gqa_b1", "kv_splits=16,q_splits=4,iters=2,threads=128,row_sums=True,combine_rows=8"),
-                  ("qknorm_b8", "kv_splits=4,q_splits=4,iters=8,threads=128,row_sums=True,combine_rows=8,"
-                                "normalize_k=True,norm_blocks=64")]
-
-
-@pytest.mark.parametrize("case, label", ACROSS_MEMBERS, ids=[c for c, _ in ACROSS_MEMBERS])
-def test_next_iteration_products_in_the_step_are_bit_identical(case, label):
-    """The warpgroup chain with TMA stages issuing the next iteration's Q·K in this iteration's step
-    (``MIRAGE_SOFTMAX_ACROSS``) matches float64 and gives the same bits as the chain without."""
-    graph = next(g for row, g in family(case, wide=True) if row.label == label)
-    options = OptimizerOptions(warpgroup_softmax=True, tma_copies=True)
-    program = generate_cuda_program(graph, None, options=options)
-    assert "iteration + 1 < kForloopRange" in program.code
-    across = dataclasses.replace(program, code="#define MIRAGE_SOFTMAX_ACROSS 1\n" + program.code)
-    ours, plain = build_many([across, program])
-    inputs = random_inputs(graph, 11)
-    result = check_on_gpu(graph, ours, inputs=inputs)
-    assert result.passed, result.as_dict()
-    assert torch.equal(ours(*inputs)[0], plain(*inputs)[0])
-
-
 def _with_dtype(value, dtype):
     """``value`` (a µGraph, or any part of one) with its fp16 tensors retyped to ``dtype``."""
     from mirage.mugraph.graph import TensorType

@@ -137,7 +137,6 @@ LAZY_RESCALE = "#define MIRAGE_SOFTMAX_RESCALE_SLACK 8\n"
 IN_TURN = "#define MIRAGE_SOFTMAX_LOOKAHEAD 0\n"
 SUB_KEYS_64 = "#define MIRAGE_WARPGROUP_SUB_KEYS 64\n"  # two 64-key sub-tiles where an iteration has 128 keys
 SKIP_HIDDEN = "#define MIRAGE_SOFTMAX_SKIP_HIDDEN 1\n"
-ACROSS = "#define MIRAGE_SOFTMAX_ACROSS 1\n"  # the next iteration's Q·K issued within the step
 PREFIXES = {"masked_attention_whole_skip": ("masked_attention_whole", SKIP_HIDDEN),
             "masked_attention_warpgroup_skip": ("masked_attention_warpgroup", SKIP_HIDDEN),
             "qknorm_two_pass": ("qknorm_registers", TWO_PASS),
@@ -145,7 +144,6 @@ PREFIXES = {"masked_attention_whole_skip": ("masked_attention_whole", SKIP_HIDDE
             "gqa_warpgroup_lazy": ("gqa_warpgroup", LAZY_RESCALE),
             "gqa_warpgroup_64_key_sub_tiles": ("gqa_warpgroup_sub_tiles", SUB_KEYS_64),
             "gqa_warpgroup_sub_tiles_in_turn": ("gqa_warpgroup_sub_tiles", SUB_KEYS_64 + IN_TURN),
-            "gqa_warpgroup_across": ("gqa_warpgroup_sub_tiles", ACROSS),
             "qknorm_lazy": ("qknorm_registers", LAZY_RESCALE)}
 
 
@@ -456,34 +454,6 @@ def test_sub_tile_products_overlap_the_softmax_only_with_lookahead(built, name, 
             and "MUFU.EX2" in part]
     assert bool(both) == ahead
     assert "LDL" not in attention and "STL" not in attention
-
-
-@pytest.mark.parametrize("name, across", [("gqa_warpgroup_across", True), ("gqa_warpgroup_sub_tiles", False)])
-def test_next_iteration_products_share_the_wait_of_this_ones_only_across(built, name, across):
-    """gqa_b8's pick (one 128-key sub-tile an iteration, K and V copied by TMA) tells its chain the next
-    iteration's K stage. With ``MIRAGE_SOFTMAX_ACROSS`` the step issues that iteration's Q·K (a fresh
-    accumulator: ``RZ, !UPT``) after its own exponentials and P·V, so one stretch between full waits
-    holds both; without, each Q·K has a wait of its own. Both without spills."""
-    program, result = built[name]
-    assert "in1.wait(iteration + 1);" in program.code and "iteration + 1 < kForloopRange);" in program.code
-    functions = {f.split()[0]: f for f in result.sass().split("Function : ")[1:]}
-    attention = functions[program.kernels[0].name]
-    both = [part for part in _between_waits(attention)
-            if re.search(r"HGMMA\.64x64x16\.F32 R\d+, R\d+, gdesc\[UR\d+\]\.tnspB, RZ, !UPT", part)
-            and "MUFU.EX2" in part]
-    assert bool(both) == across
-    assert "LDL" not in attention and "STL" not in attention
-
-
-@pytest.mark.parametrize("name", ["gqa_warpgroup", "gqa_warpgroup_deferred", "qknorm_warpgroup_key_norms",
-                                  "causal_attention_warpgroup", "gqa_b1"])
-def test_only_plain_chains_of_tma_stages_are_told_the_next_k(built, name):
-    """The next K goes to the chain only where its copy was issued before the step and its wait is a
-    stage barrier (TMA), and the chain has no second score operand (key norms, masks), deferred P·V
-    or causal bound: cp.async stages, the deferred form, key norms, a causal mask and the warp form
-    keep the plain step."""
-    program, _ = built[name]
-    assert "iteration + 1 < kForloopRange" not in program.code
 
 
 def test_early_loads_in_the_attention_kernel_compile_without_spills(built):

@@ -122,10 +122,6 @@ struct OnlineSoftmax {
   static constexpr bool kDeferred = kWarpgroup && DeferValues;
   static constexpr bool kLookahead = kWarpgroup && !kDeferred && std::is_same_v<Columns, NoTile> &&
                                      kKeys / kSubKeys >= 2 && MIRAGE_SOFTMAX_LOOKAHEAD;
-  // kAcross: an iteration of one sub-tile hands the next iteration's Q·K to the tensor cores right
-  // after its own P·V (step with the next K; MIRAGE_SOFTMAX_ACROSS), its scores kept in the state
-  static constexpr bool kAcross = kWarpgroup && !kDeferred && std::is_same_v<Columns, NoTile> &&
-                                  kKeys == kSubKeys && PingPong == 0 && MIRAGE_SOFTMAX_ACROSS;
   // Descriptors computed whole per operand in the deferred form (its registers are at the limit with
   // two row tiles a warp: the tile bases that the other forms hold per sub-tile would spill there).
   static constexpr bool kWholeDescriptors = kDeferred;
@@ -149,9 +145,6 @@ struct OnlineSoftmax {
     const T* v;
     int key0;
     int parity;  // the warpgroup form's key norms: the scratch buffer of the last sub-tile's factors
-    // kAcross: this iteration's scores, issued and complete at the end of the last step (ready)
-    float ahead[kAcross ? kTilesPerWarp : 1][kAcross ? kKeyTiles : 1][4];
-    bool ready;
   };
 
   static MIRAGE_DEVICE int warp() { return dev::thread_index() / dev::kWarpSize; }
@@ -180,7 +173,6 @@ struct OnlineSoftmax {
     state.v = nullptr;
     state.key0 = 0;
     state.parity = 0;
-    state.ready = false;
     Turn::start(warp() / 4);  // the first warpgroup takes the first turn
   }
 
@@ -201,33 +193,6 @@ struct OnlineSoftmax {
     }
 #pragma unroll 1
     for (int sub = 0; sub < kKeys / kSubKeys; ++sub) sub_step(state, q, k, v, columns, key0 + sub * kSubKeys);
-  }
-
-  // step, told the next iteration's K tile: `next_k()` waits for it to land and returns it, called
-  // only where `has_next`. Chains of kAcross issue its Q·K within this step; others ignore it.
-  template <class NextK>
-  static MIRAGE_DEVICE void step(State& state, dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k,
-                                 dev::SharedTile<T, VLayout> v, NextK next_k, bool has_next) {
-    static_assert(std::is_same_v<Columns, NoTile>, "a chain with a second score operand takes it instead");
-    if constexpr (kAcross) {
-      QOperand a[kTilesPerWarp][D / 16];
-      q_operands(q, a);
-      if (!state.ready) {  // the first iteration: its own Q·K
-        issue_scores(a, k, 0, state.ahead);
-        cute::warpgroup_wait<0>();
-        wgmma::fence(state.ahead);
-      }
-      // two straight-line versions: no branch between a wgmma's issue and its wait
-      if (has_next) {
-        step_across<true>(state, a, v, next_k);
-      } else {
-        step_across<false>(state, a, v, next_k);
-      }
-      state.ready = has_next;
-      if constexpr (!kQDescriptors) wgmma::fence(a);
-    } else {
-      step(state, q, k, v);
-    }
   }
 
   // The merged results into shared tiles (any may be NoTile): the row maximum M (in the units of
@@ -772,51 +737,6 @@ struct OnlineSoftmax {
       wgmma::fence(score[(sub + 1) % 2]);  // the next scores, complete at that wait
     }
     if constexpr (!kQDescriptors) wgmma::fence(a);
-  }
-
-  // kAcross's step over scores that are ready in the state: P and its P·V issued, then (Next) the
-  // next iteration's Q·K into the same registers, and one wait for both.
-  template <bool Next, class NextK>
-  static MIRAGE_DEVICE void step_across(State& state, const QOperand (&a)[kTilesPerWarp][D / 16],
-                                        dev::SharedTile<T, VLayout> v, NextK& next_k) {
-    constexpr bool kEarly = MIRAGE_SOFTMAX_ACROSS == 2;
-    float next[kEarly ? kTilesPerWarp : 1][kEarly ? kKeyTiles : 1][4];
-    if constexpr (Next && kEarly) {  // before this step's softmax, which the fence keeps after it
-      issue_scores(a, next_k(), 0, next);
-      wgmma::fence(state.ahead);
-    }
-    float offset[kTilesPerWarp][2];
-    float factor[kTilesPerWarp][2];
-#pragma unroll
-    for (int t = 0; t < kTilesPerWarp; ++t) rescale(state, t, state.ahead[t], offset[t], factor[t]);
-#pragma unroll
-    for (int t = 0; t < kTilesPerWarp; ++t) rescale_out(state, t, factor[t]);
-    uint32_t p[kKeyTiles / 2][kTilesPerWarp][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-#pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t) probabilities(state, t, state.ahead[t], kk, offset[t], p[kk][t]);
-      accumulate_keys(state, p[kk], v, 0, kk);
-    }
-    if constexpr (Next && !kEarly) {  // every score is in P now: its registers take the next products
-      const dev::SharedTile<T, KLayout> k = next_k();
-      wgmma::fence(state.ahead);
-      issue_scores(a, k, 0, state.ahead);
-    }
-    cute::warpgroup_wait<0>();  // O complete, V no longer read; the next scores complete
-    wgmma::fence(p);
-    wgmma::fence(state.out);
-    if constexpr (Next && kEarly) {
-      wgmma::fence(next);
-#pragma unroll
-      for (int t = 0; t < kTilesPerWarp; ++t)
-#pragma unroll
-        for (int j = 0; j < kKeyTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) state.ahead[t][j][e] = next[t][j][e];
-    } else if constexpr (Next) {
-      wgmma::fence(state.ahead);
-    }
   }
 
   // The deferred form's P·V of a sub-tile: every wgmma of out += P · V[key0 : key0 + kSubKeys, :]

@@ -24,15 +24,6 @@
 #define MIRAGE_SOFTMAX_LOOKAHEAD 1
 #endif
 
-// 1: the warpgroup form whose iteration is one sub-tile issues the next iteration's Q·K (its K stage
-// waited for) right after this iteration's P·V, before the wait for that P·V, so that one wait per
-// iteration covers both products (Chain::step with the next K); 0: each iteration's Q·K issued and
-// waited for at its start; 2: the next iteration's Q·K issued first, into registers of its own, so
-// the tensor cores run it during this iteration's exponentials. The results are the same, bit for bit.
-#ifndef MIRAGE_SOFTMAX_ACROSS
-#define MIRAGE_SOFTMAX_ACROSS 0
-#endif
-
 // 1: a masked chain (MaskTile) skips the rest of a sub-step whose mask hides every key of the rows it
 // holds (−inf throughout: causal attention's tiles past the diagonal); the products and sums are
 // exactly those it would have added (0, and a rescale of 1). 0 (the default): every sub-step runs
