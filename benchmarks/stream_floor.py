@@ -157,11 +157,38 @@ def split_k_gemv(b: int, n_blocks: int, k_splits: int, iters: int, threads: int)
     return g.freeze()
 
 
+def library_forms(case: str, m: int, shape: tuple, count: int) -> list[dict]:
+    """The library's product ``X @ W`` of ``case``'s shapes in the forms a pre-defined matmul could take:
+    as written, as the transposed product ``(Wᵀ · Xᵀ)ᵀ`` (the weight as the long operand), through
+    each BLAS back-end torch offers, and with the fp16 reductions kept at full precision."""
+    weights = [torch.randn(shape, device="cuda").half() for _ in range(count)]
+    x = torch.randn(m, shape[0], device="cuda").half()
+    forms = {"mm": lambda w: torch.mm(x, w), "transposed": lambda w: torch.mm(w.t(), x.t()).t()}
+    matmul, blas = torch.backends.cuda.matmul, torch.backends.cuda.preferred_blas_library
+    rows = []
+    for backend in ("cublas", "cublaslt"):
+        for reduced in (True, False):
+            before = blas(), matmul.allow_fp16_reduced_precision_reduction
+            blas(backend)
+            matmul.allow_fp16_reduced_precision_reduction = reduced
+            try:
+                for name, form in forms.items():
+                    us = time_graph(lambda f=form: [f(w) for w in weights], replays=100).median_us
+                    rows.append({"case": case, "what": f"library {name}", "backend": backend,
+                                 "reduced_precision": reduced, "us": us})
+                    print(rows[-1], flush=True)
+            finally:
+                blas(before[0])
+                matmul.allow_fp16_reduced_precision_reduction = before[1]
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
     parser.add_argument("--parts", default="floor,boxes,gemv,split_k",
-                        help="which measurements: floor (read and torch.mm), boxes (reads by box shape), "
+                        help="which measurements: floor (read and torch.mm), library (the library's product "
+                             "in several forms and BLAS back-ends), boxes (reads by box shape), "
                              "gemv (our plain GEMV), split_k (our split-K GEMV, its sum folded or not)")
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -177,6 +204,8 @@ def main(argv=None) -> None:
         rows.append({"case": case, "what": "torch.mm", "us": mm, "MB": megabytes})
         for row in rows[-2:]:
             print(row, f"{row['MB'] / row['us']:.2f} TB/s", flush=True)
+    for case, (m, shape, count) in CASES.items() if "library" in parts else ():
+        rows += library_forms(case, m, shape, count)
     if "boxes" in parts:  # rmsnorm's weight read box by box: strips of N × chunks of K
         weight = torch.randn(4096, 6144, device="cuda").half()
         for strips, chunks in ((128, 1), (64, 2), (32, 4), (16, 8), (8, 16), (1, 128), (128, 2), (16, 16)):
