@@ -1,7 +1,8 @@
 """Build one member of a case's family and launch it a few times: a target for Nsight Compute.
 
     ncu --section SpeedOfLight --section WarpStateStats -k regex:gqa_k \\
-        python -m benchmarks.launch_variant --case gqa_b1 --label kv_splits=4,q_splits=16,... --stages 2
+        python -m benchmarks.launch_variant --case gqa_b1 --label kv_splits=4,q_splits=16,... --stages 2 \\
+            [--base warpgroup_softmax=true,tma_copies=true]
 
 The label is a member's label as ``benchmarks.explore`` writes it (``--family wide`` searches the
 wider family).  Prints the kernels with their grids and shared memory.
@@ -23,6 +24,8 @@ def main(argv=None) -> int:
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--family", choices=["tuned", "wide"], default="wide")
     parser.add_argument("--launches", type=int, default=3)
+    parser.add_argument("--base", default="",
+                        help="OptimizerOptions of the build, e.g. warpgroup_softmax=true,tma_copies=true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     import torch
@@ -38,7 +41,9 @@ def main(argv=None) -> int:
     if args.label not in members:
         raise SystemExit(f"no member {args.label!r} in the {args.family} family of {args.case}; "
                          f"members: {sorted(members)[:5]}...")
-    options = dataclasses.replace(OptimizerOptions(), stages=args.stages)
+    from benchmarks.explore import _options
+
+    options = dataclasses.replace(OptimizerOptions(), stages=args.stages, **_options(args.base))
     cuda = generate_cuda_program(members[args.label], None, options=options)
     (program,) = build_many([cuda])
     if isinstance(program, Exception):
