@@ -69,22 +69,29 @@ KEY_SCALES = (("key_scales", True),)
 # of squares, which a kernel of 64 blocks per head computes first (the chain reads the sums as they land)
 KEY_SUMS = (("key_sums", True), ("norm_blocks", 64))
 
-# (kv_splits, q_splits, iters, threads, combine_rows) and the program's extra arguments: the fastest
+# (kv_splits, q_splits, iters, threads, combine_rows[, combine_threads]) and the program's extra
+# arguments: the fastest
 # splits of the explorations with the register-resident softmax chain and the direct-read combine
 # (benchmarks/results/explore_h100_2026-11-22_wide_direct.json; the two 128-thread GQA members of 8 key
 # splits and 2 query splits, whose warps take two row tiles each, from …_paired_tiles.json; QKNorm's
 # key_scales members from …_key_scales.json, b = 1 first, and the 256-thread one of the warpgroup
-# chain's own key norms from explore_h100_2026-11-26_key_norms.json), per program
+# chain's own key norms from explore_h100_2026-11-26_key_norms.json), per program. The combines of 4
+# rows and 128 threads (the b = 1 splits) and of 32 rows and 256 or 512 threads (the b = 8 splits)
+# came out fastest of 21 shapes on an H200 (explore_h200_2026-11-29_combine.json: gqa_b1 6.29 against
+# 6.62 µs for 8 rows, gqa_b8 15.53-15.59 against 16.11, qknorm_b1 7.13 against 7.39)
 ATTENTION_SPLITS: dict[str, list[tuple[tuple[int, ...], tuple[tuple[str, int | bool], ...]]]] = {
     "gqa": [(splits, ()) for splits in (
         (8, 2, 8, 128, 8), (8, 2, 8, 128, 16), (16, 2, 2, 256, 8), (16, 4, 2, 128, 8), (16, 4, 2, 128, 16),
-        (8, 4, 4, 128, 16), (4, 2, 8, 256, 8), (8, 2, 8, 256, 8), (4, 4, 8, 128, 8),
+        (16, 4, 2, 128, 4, 128), (8, 4, 4, 128, 16), (4, 2, 8, 256, 8), (4, 2, 8, 256, 32, 256),
+        (4, 2, 8, 256, 32, 512), (8, 2, 8, 256, 8), (4, 4, 8, 128, 8),
     )],
-    "qknorm": [(splits, NORMALIZE_K)
-               for splits in ((16, 4, 4, 128, 8), (16, 4, 2, 128, 8), (4, 4, 8, 128, 8))]
+    "qknorm": [(splits, NORMALIZE_K) for splits in (
+        (16, 4, 4, 128, 8), (16, 4, 2, 128, 8), (4, 4, 8, 128, 8), (4, 4, 8, 128, 32, 256),
+        (4, 4, 8, 128, 32, 512),
+    )]
     + [(splits, KEY_SCALES) for splits in (
-        (16, 4, 2, 128, 8), (16, 2, 2, 256, 8), (32, 2, 2, 256, 16), (8, 2, 8, 128, 8), (8, 2, 8, 128, 16),
-        (8, 2, 4, 128, 8), (8, 2, 8, 256, 8),
+        (16, 4, 2, 128, 8), (16, 4, 2, 128, 4, 128), (16, 2, 2, 256, 8), (32, 2, 2, 256, 16),
+        (8, 2, 8, 128, 8), (8, 2, 8, 128, 16), (8, 2, 4, 128, 8), (8, 2, 8, 256, 8),
     )]
     + [(splits, KEY_SUMS) for splits in ((8, 2, 8, 256, 8),)],  # of four: the fastest at b = 8 and b = 1
 }
@@ -98,10 +105,12 @@ def _attention_rows(program: str, twins: bool = False) -> list[Variant]:
     from mirage.optimizer.cluster_fold import MAX_CLUSTER
 
     rows = []
-    for (kv_splits, q_splits, iters, threads, combine_rows), extra in ATTENTION_SPLITS[program]:
+    for shape, extra in ATTENTION_SPLITS[program]:
+        kv_splits, q_splits, iters, threads, combine_rows, *combine_threads = shape
         splits = (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
                   ("row_sums", True))
-        rows.append(Variant((*splits, ("combine_rows", combine_rows), *extra), (2, 3)))
+        combine = (("combine_rows", combine_rows), *(("combine_threads", t) for t in combine_threads))
+        rows.append(Variant((*splits, *combine, *extra), (2, 3)))
         fold_rows = QUERIES // q_splits // kv_splits
         if twins and kv_splits <= MAX_CLUSTER and fold_rows >= 2:
             twin = (*splits, ("combine_rows", fold_rows), ("combine_threads", threads), *extra)
@@ -300,15 +309,38 @@ FOLD_ROWS: dict[str, Callable[[], list[Variant]]] = {
 }
 
 
-def family(case_name: str, wide: bool = False, fold: bool = False) -> list[tuple[Variant, KernelGraph]]:
+def _combine_rows(program: str) -> list[Variant]:
+    """Each tuned attention split with every shape of its combine kernel: 2 to 64 query rows a block,
+    64 to 512 threads (shapes whose threads outnumber the block's elements do not lower)."""
+    rows = []
+    for (kv_splits, q_splits, iters, threads, *_), extra in ATTENTION_SPLITS[program]:
+        splits = (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
+                  ("row_sums", True))
+        for combine_rows, combine_threads in itertools.product((2, 4, 8, 16, 32, 64), (64, 128, 256, 512)):
+            if combine_rows * 64 >= combine_threads:
+                arguments = (*splits, ("combine_rows", combine_rows), ("combine_threads", combine_threads))
+                rows.append(Variant((*arguments, *extra), (2,)))
+    return list(dict.fromkeys(rows))  # splits that differ only in their combine: one set of shapes
+
+
+COMBINE_ROWS: dict[str, Callable[[], list[Variant]]] = {
+    program: functools.partial(_combine_rows, program) for program in ("gqa", "qknorm")
+}
+
+
+def family(case_name: str, wide: bool = False, fold: bool = False,
+           combine: bool = False) -> list[tuple[Variant, KernelGraph]]:
     """The valid members of ``case_name``'s family with their µGraphs (``wide``: the exploration's
-    wider family, ``fold``: with cluster-fold twins, where the program has one)."""
+    wider family, ``fold``: with cluster-fold twins, where the program has one, ``combine``: each
+    attention split with every shape of its combine kernel)."""
     case = CASES[case_name]
     rows, build = FAMILIES[case.program]
     if wide and case.program in WIDE_ROWS:
         rows = WIDE_ROWS[case.program]()
     elif fold and case.program in FOLD_ROWS:
         rows = FOLD_ROWS[case.program]()
+    elif combine and case.program in COMBINE_ROWS:
+        rows = COMBINE_ROWS[case.program]()
     out = []
     for row in rows:
         try:
