@@ -1,0 +1,49 @@
+"""The combine kernel's shapes in the attention families: the exploration's family of every shape
+(``family(case, combine=True)``) and the tuned members that carry a shape of their own
+(``ATTENTION_SPLITS``' sixth field, ``combine_threads``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.mugraphs import CASES
+from benchmarks.variants import family
+from mirage.mugraph.interpret import interpret
+
+
+def _combine(graph):
+    """The combine's block graph: grid and threads."""
+    block = graph.block_graphs()[-1]
+    return block.grid_dim, block.block_dim[0]
+
+
+def test_the_combine_family_holds_every_shape_of_each_split_once():
+    members = family("gqa_b1", combine=True)
+    labels = [v.label for v, _ in members]
+    assert len(labels) == len(set(labels))
+    pick = [v for v in labels if v.startswith("kv_splits=16,q_splits=4,iters=2,threads=128,")]
+    # 2-64 rows a block times 64-512 threads, less the three where threads outnumber the elements
+    assert len(pick) == 21
+    assert not any("combine_rows=2,combine_threads=256" in v or "combine_rows=4,combine_threads=512" in v
+                   for v in labels)
+
+
+@pytest.mark.parametrize("case, label, grid, threads", [
+    ("gqa_b1", "kv_splits=16,q_splits=4,iters=2,threads=128,row_sums=True,combine_rows=4,combine_threads=128",
+     (2, 64, 1), 128),
+    ("gqa_b8", "kv_splits=4,q_splits=2,iters=8,threads=256,row_sums=True,combine_rows=32,combine_threads=512",
+     (16, 8, 1), 512),
+])
+def test_tuned_members_with_a_combine_shape_compute_the_reference(case, label, grid, threads):
+    """The tuned family keeps the shapes that measured fastest; each member is the function (float64
+    interpretation against the reference) with a combine of that many blocks and threads."""
+    members = dict((v.label, g) for v, g in family(case))
+    graph = members[label]
+    assert _combine(graph) == (grid, threads)
+    reference = CASES[case].reference()
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal(t.shape).astype(np.float16) for t in reference.input_types]
+    expected = np.asarray(interpret(reference, inputs, dtype=np.float64)[0])
+    got = np.asarray(interpret(graph, inputs, dtype=np.float64)[0])
+    assert np.abs(got - expected).max() <= 1e-9 * np.abs(expected).max()
