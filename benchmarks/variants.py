@@ -353,3 +353,19 @@ def family(case_name: str, wide: bool = False, fold: bool = False,
 def variants(case_name: str) -> list[KernelGraph]:
     """The µGraphs of ``case_name``'s family (what ``benchmarks.run --ours select`` times)."""
     return [graph for _, graph in family(case_name)]
+
+
+def interpreted_error(case_name: str, graph: KernelGraph, seed: int = 5) -> float:
+    """How far ``graph`` (a member of ``case_name``'s family) is from the case's reference: the largest
+    difference of their outputs, both interpreted in float64 on the same random fp16 inputs, relative
+    to the reference's largest output (0 up to rounding for a member that computes the function)."""
+    import numpy as np
+
+    from mirage.mugraph.interpret import interpret
+
+    reference = CASES[case_name].reference()
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(t.shape).astype(np.float16) for t in reference.input_types]
+    expected = np.asarray(interpret(reference, inputs, dtype=np.float64)[0])
+    got = np.asarray(interpret(graph, inputs, dtype=np.float64)[0])
+    return float(np.abs(got - expected).max() / np.abs(expected).max())
