@@ -70,10 +70,10 @@ KEY_SCALES = (("key_scales", True),)
 KEY_SUMS = (("key_sums", True), ("norm_blocks", 64))
 
 # (kv_splits, q_splits, iters, threads, combine_rows[, combine_threads]) and the program's extra
-# arguments: the fastest
-# splits of the explorations with the register-resident softmax chain and the direct-read combine
-# (benchmarks/results/explore_h100_2026-11-22_wide_direct.json; the two 128-thread GQA members of 8 key
-# splits and 2 query splits, whose warps take two row tiles each, from …_paired_tiles.json; QKNorm's
+# arguments: the fastest splits of the explorations with the register-resident softmax chain and the
+# direct-read combine (benchmarks/results/explore_h100_2026-11-22_wide_direct.json; the two 128-thread
+# GQA members of 8 key splits and 2 query splits, whose warps take two row tiles each, from
+# …_paired_tiles.json; QKNorm's
 # key_scales members from …_key_scales.json, b = 1 first, and the 256-thread one of the warpgroup
 # chain's own key norms from explore_h100_2026-11-26_key_norms.json), per program. The combines of 4
 # rows and 128 threads (the b = 1 splits) and of 32 rows and 256 or 512 threads (the b = 8 splits)
@@ -97,6 +97,12 @@ ATTENTION_SPLITS: dict[str, list[tuple[tuple[int, ...], tuple[tuple[str, int | b
 }
 
 
+def _split(kv_splits: int, q_splits: int, iters: int, threads: int) -> tuple[tuple[str, int | bool], ...]:
+    """The arguments of a row-sum attention split (before its combine's and the program's own)."""
+    return (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
+            ("row_sums", True))
+
+
 def _attention_rows(program: str, twins: bool = False) -> list[Variant]:
     """Row-sum µGraphs (Mirage's element-wise sums measured slower on every split, see
     docs/performance.md), and with ``twins``, beside each split that a cluster can hold, its twin
@@ -107,8 +113,7 @@ def _attention_rows(program: str, twins: bool = False) -> list[Variant]:
     rows = []
     for shape, extra in ATTENTION_SPLITS[program]:
         kv_splits, q_splits, iters, threads, combine_rows, *combine_threads = shape
-        splits = (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
-                  ("row_sums", True))
+        splits = _split(kv_splits, q_splits, iters, threads)
         combine = (("combine_rows", combine_rows), *(("combine_threads", t) for t in combine_threads))
         rows.append(Variant((*splits, *combine, *extra), (2, 3)))
         fold_rows = QUERIES // q_splits // kv_splits
@@ -133,8 +138,7 @@ def _wide_attention_rows(extra: tuple[tuple[str, int | bool], ...] = (),
         iters = KEYS // (kv * keys)
         if iters < 1 or warp_split(QUERIES // qs, keys, threads) is None:
             continue
-        arguments = (("kv_splits", kv), ("q_splits", qs), ("iters", iters), ("threads", threads),
-                     ("row_sums", True), ("combine_rows", combine), *extra)
+        arguments = (*_split(kv, qs, iters, threads), ("combine_rows", combine), *extra)
         rows.append(Variant(arguments, (2,)))
     return rows
 
@@ -311,11 +315,10 @@ FOLD_ROWS: dict[str, Callable[[], list[Variant]]] = {
 
 def _combine_rows(program: str) -> list[Variant]:
     """Each tuned attention split with every shape of its combine kernel: 2 to 64 query rows a block,
-    64 to 512 threads (shapes whose threads outnumber the block's elements do not lower)."""
+    64 to 512 threads (less the shapes whose threads outnumber the block's elements)."""
     rows = []
     for (kv_splits, q_splits, iters, threads, *_), extra in ATTENTION_SPLITS[program]:
-        splits = (("kv_splits", kv_splits), ("q_splits", q_splits), ("iters", iters), ("threads", threads),
-                  ("row_sums", True))
+        splits = _split(kv_splits, q_splits, iters, threads)
         for combine_rows, combine_threads in itertools.product((2, 4, 8, 16, 32, 64), (64, 128, 256, 512)):
             if combine_rows * 64 >= combine_threads:
                 arguments = (*splits, ("combine_rows", combine_rows), ("combine_threads", combine_threads))

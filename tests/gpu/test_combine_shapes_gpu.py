@@ -20,8 +20,6 @@ pytestmark = pytest.mark.gpu
 
 MEMBERS = [(case, v.label) for case in ("gqa_b1", "qknorm_b1", "gqa_b8", "qknorm_b8")
            for v, _ in family(case) if "combine_threads" in v.label]
-
-
 IDS = [f"{case}-{label.split('combine_')[1]}" for case, label in MEMBERS]
 
 
