@@ -34,7 +34,7 @@ def explore_case(
     case_name: str, wide: bool, op_by_op: bool, replays: int, profile_top: int = 3, one_block: bool = False,
     also: list[dict] | None = None, plain_launch: bool = False, spread: bool = False, match: str = "",
     fold: bool = False, depths: tuple[int, ...] = (), base: dict | None = None, first_plain: bool = False,
-    combine: bool = False,
+    combine: bool = False, norm: bool = False,
 ) -> list[dict]:
     from benchmarks.mugraphs import CASES
     from benchmarks.variants import family
@@ -49,7 +49,7 @@ def explore_case(
     inputs = random_inputs(reference, seed=0)
     expected = interpret(reference, [x.detach().cpu() for x in inputs], dtype=np.float64)
     rows, programs = [], []
-    for variant, graph in family(case_name, wide=wide, fold=fold, combine=combine):
+    for variant, graph in family(case_name, wide=wide, fold=fold, combine=combine, norm=norm):
         if match and not re.search(match, variant.label):
             continue
         for stages in depths or variant.stages:
@@ -130,9 +130,10 @@ def _options(text: str) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", required=True, help="comma-separated case names")
-    parser.add_argument("--family", choices=["tuned", "wide", "fold", "combine"], default="tuned",
+    parser.add_argument("--family", choices=["tuned", "wide", "fold", "combine", "norm"], default="tuned",
                         help="fold: the tuned family with each attention member's cluster-fold twin; "
-                             "combine: each tuned attention split with every shape of its combine")
+                             "combine: each tuned attention split with every shape of its combine; "
+                             "norm: QKNorm's splits with every shape of their key kernel")
     parser.add_argument("--op-by-op", action="store_true", help="also build every member without the chain")
     parser.add_argument("--one-block", action="store_true",
                         help="also build every member without OptimizerOptions.two_blocks_per_sm")
@@ -170,6 +171,7 @@ def main(argv=None) -> int:
                                              plain_launch=args.plain_launch, spread=args.spread,
                                              match=args.match, fold=args.family == "fold",
                                              combine=args.family == "combine",
+                                             norm=args.family == "norm",
                                              depths=tuple(int(d) for d in args.stages.split(",") if d),
                                              base=_options(args.base), first_plain=args.first_plain)
         (out / f"explore_{facts['date']}.json").write_text(json.dumps(result, indent=1))

@@ -64,6 +64,11 @@ def _rows(stages: tuple[int, ...], **axes) -> list[Variant]:
 # kernel, or divided out of each score by its key's rms, computed in the attention kernel (the chain
 # multiplies each product by a per-key factor)
 NORMALIZE_K = (("normalize_k", True), ("norm_blocks", 64))
+# ...in fewer blocks, or in blocks of fewer threads: with the 32-row combines, 32 blocks of 128 threads
+# and 64 of 64 threads came out fastest of 16 shapes at b = 8 on an H200 (19.79-19.92 against 20.19 µs;
+# explore_h200_2026-11-29_norm.json)
+NORMALIZE_K_32 = (("normalize_k", True), ("norm_blocks", 32))
+NORMALIZE_K_64_64 = (("normalize_k", True), ("norm_blocks", 64), ("norm_threads", 64))
 KEY_SCALES = (("key_scales", True),)
 # ...or divided out of each score by its key's rms, computed in the attention kernel from each key's sum
 # of squares, which a kernel of 64 blocks per head computes first (the chain reads the sums as they land)
@@ -89,6 +94,8 @@ ATTENTION_SPLITS: dict[str, list[tuple[tuple[int, ...], tuple[tuple[str, int | b
         (16, 4, 4, 128, 8), (16, 4, 2, 128, 8), (4, 4, 8, 128, 8), (4, 4, 8, 128, 32, 256),
         (4, 4, 8, 128, 32, 512),
     )]
+    + [((4, 4, 8, 128, 32, 256), NORMALIZE_K_32), ((4, 4, 8, 128, 32, 512), NORMALIZE_K_32),
+       ((4, 4, 8, 128, 32, 512), NORMALIZE_K_64_64)]
     + [(splits, KEY_SCALES) for splits in (
         (16, 4, 2, 128, 8), (16, 4, 2, 128, 4, 128), (16, 2, 2, 256, 8), (32, 2, 2, 256, 16),
         (8, 2, 8, 128, 8), (8, 2, 8, 128, 16), (8, 2, 4, 128, 8), (8, 2, 8, 256, 8),
@@ -163,7 +170,7 @@ def _wide_qknorm_rows() -> list[Variant]:
 def attention_fused(
     b: int, qknorm: bool, row_sums: bool = False, combine_rows: int | None = None, normalize_k: bool = False,
     norm_blocks: int = 32, key_scales: bool = False, key_sums: bool = False, combine_threads: int = 128,
-    **splits,
+    norm_threads: int = 128, **splits,
 ) -> KernelGraph:
     """Mirage's attention µGraph (``attention.fused``), or with ``row_sums`` its variant that sums
     ``exp(S)`` over the keys inside the first kernel (``forloop_accum(..., acc="sum")``): the partial
@@ -179,7 +186,7 @@ def attention_fused(
     multiplies each product by a per-key factor, gen/softmax.cuh).  ``key_sums``: as ``key_scales``,
     but each key's sum of squares comes from a kernel of its own (``norm_blocks`` blocks per head), so
     that the attention kernel reads one value per key beside K (which that kernel leaves in L2) instead
-    of reducing every K tile over its 64 rows."""
+    of reducing every K tile over its 64 rows.  ``norm_threads``: the threads of either kernel's blocks."""
     if not row_sums:
         return attention.fused(b, qknorm, **splits)
     kv_splits, q_splits, iters = splits["kv_splits"], splits["q_splits"], splits["iters"]
@@ -196,8 +203,8 @@ def attention_fused(
         reduction_dimx=64,
     )
     if qknorm and normalize_k:
-        k = _normalized_keys(g, k, heads, norm_blocks)
-    squares = _key_sums(g, k, heads, norm_blocks) if qknorm and key_sums else None
+        k = _normalized_keys(g, k, heads, norm_blocks, norm_threads)
+    squares = _key_sums(g, k, heads, norm_blocks, norm_threads) if qknorm and key_sums else None
     rows_axis = 1 if q_splits > 1 else -1  # grid z splits the query rows (a grid of 1 maps nothing)
     bq = tb.new_input(q, input_map=(0, -1, rows_axis), forloop_dim=-1)  # [1, 256 / q_splits, 64]
     bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=2)  # [1, 64, keys]
@@ -224,19 +231,19 @@ def attention_fused(
     return g.freeze()
 
 
-def _normalized_keys(g, k, heads: int, key_blocks: int = 32):
+def _normalized_keys(g, k, heads: int, key_blocks: int = 32, threads: int = 128):
     """K / rms(K) over dim 1, as one graph-defined kernel of ``heads × key_blocks`` blocks."""
-    tb = mi.new_threadblock_graph(grid_dim=(heads, key_blocks, 1), block_dim=(128, 1, 1), forloop_range=1)
+    tb = mi.new_threadblock_graph(grid_dim=(heads, key_blocks, 1), block_dim=(threads, 1, 1), forloop_range=1)
     bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=-1)  # [1, 64, keys / key_blocks]
     tb.new_output(tb.forloop_accum(attention._rms_k(tb, bk)), output_map=(0, 2, -1))
     (normalized,) = g.customized([k], tb)
     return normalized
 
 
-def _key_sums(g, k, heads: int, key_blocks: int):
+def _key_sums(g, k, heads: int, key_blocks: int, threads: int = 128):
     """Σ_d K[d, n]² of every key n (2b, 1, keys), as one graph-defined kernel of ``heads × key_blocks``
     blocks."""
-    tb = mi.new_threadblock_graph(grid_dim=(heads, key_blocks, 1), block_dim=(128, 1, 1), forloop_range=1)
+    tb = mi.new_threadblock_graph(grid_dim=(heads, key_blocks, 1), block_dim=(threads, 1, 1), forloop_range=1)
     bk = tb.new_input(k, input_map=(0, 2, -1), forloop_dim=-1)  # [1, 64, keys / key_blocks]
     tb.new_output(tb.forloop_accum(tb.reduction(tb.square(bk), 1)), output_map=(0, 2, -1))
     (sums,) = g.customized([k], tb)
@@ -257,8 +264,10 @@ FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
                 + _rows((3,), two_kernels=(True,), grid=(128,), iters=(8,), threads=(256,))
                 # ...or that kernel and then the kernel graph's pre-defined matmul (the library's GEMM):
                 # on an H200 cuBLAS streams W in 13.2-14.7 µs, our GEMV in 15.3-17.2
-                # (stream_floor_h200_2026-11-28.json)
-                + _rows((2,), two_kernels=(True,), library_product=(True,)), rmsnorm_variant),
+                # (stream_floor_h200_2026-11-28.json); its normalization in 128 or 256 threads a row
+                # (15.44 against 15.95 µs at b = 1 plainly, explore_h200_2026-11-29_rmsnorm_norm_threads.json)
+                + _rows((2,), two_kernels=(True,), library_product=(True,), norm_threads=(128, 256)),
+                rmsnorm_variant),
     # GatedMLP: 128 blocks, K tiles of 256 or 128 rows; or 64 wider blocks with a deeper ring (the fastest
     # at m = 1 of the wide family at depths 3–5: explore_h100_2026-11-26_gatedmlp_depths.json)
     "gatedmlp": (_rows((3, 4), grid=(128,), iters=(16, 32), threads=(128, 256))
@@ -296,7 +305,10 @@ WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
                         # Triton template at b = 8: 48 blocks of 128 columns, K tiles of 128, 4 stages):
                         # measured slower, best 24.9 µs at b = 8 with 96 blocks, 36.4 with 48
                         # (explore_h100_2026-11-23_wide_gemv_blocks.json)
-                        + _rows((3, 4, 5), grid=(48, 64, 96), iters=(32, 64), threads=(256, 512))),
+                        + _rows((3, 4, 5), grid=(48, 64, 96), iters=(32, 64), threads=(256, 512))
+                        # the library's product after a normalization of 128-1024 threads a row
+                        + _rows((2,), two_kernels=(True,), library_product=(True,),
+                                norm_threads=(128, 256, 512, 1024))),
     # LoRA: one kernel of 32–256 blocks (128–16 of the 4096 output columns each), K in 1, 2 or 4 steps,
     # pipelines of 2–4 stages
     "lora": lambda: _rows((2, 3, 4), grid=(32, 64, 128, 256), concat=(True,), threads=(128, 256),
@@ -331,11 +343,29 @@ COMBINE_ROWS: dict[str, Callable[[], list[Variant]]] = {
 }
 
 
-def family(case_name: str, wide: bool = False, fold: bool = False,
-           combine: bool = False) -> list[tuple[Variant, KernelGraph]]:
+def _norm_rows() -> list[Variant]:
+    """QKNorm's tuned splits whose keys pass through a kernel of their own (K normalized, or each key's
+    sum of squares) with every shape of that kernel: 16 to 128 blocks a head, 64 to 512 threads."""
+    rows = []
+    for shape, extra in ATTENTION_SPLITS["qknorm"]:
+        if "norm_blocks" not in dict(extra):
+            continue
+        kv_splits, q_splits, iters, threads, combine_rows, *combine_threads = shape
+        combine = (("combine_rows", combine_rows), *(("combine_threads", t) for t in combine_threads))
+        own = tuple(item for item in extra if item[0] not in ("norm_blocks", "norm_threads"))
+        for blocks, norm_threads in itertools.product((16, 32, 64, 128), (64, 128, 256, 512)):
+            arguments = (*_split(kv_splits, q_splits, iters, threads), *combine, *own,
+                         ("norm_blocks", blocks), ("norm_threads", norm_threads))
+            rows.append(Variant(arguments, (2,)))
+    return list(dict.fromkeys(rows))  # splits listed with several key-kernel shapes: one set of shapes
+
+
+def family(case_name: str, wide: bool = False, fold: bool = False, combine: bool = False,
+           norm: bool = False) -> list[tuple[Variant, KernelGraph]]:
     """The valid members of ``case_name``'s family with their µGraphs (``wide``: the exploration's
     wider family, ``fold``: with cluster-fold twins, where the program has one, ``combine``: each
-    attention split with every shape of its combine kernel)."""
+    attention split with every shape of its combine kernel, ``norm``: QKNorm's splits with every
+    shape of their key kernel)."""
     case = CASES[case_name]
     rows, build = FAMILIES[case.program]
     if wide and case.program in WIDE_ROWS:
@@ -344,6 +374,8 @@ def family(case_name: str, wide: bool = False, fold: bool = False,
         rows = FOLD_ROWS[case.program]()
     elif combine and case.program in COMBINE_ROWS:
         rows = COMBINE_ROWS[case.program]()
+    elif norm and case.program == "qknorm":
+        rows = _norm_rows()
     out = []
     for row in rows:
         try:
