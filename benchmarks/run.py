@@ -148,6 +148,25 @@ def merge(results: list[dict]) -> dict:
             "launch_floor_us": first["launch_floor_us"], "calls": calls, "cases": cases}
 
 
+def fastest_baselines(result: dict, others: list[dict]) -> dict:
+    """Each case's fastest baseline over ``result`` and ``others`` (more calls on the same device), and
+    the speedups and their geometric mean against it: a baseline's own pick moves between calls
+    (torch.compile's autotuning), so one call's mean carries that noise."""
+    devices = {r["facts"]["device"] for r in (result, *others)}
+    if len(devices) != 1:
+        raise SystemExit(f"suite files from different devices ({sorted(devices)}) compare no baselines")
+    fastest: dict[str, float] = {}
+    for suite in (result, *others):
+        for row in suite["cases"]:
+            for name, timing in row["times_us"].items():
+                if not name.startswith("mirage") and timing["median_us"] < fastest.get(row["case"], math.inf):
+                    fastest[row["case"]] = timing["median_us"]
+    speedups = {row["case"]: fastest[row["case"]] / row["times_us"]["mirage"]["median_us"]
+                for row in result["cases"] if row["case"] in fastest and "mirage" in row["times_us"]}
+    geo = math.exp(sum(math.log(s) for s in speedups.values()) / len(speedups)) if speedups else None
+    return {"files": 1 + len(others), "best_us": fastest, "speedup": speedups, "geometric_mean": geo}
+
+
 def write_reports(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"suite_{result['facts']['date']}"
@@ -179,6 +198,12 @@ def write_reports(result: dict, out: Path) -> None:
     if speedups:
         geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
         lines += ["", f"Geometric mean speedup over the best baseline: {geo:.2f} ({len(speedups)} cases)."]
+    across = result.get("baselines_across_calls")
+    if across and across["geometric_mean"]:
+        lines += ["", f"Against the fastest baseline of each case in any of {across['files']} suite files of "
+                  "this machine (this one and those of --baselines-from): "
+                  f"{across['geometric_mean']:.2f} (" + ", ".join(
+                      f"{c} {s:.2f}" for c, s in across["speedup"].items()) + ")."]
     failures = [(r["case"], k, v) for r in result["cases"] for k, v in r["failures"].items()]
     if failures:
         lines += ["", "Failures:"] + [f"- {c} / {k}: {v}" for c, k, v in failures]
@@ -224,10 +249,18 @@ def main(argv=None) -> int:
                         help="PyTorch path: no search, only the family given as candidates")
     parser.add_argument("--merge", nargs="+", metavar="JSON", default=None,
                         help="no timing: merge suite files of one machine (split runs) into --out")
+    parser.add_argument("--baselines-from", nargs="+", metavar="JSON", default=(),
+                        help="with --merge: more suite files of the machine whose baselines count too "
+                             "(each case held against its fastest baseline over all of them)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.baselines_from and not args.merge:
+        parser.error("--baselines-from needs --merge")
     if args.merge:
         result = merge([json.loads(Path(f).read_text()) for f in args.merge])
+        if args.baselines_from:
+            result["baselines_across_calls"] = fastest_baselines(
+                result, [json.loads(Path(f).read_text()) for f in args.baselines_from])
         write_reports(result, Path(args.out))
         print((Path(args.out) / f"suite_{result['facts']['date']}.md").read_text())
         return 0

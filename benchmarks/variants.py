@@ -256,6 +256,12 @@ def rmsnorm_variant(b: int, two_kernels: bool = False, **splits) -> KernelGraph:
     return (mlp.rmsnorm_two_kernels if two_kernels else mlp.rmsnorm_fused)(b, **splits)
 
 
+def gatedmlp_variant(m: int, library_product: bool = False, **splits) -> KernelGraph:
+    """GatedMLP's fused µGraph (``mlp.gatedmlp_fused``), or with ``library_product`` both products by
+    the library and the gate in a kernel of its own (``mlp.gatedmlp_library``)."""
+    return (mlp.gatedmlp_library if library_product else mlp.gatedmlp_fused)(m, **splits)
+
+
 # program → (family rows, builder(size, **arguments))
 FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
     # RMSNorm: 128 blocks; or the normalization in a kernel of its own, which leaves the GEMV room for a
@@ -264,14 +270,13 @@ FAMILIES: dict[str, tuple[list[Variant], Callable[..., KernelGraph]]] = {
                 + _rows((3,), two_kernels=(True,), grid=(128,), iters=(8,), threads=(256,))
                 # ...or that kernel and then the kernel graph's pre-defined matmul (the library's GEMM):
                 # on an H200 cuBLAS streams W in 13.2-14.7 µs, our GEMV in 15.3-17.2
-                # (stream_floor_h200_2026-11-28.json); its normalization in 128 or 256 threads a row
-                # (15.44 against 15.95 µs at b = 1 plainly, explore_h200_2026-11-29_rmsnorm_norm_threads.json)
-                + _rows((2,), two_kernels=(True,), library_product=(True,), norm_threads=(128, 256)),
-                rmsnorm_variant),
+                # (stream_floor_h200_2026-11-28.json); its normalization's threads (128-1024 a row) do
+                # not matter (suite_h200_2026-11-29_gemv.json: 15.78-15.82 µs at b = 1, 15.68-15.73 at b = 8)
+                + _rows((2,), two_kernels=(True,), library_product=(True,)), rmsnorm_variant),
     # GatedMLP: 128 blocks, K tiles of 256 or 128 rows; or 64 wider blocks with a deeper ring (the fastest
     # at m = 1 of the wide family at depths 3–5: explore_h100_2026-11-26_gatedmlp_depths.json)
     "gatedmlp": (_rows((3, 4), grid=(128,), iters=(16, 32), threads=(128, 256))
-                 + _rows((4,), grid=(64,), iters=(32,), threads=(256,)), mlp.gatedmlp_fused),
+                 + _rows((4,), grid=(64,), iters=(32,), threads=(256,)), gatedmlp_variant),
     # LoRA: the whole of K in one step, or a K loop of 2–4 steps over more, narrower blocks
     "lora": (_rows((2,), grid=(32, 64), concat=(False, True), threads=(128, 256))
              + _rows((2, 3), grid=(64, 128), concat=(False, True), threads=(128,), iters=(2, 4)),
@@ -314,7 +319,11 @@ WIDE_ROWS: dict[str, Callable[[], list[Variant]]] = {
     "lora": lambda: _rows((2, 3, 4), grid=(32, 64, 128, 256), concat=(True,), threads=(128, 256),
                           iters=(1, 2, 4)),
     "gatedmlp": lambda: (_rows((2, 3, 4), grid=(128,), iters=(16, 32, 64), threads=(128, 256))
-                         + _rows((3, 4), grid=(64,), iters=(32, 64), threads=(256, 512))),
+                         + _rows((3, 4), grid=(64,), iters=(32, 64), threads=(256, 512))
+                         # the library's two products, then the gate in 8-32 blocks: slower, 27.9 µs at
+                         # m = 1, 29.3 at m = 8 (cuBLAS splits K, 10.8 µs a product and 1.6 a reduction;
+                         # explore_h200_2026-11-29_gatedmlp_library.json)
+                         + _rows((2,), library_product=(True,), grid=(8, 16, 32), threads=(128, 256))),
 }
 
 

@@ -111,6 +111,23 @@ def gatedmlp_fused(m: int, grid: int = 128, iters: int = 64, threads: int = 128)
     return g.freeze()
 
 
+def gatedmlp_library(m: int, grid: int = 16, threads: int = 128) -> mi.KernelGraph:
+    """Both products as the kernel graph's pre-defined matmuls (the vendor library's GEMMs, as Mirage's
+    kernel-level operators are), then ``silu(A1) · A2`` in one kernel of ``grid`` blocks, each a strip
+    of the 4096 columns."""
+    g = mi.new_kernel_graph("gatedmlp")
+    x, w1, w2 = (g.new_input(dims=s, dtype=mi.float16, name=n)
+                 for s, n in zip(gatedmlp_shapes(m), ("X", "W1", "W2"), strict=True))
+    a1, a2 = g.matmul(x, w1), g.matmul(x, w2)
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=1)
+    b1 = tb.new_input(a1, input_map=(1, -1, -1), forloop_dim=-1)
+    b2 = tb.new_input(a2, input_map=(1, -1, -1), forloop_dim=-1)
+    tb.new_output(tb.forloop_accum(tb.mul(tb.silu(b1), b2)), output_map=(1, -1, -1))
+    (out,) = g.customized([a1, a2], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
 def lora_shapes(m: int = 16) -> list[tuple[int, ...]]:
     return [(m, 256), (256, 4096), (256, 16), (16, 4096)]
 

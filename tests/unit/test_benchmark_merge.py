@@ -39,3 +39,25 @@ def test_merge_refuses_other_devices_and_repeated_cases():
         run.merge([_suite(["gqa_b1"]), _suite(["gqa_b8"], device="H200")])
     with pytest.raises(SystemExit, match="more than one file"):
         run.merge([_suite(["gqa_b1"]), _suite(["gqa_b1"])])
+
+
+def test_baselines_from_other_calls_hold_each_case_against_its_fastest(tmp_path):
+    """``--baselines-from``: a case's fastest baseline over every call counts, ours from the merged
+    file alone; the report gives that mean beside the one as measured."""
+    merged, other = _suite(["gqa_b1", "lora_m16"]), _suite(["lora_m16", "gatedmlp_m1"])
+    other["cases"][0]["times_us"] = {"mirage": {"median_us": 1.0}, "eager": {"median_us": 11.0}}
+    paths = [tmp_path / "merged.json", tmp_path / "other.json"]
+    for path, suite in zip(paths, (merged, other), strict=True):
+        path.write_text(json.dumps(suite))
+    out = tmp_path / "out"
+    assert run.main(["--merge", str(paths[0]), "--baselines-from", str(paths[1]), "--out", str(out)]) == 0
+    result = json.loads((out / "suite_2026-11-22.json").read_text())
+    across = result["baselines_across_calls"]
+    # lora_m16: eager's 11.0 in the other call beats torch.compile's 12.0; ours stays 10.0 (not the 1.0)
+    assert across["speedup"] == pytest.approx({"gqa_b1": 1.2, "lora_m16": 1.1})
+    assert across["geometric_mean"] == pytest.approx((1.2 * 1.1) ** 0.5)
+    assert "gatedmlp_m1" not in across["speedup"]  # not in the merged file
+    table = (out / "suite_2026-11-22.md").read_text()
+    assert "any of 2 suite files" in table and ": 1.15 (gqa_b1 1.20, lora_m16 1.10)." in table
+    with pytest.raises(SystemExit, match="different devices"):
+        run.fastest_baselines(merged, [_suite(["gqa_b1"], device="H200")])
