@@ -190,7 +190,8 @@ def main(argv=None) -> None:
                         help="which measurements: floor (read and torch.mm), library (the library's product "
                              "in several forms and BLAS back-ends), boxes (reads by box shape), "
                              "gemv (our plain GEMV), split_k (our split-K GEMV, the sum in a kernel of "
-                             "its own; split_k_folds: also folded by a counter)")
+                             "its own; split_k_folds: also folded by a counter; split_k_wide: grids of "
+                             "256-512 blocks, two an SM)")
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
     facts = device_facts()
@@ -226,12 +227,20 @@ def main(argv=None) -> None:
     # the same product with K split across blocks, the sum in a kernel of its own or folded into the
     # product's kernel (clusters where they fit, else a counter)
     folds = ("none", "counter") if "split_k_folds" in parts else ("none",)
-    for b in (1, 8) if parts & {"split_k", "split_k_folds"} else ():
-        for n_blocks, k_splits in ((64, 2), (32, 4), (16, 8), (8, 16)):
+    for b in (1, 8) if parts & {"split_k", "split_k_folds", "split_k_wide"} else ():
+        # one block an SM; with split_k_wide, grids of 256 and 512 blocks at two an SM (the box reads
+        # of that shape are the fastest reads of the weight: read_boxes (16, 16))
+        grids = (((64, 2), (32, 4), (16, 8), (8, 16)) if parts & {"split_k", "split_k_folds"} else ()) + (
+            ((128, 2), (64, 4), (32, 8), (16, 16), (32, 16)) if "split_k_wide" in parts else ())
+        for n_blocks, k_splits in grids:
+            two = n_blocks * k_splits > 128
             # K tiles of 32-128 rows: the wide strips' tiles fit in shared memory only when short
-            axes = itertools.product((32, 64, 128), (256, 512), (2, 3, 4), folds)
+            axes = itertools.product((64, 128) if two else (32, 64, 128), (256, 512), (2, 3, 4),
+                                     ("none",) if two else folds)
             for tile, threads, stages, fold in axes:
-                options = dataclasses.replace(OptimizerOptions(), stages=stages,
+                if 4096 // k_splits < tile:
+                    continue
+                options = dataclasses.replace(OptimizerOptions(), stages=stages, two_blocks_per_sm=two,
                                               counter_folds=fold == "counter")
                 graph = split_k_gemv(b, n_blocks, k_splits, 4096 // k_splits // tile, threads)
                 try:
