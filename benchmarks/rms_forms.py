@@ -1,7 +1,8 @@
 """rmsnorm's fused kernel with and without the register forms of its loop work (row sums in
 registers, the gain folded into the matmul's A fragments), against a plain GEMV of the same
-shapes (X @ W, no norm and no gain: a floor, not a correct rmsnorm).  Prints one line per build and
-writes rms_forms_<date>.json into ``--out`` (default benchmarks/results)."""
+shapes (X @ W, no norm and no gain: a floor, not a correct rmsnorm).  Each build's output is checked
+against its function in float64 (``relative_error``).  Prints one line per build and writes
+rms_forms_<date>.json into ``--out`` (default benchmarks/results)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,20 @@ def gemv(b: int, grid: int, iters: int, threads: int) -> mi.KernelGraph:
     return g.freeze()
 
 
+def relative_error(program, inputs: list[torch.Tensor], norm: bool = False) -> float:
+    """How far a build's output is from its function in float64, relative to the output's norm: ``X @ W``
+    (the first input and the last), or with ``norm`` rmsnorm's ``(rms(X) · G) @ W``. A probe whose build
+    computes something else shows it here (``inf`` for an output of another size)."""
+    x, w = inputs[0].double(), inputs[-1].double()
+    if norm:
+        x = x / torch.sqrt((x * x).mean(-1, keepdim=True) + mlp.EPS) * inputs[1].double()
+    want = x @ w
+    (got,) = program.launch(inputs)
+    if got.numel() != want.numel():  # another function altogether: no element to compare
+        return float("inf")
+    return float((got.double().reshape(want.shape) - want).norm() / want.norm())
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
@@ -55,6 +70,7 @@ def main(argv=None) -> None:
     for row, program in zip(rows, build_many(programs), strict=True):
         inputs = [torch.randn(s, device="cuda").half() for s in mlp.rmsnorm_shapes(row["b"])]
         program.load()
+        row["relative_error"] = relative_error(program, inputs, norm=row["form"] != "gemv")
         row["us"] = time_graph(lambda p=program, x=inputs: p.launch(x), replays=100).median_us
         print(row, flush=True)
     best = {}

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import mirage as mi
-from benchmarks.rms_forms import gemv
+from benchmarks.rms_forms import gemv, relative_error
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.codegen.profile import device_facts, kernel_times, time_graph
 from mirage.codegen.runtime import build_many
@@ -157,14 +157,6 @@ def split_k_gemv(b: int, n_blocks: int, k_splits: int, iters: int, threads: int)
     return g.freeze()
 
 
-def _error(program, inputs: list[torch.Tensor]) -> float:
-    """How far a build's output is from the float64 ``X @ W`` (the first input and the last), relative
-    to the product's norm: a probe whose build computes something else shows it here."""
-    want = inputs[0].double() @ inputs[-1].double()
-    (got,) = program.launch(inputs)
-    return float((got.double().reshape(want.shape) - want).norm() / want.norm())
-
-
 def library_forms(case: str, m: int, shape: tuple, count: int) -> list[dict]:
     """The library's product ``X @ W`` of ``case``'s shapes in the forms a pre-defined matmul could take:
     as written, as the transposed product ``(Wᵀ · Xᵀ)ᵀ`` (the weight as the long operand), through
@@ -269,7 +261,7 @@ def main(argv=None) -> None:
             print("not built", row, str(program).splitlines()[0])
             continue
         program.load()
-        row["relative_error"] = _error(program, inputs)
+        row["relative_error"] = relative_error(program, inputs)
         row["us"] = time_graph(lambda p=program, x=inputs: p.launch(x), replays=100).median_us
         row["MB"] = 4096 * 6144 * 2 / 1e6
         rows.append(row)
