@@ -1,6 +1,7 @@
 """Explore a case's family on the GPU: every member, compiled in parallel, timed, float-checked.
 
     python -m benchmarks.explore --cases gqa_b1,qknorm_b8 --family wide --out DIR [--op-by-op]
+    python -m benchmarks.explore --summarize DIR/explore_<date>.json [--top 10]
 
 Unlike selection (``benchmarks.run --ours select``), which float-checks only the fastest builds,
 every member here is checked against the float64 reference, so that a new lowering is tested on
@@ -101,19 +102,57 @@ def explore_case(
         except Exception as error:  # noqa: BLE001 - recorded and reported, never hidden
             message = str(error).splitlines()[0] if str(error) else ""
             row["failure"] = f"run: {type(error).__name__}: {message}"
-    timed = sorted((r for r in rows if r.get("passed")), key=lambda r: r["median_us"])
+    for row in rows:
+        if "median_us" in row:
+            row["best_us"], row["best_mode"] = best_mode(row)
+    timed = sorted((r for r in rows if r.get("passed")), key=lambda r: r["best_us"])
     loaded = {id(row): program for (row, _), program in zip(programs, built, strict=True)}
     for r in timed[:profile_top]:  # where the fastest spend their time, kernel by kernel
         program = loaded[id(r)]
         r["kernel_us"] = kernel_times(lambda p=program: p.launch(inputs))
     for r in timed[:5]:
-        log.info("%s  %.2f µs  %s s%d chain=%s two_blocks=%s %s %s", case_name, r["median_us"],
-                 r["label"], r["stages"], r["register_softmax"], r["two_blocks_per_sm"], r["options"],
-                 r.get("kernel_us", ""))
+        log.info("%s", summary_line(case_name, r))
     wrong = [r for r in rows if "passed" in r and not r["passed"]]
     failed = [r for r in rows if "failure" in r]
     log.info("%s: %d passed, %d wrong, %d failed", case_name, len(timed), len(wrong), len(failed))
     return rows
+
+
+# the launch modes a member may be timed in: the record's key and the mode's name
+MODES = (("median_us", "dependent"), ("median_us_plain_launch", "plain"), ("median_us_spread", "spread"),
+         ("median_us_first_plain", "first_plain"), ("median_us_first_plain_spread", "first_plain_spread"))
+
+
+def best_mode(row: dict) -> tuple[float, str]:
+    """A member's fastest time over the launch modes it was timed in, and that mode's name (selection
+    picks a build's mode the same way, so ranking by the dependent launch alone would mislead)."""
+    return min((row[key], name) for key, name in MODES if row.get(key) is not None)
+
+
+def summary_line(case: str, row: dict) -> str:
+    """One member's line: its fastest time and mode, label, depth and options, the other modes' times,
+    and the kernels' profiled times where there are any."""
+    modes = ", ".join(f"{name} {row[key]:.2f}" for key, name in MODES if row.get(key) is not None)
+    kernels = ", ".join(f"{k} {v:.2f}" for k, v in (row.get("kernel_us") or {}).items())
+    return (f"{case}  {row['best_us']:.2f} µs ({row['best_mode']})  {row['label']} s{row['stages']}"
+            + (f" {row['options']}" if row.get("options") else "")
+            + f"  [{modes}]" + (f"  kernels: {kernels}" if kernels else ""))
+
+
+def summarize(record: dict, top: int = 10) -> list[str]:
+    """The ``top`` fastest members of each case of an exploration's record, by their best launch mode,
+    with the count of members that passed, failed the float check and failed to build or run."""
+    lines = []
+    for case, rows in record["cases"].items():
+        for row in rows:
+            if "median_us" in row and "best_us" not in row:  # records written before best_us
+                row["best_us"], row["best_mode"] = best_mode(row)
+        passed = sorted((r for r in rows if r.get("passed")), key=lambda r: r["best_us"])
+        wrong = sum("passed" in r and not r["passed"] for r in rows)
+        failed = sum("failure" in r for r in rows)
+        lines.append(f"{case}: {len(passed)} passed, {wrong} wrong, {failed} failed")
+        lines += ["  " + summary_line(case, r) for r in passed[:top]]
+    return lines
 
 
 def _options(text: str) -> dict:
@@ -129,7 +168,11 @@ def _options(text: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", required=True, help="comma-separated case names")
+    parser.add_argument("--cases", help="comma-separated case names")
+    parser.add_argument("--summarize", metavar="JSON", default=None,
+                        help="no timing: print each case's fastest members of an exploration's record "
+                             "(by their best launch mode)")
+    parser.add_argument("--top", type=int, default=10, help="with --summarize: members a case")
     parser.add_argument("--family", choices=["tuned", "wide", "fold", "combine", "norm"], default="tuned",
                         help="fold: the tuned family with each attention member's cluster-fold twin; "
                              "combine: each tuned attention split with every shape of its combine; "
@@ -157,6 +200,15 @@ def main(argv=None) -> int:
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
+    if args.summarize:
+        try:
+            record = json.loads(Path(args.summarize).read_text())
+        except (OSError, ValueError) as error:
+            parser.error(f"cannot read the exploration record {args.summarize}: {error}")
+        print("\n".join(summarize(record, args.top)))
+        return 0
+    if not args.cases:
+        parser.error("give --cases (or --summarize a record)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from mirage.codegen.profile import device_facts
 
