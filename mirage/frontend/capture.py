@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -173,6 +174,7 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             f"torch.export could not capture {name}: {type(error).__name__}: {first[:300]}. Make the "
             "forward traceable (no Python branches on tensor values, no .item(), no in-place updates of "
             "inputs), or superoptimize only the traceable part") from error
+    exported = _functional(exported)
     gm = exported.module()
     _drop_value_asserts(gm)
     _explicit_causal_masks(gm)
@@ -180,6 +182,28 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     fill_masks.additive_fills(gm)
     fill_masks.causal_buffers(gm)
     return gm
+
+
+def _mutates(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return node.op == "call_function" and schema is not None and schema.is_mutable
+
+
+def _functional(exported: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``exported`` with its in-place ops (``relu_``, ``add_``, ``nn.ReLU(inplace=True)``) made
+    out-of-place, so that the lowering, which knows only the functional ops, fuses them with their
+    neighbours instead of leaving each in PyTorch and splitting the subprogram there.  No other op is
+    decomposed (an empty decomposition table).  Updates of the inputs and buffers stay: the module runs
+    them as copies back into those tensors after the functional graph, as eager mode would.  A program
+    that the pass cannot take is kept as it was (its in-place ops then run in PyTorch)."""
+    if not any(_mutates(node) for node in exported.graph.nodes):
+        return exported
+    try:
+        with warnings.catch_warnings():  # torch's own deprecation notices from inside the pass
+            warnings.simplefilter("ignore", FutureWarning)
+            return exported.run_decompositions({})
+    except Exception:  # noqa: BLE001 - the program as captured still runs, its in-place ops in PyTorch
+        return exported
 
 
 CAUSAL_MASK = "_causal_mask_"  # the buffers that stand for is_causal=True
