@@ -170,10 +170,13 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             exported = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
     except Exception as error:  # torch raises many types here; all mean "could not trace"
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        shapes = ", ".join(str(tuple(x.shape)) for x in pytree.tree_leaves((args, kwargs))
+                           if isinstance(x, torch.Tensor))
         raise CaptureError(
-            f"torch.export could not capture {name}: {type(error).__name__}: {first[:300]}. Make the "
-            "forward traceable (no Python branches on tensor values, no .item(), no in-place updates of "
-            "inputs), or superoptimize only the traceable part") from error
+            f"torch.export could not capture {name} on inputs of shapes {shapes or 'none'}: "
+            f"{type(error).__name__}: {first[:300]}. If the program fails on such inputs in eager mode "
+            "too, pass inputs it takes; otherwise make the forward traceable (no Python branches on "
+            "tensor values, no .item()), or superoptimize only the traceable part") from error
     exported = _functional(exported)
     gm = exported.module()
     _drop_value_asserts(gm)

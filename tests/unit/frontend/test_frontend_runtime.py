@@ -147,6 +147,10 @@ BAD_INPUTS = [
      ExampleInputsError, ["input of type object is not supported"]),
     ("data-dependent branch", lambda: mi.superoptimize(Branchy(), (X,), search=False), CaptureError,
      ["torch.export could not capture Branchy", "no Python branches on tensor values"]),
+    ("inputs the program does not take", lambda: mi.superoptimize(_linear_function, (X, W), search=False)(
+        torch.zeros(X.shape[0], X.shape[1] + 1), W), CaptureError,
+     [f"on inputs of shapes ({X.shape[0]}, {X.shape[1] + 1}), {tuple(W.shape)}",
+      "fails on such inputs in eager mode too, pass inputs it takes"]),
     ("too few inputs", lambda: mi.superoptimize(_linear_function, (X, W), search=False)(X), InputCountError,
      ["captured with 2 input(s)", "called with 1"]),
     ("wrong dtype", lambda: mi.superoptimize(_linear_function, (X, W), search=False)(X.double(), W.double()),
