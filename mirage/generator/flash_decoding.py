@@ -123,6 +123,11 @@ def _layout(reference: KernelGraph):
     return (heads, queries, out[2], keys), roles, shared_mask
 
 
+def _on(grid: tuple[int, int, int], imap: tuple[int, int, int]) -> tuple[int, int, int]:
+    """``imap`` for ``grid``: the dims it puts on grid axes of one block left unmapped."""
+    return tuple(d if size > 1 else -1 for size, d in zip(grid, imap, strict=True))  # type: ignore[return-value]
+
+
 def _groups(queries: int, rows: int) -> int:
     """Query groups of about ``rows`` rows that divide ``queries`` (at least one)."""
     groups = max(1, queries // rows)
@@ -158,23 +163,28 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     # tiled as the scores are: heads on x (none for a mask shared by all heads), query groups on z,
     # keys split on y and iterated. A one-kernel member (y = 1) maps nothing on y and writes whole
     # rows of the output.
+    # A grid axis of one block maps no dim (the search's canonical form, ``dims._imap_fits``): with one
+    # head (a batch of one, one head), one query group (decoding: one query, or up to 16) or one split,
+    # that axis's dims stay whole, and each grid gets the maps of its own axes.
     head = -1 if shared_mask else 0
     whole_maps = {"q": (0, -1, 1), "k": (0, -1, -1), "v": (0, -1, -1), "mask": (head, -1, 1)}
     split_maps = {"q": (0, -1, 1), "k": (0, 2, -1), "v": (0, 1, -1), "mask": (head, 2, 1)}
     loop_dims = [{"q": -1, "k": 2, "v": 1, "mask": 2}[role] for role in roles]
-    imaps = [[whole_maps[role] for role in roles]] if whole else []
-    omaps = [(0, -1, 1)] if whole else []
-    if splits:
-        imaps += [[split_maps[role] for role in roles], [(0, 1, -1), (0, 1, -1)]]
-        omaps += [(0, 2, 1), (0, 1, -1)]
+    whole_grids = [(heads, 1, g) for g in whole]
+    split_grids = [(heads, s, groups) for s in splits]
+    combine_grid = [(heads, groups, 1)] if splits else []
+    imaps = [[_on(grid, whole_maps[role]) for role in roles] for grid in whole_grids]
+    imaps += [[_on(grid, split_maps[role]) for role in roles] for grid in split_grids]
+    imaps += [[_on(grid, (0, 1, -1))] * 2 for grid in combine_grid]
+    omaps = ([_on(grid, (0, -1, 1)) for grid in whole_grids] + [_on(grid, (0, 2, 1)) for grid in split_grids]
+             + [_on(grid, (0, 1, -1)) for grid in combine_grid])
     block_ops = WHOLE_BLOCK_OPS + MASK_BLOCK_OPS * ("mask" in roles)
     return {
-        "griddims": [(heads, 1, g) for g in whole] + [(heads, s, groups) for s in splits]
-                    + ([(heads, groups, 1)] if splits else []),
-        "imap_combos": imaps,
+        "griddims": whole_grids + split_grids + combine_grid,
+        "imap_combos": list(map(list, dict.fromkeys(map(tuple, imaps)))),
         "fmap_combos": [loop_dims, [-1, -1]] if splits else [loop_dims],
         "franges": sorted(ranges),
-        "omaps": omaps,
+        "omaps": list(dict.fromkeys(omaps)),
         **({"max_block_ops": block_ops} if whole or "mask" in roles else {}),
         # FlashDecoding's two graph-defined ops on every input (the space's default of 5 counts three)
         **({"max_kernel_ops": len(roles) + 2} if splits and len(roles) > 3 else {}),

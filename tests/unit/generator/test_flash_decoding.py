@@ -205,3 +205,37 @@ def test_the_module_example_runs():
 
     result = doctest.testmod(flash_decoding)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_grid_axes_of_one_block_map_nothing():
+    """Decoding (one query: one query group) and a single head put one block on an axis: the headers'
+    maps leave that axis unmapped, as the search's canonical form wants (``dims._imap_fits`` drops a
+    dim mapped on such an axis), so that every grid keeps input and output maps it accepts."""
+    from mirage.generator.dims import _imap_fits, omap_candidates
+    from mirage.generator.space import SearchSpace
+
+    for heads, queries in ((8, 1), (1, 256), (2, 16)):
+        reference = _attention(heads, queries, 64, 1024)
+        layout = flash_decoding.overrides(reference)
+        qkv = [reference.nodes[i].outputs[0] for i in reference.input_nodes]
+        space = SearchSpace(omaps=tuple(layout["omaps"]))
+        for grid in layout["griddims"][:-1]:  # the first kernel's grids: Q, K and V's maps fit
+            assert any(all(_imap_fits(t, m, grid) for t, m in zip(qkv, combo, strict=True))
+                       for combo in layout["imap_combos"] if len(combo) == 3), (heads, queries, grid)
+        for grid in layout["griddims"]:  # every grid, the combine's too: an output map
+            assert omap_candidates(grid, space), (heads, queries, grid)
+    assert flash_decoding.overrides(_attention(8, 1, 64, 1024))["imap_combos"][0] == [
+        (0, -1, -1), (0, 2, -1), (0, 1, -1)]  # Q whole along its one query
+
+
+def test_a_decoding_attention_is_found_with_the_headers():
+    """One query a head (decoding): before its headers left the query axis unmapped, the search
+    exhausted its space without a single µGraph; now it verifies FlashDecoding's two kernels."""
+    from mirage.optimizer.softmax import StableExps
+
+    reference = _attention(2, 1, 64, 1024)
+    result = search(reference, "attention", budget=Budget(time_s=120), progress=False, cache=False,
+                    workers=1, stop_when=lambda graph: True, keep_when=StableExps(0, 1),
+                    **flash_decoding.overrides(reference))
+    assert result.graphs, result.stats.summary()
+    assert all(verify(reference, graph).equivalent for graph in result.graphs)
