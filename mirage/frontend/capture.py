@@ -179,6 +179,7 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             "tensor values, no .item()), or superoptimize only the traceable part") from error
     exported = _functional(exported)
     gm = exported.module()
+    _dtype_arguments_as_casts(gm)
     _drop_value_asserts(gm)
     _explicit_causal_masks(gm)
     _additive_bool_masks(gm)
@@ -207,6 +208,38 @@ def _functional(exported: torch.export.ExportedProgram) -> torch.export.Exported
             return exported.run_decompositions({})
     except Exception:  # noqa: BLE001 - the program as captured still runs, its in-place ops in PyTorch
         return exported
+
+
+# ops whose ``dtype`` argument casts their operand first (``softmax(x, -1, dtype=torch.float32)`` is
+# ``softmax(x.to(torch.float32), -1)``)
+_DTYPE_CASTS = (torch.ops.aten.softmax.int, torch.ops.aten.log_softmax.int, torch.ops.aten.sum.dim_IntList,
+                torch.ops.aten.sum.default, torch.ops.aten.mean.dim, torch.ops.aten.mean.default)
+
+
+def _dtype_arguments_as_casts(gm: fx.GraphModule) -> None:
+    """Write an op's ``dtype`` argument (a float16 softmax or sum computed in float32) as a cast of its
+    operand before it, so that the cast meets the rules of every other upcast (the ``upcasts`` option:
+    by default it runs in PyTorch and the op reads the wider values) instead of the op being computed
+    in the operand's dtype and only its result widened."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _DTYPE_CASTS:
+            continue
+        names = [a.name for a in node.target._schema.arguments]
+        position = names.index("dtype")
+        dtype = node.args[position] if position < len(node.args) else node.kwargs.get("dtype")
+        operand = node.args[0]
+        if dtype is None or not isinstance(operand, fx.Node) or operand.meta["val"].dtype == dtype:
+            continue
+        with gm.graph.inserting_before(node):
+            cast = gm.graph.call_function(torch.ops.aten.to.dtype, (operand, dtype))
+        cast.meta["val"] = operand.meta["val"].to(dtype)
+        args = [cast, *node.args[1:]]
+        if position < len(args):
+            args[position] = None
+        node.args = tuple(args)
+        node.kwargs = {k: v for k, v in node.kwargs.items() if k != "dtype"}
+    gm.graph.lint()
+    gm.recompile()
 
 
 CAUSAL_MASK = "_causal_mask_"  # the buffers that stand for is_causal=True

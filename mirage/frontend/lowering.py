@@ -177,7 +177,7 @@ def _reduce(mean: bool) -> Rule:
     def rule(b: RegionBuilder, node, p):
         x = b.tensor_operand(p["self"])
         dtype = p.get("dtype")
-        if dtype is not None and dtype != node.meta["val"].dtype:
+        if dtype is not None and dtype != p["self"].meta["val"].dtype:  # capture makes it a cast first
             raise Unlowerable(f"reduction with dtype={dtype}")
         return b.reduce(x, p.get("dim"), bool(p.get("keepdim", False)), mean)
 
@@ -242,8 +242,8 @@ def _addmm(b: RegionBuilder, node, p):  # beta·self + alpha·(mat1 @ mat2)
 
 
 def _softmax(b: RegionBuilder, node, p):
-    if p.get("half_to_float") or p.get("dtype") not in (None, node.meta["val"].dtype):
-        raise Unlowerable("softmax that changes the dtype")
+    if p.get("half_to_float") or p.get("dtype") not in (None, p["self"].meta["val"].dtype):
+        raise Unlowerable("softmax that changes the dtype")  # capture writes the dtype as a cast first
     return b.softmax(b.tensor_operand(p["self"]), int(p["dim"]))
 
 

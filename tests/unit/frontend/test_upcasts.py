@@ -144,3 +144,26 @@ def test_suite_programs_choose_the_fused_candidates(case, options):
     assert strip_names(choice.graph) in {strip_names(g) for g in candidates}
     expected = workload.function(*(x.double() for x in inputs))
     assert _relative_error(fast(*inputs), expected) < 2e-3
+
+
+def softmax_in_float32(x):  # as Hugging Face's eager attention computes its probabilities
+    return torch.softmax(x, -1, dtype=torch.float32)
+
+
+def sum_in_float32(x):
+    return x.sum(-1, dtype=torch.float32) * 2
+
+
+@pytest.mark.parametrize("function", [softmax_in_float32, sum_in_float32])
+def test_a_dtype_argument_is_an_upcast_of_the_operand(function):
+    """``softmax(x, dtype=float32)`` of a float16 ``x`` is computed in float32, as PyTorch does: capture
+    writes the argument as a cast before the op (which the upcasts option then governs); before, the
+    op ran in float16 and only its result was widened (3e-4 off float64 for the softmax)."""
+    (x,) = _inputs((8, 64))
+    gm = capture(as_module(function), (x,), {})
+    casts = [n for n in gm.graph.nodes if n.target is torch.ops.aten.to.dtype]
+    assert len(casts) == 1 and casts[0].args[1] is torch.float32
+    assert all(n.kwargs.get("dtype") is None for n in gm.graph.nodes if n.op == "call_function")
+    out = _superoptimize(function, (x,))(x)
+    assert out.dtype == torch.float32
+    assert _relative_error(out, function(x.double())) < 1e-6
