@@ -344,6 +344,12 @@ def _identity(b: RegionBuilder, node, p):
     return b.relabel(b.tensor_operand(p["self"]), _result_shape(node))
 
 
+def _dropout(b: RegionBuilder, node, p):
+    if p.get("train") and float(p.get("p", 0.0)) != 0.0:
+        raise Unlowerable("dropout in training (random)")
+    return b.relabel(b.tensor_operand(p["input"]), _result_shape(node))  # eval, or nothing dropped
+
+
 def _cast(b: RegionBuilder, node, p):
     x = b.tensor_operand(p["self"])
     out = node.meta["val"]
@@ -456,6 +462,7 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("alias", L, _identity, "identity"),
         Lowering("detach", L, _identity, "identity"),
         Lowering("lift_fresh_copy", L, _identity, "identity"),
+        Lowering("dropout", C, _dropout, "identity in eval mode or with p = 0 (random in training: PyTorch)"),
         Lowering("_to_copy", L, _cast, "narrowing float casts (the value stays wider until the output) "
                  "and upcasts (identities: upcast islands)"),
         Lowering("to", L, _cast, "as _to_copy"),

@@ -96,6 +96,10 @@ CASES = [
          {Op.REDUCTION: 1, Op.MUL_SCALAR: 1, Op.SUB: 1, Op.RMS_NORM: 1, Op.MUL: 1, Op.ADD: 1}),
     Case("layer_norm_3d_no_affine", lambda x: F.layer_norm(x, (8,)), ((2, 3, 8),),
          {Op.REDUCTION: 1, Op.MUL_SCALAR: 1, Op.SUB: 1, Op.RMS_NORM: 1}),
+    Case("dropout_in_eval", lambda x: F.dropout(x * 2.0, 0.3, training=False).relu(), ((3, 8),),
+         {Op.MUL_SCALAR: 1, Op.RELU: 1}),  # dropout in eval mode (as nn.Dropout.eval() exports): identity
+    Case("dropout_of_nothing", lambda x: F.dropout(x * 2.0, 0.0, training=True).relu(), ((3, 8),),
+         {Op.MUL_SCALAR: 1, Op.RELU: 1}),
     Case("views_inside", lambda x, w: (x @ w).view(2, 3, 5).transpose(0, 1).reshape(6, 5).relu(),
          ((6, 4), (4, 5)), {Op.MATMUL: 1}),  # the transpose moves data: relu runs in a second subprogram
 ]
@@ -145,6 +149,16 @@ UNLOWERABLE = [
     ("infinite_scale", lambda x: x * float("inf"), "not finite"),
     ("nan_offset", lambda x: x + float("nan"), "not finite"),
 ]
+
+
+def test_dropout_in_training_stays_in_pytorch():
+    x = torch.randn(4, 8)
+    fast = mi.superoptimize(lambda x: F.dropout(x, 0.5, training=True) * 2.0, (x,), search=False)
+    assert any("dropout in training" in op.reason for op in fast.partition.pytorch_ops)
+    torch.manual_seed(3)
+    got = fast(x)
+    torch.manual_seed(3)
+    torch.testing.assert_close(got, F.dropout(x, 0.5, training=True) * 2.0)  # the same draws as eager
 
 
 @pytest.mark.filterwarnings("ignore:.*degrees of freedom is")  # torch's own, on variance_of_one
