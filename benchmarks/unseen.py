@@ -191,6 +191,42 @@ class WideHeadAttention(PrefillAttention):
     """Prefill attention with heads of 128 dims over 1,024 tokens."""
 
 
+class DecodeAttention(nn.Module):
+    """One decoding step: one query a head against 4,096 cached keys (FlashDecoding's case)."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+    fused = staticmethod(F.scaled_dot_product_attention)
+
+
+class Float32Softmax(nn.Module):
+    """Attention as Hugging Face's eager path writes it: the probabilities in float32, then back."""
+
+    def forward(self, q, k, v):
+        scores = q @ k.transpose(-1, -2) / 8.0
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+    @staticmethod
+    def fused(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, scale=1 / 8.0)
+
+
+class InplaceMLP(nn.Module):
+    """A feed-forward layer with an in-place activation (``nn.ReLU(inplace=True)``) and dropout in
+    eval mode, as older models write it."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(512, 2048)
+        self.act = nn.ReLU(inplace=True)
+        self.drop = nn.Dropout(0.1)
+        self.down = nn.Linear(2048, 512)
+
+    def forward(self, x):
+        return self.down(self.drop(self.act(self.up(x))))
+
+
 class Block(nn.Module):
     """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
 
@@ -225,6 +261,9 @@ PROGRAMS = {
     "windowed_attention": (WindowedAttention, [(1, 12, 512, 64)] * 3),
     "padded_attention": (PaddedAttention, [(4, 12, 256, 64)] * 3),
     "wide_head_attention": (WideHeadAttention, [(1, 16, 1024, 128)] * 3),
+    "decode_attention": (DecodeAttention, [(1, 32, 1, 128)] + [(1, 32, 4096, 128)] * 2),
+    "float32_softmax": (Float32Softmax, [(1, 12, 512, 64)] * 3),
+    "inplace_mlp": (InplaceMLP, [(16, 512)]),
 }
 
 
