@@ -191,7 +191,7 @@ def main(argv=None) -> None:
                              "in several forms and BLAS back-ends), boxes (reads by box shape), "
                              "gemv (our plain GEMV), split_k (our split-K GEMV, the sum in a kernel of "
                              "its own; split_k_folds: also folded by a counter; split_k_wide: grids of "
-                             "256-512 blocks, two an SM)")
+                             "256-512 blocks)")
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
     facts = device_facts()
@@ -228,19 +228,20 @@ def main(argv=None) -> None:
     # product's kernel (clusters where they fit, else a counter)
     folds = ("none", "counter") if "split_k_folds" in parts else ("none",)
     for b in (1, 8) if parts & {"split_k", "split_k_folds", "split_k_wide"} else ():
-        # one block an SM; with split_k_wide, grids of 256 and 512 blocks at two an SM (the box reads
-        # of that shape are the fastest reads of the weight: read_boxes (16, 16))
+        # 128 blocks, one an SM; with split_k_wide, grids of 256 and 512 blocks, as many an SM as their
+        # shared memory lets in (the box reads of such grids are the fastest reads of the weight:
+        # read_boxes (16, 16))
         grids = (((64, 2), (32, 4), (16, 8), (8, 16)) if parts & {"split_k", "split_k_folds"} else ()) + (
             ((128, 2), (64, 4), (32, 8), (16, 16), (32, 16)) if "split_k_wide" in parts else ())
         for n_blocks, k_splits in grids:
-            two = n_blocks * k_splits > 128
+            wide = n_blocks * k_splits > 128
             # K tiles of 32-128 rows: the wide strips' tiles fit in shared memory only when short
-            axes = itertools.product((64, 128) if two else (32, 64, 128), (256, 512), (2, 3, 4),
-                                     ("none",) if two else folds)
+            axes = itertools.product((64, 128) if wide else (32, 64, 128), (256, 512), (2, 3, 4),
+                                     ("none",) if wide else folds)
             for tile, threads, stages, fold in axes:
                 if 4096 // k_splits < tile:
                     continue
-                options = dataclasses.replace(OptimizerOptions(), stages=stages, two_blocks_per_sm=two,
+                options = dataclasses.replace(OptimizerOptions(), stages=stages,
                                               counter_folds=fold == "counter")
                 graph = split_k_gemv(b, n_blocks, k_splits, 4096 // k_splits // tile, threads)
                 try:

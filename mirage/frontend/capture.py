@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from mirage.frontend.errors import (
     UnsupportedProgramError,
 )
 from mirage.mugraph import patterns
+
+logger = logging.getLogger("mirage.frontend")
 
 
 class FunctionModule(nn.Module):
@@ -206,7 +209,9 @@ def _functional(exported: torch.export.ExportedProgram) -> torch.export.Exported
         with warnings.catch_warnings():  # torch's own deprecation notices from inside the pass
             warnings.simplefilter("ignore", FutureWarning)
             return exported.run_decompositions({})
-    except Exception:  # noqa: BLE001 - the program as captured still runs, its in-place ops in PyTorch
+    except Exception as error:  # noqa: BLE001 - the program as captured still runs, in-place ops in PyTorch
+        logger.info("mirage: in-place ops stay in PyTorch: making them out-of-place failed (%s: %s)",
+                    type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
         return exported
 
 
@@ -221,6 +226,7 @@ def _dtype_arguments_as_casts(gm: fx.GraphModule) -> None:
     operand before it, so that the cast meets the rules of every other upcast (the ``upcasts`` option:
     by default it runs in PyTorch and the op reads the wider values) instead of the op being computed
     in the operand's dtype and only its result widened."""
+    changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _DTYPE_CASTS:
             continue
@@ -238,8 +244,10 @@ def _dtype_arguments_as_casts(gm: fx.GraphModule) -> None:
             args[position] = None
         node.args = tuple(args)
         node.kwargs = {k: v for k, v in node.kwargs.items() if k != "dtype"}
-    gm.graph.lint()
-    gm.recompile()
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
 
 
 CAUSAL_MASK = "_causal_mask_"  # the buffers that stand for is_causal=True
