@@ -59,7 +59,9 @@ def superoptimize(program: Any, example_inputs: Any = None, **options: Any) -> n
     kernel's SASS with :mod:`mirage.sass` and keep a schedule only when it is verified and faster
     beyond the timing noise; a few minutes per kernel), ``candidates`` (µGraphs of your own, e.g.
     from an earlier search or written by hand: each is verified against every subprogram of its
-    signature and, when equivalent, ranked and profiled with the search's results).
+    signature and, when equivalent, ranked and profiled with the search's results),
+    ``upcasts``, ``whole_program_check`` (default True: on a GPU, the program as given runs instead
+    where it was timed faster than with the chosen µGraphs; :mod:`mirage.frontend.guard`).
     """
     opts = Options.parse(**options)
     if _called_by_a_worker_importing_the_script():

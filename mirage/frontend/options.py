@@ -36,6 +36,7 @@ class Options:
     sass_tune: bool = False  # on CUDA: tune each generated kernel's SASS schedule (minutes per kernel)
     candidates: tuple = ()  # µGraphs to consider besides the search's (verified per subprogram first)
     upcasts: str = "exact"  # float16 → float32 casts: "exact" or "input_precision" (frontend.partition)
+    whole_program_check: bool = True  # on CUDA: run the program as given where it is faster (frontend.guard)
 
     @classmethod
     def parse(cls, **options: Any) -> Options:
@@ -78,7 +79,7 @@ class Options:
                 f"upcasts must be one of {', '.join(map(repr, UPCAST_MODES))}, got {self.upcasts!r}: 'exact' "
                 "keeps values the program widens to float32 in float32 (cutting subprograms where they "
                 "would be stored narrower), 'input_precision' holds them at the inputs' precision")
-        for name in ("search", "use_cache", "progress", "sass_tune"):
+        for name in ("search", "use_cache", "progress", "sass_tune", "whole_program_check"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.cache_dir is not None and self.cache_dir.exists() and not self.cache_dir.is_dir():

@@ -38,6 +38,7 @@ from mirage.frontend.capture import (
 )
 from mirage.frontend.errors import InputError, InputGradError
 from mirage.frontend.executor import make_executor
+from mirage.frontend.guard import Verdict, check
 from mirage.frontend.optimize import Choice, choose
 from mirage.frontend.options import Options
 from mirage.frontend.partition import Partition, Subprogram, partition, product_cuts
@@ -172,6 +173,7 @@ class Specialization:
     choices: dict[str, Choice]
     seconds: dict[str, float]
     split: tuple[str, ...] = ()  # what the searches of the subprograms split afterwards gave
+    verdict: Verdict | None = None  # the whole-program check's (frontend.guard); None where it did not run
     _flat: Any = None  # flat_runner's result, made on first use
 
     def run_flat(self, args: tuple):
@@ -179,7 +181,8 @@ class Specialization:
         stitched graph without the exported module's pytree flattening, input hooks and guards (what
         a repeated call of a small program spends most of its host time on)."""
         if self._flat is None:
-            self._flat = flat_runner(self.module) or self.module
+            gm = self.module if isinstance(self.module, fx.GraphModule) else None
+            self._flat = (flat_runner(gm) if gm is not None else None) or self.module
         return self._flat(*args)
 
     def partition_dot(self) -> str:
@@ -189,14 +192,21 @@ class Specialization:
 
     def report(self) -> str:
         lines = [f"inputs: {self.signature.describe()}", self.partition.summary()]
-        stitched = {n.target for n in self.module.graph.nodes if n.op == "call_module"}
+        stitched = ({n.target for n in self.module.graph.nodes if n.op == "call_module"}
+                    if isinstance(self.module, fx.GraphModule) else set())
         for s in self.partition.subprograms:
             c = self.choices[s.name]
-            runs = (f"µGraph from {c.source} ({c.detail})" if s.name in stitched
-                    else f"runs in PyTorch, as nothing beat its reference graph ({c.detail})")
+            if self.verdict is not None and self.verdict.pytorch:
+                what = "its reference graph" if c.source == "reference" else f"µGraph from {c.source}"
+                runs = f"{what}, not run: the whole program is faster in PyTorch ({c.detail})"
+            elif s.name in stitched:
+                runs = f"µGraph from {c.source} ({c.detail})"
+            else:
+                runs = f"runs in PyTorch, as nothing beat its reference graph ({c.detail})"
             lines.append(f"  {s.name}: {len(s.nodes)} torch ops, {s.num_ops} kernel-graph ops; {runs}")
         lines += [f"  {n}" for n in self.partition.notices()]
         lines += [f"  before a split: {n}" for n in self.split]
+        lines += [f"  {self.verdict.note}"] if self.verdict is not None else []
         lines.append("  time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items()))
         return "\n".join(lines)
 
@@ -365,6 +375,11 @@ class MirageModule(nn.Module):
         captured = gm.graph
         stitched = stitch(gm, replace(part, subprograms=replaced), modules)
         spec = Specialization(signature, stitched, captured, part, choices, seconds, split)
+        if device is not None and replaced and self.options.whole_program_check:
+            start = time.perf_counter()
+            spec.verdict = check(stitched, self.program, args, kwargs)
+            spec.module = self.program if spec.verdict.pytorch else stitched
+            seconds["check"] = time.perf_counter() - start
         self._first = self._first or signature
         self._style = self._style or (len(args), tuple(kwargs))
         self._specializations[signature] = spec

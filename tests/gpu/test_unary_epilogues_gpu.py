@@ -40,7 +40,8 @@ def test_tanh_program_through_superoptimize():
 
     x = torch.randn(64, 256, device="cuda", dtype=torch.float16)
     w = torch.randn(256, 256, device="cuda", dtype=torch.float16) / 16
-    fast = mi.superoptimize(program, (x, w), time_limit_s=10, use_cache=False, progress=False)
+    # the first verified µGraph ends the search (about 5 s on two idle cores; the budget is for a busy host)
+    fast = mi.superoptimize(program, (x, w), time_limit_s=120, max_results=1, use_cache=False, progress=False)
     report = fast.report()  # tanh is searched; the pick runs unless PyTorch was timed faster
     assert "µGraph from search" in report or "PyTorch runs the subprogram in" in report, report
     expected = program(x.double(), w.double())

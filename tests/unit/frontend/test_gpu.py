@@ -40,3 +40,23 @@ def test_the_guard_times_the_subprograms_own_torch_ops_on_the_gpu():
     outputs = run()
     assert all(o.dtype == torch.float16 and o.is_cuda for o in outputs)
     assert time_graph(run, replays=20).median_us > 0
+
+
+def test_the_whole_program_check_times_both_on_the_gpu_and_runs_the_faster():
+    """frontend.guard with its real timer (CUDA-graph replays): ten products against one."""
+    from mirage.frontend import guard
+
+    x = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+
+    def one(x):
+        return x @ x
+
+    def ten(x):
+        for _ in range(10):
+            x = (x @ x) / 16
+        return x
+
+    verdict = guard.check(ten, one, (x,), {})
+    assert verdict.runs == guard.THEIRS, verdict.note
+    assert 0 < verdict.times[guard.THEIRS] < verdict.times[guard.OURS]
+    assert guard.check(one, ten, (x,), {}).runs == guard.OURS

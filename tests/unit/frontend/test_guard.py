@@ -1,0 +1,98 @@
+"""The whole-program check (frontend.guard): the faster of the stitched program and the program as
+given runs. On the CPU the timer is replaced; the GPU test times for real (test_gpu.py)."""
+
+import pytest
+import torch
+
+import mirage as mi
+from mirage.frontend import guard, runtime
+from mirage.frontend.runtime import SubprogramModule
+
+
+def program(x, w):
+    return torch.relu(x @ w) * 2
+
+
+def _inputs():
+    torch.manual_seed(0)
+    return torch.randn(4, 8), torch.randn(8, 16)
+
+
+def _timer(times):
+    """A timer that gives the program as given ``times["PyTorch"]`` and anything else ``times["µGraphs"]``."""
+    def timer(module, args, kwargs):
+        module(*args, **kwargs)  # the call runs, on the copies it was given
+        given = module is program or getattr(module, "function", None) is program  # as_module's wrapper
+        return times[guard.THEIRS] if given else times[guard.OURS]
+    return timer
+
+
+@pytest.mark.parametrize("ours,theirs,runs", [(30.0, 24.0, guard.THEIRS), (20.0, 24.0, guard.OURS),
+                                              (24.0, 24.0, guard.OURS)])
+def test_the_faster_module_runs(ours, theirs, runs):
+    x, w = _inputs()
+    verdict = guard.check(lambda x, w: program(x, w) + 0, program, (x, w), {},
+                          timer=_timer({guard.OURS: ours, guard.THEIRS: theirs}))
+    assert verdict.runs == runs and verdict.pytorch == (runs == guard.THEIRS)
+    assert dict(verdict.times) == {guard.OURS: ours, guard.THEIRS: theirs}
+    assert f"{ours:.2f} µs a call with the chosen µGraphs, {theirs:.2f} µs in PyTorch" in verdict.note
+
+
+def test_the_inputs_are_copied_before_timing():
+    def writes(x):
+        x.add_(1)
+        return x
+
+    x = torch.zeros(3)
+    guard.check(writes, writes, (x,), {}, timer=lambda m, a, k: float(m(*a, **k).sum()))
+    assert torch.equal(x, torch.zeros(3))  # the caller's tensor is unchanged
+
+
+def test_a_program_that_cannot_be_timed_keeps_the_chosen_graphs():
+    def fails(module, args, kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    verdict = guard.check(program, program, _inputs(), {}, timer=fails)
+    assert verdict.runs == guard.OURS and not verdict.times
+    assert "not timed (RuntimeError: operation not permitted" in verdict.note
+
+
+def _superoptimize(monkeypatch, times, **options):
+    """superoptimize on the CPU with the check made to run (as on a GPU) and its timer replaced."""
+    monkeypatch.setattr(runtime, "profile_device", lambda args, kwargs, options: "a GPU")
+    monkeypatch.setattr(runtime, "check", lambda ours, given, args, kwargs: guard.check(
+        ours, given, args, kwargs, timer=_timer(times)))
+    return mi.superoptimize(program, _inputs(), search=False, use_cache=False, progress=False, **options)
+
+
+def test_superoptimize_runs_the_program_as_given_where_it_is_faster(monkeypatch):
+    fast = _superoptimize(monkeypatch, {guard.OURS: 30.0, guard.THEIRS: 24.0})
+    spec = fast.specializations[0]
+    assert spec.verdict.pytorch and spec.module is fast.program
+    assert not [m for m in spec.module.modules() if isinstance(m, SubprogramModule)]
+    x, w = _inputs()
+    torch.testing.assert_close(fast(x, w), program(x, w))
+    report = fast.report()
+    assert ("whole program: 30.00 µs a call with the chosen µGraphs, 24.00 µs in PyTorch; PyTorch runs it"
+            in report)
+    assert "not run: the whole program is faster in PyTorch" in report
+
+
+def test_superoptimize_keeps_the_stitched_program_where_it_is_faster(monkeypatch):
+    fast = _superoptimize(monkeypatch, {guard.OURS: 20.0, guard.THEIRS: 24.0})
+    spec = fast.specializations[0]
+    assert not spec.verdict.pytorch
+    assert [m for m in spec.module.modules() if isinstance(m, SubprogramModule)]
+    assert "whole program: 20.00 µs a call with the chosen µGraphs, 24.00 µs in PyTorch" in fast.report()
+    x, w = _inputs()
+    torch.testing.assert_close(fast(x, w), program(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_the_check_can_be_turned_off(monkeypatch):
+    fast = _superoptimize(monkeypatch, {guard.OURS: 30.0, guard.THEIRS: 24.0}, whole_program_check=False)
+    assert fast.specializations[0].verdict is None and "whole program" not in fast.report()
+
+
+def test_the_option_must_be_a_bool():
+    with pytest.raises(mi.frontend.OptionError, match="whole_program_check must be True or False"):
+        mi.superoptimize(program, _inputs(), whole_program_check="yes")
