@@ -233,12 +233,28 @@ def _linear(b: RegionBuilder, node, p):
     return out
 
 
-def _addmm(b: RegionBuilder, node, p):  # beta·self + alpha·(mat1 @ mat2)
-    out = b.scale(b.matmul(b.tensor_operand(p["mat1"]), b.tensor_operand(p["mat2"])), float(p["alpha"]))
-    bias = b.tensor_operand(p["self"])
-    if float(p["beta"]) != 1.0:
-        bias = b.scale(bias, float(p["beta"]))
-    return b.add(out, bias)
+def _add_product(first: str, second: str) -> Rule:
+    """beta·self + alpha·(first @ second): ``addmm`` (mat1, mat2) and ``baddbmm`` (batch1, batch2)."""
+
+    def rule(b: RegionBuilder, node, p):
+        out = b.scale(b.matmul(b.tensor_operand(p[first]), b.tensor_operand(p[second])),
+                      float(p.get("alpha", 1)))
+        bias = b.tensor_operand(p["self"])
+        if float(p.get("beta", 1)) != 1.0:
+            bias = b.scale(bias, float(p["beta"]))
+        return b.add(out, bias)
+
+    return rule
+
+
+def _lerp(b: RegionBuilder, node, p):  # x + w·(y − x), w a number or a tensor
+    x, weight = b.tensor_operand(p["self"]), p["weight"]
+    step = b.add(b.tensor_operand(p["end"]), x, -1.0)
+    if isinstance(weight, fx.Node):
+        step = b.product(step, b.tensor_operand(weight))
+    else:
+        step = b.scale(step, float(weight))
+    return b.add(x, step)
 
 
 def _softmax(b: RegionBuilder, node, p):
@@ -412,7 +428,9 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("matmul", C, _matmul, "batched or 2-D matrix product"),
         Lowering("mm", C, _matmul, "matrix product"),
         Lowering("bmm", C, _matmul, "batched matrix product"),
-        Lowering("addmm", C, _addmm, "beta·bias + alpha·(a @ b)"),
+        Lowering("addmm", C, _add_product("mat1", "mat2"), "beta·bias + alpha·(a @ b)"),
+        Lowering("baddbmm", C, _add_product("batch1", "batch2"), "beta·bias + alpha·(a @ b), batched"),
+        Lowering("lerp", C, _lerp, "x + w·(y − x), w a number or a tensor"),
         Lowering("add", C, _add(1.0), "x + alpha·y (numbers become add_scalar)"),
         Lowering("sub", C, _add(-1.0), "x − alpha·y"),
         Lowering("rsub", C, _rsub, "y − alpha·x"),
