@@ -183,6 +183,7 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     exported = _functional(exported)
     gm = exported.module()
     _dtype_arguments_as_casts(gm)
+    _repeats_as_expands(gm)
     _drop_value_asserts(gm)
     _explicit_causal_masks(gm)
     _additive_bool_masks(gm)
@@ -253,6 +254,39 @@ def _dtype_arguments_as_casts(gm: fx.GraphModule) -> None:
             args[position] = None
         node.args = tuple(args)
         node.kwargs = {k: v for k, v in node.kwargs.items() if k != "dtype"}
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+
+
+def _repeats_as_expands(gm: fx.GraphModule) -> None:
+    """Write ``x.repeat_interleave(r, dim=d)`` (a whole-number ``r``; Llama's ``repeat_kv`` in some
+    models) as the view it equals: ``x.unsqueeze(d + 1).expand(…, r, …).reshape(…, x.shape[d] · r, …)``,
+    which the lowering takes (an expand that element-wise consumers read through, grouped-query heads
+    that attention folds into rows) instead of leaving the copy in PyTorch and splitting there."""
+    aten = torch.ops.aten
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target != aten.repeat_interleave.self_int:
+            continue
+        x, repeats = node.args[0], node.args[1]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+        if dim is None or not isinstance(x, fx.Node) or not isinstance(repeats, int):
+            continue  # no dim: it flattens first; a tensor of counts: not a view
+        val = x.meta["val"]
+        dim = dim % val.dim()
+        expanded = [*val.shape[:dim + 1], repeats, *val.shape[dim + 1:]]
+        shape = [*val.shape[:dim], val.shape[dim] * repeats, *val.shape[dim + 1:]]
+        with gm.graph.inserting_before(node):
+            unsqueezed = gm.graph.call_function(aten.unsqueeze.default, (x, dim + 1))
+            unsqueezed.meta["val"] = val.unsqueeze(dim + 1)
+            expand = gm.graph.call_function(aten.expand.default, (unsqueezed, expanded))
+            expand.meta["val"] = unsqueezed.meta["val"].expand(expanded)
+            reshaped = gm.graph.call_function(aten.reshape.default, (expand, shape))
+            reshaped.meta["val"] = expand.meta["val"].reshape(shape)
+        node.replace_all_uses_with(reshaped)
+        gm.graph.erase_node(node)
         changed = True
     if changed:
         gm.graph.lint()

@@ -263,7 +263,8 @@ def _is_compute(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor) and not node.target.__name__.startswith("_assert")
 
 
-PRODUCTS = frozenset({"linear", "matmul", "mm", "bmm", "addmm"})
+# ops that start with a matrix product (attention with q·kᵀ)
+PRODUCTS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "scaled_dot_product_attention"})
 
 
 def product_cuts(gm: fx.GraphModule, subprogram: Subprogram) -> frozenset[str]:

@@ -313,7 +313,7 @@ class RegionBuilder:
             raise Unlowerable(str(error)) from None
         pairs = ((a, sa), (b, sb))
         full = [tuple(x.tensor.dims) for x, s in pairs if isinstance(x, Value) and s == out]
-        frames = full[:1] or list(dict.fromkeys([self.default_shape(out), tuple(out)]))
+        frames = full[:1] or list(dict.fromkeys([self.default_shape(out), shapes.rank3(out), tuple(out)]))
         targets = next((t for t in (self._targets(f, out, pairs) for f in frames) if t is not None), None)
         expanded: set[int] = set()
         if targets is None and full:  # a computed operand holds merged dims an outside one broadcasts over

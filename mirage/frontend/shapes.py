@@ -33,6 +33,14 @@ def flat2d(shape: Sequence[int]) -> Shape:
     return (math.prod(shape[:-1]), shape[-1])
 
 
+def rank3(shape: Sequence[int]) -> Shape:
+    """All dims but the last two merged, for shapes of rank > 3 (``(b, h, s, d)`` as ``(b·h, s, d)``):
+    the rank the search's grids map, where broadcasts over the merged dims (rotary tables of shape
+    ``(1, 1, s, d)``) still hold."""
+    shape = tuple(shape)
+    return shape if len(shape) <= 3 else (math.prod(shape[:-2]), *shape[-2:])
+
+
 def pad(shape: Sequence[int], rank: int) -> Shape:
     """Torch broadcasting aligns shapes on the right: prepend size-1 dims up to ``rank``."""
     return (1,) * (rank - len(shape)) + tuple(shape)

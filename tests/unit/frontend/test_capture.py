@@ -140,3 +140,23 @@ def test_causal_attention_is_captured_with_its_mask_and_restored_for_pytorch():
     assert sdpa.kwargs["is_causal"] is True and sdpa.kwargs["attn_mask"] is None
     assert not [n for n in gm.graph.nodes if n.op == "get_attr"]
     torch.testing.assert_close(gm(q, k, v), causal(q, k, v))
+
+
+def test_repeat_interleave_over_a_dim_is_captured_as_an_expand():
+    """``k.repeat_interleave(2, dim=1)`` (grouped-query heads) becomes unsqueeze, expand and reshape,
+    which the lowering takes; the values are those of eager mode."""
+    import torch.nn.functional as F
+
+    def attention(q, k, v):
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        return F.scaled_dot_product_attention(q, k, v)
+
+    inputs = (torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16))
+    gm = capture(as_module(attention), inputs, {})
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.repeat_interleave.self_int not in targets
+    assert torch.ops.aten.expand.default in targets
+    fast = mi.superoptimize(attention, inputs, search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    expected = attention(*(x.double() for x in inputs))
+    torch.testing.assert_close(fast(*inputs).double(), expected, rtol=1e-5, atol=1e-5)

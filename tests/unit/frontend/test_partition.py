@@ -134,3 +134,36 @@ def test_dot_picture_marks_subprograms_and_pytorch_ops(tmp_path):
     if shutil.which("dot"):
         fast.draw_partition(str(tmp_path / "p.svg"))
         assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_four_dim_broadcasts_are_held_at_rank_three():
+    """Rotary embedding's q·cos + rotate(q)·sin with (1, 1, s, d) tables: the graph tensors merge the
+    leading dims (rank 3, which the search's grids map) and the tables broadcast over them."""
+
+    def rotary(q, r, cos, sin):
+        return q * cos + r * sin
+
+    inputs = (torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16), torch.randn(1, 1, 8, 16),
+              torch.randn(1, 1, 8, 16))
+    gm = capture(as_module(rotary), inputs, {})
+    (sub,) = partition(gm).subprograms
+    shapes = sorted(tuple(t.shape) for t in sub.graph.input_types)
+    assert shapes == [(1, 8, 16), (1, 8, 16), (8, 8, 16), (8, 8, 16)]
+    fast = mi.superoptimize(rotary, inputs, search=False, use_cache=False, progress=False)
+    expected = rotary(*(x.double() for x in inputs))
+    torch.testing.assert_close(fast(*inputs).double(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_attention_is_a_product_cut():
+    """A fruitless subprogram of a prologue and attention splits before the attention."""
+    from mirage.frontend.partition import product_cuts
+
+    def rotary_attention(q, k, v, cos):
+        return F.scaled_dot_product_attention(q * cos, k, v)
+
+    inputs = (torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16),
+              torch.randn(1, 1, 8, 16))
+    gm = capture(as_module(rotary_attention), inputs, {})
+    (only,) = partition(gm).subprograms
+    (cut,) = product_cuts(gm, only)
+    assert only.ops[only.nodes.index(cut)] == "scaled_dot_product_attention"
