@@ -45,6 +45,9 @@ from mirage.mugraph.graph import KernelGraph
 logger = logging.getLogger(__name__)
 
 DRAIN_S = 5.0  # seconds past the time budget to wait for the records of the units in flight
+# of the time left, what listing the root's work units may take: a subprogram of many inputs has
+# millions of block headers, and a listing that took the whole budget would search nothing
+LISTING_SHARE = 0.25
 
 
 BACKENDS = ("auto", "serial", "processes", "ray")
@@ -173,12 +176,20 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     explorer.stats.kernel_states += 1
     root_found = explorer.verify(root)
     listed = True
+    if deadline is not None:
+        explorer.listing_deadline = time.time() + LISTING_SHARE * max(deadline - time.time(), 0.0)
     try:
         units = [] if root_found else split(explorer, root)
     except StopSearch:  # the budget ran out while the root's children were listed: no unit runs
         logger.warning("the search's time budget ran out while its work units were listed (%d inputs); "
                        "nothing was searched", len(reference.input_types))
         units, listed = [], False
+    explorer.listing_deadline = None
+    stats.units_listing_truncated = explorer.listing_truncated
+    if explorer.listing_truncated:
+        logger.warning("listing the search's work units took %.0f %% of its time budget (%d inputs): the "
+                       "search runs the %d listed (block headers that tile the reference first), not the "
+                       "rest", 100 * LISTING_SHARE, len(reference.input_types), len(units))
     stats.add_unit(_unit_stats(explorer))
     stats.units_total = len(units)
     committer = _Committer(options.budget, explorer.position)
@@ -244,6 +255,8 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     if stop is StopReason.TIME and committer.stop is None and committer.next == len(units) and listed:
         stop = None  # every unit finished while the last ones drained
     stop = stop or committer.stop or StopReason.COMPLETE
+    if stop is StopReason.COMPLETE and explorer.listing_truncated:
+        stop = StopReason.TIME  # the listed units are done, but not the space: units were left unlisted
     stats.phase_seconds["search"] = time.perf_counter() - search_start
 
     found = committer.found

@@ -149,6 +149,10 @@ class Explorer:
         self.space: SearchSpace = context.space
         self.rules = context.rules
         self.deadline = deadline
+        # when set (the root's listing of work units): past it, _headers yields what it has listed
+        # and stops, and listing_truncated says so
+        self.listing_deadline: float | None = None
+        self.listing_truncated = False
         self.state_cap = state_cap
         self.progress = progress
         self.position = 0
@@ -345,15 +349,15 @@ class Explorer:
     def _headers(self, state: KernelState) -> Iterator[BlockHeader]:
         """Every header of every input set; with the guided order, those whose tiling fits the
         reference's dim classes first (``tiling.py``), each group in canonical order."""
-        headers = self._all_headers(state)
-        if not self.space.guided_order:
-            yield from headers
-            return
+        guided = self.space.guided_order
         later: list[BlockHeader] = []
-        for count, header in enumerate(headers):
+        for count, header in enumerate(self._all_headers(state)):
             if count % _CHECK_EVERY == 0:  # many inputs make many headers: the listing keeps the budget too
                 self.check_deadline()
-            if self._fits(state, header):
+                if self.listing_deadline is not None and time.time() > self.listing_deadline:
+                    self.listing_truncated = True
+                    break
+            if not guided or self._fits(state, header):
                 yield header
             else:
                 later.append(header)

@@ -29,6 +29,7 @@ class SearchStatistics:
     units_total: int = 0
     units_done: int = 0
     units_resumed: int = 0  # taken from a checkpoint
+    units_listing_truncated: bool = False  # the root's listing stopped at driver.LISTING_SHARE of the budget
     workers: int = 1
     backend: str = "serial"
     wall_seconds: float = 0.0

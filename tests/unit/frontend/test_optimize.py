@@ -610,7 +610,8 @@ def test_the_stability_filter_analyses_only_candidates_with_extra_exps(monkeypat
 def test_a_search_whose_units_cannot_be_listed_in_its_budget_stops_on_time():
     """A subprogram of many inputs (a residual MLP half-block: 10 tensors) has so many block headers
     that listing the search's work units alone used to take hours, past any budget: the listing keeps
-    the clock too, and the search stops at its budget with the reason, having searched nothing."""
+    the clock too: it stops at a quarter of the budget, the units listed by then are searched, and the
+    search stops at its budget with the reason."""
     import time
 
     class Half(torch.nn.Module):
@@ -629,7 +630,7 @@ def test_a_search_whose_units_cannot_be_listed_in_its_budget_stops_on_time():
     fast = mi.superoptimize(model, inputs, time_limit_s=1, use_cache=False, progress=False)
     assert time.perf_counter() - start < 60
     whole = [line for line in fast.report().splitlines() if "before a split: 7 torch ops" in line]
-    assert whole and "in 1 states; search stopped: time budget spent" in whole[0]
+    assert whole and "search stopped: time budget spent" in whole[0]
     with torch.no_grad():
         torch.testing.assert_close(fast(*inputs), model(*inputs))
 

@@ -213,3 +213,19 @@ def test_search_workers_limit_their_blas_threads():
         pools = pool.submit(threadpool_info).result()
     blas = [p["num_threads"] for p in pools if p["user_api"] == "blas"]
     assert blas and set(blas) == {1}, pools
+
+
+def test_a_listing_past_its_share_of_the_budget_searches_what_it_listed(isolated_cache, monkeypatch, caplog):
+    """The root's listing of units stops at its share of the time budget (none here): the search
+    runs the units listed so far and, though they all finish, does not claim the space exhausted."""
+    whole = search(reference(), workers=1, progress=False, cache=False, budget=Budget(time_s=60), **SPACE)
+    assert whole.stop_reason is StopReason.COMPLETE and not whole.stats.units_listing_truncated
+    monkeypatch.setattr(driver, "LISTING_SHARE", 0.0)
+    with caplog.at_level(logging.WARNING, logger="mirage.generator"):
+        cut = search(reference(), workers=1, progress=False, cache=False, budget=Budget(time_s=60), **SPACE)
+    assert cut.stats.units_listing_truncated and cut.stop_reason is StopReason.TIME
+    assert cut.stats.units_total < whole.stats.units_total
+    assert any("not the rest" in r.getMessage() for r in caplog.records)
+    unlimited = search(reference(), workers=1, progress=False, cache=False, **SPACE)  # no deadline: no cut
+    assert unlimited.stop_reason is StopReason.COMPLETE
+    assert unlimited.stats.units_total == whole.stats.units_total
