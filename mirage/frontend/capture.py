@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import operator
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -184,6 +185,7 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     gm = exported.module()
     _dtype_arguments_as_casts(gm)
     _repeats_as_expands(gm)
+    _stable_softmaxes(gm)
     _drop_value_asserts(gm)
     _explicit_causal_masks(gm)
     _additive_bool_masks(gm)
@@ -287,6 +289,75 @@ def _repeats_as_expands(gm: fx.GraphModule) -> None:
             reshaped.meta["val"] = expand.meta["val"].reshape(shape)
         node.replace_all_uses_with(reshaped)
         gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+
+
+def _row_max_of(node: object) -> tuple[fx.Node, int] | None:
+    """(x, dim) when ``node`` is ``amax(x, [dim], keepdim=True)`` or ``max(x, dim, keepdim=True)[0]``."""
+    aten = torch.ops.aten
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return None
+    if node.target is aten.amax.default:
+        x, dims = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", ())
+        keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        return (x, dims[0]) if keep and len(dims) == 1 else None
+    if node.target is operator.getitem and node.args[1] == 0:
+        source = node.args[0]
+        if isinstance(source, fx.Node) and source.target is aten.max.dim:
+            keep = source.args[2] if len(source.args) > 2 else source.kwargs.get("keepdim", False)
+            return (source.args[0], source.args[1]) if keep else None
+    return None
+
+
+def _erase_unused(nodes: list, graph: fx.Graph) -> None:
+    """Erase each of ``nodes`` (in order) that is left without users; ``max``'s unused indices too."""
+    for node in nodes:
+        if not isinstance(node, fx.Node) or node.op != "call_function":
+            continue
+        for user in list(node.users):
+            if user.target is operator.getitem and not user.users:
+                graph.erase_node(user)
+        if not node.users:
+            graph.erase_node(node)
+
+
+def _stable_softmaxes(gm: fx.GraphModule) -> None:
+    """Write a softmax spelled out stably, ``e = exp(x − max(x, d)); e / Σ_d e`` (the row maximum by
+    ``amax`` or ``max(…).values``, kept dims), as ``softmax(x, d)``: the same function, which the
+    lowering takes whole (the generated kernels subtract the running maximum themselves) instead of
+    leaving the maximum in PyTorch and splitting the attention around it. ``e`` stays where other ops
+    read it."""
+    aten = torch.ops.aten
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.div.Tensor:
+            continue
+        e, total = node.args[0], node.args[1]
+        if not (isinstance(e, fx.Node) and e.target is aten.exp.default and isinstance(total, fx.Node)
+                and total.target is aten.sum.dim_IntList and total.args[0] is e):
+            continue
+        shifted = e.args[0]
+        if not (isinstance(shifted, fx.Node) and shifted.target is aten.sub.Tensor and len(shifted.args) == 2
+                and shifted.kwargs.get("alpha", 1) == 1):
+            continue
+        x, row_max = shifted.args
+        found = _row_max_of(row_max)
+        dims = total.args[1] if len(total.args) > 1 else ()
+        keep = total.args[2] if len(total.args) > 2 else total.kwargs.get("keepdim", False)
+        if found is None or found[0] is not x or not keep or len(dims) != 1 or total.kwargs.get("dtype"):
+            continue
+        rank = x.meta["val"].dim()
+        if found[1] % rank != dims[0] % rank:
+            continue
+        with gm.graph.inserting_before(node):
+            softmax = gm.graph.call_function(aten.softmax.int, (x, dims[0] % rank))
+        softmax.meta["val"] = node.meta["val"]
+        node.replace_all_uses_with(softmax)
+        gm.graph.erase_node(node)
+        _erase_unused([total, e, shifted, row_max, row_max.args[0]], gm.graph)
         changed = True
     if changed:
         gm.graph.lint()

@@ -160,3 +160,60 @@ def test_repeat_interleave_over_a_dim_is_captured_as_an_expand():
     assert not fast.partition.pytorch_ops
     expected = attention(*(x.double() for x in inputs))
     torch.testing.assert_close(fast(*inputs).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def _targets(program, inputs):
+    gm = capture(as_module(program), inputs, {})
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("row_max", [lambda s: s.max(dim=-1, keepdim=True).values,
+                                     lambda s: torch.amax(s, -1, keepdim=True)], ids=["max", "amax"])
+def test_a_softmax_spelled_out_stably_is_captured_as_softmax(row_max):
+    import torch.nn.functional as F
+
+    def attention(q, k, v):
+        s = q @ k.transpose(-1, -2) / 8
+        e = torch.exp(s - row_max(s))
+        return (e / e.sum(-1, keepdim=True)) @ v
+
+    inputs = tuple(torch.randn(1, 2, 8, 16) for _ in range(3))
+    targets = _targets(attention, inputs)
+    assert torch.ops.aten.softmax.int in targets
+    aten = torch.ops.aten
+    assert not {aten.max.dim, aten.amax.default, aten.exp.default} & set(targets)
+    fast = mi.superoptimize(attention, inputs, search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
+    q, k, v = (x.double() for x in inputs)
+    expected = F.softmax(q @ k.transpose(-1, -2) / 8, -1) @ v
+    torch.testing.assert_close(fast(*inputs).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stable_softmax_keeps_its_exponentials_where_others_read_them():
+    def program(s):
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True), e.mean(-1)
+
+    inputs = (torch.randn(4, 16),)
+    targets = _targets(program, inputs)
+    assert torch.ops.aten.softmax.int in targets and torch.ops.aten.exp.default in targets
+    fast = mi.superoptimize(program, inputs, search=False, use_cache=False, progress=False)
+    for got, want in zip(fast(*inputs), program(*inputs), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def _over_other_dims(s):
+    e = torch.exp(s - s.amax(0, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def _other_sum(s):
+    return torch.exp(s - s.amax(-1, keepdim=True)) / torch.exp(s).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("program", [_over_other_dims, _other_sum], ids=["other_dims", "other_sum"])
+def test_what_only_looks_like_a_stable_softmax_stays_as_written(program):
+    inputs = (torch.randn(4, 16),)
+    assert torch.ops.aten.softmax.int not in _targets(program, inputs)
+    fast = mi.superoptimize(program, inputs, search=False, use_cache=False, progress=False)
+    torch.testing.assert_close(fast(*inputs), program(*inputs))
