@@ -227,6 +227,46 @@ class InplaceMLP(nn.Module):
         return self.down(self.drop(self.act(self.up(x))))
 
 
+class StableAttention(nn.Module):
+    """Attention with its softmax spelled out stably, as research code writes it."""
+
+    def forward(self, q, k, v):
+        s = q @ k.transpose(-1, -2) / 8.0
+        e = torch.exp(s - s.max(dim=-1, keepdim=True).values)
+        return (e / e.sum(-1, keepdim=True)) @ v
+
+    @staticmethod
+    def fused(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, scale=1 / 8.0)
+
+
+class EinsumAttention(nn.Module):
+    """Attention written with einsum."""
+
+    def forward(self, q, k, v):
+        s = torch.einsum("bhqd,bhkd->bhqk", q, k) / 8.0
+        return torch.einsum("bhqk,bhkd->bhqd", torch.softmax(s, -1), v)
+
+    @staticmethod
+    def fused(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, scale=1 / 8.0)
+
+
+class RotaryAttention(nn.Module):
+    """Llama's attention core: rotary embedding of q and k (rotate_half by slices), grouped-query
+    heads repeated with repeat_interleave, causal attention."""
+
+    @staticmethod
+    def rotate_half(x):
+        return torch.cat((-x[..., 32:], x[..., :32]), dim=-1)
+
+    def forward(self, q, k, v, cos, sin):
+        q = q * cos + self.rotate_half(q) * sin
+        k = k * cos + self.rotate_half(k) * sin
+        k, v = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Block(nn.Module):
     """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
 
@@ -264,6 +304,9 @@ PROGRAMS = {
     "decode_attention": (DecodeAttention, [(1, 32, 1, 128)] + [(1, 32, 4096, 128)] * 2),
     "float32_softmax": (Float32Softmax, [(1, 12, 512, 64)] * 3),
     "inplace_mlp": (InplaceMLP, [(16, 512)]),
+    "stable_attention": (StableAttention, [(1, 12, 512, 64)] * 3),
+    "einsum_attention": (EinsumAttention, [(1, 12, 512, 64)] * 3),
+    "rotary_attention": (RotaryAttention, [(1, 32, 256, 64)] + [(1, 8, 256, 64)] * 2 + [(1, 1, 256, 64)] * 2),
 }
 
 
