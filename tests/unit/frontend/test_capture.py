@@ -217,3 +217,36 @@ def test_what_only_looks_like_a_stable_softmax_stays_as_written(program):
     assert torch.ops.aten.softmax.int not in _targets(program, inputs)
     fast = mi.superoptimize(program, inputs, search=False, use_cache=False, progress=False)
     torch.testing.assert_close(fast(*inputs), program(*inputs))
+
+
+def _rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+
+
+def test_concatenated_slices_of_one_tensor_are_captured_as_a_signed_selection_product():
+    """rotary embedding's rotate_half: x @ S for the ±1 selection matrix S (a buffer), exactly."""
+
+    def rotary(q, cos, sin):
+        return q * cos + _rotate_half(q) * sin
+
+    inputs = (torch.randn(1, 4, 8, 16, dtype=torch.float64), torch.randn(1, 1, 8, 16, dtype=torch.float64),
+              torch.randn(1, 1, 8, 16, dtype=torch.float64))
+    gm = capture(as_module(rotary), inputs, {})
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    aten = torch.ops.aten
+    assert aten.cat.default not in targets and aten.slice.Tensor not in targets
+    assert aten.matmul.default in targets
+    (selection,) = [b for name, b in gm.named_buffers() if name.startswith("_selection_")]
+    assert selection.shape == (16, 16) and sorted(selection.abs().sum(0).tolist()) == [1.0] * 16
+    torch.testing.assert_close(gm(*inputs), rotary(*inputs), rtol=0, atol=0)  # exact: one ±1 term a column
+    fast = mi.superoptimize(rotary, inputs, search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    torch.testing.assert_close(fast(*inputs), rotary(*inputs), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("program", [lambda x, y: torch.cat((x[..., :4], y[..., 4:]), dim=-1),
+                                     lambda x, y: torch.cat((x[:2], x[2:]), dim=0) + y],
+                         ids=["two_tensors", "leading_dim"])
+def test_other_concatenations_stay_as_written(program):
+    inputs = (torch.randn(4, 8), torch.randn(4, 8))
+    assert torch.ops.aten.cat.default in _targets(program, inputs)
