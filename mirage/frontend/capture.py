@@ -390,8 +390,9 @@ def _signed_slice(piece: object, rank: int) -> tuple[fx.Node, int, int, float] |
 def _slice_concats_as_products(gm: fx.GraphModule) -> None:
     """Write ``cat([±x[..., a:b], …], dim=-1)`` (slices of one tensor along its last dim, some negated:
     rotary embedding's ``rotate_half``) as ``x @ S`` for the signed selection matrix ``S`` it equals
-    (a buffer; each output column is one input column times ±1, exact in any precision), which the
-    lowering takes as a product instead of leaving slices and concatenations in PyTorch."""
+    (a buffer; each output column is one input column times ±1, exact in float16 and bfloat16, the
+    dtypes it is written for), which the lowering takes as a product instead of leaving slices and
+    concatenations in PyTorch."""
     aten = torch.ops.aten
     changed = False
     for node in list(gm.graph.nodes):
@@ -400,7 +401,8 @@ def _slice_concats_as_products(gm: fx.GraphModule) -> None:
         pieces = node.args[0]
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
         out = node.meta.get("val")
-        if not (isinstance(out, torch.Tensor) and out.dtype.is_floating_point
+        # float16 and bfloat16 only: a float32 product may run on TF32 tensor cores, which round x
+        if not (isinstance(out, torch.Tensor) and out.dtype in (torch.float16, torch.bfloat16)
                 and dim % out.dim() == out.dim() - 1):
             continue
         slices = [_signed_slice(p, out.dim()) for p in pieces]

@@ -229,8 +229,8 @@ def test_concatenated_slices_of_one_tensor_are_captured_as_a_signed_selection_pr
     def rotary(q, cos, sin):
         return q * cos + _rotate_half(q) * sin
 
-    inputs = (torch.randn(1, 4, 8, 16, dtype=torch.float64), torch.randn(1, 1, 8, 16, dtype=torch.float64),
-              torch.randn(1, 1, 8, 16, dtype=torch.float64))
+    inputs = (torch.randn(1, 4, 8, 16, dtype=torch.float16), torch.randn(1, 1, 8, 16, dtype=torch.float16),
+              torch.randn(1, 1, 8, 16, dtype=torch.float16))
     gm = capture(as_module(rotary), inputs, {})
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     aten = torch.ops.aten
@@ -241,12 +241,19 @@ def test_concatenated_slices_of_one_tensor_are_captured_as_a_signed_selection_pr
     torch.testing.assert_close(gm(*inputs), rotary(*inputs), rtol=0, atol=0)  # exact: one ±1 term a column
     fast = mi.superoptimize(rotary, inputs, search=False, use_cache=False, progress=False)
     assert not fast.partition.pytorch_ops
-    torch.testing.assert_close(fast(*inputs), rotary(*inputs), rtol=1e-12, atol=1e-12)
+    expected = rotary(*(x.double() for x in inputs))
+    torch.testing.assert_close(fast(*inputs).double(), expected, rtol=2e-3, atol=2e-3)
+
+
+def test_float32_slices_stay_slices():
+    """A float32 product may run on TF32 tensor cores (rounding x), so float32 keeps its slices."""
+    inputs = (torch.randn(4, 16),)
+    assert torch.ops.aten.cat.default in _targets(_rotate_half, inputs)
 
 
 @pytest.mark.parametrize("program", [lambda x, y: torch.cat((x[..., :4], y[..., 4:]), dim=-1),
                                      lambda x, y: torch.cat((x[:2], x[2:]), dim=0) + y],
                          ids=["two_tensors", "leading_dim"])
 def test_other_concatenations_stay_as_written(program):
-    inputs = (torch.randn(4, 8), torch.randn(4, 8))
+    inputs = (torch.randn(4, 8, dtype=torch.float16), torch.randn(4, 8, dtype=torch.float16))
     assert torch.ops.aten.cat.default in _targets(program, inputs)
