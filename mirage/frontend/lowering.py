@@ -155,22 +155,32 @@ def _gelu(b: RegionBuilder, node, p):
 
 
 def _clamp(b: RegionBuilder, node, p):
+    """clamp, hardtanh, clamp_min and clamp_max; a missing bound is ± the dtype's largest value."""
     low, high = p.get("min", p.get("min_val")), p.get("max", p.get("max_val"))
     x = b.tensor_operand(p["self"])
-    if isinstance(low, (int, float)) and isinstance(high, (int, float)):
-        return b.unary("clamp", x, float(low), float(high))
+    if any(bound is not None and not isinstance(bound, (int, float)) for bound in (low, high)):
+        raise Unlowerable(f"{node.target.__name__.split('.')[0]} with a tensor bound")
+    if low is None and high is None:
+        raise Unlowerable("clamp without bounds")
     if low == 0 and high is None:
         return b.unary("relu", x)
-    raise Unlowerable("clamp needs both bounds as numbers (or min=0 alone)")
+    largest = float(torch.finfo(node.meta["val"].dtype).max)
+    low = -largest if low is None else float(low)
+    return b.unary("clamp", x, low, largest if high is None else float(high))
 
 
-def _clamp_min(b: RegionBuilder, node, p):
-    low, x = p.get("min"), b.tensor_operand(p["self"])
-    if not isinstance(low, (int, float)):
-        raise Unlowerable("clamp_min with a tensor bound")
-    if low == 0:
-        return b.unary("relu", x)
-    return b.unary("clamp", x, float(low), float(torch.finfo(node.meta["val"].dtype).max))
+def _relu_parts(b: RegionBuilder, x: Value, negative_slope: float) -> Value:
+    """relu(x) − slope · relu(−x): abs for slope −1, leaky ReLU for a small positive slope."""
+    negative = b.unary("relu", b.scale(x, -1.0))
+    return b.add(b.unary("relu", x), b.scale(negative, -negative_slope))
+
+
+def _abs(b: RegionBuilder, node, p):
+    return _relu_parts(b, b.tensor_operand(p["self"]), -1.0)
+
+
+def _leaky_relu(b: RegionBuilder, node, p):
+    return _relu_parts(b, b.tensor_operand(p["self"]), float(p.get("negative_slope", 0.01)))
 
 
 def _reduce(mean: bool) -> Rule:
@@ -449,7 +459,10 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("sigmoid", C, _unary("sigmoid"), "1/(1+e⁻ˣ)"),
         Lowering("tanh", C, _unary("tanh"), "tanh(x)"),
         Lowering("clamp", C, _clamp, "min(max(x, lo), hi)"),
-        Lowering("clamp_min", C, _clamp_min, "max(x, lo): relu, or clamp to [lo, dtype max]"),
+        Lowering("clamp_min", C, _clamp, "max(x, lo): relu, or clamp to [lo, dtype max]"),
+        Lowering("clamp_max", C, _clamp, "min(x, hi): clamp to [−dtype max, hi]"),
+        Lowering("abs", C, _abs, "relu(x) + relu(−x)"),
+        Lowering("leaky_relu", C, _leaky_relu, "relu(x) − slope·relu(−x)"),
         Lowering("hardtanh", C, _clamp, "clamp to [min_val, max_val]"),
         Lowering("sum", C, _reduce(mean=False), "sum over dims (one reduction per dim)"),
         Lowering("mean", C, _reduce(mean=True), "sum over dims, then · 1/n"),

@@ -64,6 +64,10 @@ CASES = [
          {Op.REDUCTION: 2, Op.MUL_SCALAR: 2, Op.SUB: 1, Op.SQUARE: 1, Op.SQRT: 1}),
     Case("clamp", lambda x: torch.clamp(x, -0.5, 0.5) + x.clamp(min=0), ((4, 6),),
          {Op.CLAMP: 1, Op.RELU: 1, Op.ADD: 1}),
+    Case("one_sided_clamps", lambda x: torch.clamp(x, max=0.5) + x.clamp(min=-0.25) + torch.clamp_max(x, 1.0),
+         ((4, 6),), {Op.CLAMP: 3, Op.ADD: 2}),
+    Case("abs", lambda x: x.abs() * 2.0, ((4, 6),), {Op.RELU: 2, Op.MUL_SCALAR: 2, Op.ADD: 1}),
+    Case("leaky_relu", lambda x: F.leaky_relu(x, 0.2), ((4, 6),), {Op.RELU: 2, Op.MUL_SCALAR: 2, Op.ADD: 1}),
     Case("powers", lambda x: x.pow(2) + x**3 + torch.square(x), ((4, 6),),
          {Op.SQUARE: 1, Op.MUL: 1, Op.ADD: 2}),  # x² once: three spellings, one node
     Case("sqrt_of_positive", lambda x: torch.sqrt(x * x + 1.0), ((4, 6),),
