@@ -116,14 +116,8 @@ def frange_candidates(
     """``[1]`` when no input iterates; else the ranges that divide every iterated (tile) dim."""
     if all(f == -1 for f in fmaps):
         return [1]
-    return [
-        x
-        for x in space.franges
-        if all(
-            f == -1 or _after_grid(t, m, grid, f) % x == 0
-            for t, m, f in zip(inputs, imaps, fmaps, strict=True)
-        )
-    ]
+    sizes = [_after_grid(t, m, grid, f) for t, m, f in zip(inputs, imaps, fmaps, strict=True) if f != -1]
+    return [x for x in space.franges if all(size % x == 0 for size in sizes)]
 
 
 def omap_candidates(grid: Dim3, space: SearchSpace) -> list[Dim3]:

@@ -163,12 +163,20 @@ class DimClasses:
         count = 0
         for axis in range(3):
             if grid[axis] > 1:
-                mapped = [(v, imap[axis]) for v, imap, _ in known]
-                count += not self._fits(mapped, self.parallel.__contains__)
+                count += not self._fits_memo(True, tuple((v, imap[axis]) for v, imap, _ in known))
         if forloop_range > 1:
-            iterated = [(v, fmap) for v, _, fmap in known]
-            count += not self._fits(iterated, lambda c: c not in self.output)
+            count += not self._fits_memo(False, tuple((v, fmap) for v, _, fmap in known))
         return count
+
+    def _fits_memo(self, grid_axis: bool, dims: tuple[tuple[int, int], ...]) -> bool:
+        """:meth:`_fits` for a grid axis (parallel classes) or the for-loop (non-output classes),
+        memoized: headers differ in one input's map at a time, so most of their axes recur."""
+        key = (grid_axis, dims)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            allowed = self.parallel.__contains__ if grid_axis else (lambda c: c not in self.output)
+            verdict = self._verdicts[key] = self._fits(list(dims), allowed)
+        return verdict
 
     def _fits(self, dims: list[tuple[int, int]], allowed) -> bool:
         """Every input that maps a dim here (``dims``: value, dim or -1) maps the same class, one
