@@ -221,7 +221,7 @@ def test_a_listing_past_its_share_of_the_budget_searches_what_it_listed(isolated
     whole = search(reference(), workers=1, progress=False, cache=False, budget=Budget(time_s=60), **SPACE)
     assert whole.stop_reason is StopReason.COMPLETE and not whole.stats.units_listing_truncated
     monkeypatch.setattr(driver, "LISTING_SHARE", 0.0)
-    with caplog.at_level(logging.WARNING, logger="mirage.generator"):
+    with caplog.at_level(logging.INFO, logger="mirage.generator"):
         cut = search(reference(), workers=1, progress=False, cache=False, budget=Budget(time_s=60), **SPACE)
     assert cut.stats.units_listing_truncated and cut.stop_reason is StopReason.TIME
     assert cut.stats.units_total < whole.stats.units_total
