@@ -169,6 +169,7 @@ def check_call(captured: Signature, call: Signature, name: str) -> None:
 def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     """The aten-level graph module of ``module`` for these inputs (parameters as attributes)."""
     name = program_name(module)
+    args, kwargs = _unaliased(args, kwargs)
     try:
         with torch.inference_mode(False):
             exported = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
@@ -193,6 +194,25 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     fill_masks.additive_fills(gm)
     fill_masks.causal_buffers(gm)
     return gm
+
+
+def _unaliased(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The inputs with each tensor that shares memory with an earlier one copied. torch.export traces
+    aliased inputs as one (``f(x, x)`` gives a graph that reads its first input nowhere), so a capture
+    on them would give wrong results for any later call with distinct tensors (self-attention called
+    as ``attn(x, x, x)``). The copies only trace: capture runs nothing on them."""
+    seen: set[tuple] = set()
+
+    def distinct(x):
+        if not isinstance(x, torch.Tensor) or x.device.type == "meta":
+            return x
+        key = (x.untyped_storage().data_ptr(), x.device) if x.numel() else (id(x), x.device)
+        if key in seen:
+            return x.clone()
+        seen.add(key)
+        return x
+
+    return pytree.tree_map(distinct, (tuple(args), dict(kwargs)))
 
 
 def _mutates(node: fx.Node) -> bool:

@@ -257,3 +257,47 @@ def test_float32_slices_stay_slices():
 def test_other_concatenations_stay_as_written(program):
     inputs = (torch.randn(4, 8, dtype=torch.float16), torch.randn(4, 8, dtype=torch.float16))
     assert torch.ops.aten.cat.default in _targets(program, inputs)
+
+
+def test_a_capture_on_aliased_inputs_serves_distinct_ones():
+    """torch.export traces one tensor passed twice as one input; capture copies the repeat first, so
+    that self-attention captured as attn(x, x, x) computes attn(q, k, v) for distinct tensors."""
+
+    def program(a, b):
+        return a * 2 + b
+
+    x = torch.randn(4, 8)
+    gm = capture(as_module(program), (x, x), {})
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    torch.testing.assert_close(gm(a, b), program(a, b))
+    view = x[1:]  # a view shares its base's memory: copied as well
+    torch.testing.assert_close(capture(as_module(program), (x[:-1], view), {})(a[1:], b[1:]),
+                               program(a[1:], b[1:]))
+
+
+def test_a_kv_cache_written_in_place_after_an_aliased_capture():
+    """A decoding step that writes k and v into cache buffers (in place) and attends over them,
+    superoptimized with one tensor as q, k and v, then called with distinct ones: outputs and
+    caches as in eager mode at every step."""
+    import torch.nn.functional as F
+
+    class Decode(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("kc", torch.zeros(1, 2, 8, 16))
+            self.register_buffer("vc", torch.zeros(1, 2, 8, 16))
+
+        def forward(self, q, k, v, pos: int):
+            self.kc[:, :, pos] = k[:, :, 0]
+            self.vc[:, :, pos] = v[:, :, 0]
+            return F.scaled_dot_product_attention(q, self.kc[:, :, : pos + 1], self.vc[:, :, : pos + 1])
+
+    torch.manual_seed(0)
+    model, eager = Decode(), Decode()
+    x = torch.randn(1, 2, 1, 16)
+    fast = mi.superoptimize(model, (x, x, x, 0), search=False, use_cache=False, progress=False)
+    for pos in range(3):
+        q, k, v = (torch.randn(1, 2, 1, 16) for _ in range(3))
+        torch.testing.assert_close(fast(q, k, v, pos), eager(q, k, v, pos))
+        torch.testing.assert_close(model.kc, eager.kc, rtol=0, atol=0)
+        torch.testing.assert_close(model.vc, eager.vc, rtol=0, atol=0)
