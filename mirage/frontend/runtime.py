@@ -42,6 +42,7 @@ from mirage.frontend.guard import Verdict, check
 from mirage.frontend.optimize import Choice, choose
 from mirage.frontend.options import Options
 from mirage.frontend.partition import Partition, Subprogram, partition, product_cuts
+from mirage.frontend.state import Snapshot
 
 logger = logging.getLogger("mirage.frontend")
 
@@ -322,6 +323,7 @@ class MirageModule(nn.Module):
         # calls of positional tensors only, by (shape, dtype, device) of each: the specialization a call
         # of the same kind ran, so that a repeated call skips the pytree signature and its checks
         self._fast: dict[tuple, Specialization] = {}
+        self._snapshot: Snapshot | None = None  # the parameters, buffers and submodules captured
 
     @property
     def specializations(self) -> list[Specialization]:
@@ -355,6 +357,7 @@ class MirageModule(nn.Module):
         seconds = {}
         start = time.perf_counter()
         gm = capture(self.program, args, kwargs)
+        self._snapshot = self._snapshot or Snapshot.of(self.program)
         seconds["capture"] = time.perf_counter() - start
         start = time.perf_counter()
         part = partition(gm, self.options.budget)
@@ -411,6 +414,8 @@ class MirageModule(nn.Module):
                        for s in split.subprograms}, notes
 
     def forward(self, *args, **kwargs):
+        if self._snapshot is not None:
+            self._check_state()
         key = None if kwargs else _tensor_key(args)
         spec = self._fast.get(key) if key is not None else None
         if spec is None:
@@ -439,6 +444,17 @@ class MirageModule(nn.Module):
             self._fast[key] = spec
         with torch.no_grad():
             return spec.module(*args, **kwargs)
+
+    def _check_state(self) -> None:
+        """Forget every specialization when a parameter, buffer or submodule of the program was
+        replaced or converted since capture (``frontend.state``): the next call captures again."""
+        why = self._snapshot.changed()
+        if why is None:
+            return
+        logger.warning("mirage: %s: %s since it was captured; capturing it again", self.name, why)
+        self._specializations.clear()
+        self._fast.clear()
+        self._first = self._style = self._snapshot = None
 
     def _refuse_grad(self):
         raise InputGradError(

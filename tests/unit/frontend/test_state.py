@@ -1,0 +1,76 @@
+"""A superoptimized module follows its parameters, buffers and submodules (frontend.state): updates in
+place are read as they are; replacements and conversions capture the program again."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+import mirage as mi
+from mirage.frontend.state import Snapshot
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+        self.register_buffer("scale", torch.full((8,), 2.0))
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) * self.scale
+
+
+def _fast():
+    torch.manual_seed(0)
+    model, x = Model(), torch.randn(4, 16)
+    return model, x, mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+
+
+def _recaptures(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "capturing it again" in r.getMessage()]
+
+
+def test_updates_in_place_are_read_without_a_new_capture(caplog):
+    model, x, fast = _fast()
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
+        torch.testing.assert_close(fast(x), model(x))
+        with torch.no_grad():
+            model.fc.weight.mul_(2)
+            model.scale.add_(1)
+        torch.testing.assert_close(fast(x), model(x))
+    assert not _recaptures(caplog) and len(fast.specializations) == 1
+
+
+@pytest.mark.parametrize("change,said", [
+    (lambda m: setattr(m.fc, "weight", nn.Parameter(torch.randn(8, 16))), "parameter fc.weight was replaced"),
+    (lambda m: setattr(m, "fc", nn.Linear(16, 8)), "submodule fc was replaced"),
+    (lambda m: setattr(m, "scale", torch.full((8,), -1.0)), "buffer scale was replaced"),
+    (lambda m: setattr(m.fc.bias, "data", torch.randn(8)), "parameter fc.bias was given new data"),
+], ids=["parameter", "submodule", "buffer", "data"])
+def test_a_replacement_captures_again_and_computes_with_the_new_tensors(caplog, change, said):
+    model, x, fast = _fast()
+    fast(x)
+    change(model)
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        torch.testing.assert_close(fast(x), model(x))
+        torch.testing.assert_close(fast(x), model(x))  # the new capture holds: no third one
+    (message,) = _recaptures(caplog)
+    assert said in message
+
+
+def test_a_conversion_to_another_dtype_captures_again():
+    model, x, fast = _fast()
+    model.double()
+    torch.testing.assert_close(fast(x.double()), model(x.double()))
+    assert fast.specializations[0].signature.describe().startswith("tensor float64")
+
+
+def test_the_snapshot_names_what_changed():
+    model = Model()
+    snapshot = Snapshot.of(model)
+    assert snapshot.changed() is None
+    model.fc.half()  # parameters get new data; Module.half() would replace the buffer first
+    assert snapshot.changed() == ("parameter fc.weight changed from torch.float32 [8, 16] on cpu to "
+                                  "torch.float16 [8, 16] on cpu")
