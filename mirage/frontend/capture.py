@@ -220,6 +220,13 @@ def _mutates(node: fx.Node) -> bool:
     return node.op == "call_function" and schema is not None and schema.is_mutable
 
 
+def updates_state(gm: fx.GraphModule) -> bool:
+    """Whether the captured program writes into its own parameters or buffers (a KV cache, a counter,
+    running statistics): running it changes the module, so nothing may run it but the caller."""
+    return any(_mutates(n) and n.args and isinstance(n.args[0], fx.Node) and n.args[0].op == "get_attr"
+               for n in gm.graph.nodes)
+
+
 # composite ops that export keeps whole and the lowering has no row for, decomposed at capture into
 # ops it has (``einsum`` into permutes, views and a batched product)
 _DECOMPOSED = (torch.ops.aten.einsum.default,)

@@ -6,7 +6,9 @@ could compute in float32 (``softmax(x, dtype=torch.float32)`` becomes a cast and
 kernels where PyTorch ran one), a layout copy at a boundary, a launch more than PyTorch's fused op.
 So once the subprograms are chosen, the stitched module and the program as given are timed on the
 GPU, on copies of the call's inputs, in the same way as the builds (CUDA-graph replays, median per
-call), and the faster one runs. The report says which, with both times.
+call), and the faster one runs. The report says which, with both times. A program that writes into
+its own buffers or parameters (a KV cache, a counter) is not timed: timing would run those writes
+thousands of times.
 
 >>> faster({"µGraphs": 30.0, "PyTorch": 24.0})
 'PyTorch'

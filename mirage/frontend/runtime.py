@@ -35,10 +35,11 @@ from mirage.frontend.capture import (
     program_name,
     restore_causal,
     signature_of,
+    updates_state,
 )
 from mirage.frontend.errors import InputError, InputGradError
 from mirage.frontend.executor import make_executor
-from mirage.frontend.guard import Verdict, check
+from mirage.frontend.guard import OURS, Verdict, check
 from mirage.frontend.optimize import Choice, choose
 from mirage.frontend.options import Options
 from mirage.frontend.partition import Partition, Subprogram, partition, product_cuts
@@ -360,6 +361,7 @@ class MirageModule(nn.Module):
         self._snapshot = self._snapshot or Snapshot.of(self.program)
         seconds["capture"] = time.perf_counter() - start
         start = time.perf_counter()
+        stateful = updates_state(gm)  # before stitching, which rewrites gm
         part = partition(gm, self.options.budget)
         seconds["partition"] = time.perf_counter() - start
         for notice in part.notices():
@@ -380,7 +382,9 @@ class MirageModule(nn.Module):
         spec = Specialization(signature, stitched, captured, part, choices, seconds, split)
         if device is not None and replaced and self.options.whole_program_check:
             start = time.perf_counter()
-            spec.verdict = check(stitched, self.program, args, kwargs)
+            spec.verdict = check(stitched, self.program, args, kwargs) if not stateful else Verdict(
+                OURS, {}, "whole program not timed: it updates its own buffers or parameters, which "
+                          "timing would update thousands of times")
             spec.module = self.program if spec.verdict.pytorch else stitched
             seconds["check"] = time.perf_counter() - start
         self._first = self._first or signature

@@ -96,3 +96,28 @@ def test_the_check_can_be_turned_off(monkeypatch):
 def test_the_option_must_be_a_bool():
     with pytest.raises(mi.frontend.OptionError, match="whole_program_check must be True or False"):
         mi.superoptimize(program, _inputs(), whole_program_check="yes")
+
+
+def test_a_program_that_updates_its_buffers_is_not_timed(monkeypatch):
+    """Timing would run the program's own updates (a step counter here) thousands of times."""
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x, w):
+            self.calls.add_(1)
+            return torch.relu(x @ w) * 2
+
+    timed = []
+    monkeypatch.setattr(runtime, "profile_device", lambda args, kwargs, options: "a GPU")
+    monkeypatch.setattr(runtime, "check", lambda *a: timed.append(a) or guard.Verdict(guard.OURS, {}, ""))
+    model = Counting()
+    fast = mi.superoptimize(model, _inputs(), search=False, use_cache=False, progress=False)
+    fast(*_inputs())
+    fast(*_inputs())
+    spec = fast.specializations[0]
+    assert not timed and not spec.verdict.pytorch
+    assert "not timed: it updates its own buffers" in spec.verdict.note
+    assert float(model.calls) == 2.0
