@@ -74,3 +74,41 @@ def test_the_snapshot_names_what_changed():
     model.fc.half()  # parameters get new data; Module.half() would replace the buffer first
     assert snapshot.changed() == ("parameter fc.weight changed from torch.float32 [8, 16] on cpu to "
                                   "torch.float16 [8, 16] on cpu")
+
+
+class Tempered(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+        self.temperature = 2.0
+        self.gated = True
+
+    def forward(self, x):
+        y = self.fc(x) / self.temperature
+        return torch.relu(y) if self.gated else torch.sigmoid(y)
+
+
+@pytest.mark.parametrize("change,said", [
+    (lambda m: setattr(m, "temperature", 0.5), "attribute temperature changed from 2.0 to 0.5"),
+    (lambda m: setattr(m, "gated", False), "attribute gated changed from True to False"),
+    (lambda m: m.fc.eval(), "attribute fc.training changed from True to False"),
+], ids=["number", "flag", "mode"])
+def test_a_plain_attribute_that_changed_captures_again(caplog, change, said):
+    torch.manual_seed(0)
+    model, x = Tempered(), torch.randn(4, 16)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    torch.testing.assert_close(fast(x), model(x))
+    change(model)
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        torch.testing.assert_close(fast(x), model(x))
+    (message,) = _recaptures(caplog)
+    assert said in message
+
+
+def test_an_attribute_set_to_an_equal_value_keeps_the_capture(caplog):
+    model, x = Tempered(), torch.randn(4, 16)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    model.temperature = 4.0 / 2  # another float object, the same value
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        fast(x)
+    assert not _recaptures(caplog)
