@@ -65,6 +65,9 @@ class Compiled:
     def _contiguous(self, position: int, t: torch.Tensor) -> torch.Tensor:
         if t.is_contiguous():
             return t
+        if t.is_cuda and torch.cuda.is_current_stream_capturing():
+            # in a CUDA graph the copy must be recorded: a replay runs no Python to see a changed input
+            return t.contiguous()
         key = (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))
         cached = self._copies.get(position)
         if cached is None or cached[0] != key:

@@ -65,6 +65,8 @@ class FoldedConstant(nn.Module):
         self._value: torch.Tensor | None = None
 
     def forward(self, *buffers: torch.Tensor) -> torch.Tensor:
+        if _capturing(buffers):  # recorded in the CUDA graph; a replay runs no Python to check versions
+            return self.function(*buffers)  # (nor can the pattern check sync with the host here)
         key = _versions(buffers)
         if key is None or key != self._key or self._value is None:
             value = self.function(*buffers)
@@ -72,6 +74,12 @@ class FoldedConstant(nn.Module):
                 raise _broken(self.pattern)
             self._value, self._key = value, key
         return self._value
+
+
+def _capturing(tensors) -> bool:
+    """Whether a CUDA graph is being captured on the current stream (for CUDA tensors): a cached
+    value would then be baked into the graph, and a replay would not see its source change."""
+    return any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing()
 
 
 def _broken(pattern: str) -> MaskPatternError:
@@ -99,8 +107,9 @@ def fill_mask(mask: torch.Tensor, dtype: torch.dtype, pattern: str = "", hides: 
     A mask converted before and unchanged since (the same tensor, its version counter where it has
     one) gives the same tensor again, so a constant mask is converted once and one updated in place
     again. A result that ``pattern`` names is checked when it is computed."""
+    capturing = _capturing((mask,))
     try:
-        version = mask._version
+        version = None if capturing else mask._version
     except RuntimeError:  # an inference tensor keeps no version counter: convert every time
         version = None
     entry = _FILLS.get(id(mask))
@@ -109,7 +118,7 @@ def fill_mask(mask: torch.Tensor, dtype: torch.dtype, pattern: str = "", hides: 
         return entry[4]
     hidden = mask if hides else ~mask
     fill = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(hidden, float("-inf"))
-    if pattern and not patterns.matches(pattern, fill):
+    if pattern and not capturing and not patterns.matches(pattern, fill):
         raise _broken(pattern)
     if version is not None and not torch.compiler.is_compiling():
         for key in [k for k, e in _FILLS.items() if e[0]() is None]:  # masks freed since

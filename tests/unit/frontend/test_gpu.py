@@ -60,3 +60,52 @@ def test_the_whole_program_check_times_both_on_the_gpu_and_runs_the_faster():
     assert verdict.runs == guard.THEIRS, verdict.note
     assert 0 < verdict.times[guard.THEIRS] < verdict.times[guard.OURS]
     assert guard.check(one, ten, (x,), {}).runs == guard.OURS
+
+
+def _replayed(fast, inputs, change):
+    """``fast(*inputs)`` captured in a CUDA graph, then ``change()`` (in place) and a replay."""
+    fast(*inputs)  # specialize and compile outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fast(*inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fast(*inputs)
+    change()
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
+def test_a_cuda_graph_of_the_module_sees_a_non_contiguous_input_change():
+    """A transposed view is copied to a contiguous tensor before the kernels; inside a CUDA graph the
+    copy is recorded, so a replay after the view's base changed reads the new values."""
+    base = torch.randn(128, 64, device="cuda", dtype=torch.float16)
+    w = torch.randn(128, 96, device="cuda", dtype=torch.float16) / 8
+    x = base.t()  # (64, 128), not contiguous
+
+    def program(x, w):
+        return torch.relu(x @ w)
+
+    fast = mi.superoptimize(program, (x, w), search=False, use_cache=False, progress=False)
+    out = _replayed(fast, (x, w), lambda: base.copy_(torch.randn_like(base)))
+    torch.testing.assert_close(out, program(x, w), rtol=2e-2, atol=2e-2)
+
+
+def test_a_cuda_graph_of_the_module_sees_a_boolean_mask_change():
+    """A boolean attention mask's additive form is cached while the mask is unchanged, but not inside
+    a CUDA graph: the replay after the mask changed in place uses the new mask."""
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(1, 4, 64, 32, device="cuda", dtype=torch.float16) for _ in range(3))
+    mask = torch.ones(64, 64, device="cuda", dtype=torch.bool)
+
+    def program(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    fast = mi.superoptimize(program, (q, k, v, mask), search=False, use_cache=False, progress=False)
+    out = _replayed(fast, (q, k, v, mask), lambda: mask.copy_(torch.rand(64, 64, device="cuda") < 0.7)
+                    .fill_diagonal_(True))
+    torch.testing.assert_close(out, program(q, k, v, mask), rtol=2e-2, atol=2e-2)
