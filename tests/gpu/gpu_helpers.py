@@ -60,3 +60,23 @@ def assert_matching_on_misaligned(graph, ours, theirs, index: int, seed: int, sa
     for _ in range(launches):
         for x, y in zip(ours.with_poison()(*shifted), expected, strict=True):
             same(x, y)
+
+
+def replayed(fn, inputs, between=None):
+    """``fn(*inputs)`` captured in a CUDA graph (after a warm-up on a side stream), ``between()``
+    called (changing inputs in place, say), the graph replayed once: the captured outputs."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(*inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*inputs)
+    if between is not None:
+        between()
+    graph.replay()
+    torch.cuda.synchronize()
+    return out

@@ -22,6 +22,7 @@ from mirage.codegen.gpu_check import BENCHMARK_SCALE, check_on_gpu, random_input
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.random_graphs import random_graph  # noqa: E402
 from mirage.codegen.runtime import Program, build_many, compile_graph  # noqa: E402
+from tests.gpu.gpu_helpers import replayed  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 RANDOM = int(os.environ.get("MIRAGE_GPU_RANDOM", "100"))
@@ -56,16 +57,7 @@ def test_program_replays_in_a_cuda_graph(programs):
     graph, program = programs["gqa_b1"]
     inputs = random_inputs(graph, 0, BENCHMARK_SCALE)
     eager = [o.clone() for o in program(*inputs)]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        program(*inputs)
-    torch.cuda.current_stream().wait_stream(side)
-    captured = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(captured):
-        static = program(*inputs)
-    captured.replay()
-    torch.cuda.synchronize()
+    static = replayed(program, inputs)
     assert all(torch.equal(a, b) for a, b in zip(eager, static, strict=True))
 
 

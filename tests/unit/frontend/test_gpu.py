@@ -63,20 +63,11 @@ def test_the_whole_program_check_times_both_on_the_gpu_and_runs_the_faster():
 
 
 def _replayed(fast, inputs, change):
-    """``fast(*inputs)`` captured in a CUDA graph, then ``change()`` (in place) and a replay."""
-    fast(*inputs)  # specialize and compile outside the capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fast(*inputs)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fast(*inputs)
-    change()
-    graph.replay()
-    torch.cuda.synchronize()
-    return out
+    """``fast(*inputs)`` specialized outside a CUDA graph, then captured, ``change()`` and a replay."""
+    from tests.gpu.gpu_helpers import replayed
+
+    fast(*inputs)
+    return replayed(fast, inputs, change)
 
 
 def test_a_cuda_graph_of_the_module_sees_a_non_contiguous_input_change():
