@@ -171,6 +171,33 @@ def with_attention_layout(reference: KernelGraph, settings: SearchSettings) -> S
     return dataclasses.replace(settings, overrides=overrides)
 
 
+# tile lengths along the split dim for element-wise subprograms: the space's own (8–256) and finer
+ELEMENT_TILES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def with_element_grids(reference: KernelGraph, settings: SearchSettings) -> SearchSettings:
+    """``settings`` of the ``mlp`` space with finer 1-D grids for an element-wise subprogram (no matrix
+    product, no reduction), unless the caller set grids or maps: the space's grids split a dim into
+    tiles of at least 8, and for a (32, 256, 64) product with (1, 256, 64) tables (rotary embedding)
+    every such tiling holds more than the shared memory the space allows, so nothing was found."""
+    from mirage.generator.space import CONFIGS
+    from mirage.mugraph.ops import ELEMENTWISE
+
+    if settings.config != "mlp" or any(name in _LAYOUT_NAMES for name, _ in settings.overrides):
+        return settings
+    if not all(n.op is Op.INPUT or n.op in ELEMENTWISE for n in reference.nodes):
+        return settings
+    space = CONFIGS["mlp"]
+    shape = reference.output_types[0].shape
+    grids = {(d // x, 1, 1) for d in shape for x in ELEMENT_TILES if d % x == 0}
+    grids = {g for g in grids if space.min_grid_blocks <= g[0] <= space.max_grid_blocks}
+    if len(shape) in (2, 3):  # a block per row (per leading index), as the space adds it: unfiltered
+        grids.add((shape[0], 1, 1))
+    grids = sorted(grids)
+    overrides = tuple(sorted((*settings.overrides, ("grid_dims", json.dumps(grids)))))
+    return dataclasses.replace(settings, overrides=overrides)
+
+
 def strip_names(graph: KernelGraph) -> KernelGraph:
     """``graph`` without its names (its inputs' patterns stay: the code generated for it depends on them)."""
     nodes = tuple(dataclasses.replace(n, attrs=KernelInput("", n.attrs.pattern))
@@ -438,7 +465,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     where it is faster than the fastest build (:func:`pytorch_us`)."""
     if settings.config is None:
         settings = dataclasses.replace(settings, config=auto_config(reference))
-    for widen in (with_block_budget, with_kernel_budget, with_attention_layout):
+    for widen in (with_block_budget, with_kernel_budget, with_attention_layout, with_element_grids):
         settings = widen(reference, settings)
     key = cache_key(reference, settings)
     if profile_on:

@@ -665,3 +665,33 @@ def test_given_candidates_of_a_batched_program_are_verified_on_one_slice(monkeyp
     assert built == [1]  # one verifier, of the slice
     monkeypatch.setattr(Verifier, "__init__", original)
     assert verify(reference, right).equivalent and not verify(reference, wrong).equivalent
+
+
+def _rotary_reference() -> mi.KernelGraph:
+    """q·cos + r·sin at rotary embedding's shapes: 32 heads of (256, 64), tables broadcast over heads."""
+    g = mi.new_kernel_graph()
+    q, r = (g.new_input(dims=(32, 256, 64), dtype=mi.float16) for _ in range(2))
+    cos, sin = (g.new_input(dims=(1, 256, 64), dtype=mi.float16) for _ in range(2))
+    g.mark_output(g.add(g.mul(q, cos), g.mul(r, sin)))
+    return g.freeze()
+
+
+def test_element_wise_subprograms_are_searched_with_finer_grids():
+    settings = SearchSettings("mlp", 5.0)
+    widened = optimize.with_element_grids(_rotary_reference(), settings)
+    grids = json.loads(dict(widened.overrides)["grid_dims"])
+    assert [256, 1, 1] in grids and [32, 1, 1] in grids and all(32 <= g[0] <= 4096 for g in grids)
+    assert optimize.with_element_grids(_epilogue_reference(1), settings) == settings  # a product: as it was
+    given = SearchSettings("mlp", 5.0, (("griddims", "[[64, 1, 1]]"),))
+    assert optimize.with_element_grids(_rotary_reference(), given) == given  # the caller's grids stand
+
+
+def test_the_rotary_product_finds_a_mugraph_with_the_finer_grids():
+    """With the space's own grids every tiling of it needed more shared memory than allowed."""
+    settings = SearchSettings("mlp", 60.0, (("workers", "1"),), max_results=1)
+    found, note, graphs, _ = optimize.run_search(_rotary_reference(),
+                                                 optimize.with_element_grids(_rotary_reference(), settings),
+                                                 progress=False)
+    assert found is not None, note
+    (block,) = [n.attrs for n in found.nodes if n.op is Op.CUSTOMIZED]
+    assert block.grid_dim[0] > 32  # a grid only the finer tiles give
