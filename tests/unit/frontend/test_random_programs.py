@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import mirage as mi
 
+
 def _stable_softmax(a):
     e = torch.exp(a - a.amax(-1, keepdim=True))
     return e / e.sum(-1, keepdim=True)
@@ -24,7 +25,7 @@ UNARY = [
     lambda a: F.leaky_relu(a, 0.1),
     lambda a: a.clamp(max=0.3),
     lambda a: torch.softmax(a, -1),
-    lambda a: _stable_softmax(a),
+    _stable_softmax,
     lambda a: F.rms_norm(a, (a.shape[-1],), eps=1e-5),
     lambda a: a - a.mean(-1, keepdim=True),
     lambda a: a / (a.pow(2).sum(-1, keepdim=True) + 1).sqrt(),
