@@ -315,7 +315,12 @@ def _repeats_as_expands(gm: fx.GraphModule) -> None:
             expand.meta["val"] = unsqueezed.meta["val"].expand(expanded)
             reshaped = gm.graph.call_function(aten.reshape.default, (expand, shape))
             reshaped.meta["val"] = expand.meta["val"].reshape(shape)
-        node.replace_all_uses_with(reshaped)
+            # contiguous, as repeat_interleave's result is: ops after it may view it (einsum's
+            # decomposition does), and the reshape of a size-1 dim's expand is a view of stride 0
+            copied = gm.graph.call_function(aten.clone.default, (reshaped,),
+                                            {"memory_format": torch.contiguous_format})
+            copied.meta["val"] = reshaped.meta["val"].clone(memory_format=torch.contiguous_format)
+        node.replace_all_uses_with(copied)
         gm.graph.erase_node(node)
         changed = True
     if changed:

@@ -301,3 +301,17 @@ def test_a_kv_cache_written_in_place_after_an_aliased_capture():
         torch.testing.assert_close(fast(q, k, v, pos), eager(q, k, v, pos))
         torch.testing.assert_close(model.kc, eager.kc, rtol=0, atol=0)
         torch.testing.assert_close(model.vc, eager.vc, rtol=0, atol=0)
+
+
+def test_repeated_heads_stay_contiguous_for_the_views_after_them():
+    """One key head repeated for two query heads, then einsum (whose decomposition views its operands):
+    the expand's reshape alone would be a stride-0 view that those views cannot take."""
+
+    def attention(q, k, v):
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        return torch.softmax(torch.einsum("bhqd,bhkd->bhqk", q, k) / 4, -1) @ v
+
+    inputs = (torch.randn(2, 2, 16, 16), torch.randn(2, 1, 16, 16), torch.randn(2, 1, 16, 16))
+    fast = mi.superoptimize(attention, inputs, search=False, use_cache=False, progress=False)
+    expected = attention(*(x.double() for x in inputs))
+    torch.testing.assert_close(fast(*inputs).double(), expected, rtol=1e-5, atol=1e-5)
