@@ -317,7 +317,8 @@ class MirageModule(nn.Module):
         self.program = as_module(program)
         self.name = program_name(program)
         self.options = options
-        self._specializations: dict[Signature, Specialization] = {}
+        # by (signature, autocast state): a capture under torch.autocast records its casts
+        self._specializations: dict[tuple[Signature, tuple], Specialization] = {}
         self._first: Signature | None = None
         self._style: tuple[int, tuple[str, ...]] | None = None  # the first call's positions and keywords
         self._noticed: set[str] = set()
@@ -353,8 +354,9 @@ class MirageModule(nn.Module):
         signature = signature_of(args, kwargs)
         if self._first is not None:
             check_call(self._first, signature, self.name)
-        if signature in self._specializations:
-            return self._specializations[signature]
+        key = (signature, _autocast_state())
+        if key in self._specializations:
+            return self._specializations[key]
         seconds = {}
         start = time.perf_counter()
         gm = capture(self.program, args, kwargs)
@@ -389,7 +391,7 @@ class MirageModule(nn.Module):
             seconds["check"] = time.perf_counter() - start
         self._first = self._first or signature
         self._style = self._style or (len(args), tuple(kwargs))
-        self._specializations[signature] = spec
+        self._specializations[key] = spec
         logger.info("mirage: specialized %s for %s: %s", self.name, signature.describe(), part.summary())
         return spec
 
@@ -421,7 +423,7 @@ class MirageModule(nn.Module):
         if self._snapshot is not None:
             self._check_state()
         key = None if kwargs else _tensor_key(args)
-        spec = self._fast.get(key) if key is not None else None
+        spec = self._fast.get((key, _autocast_state())) if key is not None else None
         if spec is None:
             return self._call(args, kwargs, key)
         grad = torch.is_grad_enabled()
@@ -443,9 +445,9 @@ class MirageModule(nn.Module):
             leaves = torch.utils._pytree.tree_leaves((args, kwargs))
             if any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves):
                 self._refuse_grad()
-        spec = self._specializations.get(signature) or self.specialize(args, kwargs)
+        spec = self._specializations.get((signature, _autocast_state())) or self.specialize(args, kwargs)
         if key is not None and self._style == (len(args), ()):  # positional, as the first capture
-            self._fast[key] = spec
+            self._fast[(key, _autocast_state())] = spec
         with torch.no_grad():
             return spec.module(*args, **kwargs)
 
@@ -464,6 +466,13 @@ class MirageModule(nn.Module):
         raise InputGradError(
             f"an input of {self.name} requires grad, but mirage modules compute forward passes "
             "only: call it under torch.no_grad() or torch.inference_mode(), or pass x.detach()")
+
+
+def _autocast_state() -> tuple:
+    """Whether torch.autocast is on, and in which dtype, for CUDA and the CPU: a program captured
+    under it holds its casts, one captured outside it holds none, so each state has its own capture."""
+    return tuple((torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+                 if torch.is_autocast_enabled(device) else False for device in ("cuda", "cpu"))
 
 
 def _tensor_key(args: tuple) -> tuple | None:

@@ -112,3 +112,17 @@ def test_an_attribute_set_to_an_equal_value_keeps_the_capture(caplog):
     with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
         fast(x)
     assert not _recaptures(caplog)
+
+
+def test_a_call_under_autocast_has_its_own_capture():
+    """torch.autocast changes what the program computes (its casts); a capture outside it serves calls
+    outside it, and a call under it captures again, with autocast's casts, as eager mode computes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+    x = torch.randn(8, 32)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = fast(x), model(x)
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-2)  # bfloat16 roundings
+    assert fast(x).dtype == torch.float32 and len(fast.specializations) == 2
