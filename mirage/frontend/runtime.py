@@ -325,7 +325,7 @@ class MirageModule(nn.Module):
         # calls of positional tensors only, by (shape, dtype, device) of each: the specialization a call
         # of the same kind ran, so that a repeated call skips the pytree signature and its checks
         self._fast: dict[tuple, Specialization] = {}
-        self._snapshot: Snapshot | None = None  # the parameters, buffers and submodules captured
+        self._snapshot: Snapshot | None = None  # parameters, buffers, submodules, attributes as captured
 
     @property
     def specializations(self) -> list[Specialization]:
@@ -453,7 +453,8 @@ class MirageModule(nn.Module):
 
     def _check_state(self) -> None:
         """Forget every specialization when a parameter, buffer or submodule of the program was
-        replaced or converted since capture (``frontend.state``): the next call captures again."""
+        replaced or converted, or a plain attribute changed, since capture (``frontend.state``): the
+        next call captures again."""
         why = self._snapshot.changed()
         if why is None:
             return

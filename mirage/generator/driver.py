@@ -188,8 +188,8 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     stats.units_listing_truncated = explorer.listing_truncated
     if explorer.listing_truncated:  # routine for subprograms of many inputs: the result's stop reason says it
         logger.info("listing the search's work units took %.0f %% of its time budget (%d inputs): the "
-                       "search runs the %d listed (block headers that tile the reference first), not the "
-                       "rest", 100 * LISTING_SHARE, len(reference.input_types), len(units))
+                    "search runs the %d listed (block headers that tile the reference first), not the "
+                    "rest", 100 * LISTING_SHARE, len(reference.input_types), len(units))
     stats.add_unit(_unit_stats(explorer))
     stats.units_total = len(units)
     committer = _Committer(options.budget, explorer.position)
