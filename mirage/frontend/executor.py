@@ -5,7 +5,8 @@
   after the online-softmax rewrite, as the GPU does (each exp less its row maximum, so that a
   softmax of large or fully masked logits stays finite), exact to the µGraph semantics, and slow.
 * :class:`Compiled` runs the kernels that ``mirage.codegen`` generates, on a CUDA device.  Inputs that
-  are views (a transposed weight) are made contiguous; copies of unchanged tensors are reused.
+  are views (a transposed weight) are made contiguous; copies of parameters and buffers are reused
+  while their version counters are unchanged (a write through ``.data`` bypasses the counter).
 
 ``make_executor`` picks one: ``"auto"`` compiles on CUDA when mirage.codegen can, else interprets.
 With ``sass_tune`` the compiled kernels' SASS schedules are tuned on the GPU (:mod:`mirage.sass`);
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from mirage.frontend import graphs
 from mirage.frontend.errors import ExecutorError
 from mirage.mugraph.graph import KernelGraph
 from mirage.mugraph.interpret import interpret
@@ -61,15 +63,28 @@ class Compiled:
         program_launch = getattr(launch, "__name__", "") == "launch" and hasattr(owner, "run")
         self._next = owner.run if program_launch else launch
         self._checked = False
+        # input positions that hold parameters or buffers (set by the subprogram's module); whether
+        # a call copied one of them (a strided view): then a caller's CUDA graph copies it in each replay
+        self.constants: frozenset[int] = frozenset()
+        self.copies_constants = False
 
     def _contiguous(self, position: int, t: torch.Tensor) -> torch.Tensor:
+        """``t`` made contiguous.  A parameter's or buffer's copy is kept while the tensor's version
+        counter is unchanged; any other input is copied at every call: a kernel's output (the
+        subprogram before) lands at the same address each call with the same version, new values
+        that a key of address and version cannot tell from the old ones."""
         if t.is_contiguous():
             return t
-        if t.is_cuda and torch.cuda.is_current_stream_capturing():
-            # in a CUDA graph the copy must be recorded: a replay runs no Python to see a changed input
+        if position not in self.constants:
             return t.contiguous()
+        self.copies_constants = True
         key = (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))
         cached = self._copies.get(position)
+        if t.is_cuda and torch.cuda.is_current_stream_capturing():
+            if cached is not None and cached[0] == key and not graphs.recording_constants((t,)):
+                return cached[1]  # a capture standing for calls from Python (graphs.standing_for_calls)
+            # otherwise the copy is recorded: a replay runs no Python to see a changed parameter
+            return t.contiguous()
         if cached is None or cached[0] != key:
             cached = (key, t.contiguous())
             self._copies[position] = cached

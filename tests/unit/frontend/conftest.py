@@ -9,3 +9,36 @@ def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("MIRAGE_NO_CACHE", raising=False)
     monkeypatch.delenv("MIRAGE_EXECUTOR", raising=False)
     return tmp_path / "cache"
+
+
+class SameAddress:
+    """A launcher for :class:`~mirage.frontend.executor.Compiled` on the CPU: the graph interpreted,
+    its outputs landing at the same address each call in new tensors of one version, as CUDA's caching
+    allocator gives a kernel's outputs call after call (what the GPU path's caches must not mistake
+    for unchanged tensors)."""
+
+    def __init__(self, graph):
+        from mirage.frontend.executor import Interpreted
+
+        self.inner, self.buffers = Interpreted(graph), {}
+
+    def __call__(self, inputs):
+        import torch
+
+        outputs = []
+        for i, o in enumerate(self.inner(inputs)):
+            buffer = self.buffers.setdefault(i, torch.empty_like(o))
+            t = torch.empty(0, dtype=o.dtype).set_(buffer.untyped_storage(), 0, o.shape, o.stride())
+            outputs.append(t.copy_(o))
+        return outputs
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    """Subprograms run through the compiled-kernel executor (its input copies and caches), with the
+    interpreter behind it and outputs at the same address every call (:class:`SameAddress`)."""
+    from mirage.frontend import runtime
+    from mirage.frontend.executor import Compiled
+
+    monkeypatch.setattr(runtime, "make_executor", lambda graph, device, mode="auto", reference=None, *,
+                        sass_tune=False, build=None: Compiled(graph, SameAddress(graph)))

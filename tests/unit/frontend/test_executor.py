@@ -41,6 +41,7 @@ def test_compiled_copies_views_once_while_they_are_unchanged():
         return [inputs[0] @ inputs[1]]
 
     executor = Compiled(_graph(), launch)
+    executor.constants = frozenset({1})  # the weight is a parameter
     x, weight = torch.randn(2, 3), torch.randn(4, 3)
     (first,) = executor([x, weight.t()])
     (second,) = executor([x, weight.t()])
@@ -50,6 +51,41 @@ def test_compiled_copies_views_once_while_they_are_unchanged():
     weight.mul_(2.0)  # an in-place change bumps the version: the copy is refreshed
     (third,) = executor([x, weight.t()])
     torch.testing.assert_close(third, x @ weight.t())
+    assert executor.copies_constants
+
+
+def test_compiled_copies_a_view_of_an_activation_at_every_call():
+    """An activation's view is copied every time, even at an address and version seen before."""
+    seen = []
+
+    def launch(inputs):
+        seen.append(inputs[1].data_ptr())
+        return [inputs[0] @ inputs[1]]
+
+    executor = Compiled(_graph(), launch)
+    x, y = torch.randn(2, 3), torch.randn(4, 3)
+    executor([x, y.t()])
+    y.data.copy_(torch.randn(4, 3))  # new values, the version counter unchanged
+    (out,) = executor([x, y.t()])
+    torch.testing.assert_close(out, x @ y.t())
+    assert not executor.copies_constants
+
+
+def test_a_subprogram_reading_the_one_before_transposed_sees_each_call_values(gpu_like):
+    """The keys of attention computed by one subprogram and read transposed by the next: the copy of
+    the transposed view is made anew each call (it was reused while the address and version matched,
+    and the second call computed with the first call's keys)."""
+
+    def program(q, k):
+        return torch.softmax(q @ (torch.relu(k) * 2).transpose(-1, -2), dim=-1)
+
+    torch.manual_seed(0)
+    fast = mi.superoptimize(program, (torch.randn(2, 16, 8), torch.randn(2, 16, 8)), search=False,
+                            use_cache=False, progress=False)
+    assert len(fast.partition.subprograms) == 2
+    for _ in range(3):
+        q, k = torch.randn(2, 16, 8), torch.randn(2, 16, 8)
+        torch.testing.assert_close(fast(q, k), program(q, k))
 
 
 def _fake_codegen(monkeypatch, failing):

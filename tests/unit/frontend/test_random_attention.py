@@ -56,10 +56,21 @@ def _attention(seed: int):
     return program, inputs
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_a_random_attention_gives_what_eager_float64_gives(seed):
+def _check(seed: int, calls: int) -> None:
     program, inputs = _attention(seed)
     fast = mi.superoptimize(program, inputs(), search=False, use_cache=False, progress=False)
-    fresh = inputs()
-    expected = program(*(x.double() for x in fresh))
-    torch.testing.assert_close(fast(*fresh).double(), expected, rtol=1e-4, atol=1e-5)
+    for _ in range(calls):
+        fresh = inputs()
+        expected = program(*(x.double() for x in fresh))
+        torch.testing.assert_close(fast(*fresh).double(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_random_attention_gives_what_eager_float64_gives(seed):
+    _check(seed, calls=1)
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 2))
+def test_a_random_attention_through_the_compiled_executor_gives_it_call_after_call(seed, gpu_like):
+    """The same through the GPU path's executor (its input copies and caches), three calls."""
+    _check(seed, calls=3)

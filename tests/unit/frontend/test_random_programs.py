@@ -70,11 +70,22 @@ def _program(seed: int):
     return program, torch.randn(rows, width, generator=generator), weights, generator
 
 
-@pytest.mark.parametrize("seed", range(100))
-def test_a_random_program_gives_what_eager_float64_gives(seed):
+def _check(seed: int, calls: int) -> None:
     program, x, weights, generator = _program(seed)
     fast = mi.superoptimize(program, (x, *weights), search=False, use_cache=False, progress=False)
-    fresh = torch.randn(x.shape, generator=generator)
-    got = fast(fresh, *weights).double()
-    expected = program(fresh.double(), *(w.double() for w in weights))
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()) + 1e-6)
+    for _ in range(calls):
+        fresh = torch.randn(x.shape, generator=generator)
+        got = fast(fresh, *weights).double()
+        expected = program(fresh.double(), *(w.double() for w in weights))
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()) + 1e-6)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_a_random_program_gives_what_eager_float64_gives(seed):
+    _check(seed, calls=1)
+
+
+@pytest.mark.parametrize("seed", range(0, 100, 2))
+def test_a_random_program_through_the_compiled_executor_gives_it_call_after_call(seed, gpu_like):
+    """The same through the GPU path's executor (its input copies and caches), three calls."""
+    _check(seed, calls=3)
