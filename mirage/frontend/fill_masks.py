@@ -26,6 +26,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from mirage.errors import MirageError
+from mirage.frontend import graphs
 from mirage.mugraph import patterns
 
 aten = torch.ops.aten
@@ -65,21 +66,19 @@ class FoldedConstant(nn.Module):
         self._value: torch.Tensor | None = None
 
     def forward(self, *buffers: torch.Tensor) -> torch.Tensor:
-        if _capturing(buffers):  # recorded in the CUDA graph; a replay runs no Python to check versions
-            return self.function(*buffers)  # (nor can the pattern check sync with the host here)
         key = _versions(buffers)
+        if graphs.capturing(buffers):  # recorded in a caller's CUDA graph: a replay runs no Python to
+            # check versions (nor can the pattern check sync with the host here)
+            unchanged = key is not None and key == self._key and self._value is not None
+            if unchanged and not graphs.recording_constants(buffers):
+                return self._value  # a capture standing for calls from Python (graphs.standing_for_calls)
+            return self.function(*buffers)
         if key is None or key != self._key or self._value is None:
             value = self.function(*buffers)
             if self.pattern and not patterns.matches(self.pattern, value):
                 raise _broken(self.pattern)
             self._value, self._key = value, key
         return self._value
-
-
-def _capturing(tensors) -> bool:
-    """Whether a CUDA graph is being captured on the current stream (for CUDA tensors): a cached
-    value would then be baked into the graph, and a replay would not see its source change."""
-    return any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing()
 
 
 def _broken(pattern: str) -> MaskPatternError:
@@ -107,7 +106,7 @@ def fill_mask(mask: torch.Tensor, dtype: torch.dtype, pattern: str = "", hides: 
     A mask converted before and unchanged since (the same tensor, its version counter where it has
     one) gives the same tensor again, so a constant mask is converted once and one updated in place
     again. A result that ``pattern`` names is checked when it is computed."""
-    capturing = _capturing((mask,))
+    capturing = graphs.capturing((mask,))  # a cached value would be baked into the graph
     try:
         version = None if capturing else mask._version
     except RuntimeError:  # an inference tensor keeps no version counter: convert every time

@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from mirage.frontend import graphs
 from mirage.frontend.capture import (
     Signature,
     as_module,
@@ -61,12 +62,21 @@ class SubprogramModule(nn.Module):
         self.sources = list(dict.fromkeys(b.source for b in subprogram.inputs))
         self._position = {name: i for i, name in enumerate(self.sources)}
         self._executors: dict[torch.device, Any] = {}
+        self.constant_sources: frozenset[str] = frozenset()  # the sources that are parameters or buffers
+
+    @property
+    def copies_constants(self) -> bool:
+        """Whether a call copied a parameter or buffer it reads as a strided view (see executor)."""
+        return any(getattr(e, "copies_constants", False) for e in self._executors.values())
 
     def executor(self, device: torch.device):
         if device not in self._executors:
             self._executors[device] = make_executor(self.choice.graph, device, self.executor_mode,
                                                     self.subprogram.graph, sass_tune=self.sass_tune,
                                                     build=self.choice.build)
+            if hasattr(self._executors[device], "constants"):
+                self._executors[device].constants = frozenset(
+                    i for i, b in enumerate(self.subprogram.inputs) if b.source in self.constant_sources)
         return self._executors[device]
 
     def forward(self, *sources: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -115,6 +125,7 @@ def stitch(gm: fx.GraphModule, part: Partition, modules: Mapping[str, Subprogram
         emitted += 1
         if isinstance(unit, str):
             module = modules[unit]
+            module.constant_sources = frozenset(n for n in module.sources if by_name[n].op == "get_attr")
             call = graph.call_module(unit, tuple(env[by_name[name]] for name in module.sources))
             for k, binding in enumerate(subprograms[unit].outputs):
                 value = graph.call_function(operator.getitem, (call, k))
@@ -176,6 +187,9 @@ class Specialization:
     seconds: dict[str, float]
     split: tuple[str, ...] = ()  # what the searches of the subprograms split afterwards gave
     verdict: Verdict | None = None  # the whole-program check's (frontend.guard); None where it did not run
+    # what a caller's CUDA graph captures where it is not ``module`` (the program as given, where the
+    # check found the stitched module slower in a graph, whose replays copy strided parameters)
+    graph_module: Any = None
     _flat: Any = None  # flat_runner's result, made on first use
 
     def run_flat(self, args: tuple):
@@ -384,10 +398,13 @@ class MirageModule(nn.Module):
         spec = Specialization(signature, stitched, captured, part, choices, seconds, split)
         if device is not None and replaced and self.options.whole_program_check:
             start = time.perf_counter()
-            spec.verdict = check(stitched, self.program, args, kwargs) if not stateful else Verdict(
+            copies = lambda: any(m.copies_constants for m in modules.values())  # noqa: E731
+            spec.verdict = check(stitched, self.program, args, kwargs, copies) if not stateful else Verdict(
                 OURS, {}, "whole program not timed: it updates its own buffers or parameters, which "
                           "timing would update thousands of times")
             spec.module = self.program if spec.verdict.pytorch else stitched
+            spec.graph_module = self.program if spec.verdict.pytorch_in_graphs and not spec.verdict.pytorch \
+                else None
             seconds["check"] = time.perf_counter() - start
         self._first = self._first or signature
         self._style = self._style or (len(args), tuple(kwargs))
@@ -431,6 +448,8 @@ class MirageModule(nn.Module):
             self._refuse_grad()
         torch._C._set_grad_enabled(False)  # torch.no_grad() without the context object
         try:
+            if spec.graph_module is not None and graphs.recording_constants(args):
+                return spec.graph_module(*args)
             return spec.run_flat(args)
         finally:
             torch._C._set_grad_enabled(grad)
@@ -448,8 +467,12 @@ class MirageModule(nn.Module):
         spec = self._specializations.get((signature, _autocast_state())) or self.specialize(args, kwargs)
         if key is not None and self._style == (len(args), ()):  # positional, as the first capture
             self._fast[(key, _autocast_state())] = spec
+        module = spec.module
+        if spec.graph_module is not None and graphs.recording_constants(torch.utils._pytree.tree_leaves(
+                (args, kwargs))):
+            module = spec.graph_module
         with torch.no_grad():
-            return spec.module(*args, **kwargs)
+            return module(*args, **kwargs)
 
     def _check_state(self) -> None:
         """Forget every specialization when a parameter, buffer or submodule of the program was

@@ -100,3 +100,43 @@ def test_a_cuda_graph_of_the_module_sees_a_boolean_mask_change():
     out = _replayed(fast, (q, k, v, mask), lambda: mask.copy_(torch.rand(64, 64, device="cuda") < 0.7)
                     .fill_diagonal_(True))
     torch.testing.assert_close(out, program(q, k, v, mask), rtol=2e-2, atol=2e-2)
+
+
+class _Linear(torch.nn.Module):
+    """nn.Linear reads its weight transposed: a strided view of a parameter, which calls copy."""
+
+    def __init__(self, n: int = 2048):
+        super().__init__()
+        self.fc = torch.nn.Linear(n, n, bias=False)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def test_a_cuda_graph_of_the_module_sees_a_weight_updated_in_place():
+    """Calls reuse the transposed weight's copy while the weight is unchanged; a CUDA graph records
+    the copy, so a replay after an in-place update (a weight sync) computes with the new weight."""
+    model = _Linear(256).cuda().half().eval()
+    x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False,
+                            whole_program_check=False)
+    with torch.no_grad():
+        out = _replayed(fast, (x,), lambda: model.fc.weight.mul_(-1))
+        torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(fast(x), model(x), rtol=2e-2, atol=2e-2)  # and a call from Python
+
+
+def test_the_check_times_a_module_that_copies_a_weight_in_a_caller_graph_too():
+    """The whole-program check times calls (the weight's copy made once) and a caller's CUDA graph
+    (a copy of the 8 MB weight in every replay) apart."""
+    from mirage.frontend import guard
+
+    model = _Linear().cuda().half().eval()
+    x = torch.randn(8, 2048, device="cuda", dtype=torch.float16)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False,
+                            whole_program_check=False)
+    stitched = fast.specializations[0].module
+    modules = [m for m in stitched.modules() if isinstance(m, SubprogramModule)]
+    verdict = guard.check(stitched, model, (x,), {}, lambda: any(m.copies_constants for m in modules))
+    assert guard.OURS_IN_GRAPHS in verdict.times, verdict.note
+    assert verdict.times[guard.OURS] < verdict.times[guard.OURS_IN_GRAPHS], verdict.note

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import mirage as mi
-from mirage.frontend import guard, runtime
+from mirage.frontend import graphs, guard, runtime
 from mirage.frontend.runtime import SubprogramModule
 
 
@@ -60,8 +60,8 @@ def test_a_program_that_cannot_be_timed_keeps_the_chosen_graphs():
 def _superoptimize(monkeypatch, times, **options):
     """superoptimize on the CPU with the check made to run (as on a GPU) and its timer replaced."""
     monkeypatch.setattr(runtime, "profile_device", lambda args, kwargs, options: "a GPU")
-    monkeypatch.setattr(runtime, "check", lambda ours, given, args, kwargs: guard.check(
-        ours, given, args, kwargs, timer=_timer(times)))
+    monkeypatch.setattr(runtime, "check", lambda ours, given, args, kwargs, copies: guard.check(
+        ours, given, args, kwargs, copies, timer=_timer(times)))
     return mi.superoptimize(program, _inputs(), search=False, use_cache=False, progress=False, **options)
 
 
@@ -121,3 +121,69 @@ def test_a_program_that_updates_its_buffers_is_not_timed(monkeypatch):
     assert not timed and not spec.verdict.pytorch
     assert "not timed: it updates its own buffers" in spec.verdict.note
     assert float(model.calls) == 2.0
+
+
+def _graphed_timer(times, seen):
+    """Like _timer, with ours in a caller's CUDA graph timed as ``times[OURS_IN_GRAPHS]``: the timing
+    that stands for calls from Python is the one inside ``graphs.standing_for_calls``."""
+    def timer(module, args, kwargs):
+        module(*args, **kwargs)
+        standing = graphs._state.__dict__.get("calls", False)
+        seen.append(standing)
+        if module is program or getattr(module, "function", None) is program:
+            return times[guard.THEIRS]
+        return times[guard.OURS] if standing else times[guard.OURS_IN_GRAPHS]
+    return timer
+
+
+@pytest.mark.parametrize("graphed,in_graphs", [(30.0, guard.THEIRS), (22.0, guard.OURS)])
+def test_ours_copying_strided_parameters_is_timed_in_a_caller_graph_too(graphed, in_graphs):
+    seen = []
+    times = {guard.OURS: 20.0, guard.OURS_IN_GRAPHS: graphed, guard.THEIRS: 24.0}
+    verdict = guard.check(lambda x, w: program(x, w) + 0, program, _inputs(), {}, lambda: True,
+                          timer=_graphed_timer(times, seen))
+    assert seen == [True, False, False]  # calls, then a caller's graph, then the program as given
+    assert verdict.runs == guard.OURS and not verdict.pytorch
+    assert verdict.pytorch_in_graphs == (in_graphs == guard.THEIRS)
+    assert dict(verdict.times) == times
+    assert (f"20.00 µs a call with the chosen µGraphs ({graphed:.2f} µs in a CUDA graph, which copies "
+            "strided parameters in every replay), 24.00 µs in PyTorch") in verdict.note
+    switched = "a CUDA graph captured around the module runs PyTorch" in verdict.note
+    assert switched == (in_graphs == guard.THEIRS)
+
+
+def test_ours_that_copies_nothing_is_timed_once():
+    seen = []
+    verdict = guard.check(lambda x, w: program(x, w) + 0, program, _inputs(), {}, lambda: False,
+                          timer=_graphed_timer({guard.OURS: 20.0, guard.THEIRS: 24.0}, seen))
+    assert seen == [True, False] and set(verdict.times) == {guard.OURS, guard.THEIRS}
+    assert not verdict.pytorch_in_graphs and "CUDA graph" not in verdict.note
+
+
+def test_a_caller_graph_runs_the_program_as_given_where_it_is_faster_there(monkeypatch):
+    """Calls from Python run the µGraphs; a capture that must record the copies of strided parameters
+    (a caller's CUDA graph) runs the program as given."""
+    calls = []
+
+    def counted(x, w):
+        calls.append(1)
+        return program(x, w)
+
+    times = {guard.OURS: 20.0, guard.OURS_IN_GRAPHS: 30.0, guard.THEIRS: 24.0}
+    monkeypatch.setattr(runtime, "profile_device", lambda args, kwargs, options: "a GPU")
+    monkeypatch.setattr(runtime, "check", lambda ours, given, args, kwargs, copies: guard.check(
+        ours, given, args, kwargs, lambda: True, timer=lambda m, a, k: (
+            times[guard.THEIRS] if getattr(m, "function", None) is counted
+            else times[guard.OURS if graphs._state.__dict__.get("calls") else guard.OURS_IN_GRAPHS])))
+    fast = mi.superoptimize(counted, _inputs(), search=False, use_cache=False, progress=False)
+    spec = fast.specializations[0]
+    assert not spec.verdict.pytorch and spec.verdict.pytorch_in_graphs and spec.graph_module is fast.program
+    x, w = _inputs()
+    calls.clear()
+    torch.testing.assert_close(fast(x, w), program(x, w), rtol=1e-5, atol=1e-5)
+    assert not calls  # a call runs the µGraphs
+    monkeypatch.setattr(graphs, "recording_constants", lambda tensors: True)  # as in a caller's capture
+    torch.testing.assert_close(fast(x, w), program(x, w))
+    torch.testing.assert_close(fast(x, w=w), program(x, w))  # the keyword path too
+    assert len(calls) == 2
+    assert "a CUDA graph captured around the module runs PyTorch, faster there" in fast.report()

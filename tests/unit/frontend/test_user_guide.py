@@ -45,7 +45,8 @@ def test_user_guide_examples_run(monkeypatch, tmp_path, caplog):
 
 @pytest.mark.parametrize("module", ["mirage.api", "mirage.frontend.shapes", "mirage.frontend.lowering",
                                     "mirage.frontend.runtime", "mirage.frontend.options",
-                                    "mirage.frontend.state", "mirage.frontend.guard"])
+                                    "mirage.frontend.state", "mirage.frontend.guard",
+                                    "mirage.frontend.graphs"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
