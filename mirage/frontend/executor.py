@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+from torch.nn import Parameter
 
 from mirage.frontend import graphs
 from mirage.frontend.errors import ExecutorError
@@ -72,10 +73,12 @@ class Compiled:
         """``t`` made contiguous.  A parameter's or buffer's copy is kept while the tensor's version
         counter is unchanged; any other input is copied at every call: a kernel's output (the
         subprogram before) lands at the same address each call with the same version, new values
-        that a key of address and version cannot tell from the old ones."""
+        that a key of address and version cannot tell from the old ones.  Parameters are known by
+        position (``constants``, from the stitched graph) or as ``nn.Parameter`` (torch.compile
+        passes them as inputs)."""
         if t.is_contiguous():
             return t
-        if position not in self.constants:
+        if position not in self.constants and not isinstance(t if t._base is None else t._base, Parameter):
             return t.contiguous()
         self.copies_constants = True
         key = (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))

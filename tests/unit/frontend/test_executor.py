@@ -54,6 +54,25 @@ def test_compiled_copies_views_once_while_they_are_unchanged():
     assert executor.copies_constants
 
 
+def test_compiled_knows_a_parameter_passed_as_an_input():
+    """torch.compile passes parameters as inputs of its graphs: an nn.Parameter's view is a constant."""
+    seen = []
+
+    def launch(inputs):
+        seen.append(inputs[1].data_ptr())
+        return [inputs[0] @ inputs[1]]
+
+    executor = Compiled(_graph(), launch)
+    x, weight = torch.randn(2, 3), torch.nn.Parameter(torch.randn(4, 3), requires_grad=False)
+    executor([x, weight.t()])
+    executor([x, weight.t()])
+    assert seen[0] == seen[1] and executor.copies_constants
+    with torch.no_grad():
+        weight.mul_(-1)
+    (out,) = executor([x, weight.t()])
+    torch.testing.assert_close(out, x @ weight.t())
+
+
 def test_compiled_copies_a_view_of_an_activation_at_every_call():
     """An activation's view is copied every time, even at an address and version seen before."""
     seen = []
