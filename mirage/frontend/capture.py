@@ -169,9 +169,19 @@ def check_call(captured: Signature, call: Signature, name: str) -> None:
 def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     """The aten-level graph module of ``module`` for these inputs (parameters as attributes)."""
     name = program_name(module)
+    tensors = (*module.named_parameters(), *module.named_buffers())
+    made_in_inference = [n for n, t in tensors if t.is_inference()]
+    if made_in_inference:
+        raise CaptureError(
+            f"{name}'s {made_in_inference[0]} (and {len(made_in_inference) - 1} more) was created under "
+            "torch.inference_mode(), and torch.export cannot trace such tensors: build or load the model "
+            "outside inference mode (torch.no_grad() is fine), then superoptimize it under either")
     args, kwargs = _unaliased(args, kwargs)
     try:
         with torch.inference_mode(False):
+            # an input made under torch.inference_mode() traces as a copy made outside it
+            args, kwargs = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) and
+                                           x.is_inference() else x, (args, kwargs))
             exported = torch.export.export(module, tuple(args), dict(kwargs), strict=False)
     except Exception as error:  # torch raises many types here; all mean "could not trace"
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""

@@ -315,3 +315,28 @@ def test_repeated_heads_stay_contiguous_for_the_views_after_them():
     fast = mi.superoptimize(attention, inputs, search=False, use_cache=False, progress=False)
     expected = attention(*(x.double() for x in inputs))
     torch.testing.assert_close(fast(*inputs).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+
+
+def test_superoptimize_and_calls_under_inference_mode(gpu_like):
+    """torch.export cannot trace inputs made under torch.inference_mode(); capture traces copies."""
+    model = _mlp()
+    with torch.inference_mode():
+        fast = mi.superoptimize(model, (torch.randn(4, 16),), search=False, use_cache=False, progress=False)
+        for _ in range(2):
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(fast(x), model(x))
+        model[0].weight.mul_(-1)  # an update in place, seen by the next call
+        torch.testing.assert_close(fast(x), model(x))
+
+
+def test_a_model_built_under_inference_mode_is_refused_with_what_to_do():
+    with torch.inference_mode():
+        model = _mlp()
+    with pytest.raises(mi.frontend.CaptureError, match=r"0.weight \(and 3 more\) was created under "
+                       r"torch.inference_mode\(\).*build or load the model outside inference mode"):
+        mi.superoptimize(model, (torch.randn(4, 16),), search=False, use_cache=False, progress=False)
