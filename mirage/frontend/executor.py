@@ -68,6 +68,7 @@ class Compiled:
         # a call copied one of them (a strided view): then a caller's CUDA graph copies it in each replay
         self.constants: frozenset[int] = frozenset()
         self.copies_constants = False
+        self.reuse_in_graphs = False  # Options.reuse_copies_in_graphs
 
     def _contiguous(self, position: int, t: torch.Tensor) -> torch.Tensor:
         """``t`` made contiguous.  A parameter's or buffer's copy is kept while the tensor's version
@@ -83,14 +84,18 @@ class Compiled:
         self.copies_constants = True
         key = (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))
         cached = self._copies.get(position)
-        if t.is_cuda and torch.cuda.is_current_stream_capturing():
-            if cached is not None and cached[0] == key and not graphs.recording_constants((t,)):
-                return cached[1]  # a capture standing for calls from Python (graphs.standing_for_calls)
+        if graphs.capturing((t,)):
+            reuse = self.reuse_in_graphs or not graphs.recording_constants((t,))
+            if reuse and cached is not None and cached[0] == key:
+                # a capture standing for calls from Python (graphs.standing_for_calls), or one whose
+                # owner chose to read the calls' copies (Options.reuse_copies_in_graphs)
+                return cached[1]
             # otherwise the copy is recorded: a replay runs no Python to see a changed parameter
             return t.contiguous()
-        if cached is None or cached[0] != key:
-            cached = (key, t.contiguous())
-            self._copies[position] = cached
+        if cached is None:
+            cached = self._copies[position] = (key, t.contiguous())
+        elif cached[0] != key:  # refreshed in place: a CUDA graph that reads the copy reads the new values
+            cached = self._copies[position] = (key, cached[1].copy_(t))
         return cached[1]
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -37,6 +37,9 @@ class Options:
     candidates: tuple = ()  # µGraphs to consider besides the search's (verified per subprogram first)
     upcasts: str = "exact"  # float16 → float32 casts: "exact" or "input_precision" (frontend.partition)
     whole_program_check: bool = True  # on CUDA: run the program as given where it is faster (frontend.guard)
+    # a CUDA graph captured around the module reads the copies of transposed parameters that calls made,
+    # instead of copying in every replay; a parameter updated in place is seen after the next call
+    reuse_copies_in_graphs: bool = False
 
     @classmethod
     def parse(cls, **options: Any) -> Options:
@@ -79,7 +82,8 @@ class Options:
                 f"upcasts must be one of {', '.join(map(repr, UPCAST_MODES))}, got {self.upcasts!r}: 'exact' "
                 "keeps values the program widens to float32 in float32 (cutting subprograms where they "
                 "would be stored narrower), 'input_precision' holds them at the inputs' precision")
-        for name in ("search", "use_cache", "progress", "sass_tune", "whole_program_check"):
+        for name in ("search", "use_cache", "progress", "sass_tune", "whole_program_check",
+                     "reuse_copies_in_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.cache_dir is not None and self.cache_dir.exists() and not self.cache_dir.is_dir():

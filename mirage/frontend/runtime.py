@@ -59,6 +59,7 @@ class SubprogramModule(nn.Module):
         self.choice = choice
         self.executor_mode = options.executor
         self.sass_tune = options.sass_tune
+        self.reuse_in_graphs = options.reuse_copies_in_graphs
         self.sources = list(dict.fromkeys(b.source for b in subprogram.inputs))
         self._position = {name: i for i, name in enumerate(self.sources)}
         self._executors: dict[torch.device, Any] = {}
@@ -77,6 +78,7 @@ class SubprogramModule(nn.Module):
             if hasattr(self._executors[device], "constants"):
                 self._executors[device].constants = frozenset(
                     i for i, b in enumerate(self.subprogram.inputs) if b.source in self.constant_sources)
+                self._executors[device].reuse_in_graphs = self.reuse_in_graphs
         return self._executors[device]
 
     def forward(self, *sources: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -398,7 +400,9 @@ class MirageModule(nn.Module):
         spec = Specialization(signature, stitched, captured, part, choices, seconds, split)
         if device is not None and replaced and self.options.whole_program_check:
             start = time.perf_counter()
-            copies = lambda: any(m.copies_constants for m in modules.values())  # noqa: E731
+            # a caller's graph copies in every replay, unless it reads the calls' copies
+            copies = lambda: not self.options.reuse_copies_in_graphs and any(  # noqa: E731
+                m.copies_constants for m in modules.values())
             spec.verdict = check(stitched, self.program, args, kwargs, copies) if not stateful else Verdict(
                 OURS, {}, "whole program not timed: it updates its own buffers or parameters, which "
                           "timing would update thousands of times")

@@ -182,3 +182,36 @@ def test_compiled_checks_a_programs_inputs_on_its_first_call_only(monkeypatch):
     other = Compiled(graph, lambda inputs: [inputs[0] @ inputs[1]])  # any launcher: called as it is
     torch.testing.assert_close(other([x, w])[0], x @ w)
     torch.testing.assert_close(other([x, w])[0], x @ w)
+
+
+def test_a_capture_records_a_parameter_copy_unless_it_reads_the_calls_copies(monkeypatch):
+    """A caller's CUDA graph makes its own copy of a transposed parameter; a capture standing for
+    calls, or one of a module built with ``reuse_copies_in_graphs``, reads the copy the calls keep,
+    which a call after an in-place update refreshes at the same address."""
+    from mirage.frontend import graphs
+
+    seen = []
+
+    def launch(inputs):
+        seen.append(inputs[1].data_ptr())
+        return [inputs[0] @ inputs[1]]
+
+    executor = Compiled(_graph(), launch)
+    executor.constants = frozenset({1})
+    x, weight = torch.randn(2, 3), torch.randn(4, 3)
+    executor([x, weight.t()])
+    kept = seen[-1]
+    monkeypatch.setattr(graphs, "capturing", lambda tensors: True)  # as inside torch.cuda.graph
+    executor([x, weight.t()])
+    assert seen[-1] != kept  # recorded: a replay copies again
+    with graphs.standing_for_calls():
+        executor([x, weight.t()])
+    assert seen[-1] == kept
+    executor.reuse_in_graphs = True
+    executor([x, weight.t()])
+    assert seen[-1] == kept
+    monkeypatch.setattr(graphs, "capturing", lambda tensors: False)
+    weight.mul_(-1)
+    (out,) = executor([x, weight.t()])  # a call after the update: the same copy, new values
+    assert seen[-1] == kept
+    torch.testing.assert_close(out, x @ weight.t())

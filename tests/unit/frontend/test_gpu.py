@@ -140,3 +140,23 @@ def test_the_check_times_a_module_that_copies_a_weight_in_a_caller_graph_too():
     verdict = guard.check(stitched, model, (x,), {}, lambda: any(m.copies_constants for m in modules))
     assert guard.OURS_IN_GRAPHS in verdict.times, verdict.note
     assert verdict.times[guard.OURS] < verdict.times[guard.OURS_IN_GRAPHS], verdict.note
+
+
+def test_a_graph_reading_the_calls_copies_sees_an_update_after_a_call():
+    """reuse_copies_in_graphs: the graph reads the copy the calls keep; a call after an in-place
+    update refreshes it where the graph reads it."""
+    from tests.gpu.gpu_helpers import replayed
+
+    model = _Linear(256).cuda().half().eval()
+    x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False,
+                            whole_program_check=False, reuse_copies_in_graphs=True)
+    with torch.no_grad():
+        fast(x)
+
+        def update():
+            model.fc.weight.mul_(-1)
+            fast(x)  # the call that refreshes the copy
+
+        out = replayed(fast, (x,), update)
+        torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)

@@ -187,3 +187,17 @@ def test_a_caller_graph_runs_the_program_as_given_where_it_is_faster_there(monke
     torch.testing.assert_close(fast(x, w=w), program(x, w))  # the keyword path too
     assert len(calls) == 2
     assert "a CUDA graph captured around the module runs PyTorch, faster there" in fast.report()
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_a_module_reading_the_calls_copies_in_graphs_is_not_timed_there(monkeypatch, reuse):
+    asked = []
+    monkeypatch.setattr(runtime, "profile_device", lambda args, kwargs, options: "a GPU")
+    monkeypatch.setattr(SubprogramModule, "copies_constants", property(lambda self: True))
+    monkeypatch.setattr(runtime, "check", lambda ours, given, args, kwargs, copies: asked.append(copies())
+                        or guard.Verdict(guard.OURS, {}, ""))
+    mi.superoptimize(program, _inputs(), search=False, use_cache=False, progress=False,
+                     reuse_copies_in_graphs=reuse)
+    assert asked == [not reuse]
+    with pytest.raises(mi.frontend.OptionError, match="reuse_copies_in_graphs must be True or False"):
+        mi.superoptimize(program, _inputs(), reuse_copies_in_graphs="yes")
