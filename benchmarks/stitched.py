@@ -34,15 +34,10 @@ def _programs(gm):
 
 def _replay_kernels(fn, inputs, replays: int = 10) -> list[dict]:
     """The GPU kernels and copies of ``replays`` replays of one captured call, by total time."""
+    from mirage.codegen.profile import captured
+
     with torch.no_grad():
-        side = torch.cuda.Stream()  # a warm-up on a side stream, as a capture needs
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn(*inputs)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn(*inputs)
+        graph, _ = captured(lambda: fn(*inputs))
         graph.replay()
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,9 @@ class Timing:
         }
 
 
-def time_graph(fn: Callable[[], object], calls: int = 10, replays: int = 200, warmup: int = 3) -> Timing:
+def captured(fn: Callable[[], object], calls: int = 1, warmup: int = 1) -> tuple[Any, object]:
+    """A CUDA graph of ``calls`` calls of ``fn``, after ``warmup`` calls on a side stream (what a
+    capture needs), and what the last captured call returned (rewritten by every replay)."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -46,8 +49,16 @@ def time_graph(fn: Callable[[], object], calls: int = 10, replays: int = 200, wa
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+        for _ in range(calls - 1):
+            fn()  # each result freed at once, so that the next call may reuse its memory
+        out = fn()
+    return graph, out
+
+
+def time_graph(fn: Callable[[], object], calls: int = 10, replays: int = 200, warmup: int = 3) -> Timing:
+    import torch
+
+    graph, _ = captured(fn, calls, warmup)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()

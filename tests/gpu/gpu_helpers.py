@@ -67,14 +67,9 @@ def replayed(fn, inputs, between=None):
     called (changing inputs in place, say), the graph replayed once: the captured outputs."""
     import torch
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn(*inputs)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn(*inputs)
+    from mirage.codegen.profile import captured
+
+    graph, out = captured(lambda: fn(*inputs))
     if between is not None:
         between()
     graph.replay()
