@@ -131,6 +131,9 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return fill_mask(mask, dtype, hides=False)
 
 
+_NOTS = (aten.bitwise_not.default, aten.logical_not.default)
+
+
 def additive_fills(gm: fx.GraphModule) -> None:
     """Rewrite every ``masked_fill(x, mask, -inf)`` of ``gm`` as ``x + fill_mask(mask)`` (in place)."""
     count = 0
@@ -144,8 +147,14 @@ def additive_fills(gm: fx.GraphModule) -> None:
                 or not isinstance(x_value, torch.Tensor) or not x_value.is_floating_point()
                 or not (isinstance(value, float) and math.isinf(value) and value < 0)):
             continue
-        pattern, original = "", mask
+        pattern, original, hides = "", mask, True
         folded = _fold(gm, mask, f"{FOLDED}{count}")
+        negated = mask.args[0] if mask.op == "call_function" and mask.target in _NOTS else None
+        negated_value = negated.meta.get("val") if isinstance(negated, fx.Node) else None
+        if folded is None and isinstance(negated_value, torch.Tensor) and negated_value.dtype is torch.bool:
+            # masked_fill(x, ~m, -inf): the fill of m's False entries, kept while m is unchanged (the
+            # negation is a new tensor every call)
+            mask, hides = mask.args[0], False
         if folded is not None:
             count += 1
             mask = folded
@@ -155,7 +164,7 @@ def additive_fills(gm: fx.GraphModule) -> None:
                 if patterns.matches(candidate, fill_value):
                     pattern = candidate
         with gm.graph.inserting_before(node):
-            fill = gm.graph.call_function(fill_mask, (mask, x_value.dtype, pattern))
+            fill = gm.graph.call_function(fill_mask, (mask, x_value.dtype, pattern, hides))
             added = gm.graph.call_function(aten.add.Tensor, (x, fill))
         with getattr(x_value, "fake_mode", None) or contextlib.nullcontext():
             fill.meta["val"] = torch.zeros(mask_value.shape, dtype=x_value.dtype, device=x_value.device)
@@ -167,7 +176,7 @@ def additive_fills(gm: fx.GraphModule) -> None:
             fill.meta[PATTERN] = pattern
         node.replace_all_uses_with(added)
         gm.graph.erase_node(node)
-        if folded is not None:
+        if folded is not None or not hides:
             _erase_unused(gm.graph, original)
     gm.recompile()
 

@@ -67,6 +67,25 @@ def test_a_mask_from_an_input_is_added_unfolded_and_a_finite_fill_is_left_alone(
     torch.testing.assert_close(left(q, k, v, keep), finite(q, k, v, keep))
 
 
+def test_a_negated_mask_is_filled_where_the_mask_is_false():
+    """``masked_fill(s, ~keep, -inf)``: the negation is not computed (a new tensor every call); the fill
+    of keep's False entries is, once while keep is unchanged, and again after it changes in place."""
+    def padded(q, k, v, keep):
+        return torch.softmax((q @ k.transpose(-2, -1)).masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+    q, k, v = _qkv()
+    keep = torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(5)) < 0.6
+    keep[..., 0] = True
+    fast = mi.superoptimize(padded, (q, k, v, keep), search=False, use_cache=False, progress=False)
+    captured = fast.specializations[0].captured
+    assert not [n for n in captured.nodes if n.op == "call_function" and "bitwise_not" in str(n.target)]
+    assert not fast.partition.pytorch_ops
+    torch.testing.assert_close(fast(q, k, v, keep), padded(q, k, v, keep))
+    keep[..., 3:] = ~keep[..., 3:]
+    keep[..., 0] = True
+    torch.testing.assert_close(fast(q, k, v, keep), padded(q, k, v, keep))
+
+
 class AdditiveCausal(torch.nn.Module):
     """An additive causal mask kept as a buffer of 0 and −inf, sliced to the prompt and added."""
 
