@@ -13,23 +13,29 @@ def isolated_cache(tmp_path, monkeypatch):
 
 class SameAddress:
     """A launcher for :class:`~mirage.frontend.executor.Compiled` on the CPU: the graph interpreted,
-    its outputs landing at the same address each call in new tensors of one version, as CUDA's caching
-    allocator gives a kernel's outputs call after call (what the GPU path's caches must not mistake
-    for unchanged tensors)."""
+    each output landing where the same output of the call before did once that one is freed, in a new
+    tensor of one version, as CUDA's caching allocator gives a kernel's outputs call after call (what
+    the GPU path's caches must not mistake for unchanged tensors)."""
 
     def __init__(self, graph):
         from mirage.frontend.executor import Interpreted
 
-        self.inner, self.buffers = Interpreted(graph), {}
+        self.inner, self.buffers, self.last = Interpreted(graph), {}, {}
 
     def __call__(self, inputs):
+        import weakref
+
         import torch
 
         outputs = []
         for i, o in enumerate(self.inner(inputs)):
-            buffer = self.buffers.setdefault(i, torch.empty_like(o))
+            alive = self.last.get(i) is not None and self.last[i]() is not None
+            if alive or i not in self.buffers:  # memory still held by the caller is not handed out
+                self.buffers[i] = torch.empty_like(o)
+            buffer = self.buffers[i]
             t = torch.empty(0, dtype=o.dtype).set_(buffer.untyped_storage(), 0, o.shape, o.stride())
             outputs.append(t.copy_(o))
+            self.last[i] = weakref.ref(t)
         return outputs
 
 
