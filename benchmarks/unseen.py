@@ -268,6 +268,21 @@ class RotaryAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+class QKNormAttention(nn.Module):
+    """QK-norm as Qwen3 and OLMo 2 write it: each head's q and k normalized by ``F.rms_norm`` with a
+    learned weight, then causal SDPA (the suite's qknorm normalizes keys already transposed)."""
+
+    def __init__(self, head_dim: int = 64):
+        super().__init__()
+        self.q_weight = nn.Parameter(1 + torch.randn(head_dim) / 8)
+        self.k_weight = nn.Parameter(1 + torch.randn(head_dim) / 8)
+
+    def forward(self, q, k, v):
+        q = F.rms_norm(q, (q.shape[-1],), self.q_weight, eps=1e-6)
+        k = F.rms_norm(k, (k.shape[-1],), self.k_weight, eps=1e-6)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Block(nn.Module):
     """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
 
@@ -307,6 +322,7 @@ PROGRAMS = {
     "inplace_mlp": (InplaceMLP, [(16, 512)]),
     "stable_attention": (StableAttention, [(1, 12, 512, 64)] * 3),
     "einsum_attention": (EinsumAttention, [(1, 12, 512, 64)] * 3),
+    "qknorm_attention": (QKNormAttention, [(1, 16, 256, 64)] * 3),
     "rotary_attention": (RotaryAttention, [(1, 32, 256, 64)] + [(1, 8, 256, 64)] * 2 + [(1, 1, 256, 64)] * 2),
 }
 
