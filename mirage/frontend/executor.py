@@ -98,6 +98,11 @@ class Compiled:
             cached = self._copies[position] = (key, cached[1].copy_(t))
         return cached[1]
 
+    @property
+    def kept_bytes(self) -> int:
+        """The memory the kept copies of parameters and buffers take."""
+        return sum(copy.numel() * copy.element_size() for _, copy in self._copies.values())
+
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         inputs = [self._contiguous(i, t) for i, t in enumerate(inputs)]
         if self._checked:

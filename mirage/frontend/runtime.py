@@ -70,6 +70,12 @@ class SubprogramModule(nn.Module):
         """Whether a call copied a parameter or buffer it reads as a strided view (see executor)."""
         return any(getattr(e, "copies_constants", False) for e in self._executors.values())
 
+    @property
+    def kept_copies(self) -> tuple[int, int]:
+        """How many copies of parameters and buffers the calls keep, and their bytes."""
+        executors = [e for e in self._executors.values() if hasattr(e, "kept_bytes")]
+        return sum(len(e._copies) for e in executors), sum(e.kept_bytes for e in executors)
+
     def executor(self, device: torch.device):
         if device not in self._executors:
             self._executors[device] = make_executor(self.choice.graph, device, self.executor_mode,
@@ -225,6 +231,12 @@ class Specialization:
         lines += [f"  {n}" for n in self.partition.notices()]
         lines += [f"  before a split: {n}" for n in self.split]
         lines += [f"  {self.verdict.note}"] if self.verdict is not None else []
+        kept = [m.kept_copies for m in self.module.modules() if isinstance(m, SubprogramModule)] \
+            if isinstance(self.module, nn.Module) else []
+        count, size = (sum(k[0] for k in kept), sum(k[1] for k in kept)) if kept else (0, 0)
+        if count:
+            lines.append(f"  kept copies: {count} parameter(s) read as strided views (a transposed "
+                         f"weight), {size / 1024:,.0f} KiB, made again when a parameter changes")
         lines.append("  time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items()))
         return "\n".join(lines)
 

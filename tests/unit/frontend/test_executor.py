@@ -215,3 +215,15 @@ def test_a_capture_records_a_parameter_copy_unless_it_reads_the_calls_copies(mon
     (out,) = executor([x, weight.t()])  # a call after the update: the same copy, new values
     assert seen[-1] == kept
     torch.testing.assert_close(out, x @ weight.t())
+
+
+def test_the_report_counts_the_kept_copies_of_transposed_weights(gpu_like):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 8, bias=False)).eval()
+    x = torch.randn(4, 16)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    assert "kept copies" not in fast.report()  # none made before a call
+    with torch.no_grad():
+        fast(x)
+    assert "kept copies: 2 parameter(s) read as strided views (a transposed weight), 3 KiB" in fast.report()
+    # (16 · 32 + 32 · 8) float32 elements: 3,072 bytes
