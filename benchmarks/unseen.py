@@ -268,6 +268,24 @@ class RotaryAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+class GPT2Attention(nn.Module):
+    """Hugging Face GPT-2's eager attention: scores divided by sqrt(d), hidden by ``where`` against
+    the dtype's lowest value from a lower-triangular buffer, softmax, values."""
+
+    def __init__(self, positions: int = 1024):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(positions, positions, dtype=torch.bool))
+                             .view(1, 1, positions, positions))
+
+    def forward(self, q, k, v):
+        t = q.size(-2)
+        w = torch.matmul(q, k.transpose(-1, -2)) / torch.full([], v.size(-1) ** 0.5, dtype=q.dtype,
+                                                                device=q.device)
+        lowest = torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device)
+        w = torch.where(self.bias[:, :, :t, :t], w, lowest)
+        return torch.matmul(torch.softmax(w, dim=-1), v)
+
+
 class QKNormAttention(nn.Module):
     """QK-norm as Qwen3 and OLMo 2 write it: each head's q and k normalized by ``F.rms_norm`` with a
     learned weight, then causal SDPA (the suite's qknorm normalizes keys already transposed)."""
@@ -322,6 +340,7 @@ PROGRAMS = {
     "inplace_mlp": (InplaceMLP, [(16, 512)]),
     "stable_attention": (StableAttention, [(1, 12, 512, 64)] * 3),
     "einsum_attention": (EinsumAttention, [(1, 12, 512, 64)] * 3),
+    "gpt2_attention": (GPT2Attention, [(1, 12, 512, 64)] * 3),
     "qknorm_attention": (QKNormAttention, [(1, 16, 256, 64)] * 3),
     "rotary_attention": (RotaryAttention, [(1, 32, 256, 64)] + [(1, 8, 256, 64)] * 2 + [(1, 1, 256, 64)] * 2),
 }

@@ -199,8 +199,10 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     _stable_softmaxes(gm)
     _slice_concats_as_products(gm)
     _drop_value_asserts(gm)
+    _scalar_fulls(gm)
     _explicit_causal_masks(gm)
     _additive_bool_masks(gm)
+    fill_masks.where_fills(gm)
     fill_masks.additive_fills(gm)
     fill_masks.causal_buffers(gm)
     return gm
@@ -565,6 +567,36 @@ def restore_causal(graph: fx.Graph) -> None:
     for node in list(graph.nodes):  # the masks (and grouped masks) no subprogram reads
         if node.op == "get_attr" and str(node.target).startswith(CAUSAL_MASK) and not node.users:
             graph.erase_node(node)
+
+
+_ATEN = torch.ops.aten
+_SCALAR_OPERAND = {_ATEN.add.Tensor, _ATEN.sub.Tensor, _ATEN.mul.Tensor, _ATEN.div.Tensor}
+_COMMUTATIVE = {_ATEN.add.Tensor, _ATEN.mul.Tensor}
+
+
+def _scalar_fulls(gm: fx.GraphModule) -> None:
+    """Write a 0-d ``torch.full([], c)`` operand of an element-wise add, subtract, multiply or divide of
+    a floating tensor as the number it holds (rounded to its dtype, as the op reads it): GPT-2 divides
+    its scores by ``torch.full([], sqrt(d))``, which otherwise stays a PyTorch op before the attention."""
+    for full in list(gm.graph.nodes):
+        value = full.meta.get("val") if full.op == "call_function" else None
+        if (full.target is not _ATEN.full.default or not isinstance(value, torch.Tensor) or value.dim()
+                or not value.is_floating_point() or not isinstance(full.args[1], (int, float))):
+            continue
+        number = float(torch.tensor(float(full.args[1]), dtype=value.dtype))
+        for user in list(full.users):
+            if user.op != "call_function" or user.target not in _SCALAR_OPERAND or user.kwargs:
+                continue
+            a, b = user.args[:2]
+            other = a if b is full else b if a is full and user.target in _COMMUTATIVE else None
+            other_value = other.meta.get("val") if isinstance(other, fx.Node) else None
+            if (not isinstance(other_value, torch.Tensor) or not other_value.dim()
+                    or not other_value.is_floating_point() or (a is full and b is full)):
+                continue  # a 0-d or integer operand would take the full's dtype in promotion
+            user.args = (other, number, *user.args[2:])
+        if not full.users:
+            gm.graph.erase_node(full)
+    gm.recompile()
 
 
 def _drop_value_asserts(gm: fx.GraphModule) -> None:

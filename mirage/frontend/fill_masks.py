@@ -58,10 +58,13 @@ class FoldedConstant(nn.Module):
     changed, and then
     checked against ``pattern`` where the generated kernels assume it."""
 
-    def __init__(self, function: fx.GraphModule, pattern: str = "") -> None:
+    def __init__(self, function: fx.GraphModule, pattern: str = "", visible_rows: bool = False) -> None:
         super().__init__()
         self.function = function
         self.pattern = pattern
+        # a mask (True: hidden) that must leave a key of every row visible: its fill stands for a
+        # finite lowest value before a softmax, which equals −inf there only while a row keeps a key
+        self.visible_rows = visible_rows
         self._key: tuple | None = None
         self._value: torch.Tensor | None = None
 
@@ -77,6 +80,11 @@ class FoldedConstant(nn.Module):
             value = self.function(*buffers)
             if self.pattern and not patterns.matches(self.pattern, value):
                 raise _broken(self.pattern)
+            if self.visible_rows and bool(value.all(-1).any()):
+                raise MaskPatternError(
+                    "a mask built from buffers now hides every key of some row; the generated kernels "
+                    "fill hidden scores with -inf where the program writes the lowest finite value, which "
+                    "only agree while each row keeps a key: superoptimize the model again")
             self._value, self._key = value, key
         return self._value
 
@@ -132,6 +140,49 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 _NOTS = (aten.bitwise_not.default, aten.logical_not.default)
+_SOFTMAXES = (aten.softmax.int, aten._softmax.default)
+
+
+def _hiding(value, dtype: torch.dtype) -> bool:
+    """Whether a fill ``value`` is −inf or at most ``dtype``'s lowest finite value (what models write
+    for hidden scores: ``torch.finfo(dtype).min``)."""
+    return isinstance(value, float) and value < 0 and (math.isinf(value) or value <= torch.finfo(dtype).min)
+
+
+def _softmax_of_last_dim(node: fx.Node) -> bool:
+    """Whether ``node``'s one user is a softmax over its last dim (where a lowest finite fill and −inf
+    give the same probabilities, as long as a row keeps a visible key)."""
+    users = list(node.users)
+    if len(users) != 1 or users[0].op != "call_function" or users[0].target not in _SOFTMAXES:
+        return False
+    softmax = users[0]
+    return softmax.args[0] is node and softmax.args[1] in (-1, node.meta["val"].dim() - 1)
+
+
+def where_fills(gm: fx.GraphModule) -> None:
+    """Rewrite ``where(keep, x, full([], v))`` as the ``masked_fill(x, ~keep, v)`` it equals (Hugging
+    Face's GPT-2 hides scores so, with ``v`` the dtype's lowest value), where ``keep`` broadcasts to
+    ``x``'s shape, so that :func:`additive_fills` takes it (in place)."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.where.self or len(node.args) != 3:
+            continue
+        keep, x, other = node.args
+        vals = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in (keep, x, node)]
+        if (not all(isinstance(v, torch.Tensor) for v in vals) or vals[0].dtype is not torch.bool
+                or not vals[1].is_floating_point() or vals[2].shape != vals[1].shape
+                or vals[2].dtype != vals[1].dtype or not isinstance(other, fx.Node)
+                or other.target is not aten.full.default or list(other.args[0]) != []
+                or not isinstance(other.args[1], (int, float))):
+            continue
+        with gm.graph.inserting_before(node):
+            hidden = gm.graph.call_function(aten.bitwise_not.default, (keep,))
+            filled = gm.graph.call_function(aten.masked_fill.Scalar, (x, hidden, float(other.args[1])))
+        hidden.meta["val"], filled.meta["val"] = ~vals[0], vals[2]
+        node.replace_all_uses_with(filled)
+        gm.graph.erase_node(node)
+        if not other.users:
+            gm.graph.erase_node(other)
+    gm.recompile()
 
 
 def additive_fills(gm: fx.GraphModule) -> None:
@@ -145,10 +196,19 @@ def additive_fills(gm: fx.GraphModule) -> None:
         x_value = x.meta.get("val") if isinstance(x, fx.Node) else None
         if (not isinstance(mask_value, torch.Tensor) or mask_value.dtype is not torch.bool
                 or not isinstance(x_value, torch.Tensor) or not x_value.is_floating_point()
-                or not (isinstance(value, float) and math.isinf(value) and value < 0)):
+                or not _hiding(value, x_value.dtype)):
+            continue
+        # a finite lowest fill (not −inf) only before a softmax of the last dim, from a mask of buffers
+        finite = not math.isinf(value)
+        if finite and not _softmax_of_last_dim(node):
             continue
         pattern, original, hides = "", mask, True
-        folded = _fold(gm, mask, f"{FOLDED}{count}")
+        folded = _fold(gm, mask, f"{FOLDED}{count}", visible_rows=finite)
+        if finite and (folded is None or bool(folded.meta["val"].all(-1).any())):
+            if folded is not None:  # a row hides every key: eager's uniform row is not −inf's
+                gm.graph.erase_node(folded)
+                delattr(gm, str(folded.target))
+            continue
         negated = mask.args[0] if mask.op == "call_function" and mask.target in _NOTS else None
         negated_value = negated.meta.get("val") if isinstance(negated, fx.Node) else None
         if folded is None and isinstance(negated_value, torch.Tensor) and negated_value.dtype is torch.bool:
@@ -263,7 +323,8 @@ def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
         stack.extend(operands)
 
 
-def _fold(gm: fx.GraphModule, mask: fx.Node, name: str, pattern: str = "") -> fx.Node | None:
+def _fold(gm: fx.GraphModule, mask: fx.Node, name: str, pattern: str = "",
+          visible_rows: bool = False) -> fx.Node | None:
     """A ``call_module`` node of a :class:`FoldedConstant` computing ``mask`` from ``gm``'s buffers
     and constants (checked against ``pattern`` whenever it is computed), with its real value, inserted
     after ``mask``; None where ``mask`` depends on anything else."""
@@ -281,6 +342,7 @@ def _fold(gm: fx.GraphModule, mask: fx.Node, name: str, pattern: str = "") -> fx
     values = [_attribute(gm, str(b.target)) for b in buffers]
     with torch.no_grad():
         value = module(*values)
+    module.visible_rows = visible_rows  # checked from the next computation on (the caller checks this one)
     with gm.graph.inserting_after(mask):  # after every buffer it reads, before every user
         folded = gm.graph.call_module(name, tuple(buffers))
     folded.meta["val"] = value

@@ -340,3 +340,19 @@ def test_a_model_built_under_inference_mode_is_refused_with_what_to_do():
     with pytest.raises(mi.frontend.CaptureError, match=r"0.weight \(and 3 more\) was created under "
                        r"torch.inference_mode\(\).*build or load the model outside inference mode"):
         mi.superoptimize(model, (torch.randn(4, 16),), search=False, use_cache=False, progress=False)
+
+
+def test_a_zero_dim_full_operand_is_the_number_it_holds_in_its_dtype():
+    """GPT-2 divides its scores by ``torch.full([], sqrt(d))``: captured as a division by the number
+    (sqrt(128) as float16 holds it: 11.3125), so that no PyTorch op is left before the subprogram."""
+    def program(x):
+        root = torch.full([], 128 ** 0.5, dtype=x.dtype, device=x.device)
+        return torch.softmax(x / root * torch.full([], 0.5, dtype=x.dtype), dim=-1)
+
+    x = torch.randn(4, 16).half()
+    fast = mi.superoptimize(program, (x,), search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    numbers = [a for n in fast.specializations[0].captured.nodes if n.op == "call_function"
+               for a in n.args if isinstance(a, float)]
+    assert 11.3125 in numbers and 0.5 in numbers
+    torch.testing.assert_close(fast(x).float(), program(x).float(), rtol=2e-3, atol=2e-3)

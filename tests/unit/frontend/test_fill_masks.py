@@ -146,3 +146,62 @@ def test_a_causal_mask_built_in_the_forward_from_constants_is_folded_and_promise
     (sub,) = fast.partition.subprograms
     assert _patterns(sub) == ["", "", "", "causal:8"]
     torch.testing.assert_close(fast(q, k, v), attention(q, k, v))
+
+
+class WhereMasked(torch.nn.Module):
+    """Hugging Face GPT-2's masking: ``where(bias[..., :t, :t], scores, finfo.min)``, then a softmax."""
+
+    def __init__(self, keep: torch.Tensor, softmax: bool = True):
+        super().__init__()
+        self.register_buffer("bias", keep)
+        self.softmax = softmax
+
+    def forward(self, q, k, v):
+        t = q.size(-2)
+        scores = q @ k.transpose(-2, -1) * 0.5
+        lowest = torch.full([], torch.finfo(scores.dtype).min, dtype=scores.dtype, device=scores.device)
+        scores = torch.where(self.bias[:, :, :t, :t], scores, lowest)
+        return torch.softmax(scores, dim=-1) @ v if self.softmax else scores
+
+
+def _lower_triangle(n=8):
+    return torch.tril(torch.ones(n, n, dtype=torch.bool)).view(1, 1, n, n)
+
+
+def test_a_where_with_the_lowest_value_before_a_softmax_is_the_causal_attention():
+    model = WhereMasked(_lower_triangle())
+    q, k, v = _qkv()
+    fast = mi.superoptimize(model, (q, k, v), search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    (sub,) = fast.partition.subprograms
+    assert "causal:8" in _patterns(sub)
+    for seed in range(2):
+        q, k, v = (x * (seed + 1) for x in _qkv())
+        torch.testing.assert_close(fast(q, k, v), model(q, k, v))
+
+
+def test_a_lowest_value_fill_not_before_a_softmax_or_hiding_a_row_stays_as_written():
+    q, k, v = _qkv()
+    scores = WhereMasked(_lower_triangle(), softmax=False)  # the filled scores are the output
+    fast = mi.superoptimize(scores, (q, k, v), search=False, use_cache=False, progress=False)
+    assert any("masked_fill" in op.target for op in fast.partition.pytorch_ops)
+    torch.testing.assert_close(fast(q, k, v), scores(q, k, v))
+    hiding = _lower_triangle()
+    hiding[..., 3, :] = False  # row 3 sees no key: eager spreads it evenly, −inf would not
+    model = WhereMasked(hiding)
+    fast = mi.superoptimize(model, (q, k, v), search=False, use_cache=False, progress=False)
+    assert any("masked_fill" in op.target for op in fast.partition.pytorch_ops)
+    torch.testing.assert_close(fast(q, k, v), model(q, k, v))
+
+
+def test_a_buffer_changed_to_hide_a_whole_row_is_refused_at_the_next_call():
+    keep = torch.rand(1, 1, 8, 8, generator=torch.Generator().manual_seed(3)) < 0.6
+    keep[..., 0] = True
+    model = WhereMasked(keep)
+    q, k, v = _qkv()
+    fast = mi.superoptimize(model, (q, k, v), search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    torch.testing.assert_close(fast(q, k, v), model(q, k, v))
+    model.bias[..., 5, :] = False
+    with pytest.raises(MaskPatternError, match="hides every key of some row"):
+        fast(q, k, v)
