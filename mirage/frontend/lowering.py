@@ -183,6 +183,29 @@ def _leaky_relu(b: RegionBuilder, node, p):
     return _relu_parts(b, b.tensor_operand(p["self"]), float(p.get("negative_slope", 0.01)))
 
 
+def _extremum(sign: float) -> Rule:
+    """maximum (sign 1): x + relu(y − x); minimum (sign −1): x − relu(x − y)."""
+    def rule(b: RegionBuilder, node, p):
+        x, y = b.tensor_operand(p["self"]), b.tensor_operand(p["other"])
+        return b.add(x, b.unary("relu", b.add(y, x, -1.0) if sign > 0 else b.add(x, y, -1.0)), sign)
+
+    return rule
+
+
+def _exp2(b: RegionBuilder, node, p):
+    return b.unary("exp", b.scale(b.tensor_operand(p["self"]), math.log(2.0)))
+
+
+def _hard(gated: bool) -> Rule:
+    """hardsigmoid: clamp(x + 3, 0, 6) / 6; hardswish: x times that."""
+    def rule(b: RegionBuilder, node, p):
+        x = b.tensor_operand(p["self"])
+        gate = b.scale(b.unary("clamp", b.shift(x, 3.0), 0.0, 6.0), 1.0 / 6.0)
+        return b.product(x, gate) if gated else gate
+
+    return rule
+
+
 def _reduce(mean: bool) -> Rule:
     def rule(b: RegionBuilder, node, p):
         x = b.tensor_operand(p["self"])
@@ -464,6 +487,11 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("abs", C, _abs, "relu(x) + relu(−x)"),
         Lowering("leaky_relu", C, _leaky_relu, "relu(x) − slope·relu(−x)"),
         Lowering("hardtanh", C, _clamp, "clamp to [min_val, max_val]"),
+        Lowering("maximum", C, _extremum(1.0), "x + relu(y − x)"),
+        Lowering("minimum", C, _extremum(-1.0), "x − relu(x − y)"),
+        Lowering("hardsigmoid", C, _hard(gated=False), "clamp(x + 3, 0, 6) / 6"),
+        Lowering("hardswish", C, _hard(gated=True), "x · clamp(x + 3, 0, 6) / 6"),
+        Lowering("exp2", C, _exp2, "e^(x·ln 2)"),
         Lowering("sum", C, _reduce(mean=False), "sum over dims (one reduction per dim)"),
         Lowering("mean", C, _reduce(mean=True), "sum over dims, then · 1/n"),
         Lowering("var", C, _var, "Σ (x − mean)² / (n − correction) over dims"),

@@ -68,6 +68,11 @@ CASES = [
          ((4, 6),), {Op.CLAMP: 3, Op.ADD: 2}),
     Case("abs", lambda x: x.abs() * 2.0, ((4, 6),), {Op.RELU: 2, Op.MUL_SCALAR: 2, Op.ADD: 1}),
     Case("leaky_relu", lambda x: F.leaky_relu(x, 0.2), ((4, 6),), {Op.RELU: 2, Op.MUL_SCALAR: 2, Op.ADD: 1}),
+    Case("maximum_minimum", lambda x, y: torch.maximum(x, y) * torch.minimum(x, y), ((4, 6), (4, 6)),
+         {Op.SUB: 3, Op.RELU: 2, Op.ADD: 1, Op.MUL: 1}),
+    Case("hardswish_hardsigmoid", lambda x: F.hardswish(x * 4) + F.hardsigmoid(x * 4), ((4, 6),),
+         {Op.MUL_SCALAR: 2, Op.ADD_SCALAR: 1, Op.CLAMP: 1, Op.MUL: 1, Op.ADD: 1}),
+    Case("exp2", lambda x: torch.exp2(x), ((4, 6),), {Op.MUL_SCALAR: 1, Op.EXP: 1}),
     Case("powers", lambda x: x.pow(2) + x**3 + torch.square(x), ((4, 6),),
          {Op.SQUARE: 1, Op.MUL: 1, Op.ADD: 2}),  # x² once: three spellings, one node
     Case("sqrt_of_positive", lambda x: torch.sqrt(x * x + 1.0), ((4, 6),),
