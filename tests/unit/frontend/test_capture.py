@@ -356,3 +356,49 @@ def test_a_zero_dim_full_operand_is_the_number_it_holds_in_its_dtype():
                for a in n.args if isinstance(a, float)]
     assert 11.3125 in numbers and 0.5 in numbers
     torch.testing.assert_close(fast(x).float(), program(x).float(), rtol=2e-3, atol=2e-3)
+
+
+class _FusedGateUp(torch.nn.Module):
+    """Phi-3's MLP: one projection for the gate and the up states, chunked in two."""
+
+    def __init__(self, d=16, ff=32, bias=False):
+        super().__init__()
+        self.gate_up = torch.nn.Linear(d, 2 * ff, bias=bias)
+        self.down = torch.nn.Linear(ff, d, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(up * torch.nn.functional.silu(gate))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_chunked_projection_is_two_products_of_the_weight_rows(bias, gpu_like):
+    """Each piece is a product of its rows of the weight, so the gated product is one subprogram;
+    the rows view the parameter, so an update in place is seen at the next call."""
+    torch.manual_seed(0)
+    model = _FusedGateUp(bias=bias).eval()
+    x = torch.randn(4, 16)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    assert len(fast.partition.subprograms) == 1 and not fast.partition.pytorch_ops
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(fast(x), model(x))
+        model.gate_up.weight[:8].mul_(-2)  # gate rows only
+        torch.testing.assert_close(fast(x), model(x))
+
+
+def test_a_split_into_heads_keeps_its_one_product():
+    """q, k and v split from one projection and reshaped into heads stay one product (three would
+    each be a subprogram of their own before the attention)."""
+    class FusedQKV(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48)
+
+        def forward(self, x):
+            q, k, v = (t.view(2, 8, 2, 8).transpose(1, 2) for t in self.qkv(x).split(16, dim=-1))
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    gm = capture(FusedQKV(), (torch.randn(2, 8, 16),), {})
+    assert sum(n.target is torch.ops.aten.linear.default for n in gm.graph.nodes) == 1
