@@ -652,6 +652,12 @@ def _split_products(gm: fx.GraphModule) -> None:
             gm.graph.erase_node(user)
         gm.graph.erase_node(split)
         gm.graph.erase_node(product)
+        for node in replaced.values():  # a piece the program does not read (``a, _ = ...chunk(2)``)
+            if not node.users:
+                rows = node.all_input_nodes[1:]
+                gm.graph.erase_node(node)
+                for attribute in rows:
+                    gm.graph.erase_node(attribute)
     gm.recompile()
 
 

@@ -402,3 +402,21 @@ def test_a_split_into_heads_keeps_its_one_product():
 
     gm = capture(FusedQKV(), (torch.randn(2, 8, 16),), {})
     assert sum(n.target is torch.ops.aten.linear.default for n in gm.graph.nodes) == 1
+
+
+def test_a_piece_of_a_split_projection_that_nothing_reads_is_not_computed():
+    class Gated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 48)
+
+        def forward(self, x):
+            a, _, c = self.fc(x).split(16, dim=-1)
+            return torch.nn.functional.silu(a) * c
+
+    model, x = Gated().eval(), torch.randn(4, 16)
+    gm = capture(model, (x,), {})
+    assert sum(n.target is torch.ops.aten.linear.default for n in gm.graph.nodes) == 2
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x))
