@@ -52,6 +52,7 @@ def _replay_kernels(fn, inputs, replays: int = 10) -> list[dict]:
 
 def profile(name: str, time_limit: float) -> dict:
     from benchmarks.unseen import PROGRAMS
+    from mirage.frontend.runtime import SubprogramModule
 
     cls, shapes = PROGRAMS[name]
     torch.manual_seed(0)
@@ -64,7 +65,7 @@ def profile(name: str, time_limit: float) -> dict:
            "stitched_us": _time(gm, *inputs)}
     seen: dict[str, tuple] = {}
     hooks = [m.register_forward_hook(lambda module, args, out, n=n: (seen.setdefault(n, args), None)[1])
-             for n, m in gm.named_children() if isinstance(m, mi.frontend.runtime.SubprogramModule)]
+             for n, m in gm.named_children() if isinstance(m, SubprogramModule)]
     with torch.no_grad():
         gm(*inputs)
     for hook in hooks:
