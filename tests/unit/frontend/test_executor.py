@@ -5,6 +5,7 @@ import torch
 import mirage as mi
 from mirage.frontend.errors import ExecutorError
 from mirage.frontend.executor import Compiled, Interpreted, make_executor
+from tests.unit.frontend.frontend_calls import recording_launch
 
 
 def _graph(dtype=mi.float32):
@@ -35,12 +36,7 @@ def test_make_executor_modes():
 
 def test_compiled_copies_views_once_while_they_are_unchanged():
     seen = []
-
-    def launch(inputs):
-        seen.append([t.data_ptr() for t in inputs])
-        return [inputs[0] @ inputs[1]]
-
-    executor = Compiled(_graph(), launch)
+    executor = Compiled(_graph(), recording_launch(seen))
     executor.constants = frozenset({1})  # the weight is a parameter
     x, weight = torch.randn(2, 3), torch.randn(4, 3)
     (first,) = executor([x, weight.t()])
@@ -57,12 +53,7 @@ def test_compiled_copies_views_once_while_they_are_unchanged():
 def test_compiled_knows_a_parameter_passed_as_an_input():
     """torch.compile passes parameters as inputs of its graphs: an nn.Parameter's view is a constant."""
     seen = []
-
-    def launch(inputs):
-        seen.append(inputs[1].data_ptr())
-        return [inputs[0] @ inputs[1]]
-
-    executor = Compiled(_graph(), launch)
+    executor = Compiled(_graph(), recording_launch(seen, 1))
     x, weight = torch.randn(2, 3), torch.nn.Parameter(torch.randn(4, 3), requires_grad=False)
     executor([x, weight.t()])
     executor([x, weight.t()])
@@ -76,12 +67,7 @@ def test_compiled_knows_a_parameter_passed_as_an_input():
 def test_compiled_copies_a_view_of_an_activation_at_every_call():
     """An activation's view is copied every time, even at an address and version seen before."""
     seen = []
-
-    def launch(inputs):
-        seen.append(inputs[1].data_ptr())
-        return [inputs[0] @ inputs[1]]
-
-    executor = Compiled(_graph(), launch)
+    executor = Compiled(_graph(), recording_launch(seen, 1))
     x, y = torch.randn(2, 3), torch.randn(4, 3)
     executor([x, y.t()])
     y.data.copy_(torch.randn(4, 3))  # new values, the version counter unchanged
@@ -191,12 +177,7 @@ def test_a_capture_records_a_parameter_copy_unless_it_reads_the_calls_copies(mon
     from mirage.frontend import graphs
 
     seen = []
-
-    def launch(inputs):
-        seen.append(inputs[1].data_ptr())
-        return [inputs[0] @ inputs[1]]
-
-    executor = Compiled(_graph(), launch)
+    executor = Compiled(_graph(), recording_launch(seen, 1))
     executor.constants = frozenset({1})
     x, weight = torch.randn(2, 3), torch.randn(4, 3)
     executor([x, weight.t()])

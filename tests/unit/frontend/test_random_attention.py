@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import mirage as mi
+from tests.unit.frontend.frontend_calls import float64_calls
 
 
 def _attention(seed: int):
@@ -59,10 +60,8 @@ def _attention(seed: int):
 def _check(seed: int, calls: int) -> None:
     program, inputs = _attention(seed)
     fast = mi.superoptimize(program, inputs(), search=False, use_cache=False, progress=False)
-    for _ in range(calls):
-        fresh = inputs()
-        expected = program(*(x.double() for x in fresh))
-        torch.testing.assert_close(fast(*fresh).double(), expected, rtol=1e-4, atol=1e-5)
+    for got, expected in float64_calls(fast, program, inputs, calls):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import mirage as mi
+from tests.unit.frontend.frontend_calls import float64_calls
 
 
 def _stable_softmax(a):
@@ -73,10 +74,8 @@ def _program(seed: int):
 def _check(seed: int, calls: int) -> None:
     program, x, weights, generator = _program(seed)
     fast = mi.superoptimize(program, (x, *weights), search=False, use_cache=False, progress=False)
-    for _ in range(calls):
-        fresh = torch.randn(x.shape, generator=generator)
-        got = fast(fresh, *weights).double()
-        expected = program(fresh.double(), *(w.double() for w in weights))
+    fresh = lambda: (torch.randn(x.shape, generator=generator), *weights)  # noqa: E731
+    for got, expected in float64_calls(fast, program, fresh, calls):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()) + 1e-6)
 
 

@@ -9,6 +9,7 @@ import torch
 
 import mirage as mi
 from benchmarks.unseen import PROGRAMS
+from tests.unit.frontend.frontend_calls import float64_calls
 
 LARGE = {"long_causal_attention", "wide_head_attention", "decode_attention"}  # minutes in float64
 
@@ -21,8 +22,6 @@ def test_an_unseen_program_gives_what_eager_float64_gives_call_after_call(name, 
     reference = copy.deepcopy(model).double()
     fast = mi.superoptimize(model, tuple(torch.randn(s) for s in shapes), search=False, use_cache=False,
                             progress=False)
-    for _ in range(3):
-        inputs = tuple(torch.randn(s) for s in shapes)
-        with torch.no_grad():
-            got, want = fast(*inputs).double(), reference(*(x.double() for x in inputs))
+    fresh = lambda: tuple(torch.randn(s) for s in shapes)  # noqa: E731
+    for got, want in float64_calls(fast, reference, fresh, calls=3):
         assert float((got - want).abs().max() / want.abs().max()) < 1e-5, name
