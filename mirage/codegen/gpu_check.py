@@ -107,7 +107,9 @@ class CheckResult:
 
 def random_inputs(graph: KernelGraph, seed: int = 0, scale: float = 1.0, device: str = "cuda") -> list:
     """Inputs of ``graph`` drawn from N(0, scale²), rounded to each input's dtype; an input that names
-    a pattern (mirage.mugraph.patterns) gets the pattern's values, which its generated code may assume."""
+    a pattern (mirage.mugraph.patterns) gets the pattern's values, which its generated code may assume,
+    and one that names a layout is laid out so (``layout="col"``: a transposed view of a row-major
+    tensor), as calls pass it."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -116,7 +118,8 @@ def random_inputs(graph: KernelGraph, seed: int = 0, scale: float = 1.0, device:
         t, pattern = graph.nodes[i].outputs[0], graph.nodes[i].attrs.pattern
         drawn = torch.randn(t.shape, generator=generator, dtype=torch.float64) * scale
         value = patterns.values(pattern, t.shape, torch.float64) if pattern else drawn
-        inputs.append(value.to(t.dtype.torch()).to(device))
+        value = value.to(t.dtype.torch()).to(device)
+        inputs.append(value.mT.contiguous().mT if graph.nodes[i].attrs.layout == "col" else value)
     return inputs
 
 

@@ -37,6 +37,7 @@ from mirage.codegen.lower_ops import (
     rank4_dim,
     rank4_map,
     tile_layout,
+    transposed_layout,
     vector_copies,
 )
 from mirage.codegen.lower_rowloop import RowLoopLowering
@@ -47,6 +48,11 @@ from mirage.optimizer.pipeline import PreparedKernel
 from mirage.optimizer.schedule import Action, Barrier, Phase, Step
 
 MATMULS = frozenset({Op.MATMUL, Op.CONCAT_MATMUL})
+
+
+def _swap_last_two(dim: int) -> int:
+    """A rank-4 dim of a tensor, as the dim of its transpose in the last two (-1 stays -1)."""
+    return {2: 3, 3: 2}.get(dim, dim)
 
 
 class KernelLowering:
@@ -70,8 +76,10 @@ class KernelLowering:
         evict_first_streams: bool = False,
         producer_warp: bool = False,
         softmax_output_stores: bool = False,
+        transposed: frozenset[int] = frozenset(),
     ) -> None:
         self.kernel = kernel
+        self.transposed = transposed  # input nodes read in place as dev::Transposed tiles (column_major)
         self.softmax_output_stores = softmax_output_stores
         self.producer_warp = producer_warp
         self.evict_first_streams = evict_first_streams
@@ -178,7 +186,10 @@ class KernelLowering:
             row_major = plan is None or plan.innermost_dim == len(shape) - 1
             element = self.element(i)
             pitch = plan_pitch(shape, plan.strides) if plan is not None and row_major else None
-            layout = tile_layout(shape, element, buffer.slot_bytes, row_major, pitch)
+            if i in self.transposed:
+                layout = transposed_layout(shape, element, buffer.slot_bytes)
+            else:
+                layout = tile_layout(shape, element, buffer.slot_bytes, row_major, pitch)
             chain = self.kernel.softmax_chain
             if chain is not None and i in chain.swizzled:  # a warpgroup chain's Q, K or V
                 layout = ctx.TileLayout(layout.dims, 64, swizzled=True)
@@ -238,14 +249,24 @@ class KernelLowering:
         shared_by_blocks = any(grid[a] > 1 and it.input_map[a] == -1 for a in range(3))
         multicast = self.kernel.multicast.size if i in self.kernel.multicast.inputs and pipelined else 0
         tma = i in self.kernel.tma_inputs and pipelined
+        source_dims = rank4(it.source.shape)
+        input_map = rank4_map(rank, it.input_map, self.graph.grid_dim)
+        forloop_dim = rank4_dim(rank, it.forloop_dim)
+        stored, view = tile.layout, None
+        if tile.layout.transposed:  # copied as it lies in memory: the transposed problem, row-major
+            stored, view = tile.layout.stored, tile.layout
+            source_dims = (*source_dims[:2], source_dims[3], source_dims[2])
+            input_map = tuple(_swap_last_two(d) for d in input_map)
+            forloop_dim = _swap_last_two(forloop_dim)
         return ctx.InputIteratorContext(
             name=f"in{i}",
             node=i,
             parameter=f"input{k}",
-            tile=ctx.Tile(tile.name, tile.element, tile.layout, buffer.offset),
-            source_dims=rank4(it.source.shape),
-            input_map=rank4_map(rank, it.input_map, self.graph.grid_dim),
-            forloop_dim=rank4_dim(rank, it.forloop_dim),
+            tile=ctx.Tile(tile.name, tile.element, stored, buffer.offset),
+            view=view,
+            source_dims=source_dims,
+            input_map=input_map,
+            forloop_dim=forloop_dim,
             stages=buffer.slots if pipelined else 1,
             pipelined=pipelined,
             staggered=(self.stagger_shared_loads and shared_by_blocks and tile.layout.rows > 1

@@ -37,6 +37,17 @@ class TileLayout:
     dims: tuple[int, int, int, int]
     pitch: int
     swizzled: bool = False
+    # ``mirage::dev::Transposed<stored>``: ``dims`` are the tile's, kept as the layout of the
+    # transposed dims that ``pitch`` and ``swizzled`` describe (an input read in place: column_major)
+    transposed: bool = False
+
+    @property
+    def stored(self) -> TileLayout:
+        """How a transposed tile lies in memory (itself for the others)."""
+        if not self.transposed:
+            return self
+        d = self.dims
+        return TileLayout((d[0], d[1], d[3], d[2]), self.pitch, self.swizzled)
 
     @property
     def rows(self) -> int:
@@ -48,6 +59,8 @@ class TileLayout:
 
     @property
     def storage(self) -> int:
+        if self.transposed:
+            return self.stored.storage
         if self.swizzled:
             return -(-self.size // 512) * 512  # whole 1024-byte spans (Swizzled128Layout::storage)
         return self.rows * self.pitch
@@ -77,6 +90,7 @@ class InputIteratorContext:
     stages: int  # 1 unless pipelined
     pipelined: bool  # loaded stage by stage across the for-loop (cp.async pipeline)
     direct: bool = False  # no shared tile: a row-local loop reads its elements from global memory
+    view: TileLayout | None = None  # how the steps read that tile, where not as filled (a Transposed tile)
     staggered: bool = False  # blocks that load the same tile start at different rows (a rotation)
     evict_first: bool = False  # no other block reads its tiles: the copies mark their lines first to leave L2
     multicast: int = 0  # > 1: read once per cluster of this many blocks (dev::MulticastIterator)

@@ -201,6 +201,30 @@ def tile_layout(
     return TileLayout(dims, pitch)
 
 
+def transposed_layout(shape: tuple[int, ...], element: str, capacity_bytes: int) -> TileLayout:
+    """The layout of an input tile of ``shape`` copied in place from a column-major tensor
+    (:mod:`mirage.codegen.column_major`): stored as its transpose, rows padded by one 16-byte vector
+    where the buffer allows (ldmatrix free of bank conflicts), else 128-byte swizzled where the shape
+    allows, else dense."""
+    dims = rank4(shape)
+    stored = (dims[0], dims[1], dims[3], dims[2])
+    itemsize = element_size(element)
+    rows, cols = stored[0] * stored[1] * stored[2], stored[3]
+    align = 16 // itemsize
+    whole = -(-cols // align) * align
+    if rows * (whole + align) * itemsize <= capacity_bytes:
+        return TileLayout(dims, whole + align, transposed=True)
+    swizzled = TileLayout(stored, 64, swizzled=True)
+    if (itemsize == 2 and stored[0] * stored[1] == 1 and cols % 64 == 0 and rows % 8 == 0
+            and swizzled.storage * itemsize <= capacity_bytes):
+        return TileLayout(dims, 64, swizzled=True, transposed=True)
+    if rows * whole * itemsize > capacity_bytes:
+        need = rows * whole * itemsize
+        raise LoweringError(f"a transposed {element} tile of shape {list(shape)} needs {need} bytes but "
+                            f"its shared-memory buffer has {capacity_bytes}")
+    return TileLayout(dims, whole, transposed=True)
+
+
 def plan_pitch(shape: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
     """The row pitch (elements) of a row-major planned layout: the stride of the nearest dim before
     the last whose extent exceeds 1 (None for a single row)."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mirage.codegen import early_loads
+from mirage.codegen import column_major, early_loads
 from mirage.codegen import lower_context as ctx
 from mirage.codegen.lower import KernelLowering
 from mirage.codegen.lower_context import FoldedKernel, KernelContext
@@ -116,6 +116,8 @@ class CudaProgram:
     target: Target
     contexts: tuple[KernelContext, ...] = field(default=(), compare=False, repr=False)
     prepared: PreparedProgram | None = field(default=None, compare=False, repr=False)
+    # inputs (positions among the graph's) read in place column-major (mirage.codegen.column_major)
+    transposed_inputs: tuple[int, ...] = ()
 
     def kernel(self, node: int) -> KernelLaunch:
         """The launch that runs graph-defined op ``node`` (its own kernel, or a cluster fold's)."""
@@ -135,6 +137,7 @@ class CudaProgram:
             "code": self.code,
             "kernels": [k.to_dict() for k in self.kernels],
             "target": asdict(self.target),
+            "transposed_inputs": list(self.transposed_inputs),
         }
 
     @classmethod
@@ -146,6 +149,7 @@ class CudaProgram:
             d["code"],
             tuple(KernelLaunch.from_dict(k) for k in d["kernels"]),
             Target(**d["target"]),
+            transposed_inputs=tuple(d.get("transposed_inputs", ())),
         )
 
 
@@ -212,7 +216,8 @@ def render(units: tuple[KernelContext | FoldedKernel, ...], graph_name: str, gra
     )
 
 
-def _lower_kernel(prepared: PreparedProgram, kernel, name: str, accumulator: str) -> KernelContext:
+def _lower_kernel(prepared: PreparedProgram, kernel, name: str, accumulator: str,
+                  transposed: frozenset[int] = frozenset()) -> KernelContext:
     options = prepared.options
     return KernelLowering(kernel, name, accumulator, prepared.target.smem_per_block,
                           options.two_blocks_per_sm, options.l2_prefetch_iterations,
@@ -220,7 +225,7 @@ def _lower_kernel(prepared: PreparedProgram, kernel, name: str, accumulator: str
                           options.direct_output_stores, options.one_barrier_loops,
                           options.stagger_shared_loads, options.tma_release, options.heavy_first,
                           options.evict_first_streams, options.producer_warp,
-                          options.softmax_output_stores).context()
+                          options.softmax_output_stores, transposed).context()
 
 
 def _folded(graph: KernelGraph, fold: ClusterFold, name: str, producer: KernelContext,
@@ -263,8 +268,11 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
     graph = prepared.graph
     prefix = kernel_prefix(graph)
     accumulator = element_type(prepared.options.accumulator_dtype, "the accumulator dtype")
+    transposed_inputs, transposed = column_major.transposed_reads(prepared)
     contexts = early_loads.with_early_loads(prepared, {
-        k.node: _lower_kernel(prepared, k, f"{prefix}_k{k.node}", accumulator) for k in prepared.kernels})
+        k.node: _lower_kernel(prepared, k, f"{prefix}_k{k.node}", accumulator,
+                              transposed.get(k.node, frozenset()))
+        for k in prepared.kernels})
     units: list[KernelContext | FoldedKernel] = []
     launches = []
     for kernel in prepared.kernels:
@@ -293,7 +301,8 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
             )
         )
     code = render(tuple(units), graph.name or "graph", graph.content_hash(), prepared.target)
-    return CudaProgram(graph, code, tuple(launches), prepared.target, tuple(contexts.values()), prepared)
+    return CudaProgram(graph, code, tuple(launches), prepared.target, tuple(contexts.values()), prepared,
+                       transposed_inputs)
 
 
 def _tensor_map(kernel, it: ctx.InputIteratorContext) -> TensorMapSpec:

@@ -7,7 +7,8 @@ launched through ``cuLaunchKernelEx`` with its arguments packed once, see
 :class:`~mirage.codegen.dependent_launch.PackedLaunch`; through CuPy where the device cannot take
 that), any other kernel-level op runs through torch (:class:`TorchAlgebra` evaluates the op's
 registry formula, so a kernel-level matmul is a cuBLAS call).  Launches go to the current torch
-stream and take torch tensors without copies (inputs that are not contiguous are made so), so a
+stream and take torch tensors without copies (inputs that are not contiguous are made so, or
+column-major where the program reads them so: ``CudaProgram.transposed_inputs``), so a
 program can be captured in a CUDA graph once it has run (or :meth:`Program.load` was called)
 outside the capture.  What the program returns is allocated in each call; a tensor that only its own
 kernels read is kept from call to call, one per stream (see :meth:`Program._scratch`).
@@ -30,7 +31,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mirage.codegen import dependent_launch, tensor_maps
+from mirage.codegen import column_major, dependent_launch, tensor_maps
 from mirage.errors import MirageError
 from mirage.mugraph.graph import KernelGraph, Ref
 from mirage.mugraph.ops import REGISTRY, Op
@@ -147,6 +148,11 @@ class Program:
         return self.cuda.graph
 
     @property
+    def transposed_inputs(self) -> tuple[int, ...]:
+        """Inputs read in place column-major (:mod:`mirage.codegen.column_major`)."""
+        return self.cuda.transposed_inputs
+
+    @property
     def source(self) -> str:
         return self.cuda.code
 
@@ -224,13 +230,15 @@ class Program:
         dtypes and device before (the frontend's executor, after its first call)."""
         _, steps, outputs = self._steps()
         values: dict[Ref, Any] = {}
-        feed = iter(inputs)
+        feed = iter(enumerate(inputs))
+        transposed = self.cuda.transposed_inputs
         algebra = None
         scratch = None
         try:
             for step, (kind, ref, detail) in enumerate(steps):
                 if kind == "input":
-                    values[ref] = next(feed).contiguous()
+                    position, value = next(feed)
+                    values[ref] = column_major.in_layout(value, position in transposed)
                 elif kind == "kernel":
                     args = [values[r] for r in detail.inputs]
                     device = args[0].device

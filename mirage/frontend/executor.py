@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.nn import Parameter
 
+from mirage.codegen.column_major import in_layout
 from mirage.frontend import graphs
 from mirage.frontend.errors import ExecutorError
 from mirage.mugraph.graph import KernelGraph
@@ -63,6 +64,8 @@ class Compiled:
         owner = getattr(launch, "__self__", None)
         program_launch = getattr(launch, "__name__", "") == "launch" and hasattr(owner, "run")
         self._next = owner.run if program_launch else launch
+        # inputs the kernels read in place where they arrive column-major (a transposed parameter)
+        self.transposed = frozenset(owner.transposed_inputs) if program_launch else frozenset()
         self._checked = False
         # input positions that hold parameters or buffers (set by the subprogram's module); whether
         # a call copied one of them (a strided view): then a caller's CUDA graph copies it in each replay
@@ -71,16 +74,17 @@ class Compiled:
         self.reuse_in_graphs = False  # Options.reuse_copies_in_graphs
 
     def _contiguous(self, position: int, t: torch.Tensor) -> torch.Tensor:
-        """``t`` made contiguous.  A parameter's or buffer's copy is kept while the tensor's version
+        """``t`` made contiguous (or column-major, where the program reads that input in place so and
+        ``t`` is not: ``transposed``).  A parameter's or buffer's copy is kept while the tensor's version
         counter is unchanged; any other input is copied at every call: a kernel's output (the
         subprogram before) lands at the same address each call with the same version, new values
         that a key of address and version cannot tell from the old ones.  Parameters are known by
         position (``constants``, from the stitched graph) or as ``nn.Parameter`` (torch.compile
         passes them as inputs)."""
-        if t.is_contiguous():
+        if t.mT.is_contiguous() if position in self.transposed else t.is_contiguous():
             return t
         if position not in self.constants and not isinstance(t if t._base is None else t._base, Parameter):
-            return t.contiguous()
+            return in_layout(t, position in self.transposed)
         self.copies_constants = True
         key = (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))
         cached = self._copies.get(position)
@@ -91,9 +95,9 @@ class Compiled:
                 # owner chose to read the calls' copies (Options.reuse_copies_in_graphs)
                 return cached[1]
             # otherwise the copy is recorded: a replay runs no Python to see a changed parameter
-            return t.contiguous()
+            return in_layout(t, position in self.transposed)
         if cached is None:
-            cached = self._copies[position] = (key, t.contiguous())
+            cached = self._copies[position] = (key, in_layout(t, position in self.transposed))
         elif cached[0] != key:  # refreshed in place: a CUDA graph that reads the copy reads the new values
             cached = self._copies[position] = (key, cached[1].copy_(t))
         return cached[1]

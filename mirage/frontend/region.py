@@ -155,6 +155,19 @@ def _pattern(x: Boundary, binding: InputBinding) -> str:
         return ""
 
 
+def _layout(x: Boundary, binding: InputBinding) -> str:
+    """The memory layout that input ``binding`` of a row-major ``x`` has: "col" where it is a
+    transposed view in its last two dims (``weight.T``), which kernels may read in place
+    (mirage.codegen.column_major), else "" (row-major, or copied so)."""
+    if binding.permute is None or binding.expand is not None or len(binding.shape) < 2:
+        return ""
+    try:
+        view = binding.apply(torch.empty(tuple(x.shape), device="meta"))
+    except RuntimeError:
+        return ""
+    return "col" if not view.is_contiguous() and view.mT.is_contiguous() else ""
+
+
 class RegionBuilder:
     """The kernel graph of one subprogram under construction.
 
@@ -207,7 +220,8 @@ class RegionBuilder:
             if math.prod(binding.shape) != math.prod(expand or x.shape):
                 raise Unlowerable(f"cannot view {x.node.name}{list(x.shape)} as {list(shape)}")
             self._inputs[binding] = self.builder.new_input(dims=binding.shape, dtype=mg.DType.parse(x.dtype),
-                                                         name=x.node.name, pattern=_pattern(x, binding))
+                                                         name=x.node.name, pattern=_pattern(x, binding),
+                                                         layout=_layout(x, binding))
             self.bindings.append(binding)
         return self._inputs[binding]
 

@@ -36,6 +36,7 @@ from mirage.errors import (
 from mirage.mugraph import build, patterns
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import (
+    INPUT_LAYOUTS,
     Accum,
     AccumKind,
     BlockGraph,
@@ -260,23 +261,35 @@ class KNGraph(_Builder):
         super().__init__(KernelGraph(nodes=(), outputs=(), name=name))
 
     def new_input(self, dims: Sequence[int], dtype: Any = DType.FLOAT16, strides=None, name: str = "",
-                  pattern: str = ""):
-        """A device tensor the graph reads. ``pattern``: a promise that every call passes the values
-        it names (:mod:`mirage.mugraph.patterns`, e.g. ``"causal:512"``), which the generated code may
-        then compute instead of reading; the search and the verifier treat the input as any other."""
+                  pattern: str = "", layout: str = ""):
+        """A device tensor the graph reads. ``strides``: row-major (the default), or column-major in the
+        last two dims (a transposed view of a row-major tensor, such as ``weight.T``), which kernels that
+        can then read in place; calls may pass either layout (the other is copied). ``layout="col"``
+        says the same without strides. ``pattern``: a
+        promise that every call passes the values it names (:mod:`mirage.mugraph.patterns`, e.g.
+        ``"causal:512"``), which the generated code may then compute instead of reading; the search and
+        the verifier treat the input as any other."""
         shape = _input_dims(dims)
+        if layout not in INPUT_LAYOUTS or (layout and len(shape) < 2):
+            raise GraphError(f"input layout {layout!r} is not one of {sorted(INPUT_LAYOUTS)} for a tensor of "
+                             f"rank {len(shape)} ('col' needs 2 or more dims)")
         if strides is not None:
             expected = _row_major_strides(shape)
-            if isinstance(strides, (str, bytes)) or not isinstance(strides, Iterable) \
-                    or tuple(strides) != expected:
-                raise GraphError(f"only row-major inputs are supported (strides {expected}); got "
-                                 f"{strides!r}: make the tensor contiguous first")
+            transposed = _column_major_strides(shape)
+            given = None if isinstance(strides, (str, bytes)) or not isinstance(strides, Iterable) \
+                else tuple(strides)
+            if given == transposed and given != expected:
+                layout = "col"
+            elif given != expected:
+                raise GraphError(f"inputs are row-major (strides {expected}) or column-major in their last "
+                                 f"two dims (strides {transposed}); got {strides!r}: make the tensor "
+                                 "contiguous first")
         if not isinstance(name, str):
             raise GraphError(f"an input's name must be a str, got {name!r}")
         if pattern:
             patterns.check_shape(pattern, shape)
         t = TensorType(shape, _parse_dtype(dtype))
-        return self._add(Op.INPUT, (), KernelInput(name, pattern), (t,))
+        return self._add(Op.INPUT, (), KernelInput(name, pattern, layout), (t,))
 
     def customized(self, inputs: Sequence[DTensor], block_graph: TBGraph) -> list[DTensor]:
         if not isinstance(block_graph, TBGraph):
@@ -437,6 +450,14 @@ def _row_major_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(acc)
         acc *= d
     return tuple(reversed(strides))
+
+
+def _column_major_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a transposed view of a row-major tensor: its last two dims swapped in memory."""
+    if len(dims) < 2:
+        return _row_major_strides(dims)
+    swapped = _row_major_strides(dims[:-2] + (dims[-1], dims[-2]))
+    return swapped[:-2] + (swapped[-1], swapped[-2])
 
 
 def new_kernel_graph(name: str = "") -> KNGraph:

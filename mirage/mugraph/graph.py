@@ -104,7 +104,7 @@ class Ref:
 
 # attribute fields written (to files and text) only where set, so that graphs without them keep their
 # files, texts and content hashes
-OMITTED_AT_DEFAULT = frozenset({"pattern"})
+OMITTED_AT_DEFAULT = frozenset({"pattern", "layout"})
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,17 @@ class KernelInput:
     name: str = ""
     # values every call passes, which the generated code may compute instead of reading (patterns.py)
     pattern: str = ""
+    # how every call is expected to lay the tensor out in memory: "" row-major, "col" its last two dims
+    # transposed (a transposed view of a row-major tensor, as nn.Linear's weight.T); kernels that can
+    # read such a tile in place do (codegen.column_major), others get a row-major copy
+    layout: str = ""
+
+    def __post_init__(self) -> None:
+        if self.layout not in INPUT_LAYOUTS:
+            raise ValueError(f"unknown input layout {self.layout!r}: one of {sorted(INPUT_LAYOUTS)}")
+
+
+INPUT_LAYOUTS = frozenset({"", "col"})
 
 
 @dataclass(frozen=True)

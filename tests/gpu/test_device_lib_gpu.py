@@ -234,6 +234,31 @@ def test_matmul(kernels, kernel, dtype, out_dtype, m, n, k, threads, grid, forlo
     assert_close(c, expected, rtol=tolerance, atol=tolerance * scale)
 
 
+# B given transposed (dev::Transposed), fields as MATMUL_CASES
+MATMUL_BT_CASES = [
+    ("mmt_tc_f16_64x64x32", "f16", "f16", 64, 64, 32, 128, (2, 2), 4, 4e-3),
+    ("mmt_tc_f16_48x24x32", "f16", "f32", 48, 24, 32, 128, (2, 1), 3, 1e-4),
+    ("mmt_tc_bf16_8x128x64", "bf16", "f32", 8, 128, 64, 128, (3, 2), 2, 1e-4),
+    ("mmt_tc_f16_16x32x32", "f16", "f32", 16, 32, 32, 128, (2, 2), 3, 1e-4),
+    ("mmt_simt_f16_10x12x8", "f16", "f32", 10, 12, 8, 64, (2, 3), 3, 1e-5),
+]
+
+
+@pytest.mark.parametrize(
+    ("kernel", "dtype", "out_dtype", "m", "n", "k", "threads", "grid", "forloop_range", "tolerance"),
+    MATMUL_BT_CASES,
+)
+def test_matmul_with_b_transposed(kernels, kernel, dtype, out_dtype, m, n, k, threads, grid, forloop_range,
+                                  tolerance) -> None:
+    a = random_tensor((m * grid[1], k * forloop_range), DTYPES[dtype], seed=3)
+    b = random_tensor((k * forloop_range, n * grid[0]), DTYPES[dtype], seed=4)
+    c = poisoned((m * grid[1], n * grid[0]), DTYPES[out_dtype])
+    launch(kernels, kernel, (grid[0], grid[1], 1), threads, c, a, b.T.contiguous(), i32(forloop_range))
+    expected = as_float64(a) @ as_float64(b)
+    scale = np.abs(expected).max()
+    assert_close(c, expected, rtol=tolerance, atol=tolerance * scale)
+
+
 @pytest.mark.parametrize("scale", [0.125, 4.0])
 def test_attention_with_online_softmax(kernels, scale: float) -> None:
     rows, keys, depth = 16 * 3, 32 * 4, 64

@@ -79,6 +79,12 @@ KERNEL_EXPECTATIONS = [
     ("mm_tc_bf16_20x16x16", {"HMMA.16816.F32.BF16", "LDSM.16.MT88.2"}, set()),
     ("mm_simt_f16_10x12x6", {"FFMA"}, {"HMMA", "LDSM", "LDGSTS"}),
     ("mm_simt_bf16_32x32x32", {"FFMA", CP_ASYNC_128}, {"HMMA"}),
+    # B transposed (dev::Transposed): its fragments by ldmatrix without .trans
+    ("mmt_tc_f16_64x64x32", {"HMMA.16816.F32", "LDSM.16.M88.4", CP_ASYNC_128}, {"FFMA", "LDSM.16.MT88"}),
+    ("mmt_tc_f16_48x24x32", {"HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.M88.2"}, {"LDSM.16.MT88"}),
+    ("mmt_tc_bf16_8x128x64", {"HMMA.16816.F32.BF16", "LDSM.16.M88.4", CP_ASYNC_128}, {"LDSM.16.MT88"}),
+    ("mmt_tc_f16_16x32x32", {"HMMA.16816.F32", "LDSM.16.M88.4"}, {"LDSM.16.MT88"}),
+    ("mmt_simt_f16_10x12x8", {"FFMA", CP_ASYNC_128}, {"HMMA", "LDSM"}),
     (
         "attention_f16_d64_kb32",
         {"HMMA.16816.F32", "LDSM.16.M88.4", CP_ASYNC_128, "SHFL.BFLY", STORE_128},

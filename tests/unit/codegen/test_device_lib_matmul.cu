@@ -55,6 +55,62 @@ MATMUL(mm_tc_bf16_20x16x16, __nv_bfloat16, __nv_bfloat16, 20, 16, 16, 128, 2, Te
 MATMUL(mm_simt_f16_10x12x6, __half, float, 10, 12, 6, 64, 2, SimtMatmul)
 MATMUL(mm_simt_bf16_32x32x32, __nv_bfloat16, __nv_bfloat16, 32, 32, 32, 128, 2, SimtMatmul)
 
+// The same with B given transposed (Bᵀ [N gx, K R] row-major, i.e. B column-major, as nn.Linear's
+// weight): its tiles are copied as they lie, Stored [N, K], and read as Transposed<Stored> [K, N].
+template <class T, class Out, int M, int N, int K, int NumThreads, class Stored,
+          template <class, class, class, int> class Mm>
+__device__ void matmul_forloop_bt(Out* c, const T* a, const T* bt, int forloop_range) {
+  extern __shared__ __align__(128) char shared[];
+  using ALayout = WithPitch<RowMajor<M, K>, padded_pitch<T>(K)>;
+  using BLayout = Transposed<Stored>;
+  static_assert(Stored::dim2 == N && Stored::dim3 == K, "Stored is the [N, K] tile");
+  using CLayout = RowMajor<M, N>;
+  using Matmul = Mm<T, ALayout, BLayout, NumThreads>;
+  using AIterator = InputIterator<T, ALayout, 2, NumThreads>;
+  using BIterator = InputIterator<T, Stored, 2, NumThreads>;
+  const int64_t rows = int64_t(M) * gridDim.y, cols = int64_t(N) * gridDim.x, depth = int64_t(K) * forloop_range;
+  const Strides a_strides = row_major_strides(1, 1, rows, depth);
+  const Strides bt_strides = row_major_strides(1, 1, cols, depth);
+  const Strides c_strides = row_major_strides(1, 1, rows, cols);
+  const AIterator in_a(a, a_strides, locate_input_tile<ALayout>(a_strides, DimMap{-1, 2, -1}, 3, forloop_range, blockIdx),
+                       forloop_range, shared_at<T>(shared, 0));
+  const BIterator in_b(bt, bt_strides, locate_input_tile<Stored>(bt_strides, DimMap{2, -1, -1}, 3, forloop_range, blockIdx),
+                       forloop_range, shared_at<T>(shared, AIterator::kSharedBytes));
+  const auto c_tile = make_shared_tile<CLayout>(shared_at<Out>(shared, AIterator::kSharedBytes + BIterator::kSharedBytes));
+  typename Matmul::Accumulator accumulator;
+  accumulator.clear();
+  pipelined_forloop<2>(
+      forloop_range,
+      [&](int r) { Matmul::run(accumulator, in_a.stage(r), SharedTile<T, BLayout>{in_b.stage(r).data}); }, in_a, in_b);
+  Matmul::write_back(accumulator, c_tile);
+  __syncthreads();
+  OutputSaver<Out, CLayout, NumThreads>::save(c, c_strides, locate_output_tile<CLayout>(c_strides, DimMap{3, 2, -1}, blockIdx),
+                                              c_tile);
+}
+
+#define MATMUL_BT(NAME, T, OUT, M, N, K, THREADS, STORED, MM)                                                    \
+  extern "C" __global__ void __launch_bounds__(THREADS) NAME(OUT* c, const T* a, const T* bt, int forloop_range) { \
+    matmul_forloop_bt<T, OUT, M, N, K, THREADS, STORED, MM>(c, a, bt, forloop_range);                              \
+  }
+
+// Stored rows padded by 16 bytes (ldmatrix free of bank conflicts), .x4 then .x2 (three n8 tiles)
+using StoredPadded64 = WithPitch<RowMajor<64, 32>, 40>;
+using StoredPadded24 = WithPitch<RowMajor<24, 32>, 40>;
+MATMUL_BT(mmt_tc_f16_64x64x32, __half, __half, 64, 64, 32, 128, StoredPadded64, TensorCoreMatmul)
+MATMUL_BT(mmt_tc_f16_48x24x32, __half, float, 48, 24, 32, 128, StoredPadded24, TensorCoreMatmul)
+// 128-byte swizzled, and dense (correct, with bank conflicts)
+using StoredSwizzled = Swizzled128Layout<1, 1, 128, 64>;
+using StoredDense = RowMajor<32, 32>;
+MATMUL_BT(mmt_tc_bf16_8x128x64, __nv_bfloat16, float, 8, 128, 64, 128, StoredSwizzled, TensorCoreMatmul)
+MATMUL_BT(mmt_tc_f16_16x32x32, __half, float, 16, 32, 32, 128, StoredDense, TensorCoreMatmul)
+// SIMT cores read it through the layout's offsets
+using StoredSimt = RowMajor<12, 8>;
+MATMUL_BT(mmt_simt_f16_10x12x8, __half, float, 10, 12, 8, 64, StoredSimt, SimtMatmul)
+
+static_assert(Transposed<WithPitch<RowMajor<24, 32>, 40>>::offset(0, 0, 5, 7) == 7 * 40 + 5);
+static_assert(!TensorCoreMatmul<float, RowMajor<16, 32>, Transposed<RowMajor<32, 32>>, 128>::kSupported,
+              "TF32 fragments of a transposed B are not loaded by ldmatrix: SIMT");
+
 // Matmul picks tensor cores exactly when the shape allows it.
 static_assert(std::is_same_v<Matmul<__half, RowMajor<10, 6>, RowMajor<6, 12>, 64>,
                              SimtMatmul<__half, RowMajor<10, 6>, RowMajor<6, 12>, 64>>);

@@ -6,6 +6,8 @@
 // Padding the pitch by 16 bytes keeps ldmatrix and row-wise accesses free of bank conflicts.
 #pragma once
 
+#include <type_traits>
+
 #include "config.cuh"
 
 namespace mirage::dev {
@@ -31,6 +33,7 @@ struct Layout {
   }
 
   static constexpr bool swizzled = false;
+  static constexpr bool transposed = false;
 
   // Storage offset of element `col` of row `row` (a row: one index of the first three dims).
   static MIRAGE_HOST_DEVICE constexpr int element_offset(int row, int col) { return row * Pitch + col; }
@@ -94,6 +97,74 @@ constexpr bool read_by_pitch() {
                 "iterators and steps that address elements through the layout's offsets may read one");
   return true;
 }
+
+// For matmuls' B operands: read by pitch, or transposed (Transposed below, swizzled or not).
+template <class L>
+constexpr bool read_by_pitch_or_transposed() {
+  if constexpr (L::transposed) {
+    return true;
+  } else {
+    return read_by_pitch<L>();
+  }
+}
+
+// A tile read as the transpose of how it is stored: logical [D0, D1, R, C] kept as the layout
+// `Stored` of [D0, D1, C, R] (row-major with a pitch, or 128-byte swizzled). It is how a transposed
+// view of a row-major tensor (nn.Linear's weight.T, column-major in its last two dims) is copied in
+// place: row by row as it lies in memory, 16 bytes at a time. Steps that address elements through
+// the layout's offsets read it as any tile; a tensor-core matmul reads it as its B operand with
+// ldmatrix without .trans (the stored rows are B's columns, K contiguous, as mma's B fragment
+// wants); readers by pitch refuse it (read_by_pitch).
+template <class Stored_>
+struct Transposed {
+  using Stored = Stored_;
+  static constexpr int dim0 = Stored::dim0;
+  static constexpr int dim1 = Stored::dim1;
+  static constexpr int dim2 = Stored::dim3;
+  static constexpr int dim3 = Stored::dim2;
+  static constexpr int rows = dim0 * dim1 * dim2;
+  static constexpr int cols = dim3;
+  static constexpr int size = rows * cols;
+  static constexpr int storage = Stored::storage;
+  static constexpr int pitch = Stored::pitch;  // of the stored rows, not a stride of this tile
+  static constexpr bool swizzled = Stored::swizzled;
+  static constexpr bool transposed = true;
+
+  static MIRAGE_HOST_DEVICE constexpr int dim(int d) {
+    return d == 0 ? dim0 : d == 1 ? dim1 : d == 2 ? dim2 : dim3;
+  }
+  static MIRAGE_HOST_DEVICE constexpr int element_offset(int row, int col) {
+    return Stored::element_offset((row / dim2) * Stored::dim2 + col, row % dim2);
+  }
+  static MIRAGE_HOST_DEVICE constexpr int offset(int i0, int i1, int i2, int i3) {
+    return element_offset((i0 * dim1 + i1) * dim2 + i2, i3);
+  }
+  static MIRAGE_HOST_DEVICE constexpr int offset_of(int linear) { return element_offset(linear / dim3, linear % dim3); }
+  static MIRAGE_HOST_DEVICE void coordinates(int linear, int (&index)[4]) {
+    index[3] = linear % dim3;
+    int row = linear / dim3;
+    index[2] = row % dim2;
+    row /= dim2;
+    index[1] = row % dim1;
+    index[0] = row / dim1;
+  }
+};
+
+// The [Rows, Cols] matrix of batch b of a tile read by a matmul: the same kind of layout with one
+// batch, `matrix_storage` elements apart (a swizzled tile is one matrix).
+template <class L, int Rows, int Cols>
+struct MatrixOf {
+  using type = Layout<1, 1, Rows, Cols, L::pitch>;
+  static constexpr int stride = Rows * L::pitch;
+};
+template <class Stored, int Rows, int Cols>
+struct MatrixOf<Transposed<Stored>, Rows, Cols> {
+  static_assert(!Stored::swizzled || Stored::dim0 * Stored::dim1 == 1, "a swizzled transposed tile is one matrix");
+  using StoredMatrix = std::conditional_t<Stored::swizzled, Swizzled128Layout<1, 1, Cols, Rows>,
+                                          Layout<1, 1, Cols, Rows, Stored::pitch>>;
+  using type = Transposed<StoredMatrix>;
+  static constexpr int stride = Cols * Stored::pitch;
+};
 
 namespace detail {
 template <int... Dims>

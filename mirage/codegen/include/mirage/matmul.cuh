@@ -236,7 +236,8 @@ struct ResolveWarpGrid<FixedWarpGrid<WarpsM, WarpsN, WarpsK>> {
 // (rescale_rows, scale_rows) apply to every partial; for_each and for_each_pair see group 0 only.
 template <class T, class ALayout, class BLayout, int NumThreads, class Grid = DefaultWarpGrid>
 struct TensorCoreMatmul {
-  static_assert(read_by_pitch<ALayout, BLayout>());
+  // B is read by pitch, or transposed (dev::Transposed: its stored rows are B's columns)
+  static_assert(read_by_pitch<ALayout>() && read_by_pitch_or_transposed<BLayout>());
   using Atom = detail::MmaAtom<T>;
   static constexpr int M = ALayout::rows;
   static constexpr int K = ALayout::cols;
@@ -251,7 +252,8 @@ struct TensorCoreMatmul {
   static constexpr bool kAlignedRows = !Atom::kLdmatrix || ((ALayout::pitch * sizeof(T)) % kVectorBytes == 0 &&
                                                             (BLayout::pitch * sizeof(T)) % kVectorBytes == 0);
   static constexpr bool kSupported =
-      BLayout::rows == K && kGrid.m > 0 && K % Atom::kK == 0 && kAlignedRows && NumThreads % kWarpSize == 0;
+      BLayout::rows == K && kGrid.m > 0 && K % Atom::kK == 0 && kAlignedRows && NumThreads % kWarpSize == 0 &&
+      (!BLayout::transposed || Atom::kLdmatrix);
   static constexpr int kWarpsM = kGrid.m > 0 ? kGrid.m : 1;
   static constexpr int kWarpsN = kGrid.n > 0 ? kGrid.n : 1;
   static constexpr int kWarpsK = kGrid.m > 0 ? kGrid.k : 1;
@@ -540,7 +542,24 @@ struct TensorCoreMatmul {
   }
 
   static MIRAGE_DEVICE void load_b(SharedTile<T, BLayout> b, int k0, uint32_t (&fragment)[kTilesN][2]) {
-    if constexpr (Atom::kLdmatrix) {
+    if constexpr (BLayout::transposed) {
+      // stored rows are B's columns: lanes 0-7 address columns n..n+7 at k0, lanes 8-15 the same at
+      // k0 + 8, lanes 16-31 the next 8 columns; ldmatrix without .trans gives each lane B[k][n] pairs
+      using Stored = typename BLayout::Stored;
+      const int n = warp_col() + (lane() / 16) * 8 + lane() % 8;
+      const int k = k0 + ((lane() / 8) % 2) * 8;
+#pragma unroll
+      for (int j = 0; j + 1 < kTilesN; j += 2) {
+        const T* address = b.data + Stored::element_offset(n + j * 8, k);
+        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), fragment[j][0],
+                                      fragment[j][1], fragment[j + 1][0], fragment[j + 1][1]);
+      }
+      if constexpr (kTilesN % 2 == 1) {
+        const T* address = b.data + Stored::element_offset(warp_col() + (kTilesN - 1) * 8 + lane() % 8, k);
+        cute::SM75_U32x2_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), fragment[kTilesN - 1][0],
+                                      fragment[kTilesN - 1][1]);
+      }
+    } else if constexpr (Atom::kLdmatrix) {
       const int row = k0 + lane() % 16;
       const int col = warp_col() + (lane() / 16) * 8;
 #pragma unroll
@@ -569,7 +588,7 @@ struct TensorCoreMatmul {
 
 template <class T, class ALayout, class BLayout, int NumThreads>
 struct SimtMatmul {
-  static_assert(read_by_pitch<ALayout, BLayout>());
+  static_assert(read_by_pitch<ALayout>() && read_by_pitch_or_transposed<BLayout>());
   static constexpr int M = ALayout::rows;
   static constexpr int K = ALayout::cols;
   static constexpr int N = BLayout::cols;
@@ -596,7 +615,7 @@ struct SimtMatmul {
       const int col = output(round) % N;
       float sum = acc.value[round];
       for (int k = 0; k < K; ++k)
-        sum = fmaf(to_float(a.data[row * ALayout::pitch + k]), to_float(b.data[k * BLayout::pitch + col]), sum);
+        sum = fmaf(to_float(a.data[row * ALayout::pitch + k]), to_float(b.data[BLayout::element_offset(k, col)]), sum);
       acc.value[round] = sum;
     }
   }

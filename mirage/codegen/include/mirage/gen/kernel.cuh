@@ -546,7 +546,7 @@ struct MixedSimtMatmul {
       const int col = output(round) % N;
       float sum = acc.value[round];
       for (int k = 0; k < K; ++k)
-        sum = fmaf(dev::to_float(a.data[row * ALayout::pitch + k]), dev::to_float(b.data[k * BLayout::pitch + col]), sum);
+        sum = fmaf(dev::to_float(a.data[row * ALayout::pitch + k]), dev::to_float(b.data[BLayout::element_offset(k, col)]), sum);
       acc.value[round] = sum;
     }
   }
@@ -567,7 +567,7 @@ struct MixedSimtMatmul {
 // One product A · B of a (batched) block matmul: A [batch..., M, K], B [batch..., K, N].
 template <class TA, class TB, class ALayout, class BLayout>
 struct Product {
-  static_assert(dev::read_by_pitch<ALayout, BLayout>());
+  static_assert(dev::read_by_pitch<ALayout>() && dev::read_by_pitch_or_transposed<BLayout>());
   using A = TA;
   using B = TB;
   static constexpr int kBatch = ALayout::dim0 * ALayout::dim1;
@@ -577,13 +577,13 @@ struct Product {
   static_assert(BLayout::dim0 == ALayout::dim0 && BLayout::dim1 == ALayout::dim1, "batch dims differ");
   static_assert(BLayout::dim2 == K, "inner dims differ");
   using ASlice = dev::Layout<1, 1, M, K, ALayout::pitch>;
-  using BSlice = dev::Layout<1, 1, K, N, BLayout::pitch>;
+  using BSlice = typename dev::MatrixOf<BLayout, K, N>::type;  // B may be read transposed (dev::Transposed)
 
   static MIRAGE_DEVICE dev::SharedTile<TA, ASlice> a_slice(dev::SharedTile<TA, ALayout> a, int batch) {
     return {a.data + batch * M * ALayout::pitch};
   }
   static MIRAGE_DEVICE dev::SharedTile<TB, BSlice> b_slice(dev::SharedTile<TB, BLayout> b, int batch) {
-    return {b.data + batch * K * BLayout::pitch};
+    return {b.data + batch * dev::MatrixOf<BLayout, K, N>::stride};
   }
 
   template <int NumThreads>

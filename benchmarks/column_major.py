@@ -1,0 +1,76 @@
+"""Weights read in place where they arrive transposed (``mirage.codegen.column_major``), against the
+row-major build of the same µGraph: for each weight-streaming µGraph of the suite, the row-major build
+on row-major weights (what a kept copy of ``weight.T`` gives), the same build on ``weight.T`` views
+(a copy in every call: what a CUDA graph of an ``nn.Linear`` model recorded before), and the build
+that reads ``weight.T`` in place.  CUDA-graph replays, one run; writes column_major_<date>.json into
+``--out``.  Needs a GPU.
+
+    python -m benchmarks.column_major
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks.mugraphs import mlp
+from benchmarks.rms_forms import gemv
+
+# µGraph, and the positions of its weights (K × N inputs that nn.Linear would pass as weight.T)
+PROGRAMS = {
+    "gemv_b8": (lambda: gemv(8, 128, 16, 256), (2,)),
+    "rmsnorm_b8": (lambda: mlp.rmsnorm_fused(8, grid=128, iters=16, threads=256), (2,)),
+    "rmsnorm_b1": (lambda: mlp.rmsnorm_fused(1, grid=128, iters=16, threads=256), (2,)),
+    "gatedmlp_m8": (lambda: mlp.gatedmlp_fused(8, grid=128, iters=16, threads=128), (1, 2)),
+    "gatedmlp_m1": (lambda: mlp.gatedmlp_fused(1, grid=128, iters=16, threads=128), (1, 2)),
+    "lora_m16": (lambda: mlp.lora_fused(16, grid=64, iters=2, threads=128), (1, 2)),
+}
+
+
+def measure(name: str, stages: int = 2) -> dict:
+    import dataclasses
+
+    from mirage.codegen import column_major
+    from mirage.codegen.gpu_check import check_on_gpu, random_inputs
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.codegen.profile import time_graph
+    from mirage.codegen.runtime import build_many
+    from mirage.optimizer import OptimizerOptions
+
+    make, weights = PROGRAMS[name]
+    graph = make()
+    declared = column_major.with_transposed_inputs(graph, weights)
+    options = dataclasses.replace(OptimizerOptions(), stages=stages)
+    row, col = build_many([generate_cuda_program(g, None, options=options) for g in (graph, declared)])
+    rows_in = random_inputs(graph, seed=1)
+    cols_in = [t.mT.contiguous().mT if p in weights else t for p, t in enumerate(rows_in)]
+    check = check_on_gpu(declared, col.with_poison(), inputs=cols_in)
+
+    def timed(program, inputs) -> float:
+        return round(time_graph(lambda: program(*inputs), replays=200).median_us, 3)
+
+    return {"program": name, "stages": stages, "read_in_place": list(col.transposed_inputs),
+            "passed": check.passed, "row_major_us": timed(row, rows_in),
+            "row_major_copying_us": timed(row, cols_in), "in_place_us": timed(col, cols_in)}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
+    parser.add_argument("--programs", default="", help="only these programs (comma-separated)")
+    args = parser.parse_args(argv)
+    from benchmarks.stream_floor import write_record
+    from mirage.codegen.profile import device_facts
+
+    wanted = set(filter(None, args.programs.split(",")))
+    rows = []
+    for name in PROGRAMS:
+        if wanted and name not in wanted:
+            continue
+        for stages in (2, 3):
+            rows.append(measure(name, stages))
+            print(rows[-1], flush=True)
+    write_record(args.out, "column_major", device_facts(), rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Inputs read in place where they arrive transposed.
+
+A kernel input whose :class:`~mirage.mugraph.graph.KernelInput` says ``layout="col"`` is expected
+column-major in its last two dims: a transposed view of a row-major tensor, as ``nn.Linear`` reads
+``weight.T``.  A kernel copies such a tile row by row as it lies in memory (16-byte ``cp.async``, the
+stored rows being the tile's columns) into a ``dev::Transposed`` shared tile, which a tensor-core
+matmul reads as its B operand with ``ldmatrix`` without ``.trans``.  No row-major copy of the tensor
+is made, neither before each call nor kept beside a parameter.
+
+Only tiles that every reader can take so are read in place: a tile of 16-bit elements whose only
+readers are matmuls taking it as B (``matmul``'s second operand, ``concat_matmul``'s third and
+fourth), in kernels copied by the plain input iterators (no online-softmax chain, row-local loop,
+TMA or multicast copy), with K (the tile's second-to-last dim) whole 16-byte rows.  Where one reader
+of a kernel input cannot, the program reads that input row-major (:attr:`Program.transposed_inputs`
+leaves it out), and a transposed argument is copied as before.
+
+>>> import mirage as mi
+>>> from mirage.codegen import generate_cuda_program
+>>> g = mi.new_kernel_graph("linear")
+>>> X = g.new_input(dims=(8, 512), dtype=mi.float16)
+>>> W = g.new_input(dims=(512, 1024), dtype=mi.float16, strides=(1, 512))  # weight.T of [1024, 512]
+>>> tb = mi.new_threadblock_graph(grid_dim=(16, 1, 1), block_dim=(128, 1, 1), forloop_range=8)
+>>> x = tb.new_input(X, input_map=(-1, -1, -1), forloop_dim=1)
+>>> w = tb.new_input(W, input_map=(1, -1, -1), forloop_dim=0)
+>>> tb.new_output(tb.forloop_accum(tb.matmul(x, w)), output_map=(1, -1, -1))
+>>> (Y,) = g.customized([X, W], tb)
+>>> g.mark_output(Y)
+>>> program = generate_cuda_program(g, target_cc=90)
+>>> program.transposed_inputs
+(1,)
+>>> "mirage::dev::Transposed<" in program.code
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from mirage.mugraph.graph import DType, KernelGraph, KernelInput, Ref
+from mirage.mugraph.ops import Op
+
+# where a block op takes its B operands
+B_OPERANDS = {Op.MATMUL: frozenset({1}), Op.CONCAT_MATMUL: frozenset({2, 3})}
+SIXTEEN_BIT = frozenset({DType.FLOAT16, DType.BFLOAT16})
+
+
+def readable_in_place(kernel, i: int) -> bool:
+    """Whether block input ``i`` of prepared ``kernel`` can be copied into a ``dev::Transposed`` tile
+    (see the module docstring)."""
+    graph = kernel.block_graph
+    node = graph.nodes[i]
+    shape = node.outputs[0].shape
+    if (kernel.softmax_chain is not None or kernel.row_loop is not None or i in kernel.tma_inputs
+            or i in kernel.multicast.inputs):
+        return False
+    if node.outputs[0].dtype not in SIXTEEN_BIT or len(shape) < 2 or shape[-2] % 8:
+        return False
+    readers = [(n, p) for n in graph.nodes for p, ref in enumerate(n.inputs) if ref == Ref(i, 0)]
+    return bool(readers) and all(p in B_OPERANDS.get(n.op, ()) for n, p in readers)
+
+
+def transposed_reads(prepared) -> tuple[tuple[int, ...], dict[int, frozenset[int]]]:
+    """The kernel inputs of ``prepared`` (positions among the graph's inputs) that the program reads
+    in place, and per graph-defined op the block input nodes that read them."""
+    graph: KernelGraph = prepared.graph
+    wanted = {n: p for p, n in enumerate(graph.input_nodes)
+              if isinstance(graph.nodes[n].attrs, KernelInput) and graph.nodes[n].attrs.layout == "col"}
+    readers: dict[int, list[tuple[int, int]]] = {n: [] for n in wanted}
+    legal: dict[int, bool] = dict.fromkeys(wanted, True)
+    for kernel in prepared.kernels:
+        for position, ref in enumerate(graph.nodes[kernel.node].inputs):
+            if ref.node in wanted:
+                i = kernel.block_graph.input_nodes[position]
+                readers[ref.node].append((kernel.node, i))
+                legal[ref.node] = legal[ref.node] and readable_in_place(kernel, i)
+    chosen = [n for n in wanted if legal[n] and readers[n]]
+    per_kernel: dict[int, set[int]] = {}
+    for n in chosen:
+        for kernel_node, i in readers[n]:
+            per_kernel.setdefault(kernel_node, set()).add(i)
+    return (tuple(sorted(wanted[n] for n in chosen)),
+            {k: frozenset(v) for k, v in per_kernel.items()})
+
+
+def in_layout(tensor, transposed: bool):
+    """``tensor`` as a kernel reads it: row-major, or column-major in its last two dims where the
+    program reads it in place so (``CudaProgram.transposed_inputs``); a copy only where it is not."""
+    if not transposed:
+        return tensor.contiguous()
+    return tensor if tensor.mT.is_contiguous() else tensor.mT.contiguous().mT
+
+
+def with_transposed_inputs(graph: KernelGraph, positions: Iterable[int]) -> KernelGraph:
+    """``graph`` with its inputs at ``positions`` (among its inputs) declared column-major
+    (``layout="col"``): what a caller passing ``weight.T`` there promises.  The function computed is
+    the same; calls may still pass any layout."""
+    positions = set(positions)
+    inputs = graph.input_nodes
+    if not positions <= set(range(len(inputs))) or any(len(graph.nodes[inputs[p]].outputs[0].shape) < 2
+                                                          for p in positions):
+        raise ValueError(f"positions {sorted(positions)} are not inputs of 2 or more dims of a graph with "
+                         f"{len(inputs)} input(s)")
+    nodes = list(graph.nodes)
+    for p in positions:
+        node = nodes[inputs[p]]
+        nodes[inputs[p]] = dataclasses.replace(node, attrs=dataclasses.replace(node.attrs, layout="col"))
+    return dataclasses.replace(graph, nodes=tuple(nodes))
