@@ -1,6 +1,7 @@
 """Weights read in place where they arrive transposed (``mirage.codegen.column_major``), against the
-row-major build of the same µGraph: for each weight-streaming µGraph of the suite, the row-major build
-on row-major weights (what a kept copy of ``weight.T`` gives), the same build on ``weight.T`` views
+row-major build of the same µGraph: for each weight-streaming µGraph of the suite (and an attention's
+K), the row-major build on row-major weights (what a kept copy of ``weight.T`` gives), the same build
+on ``weight.T`` views
 (a copy in every call: what a CUDA graph of an ``nn.Linear`` model recorded before), and the build
 that reads ``weight.T`` in place.  CUDA-graph replays, one run; writes column_major_<date>.json into
 ``--out``.  Needs a GPU.
@@ -13,9 +14,11 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.mugraphs import mlp
+from benchmarks.mugraphs.attention import one_kernel
 from benchmarks.rms_forms import gemv
 
-# µGraph, and the positions of its weights (K × N inputs that nn.Linear would pass as weight.T)
+# µGraph, and the positions of its weights (K × N inputs that nn.Linear would pass as weight.T; for
+# the attention, Kᵀ as q @ k.transpose(-2, -1) passes it)
 PROGRAMS = {
     "gemv_b8": (lambda: gemv(8, 128, 16, 256), (2,)),
     "rmsnorm_b8": (lambda: mlp.rmsnorm_fused(8, grid=128, iters=16, threads=256), (2,)),
@@ -23,6 +26,7 @@ PROGRAMS = {
     "gatedmlp_m8": (lambda: mlp.gatedmlp_fused(8, grid=128, iters=16, threads=128), (1, 2)),
     "gatedmlp_m1": (lambda: mlp.gatedmlp_fused(1, grid=128, iters=16, threads=128), (1, 2)),
     "lora_m16": (lambda: mlp.lora_fused(16, grid=64, iters=2, threads=128), (1, 2)),
+    "attention_h8_512": (lambda: one_kernel(8, 512, 512, 64, 64, 64), (1,)),
 }
 
 

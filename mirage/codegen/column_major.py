@@ -9,10 +9,12 @@ is made, neither before each call nor kept beside a parameter.
 
 Only tiles that every reader can take so are read in place: a tile of 16-bit elements whose only
 readers are matmuls taking it as B (``matmul``'s second operand, ``concat_matmul``'s third and
-fourth), in kernels copied by the plain input iterators (no online-softmax chain, row-local loop,
-TMA or multicast copy), with K (the tile's second-to-last dim) whole 16-byte rows.  Where one reader
-of a kernel input cannot, the program reads that input row-major (:attr:`Program.transposed_inputs`
-leaves it out), and a transposed argument is copied as before.
+fourth), copied by the plain input iterators (no row-local loop, TMA or multicast copy), with K (the
+tile's second-to-last dim) whole 16-byte rows.  In an online-softmax chain, that is its K (Kᵀ of
+``q @ k.transpose(-2, -1)``, which the chain then reads as keys lie in a row-major ``k``) in the
+warp form without key norms; the warpgroup form reads K through wgmma descriptors of its own layout.
+Where one reader of a kernel input cannot, the program reads that input row-major
+(:attr:`Program.transposed_inputs` leaves it out), and a transposed argument is copied as before.
 
 >>> import mirage as mi
 >>> from mirage.codegen import generate_cuda_program
@@ -51,8 +53,11 @@ def readable_in_place(kernel, i: int) -> bool:
     graph = kernel.block_graph
     node = graph.nodes[i]
     shape = node.outputs[0].shape
-    if (kernel.softmax_chain is not None or kernel.row_loop is not None or i in kernel.tma_inputs
-            or i in kernel.multicast.inputs):
+    chain = kernel.softmax_chain
+    if chain is not None and (chain.warpgroup or chain.key_norm is not None
+                              or graph.nodes[chain.qk].inputs[1] != Ref(i, 0)):
+        return False  # in an online-softmax chain, only the warp form's K (its Q·K's B)
+    if kernel.row_loop is not None or i in kernel.tma_inputs or i in kernel.multicast.inputs:
         return False
     if node.outputs[0].dtype not in SIXTEEN_BIT or len(shape) < 2 or shape[-2] % 8:
         return False

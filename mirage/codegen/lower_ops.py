@@ -201,11 +201,13 @@ def tile_layout(
     return TileLayout(dims, pitch)
 
 
-def transposed_layout(shape: tuple[int, ...], element: str, capacity_bytes: int) -> TileLayout:
+def transposed_layout(shape: tuple[int, ...], element: str, capacity_bytes: int,
+                      swizzle: bool = True) -> TileLayout:
     """The layout of an input tile of ``shape`` copied in place from a column-major tensor
     (:mod:`mirage.codegen.column_major`): stored as its transpose, rows padded by one 16-byte vector
     where the buffer allows (ldmatrix free of bank conflicts), else 128-byte swizzled where the shape
-    allows, else dense."""
+    allows (and ``swizzle``: not for a softmax chain's K, whose swizzle means the warpgroup form), else
+    dense."""
     dims = rank4(shape)
     stored = (dims[0], dims[1], dims[3], dims[2])
     itemsize = element_size(element)
@@ -215,7 +217,7 @@ def transposed_layout(shape: tuple[int, ...], element: str, capacity_bytes: int)
     if rows * (whole + align) * itemsize <= capacity_bytes:
         return TileLayout(dims, whole + align, transposed=True)
     swizzled = TileLayout(stored, 64, swizzled=True)
-    if (itemsize == 2 and stored[0] * stored[1] == 1 and cols % 64 == 0 and rows % 8 == 0
+    if (swizzle and itemsize == 2 and stored[0] * stored[1] == 1 and cols % 64 == 0 and rows % 8 == 0
             and swizzled.storage * itemsize <= capacity_bytes):
         return TileLayout(dims, 64, swizzled=True, transposed=True)
     if rows * whole * itemsize > capacity_bytes:

@@ -65,6 +65,23 @@ def test_a_build_reading_weights_in_place_matches_the_row_major_build(name, stag
             _close(x, y)
 
 
+@pytest.mark.parametrize("warpgroup", [False, True])
+def test_an_attention_reading_k_in_place_matches_the_row_major_build(warpgroup):
+    from benchmarks.mugraphs.attention import one_kernel
+
+    graph = one_kernel(8, 512, 512, 64, 64, 64)
+    declared = column_major.with_transposed_inputs(graph, [1])  # K given as k.mT
+    options = dataclasses.replace(OptimizerOptions(), warpgroup_softmax=warpgroup)
+    ours, theirs = build_many([generate_cuda_program(g, None, options=options) for g in (declared, graph)])
+    assert ours.transposed_inputs == (() if warpgroup else (1,))
+    inputs = random_inputs(declared, seed=6)
+    result = check_on_gpu(declared, ours.with_poison(), inputs=inputs)
+    assert result.passed, result.as_dict()
+    expected = theirs(*[t.contiguous() for t in inputs])
+    for x, y in zip(ours.with_poison()(*inputs), expected, strict=True):
+        _close(x, y)
+
+
 class _Linear(torch.nn.Module):
     def __init__(self, n: int = 2048):
         super().__init__()

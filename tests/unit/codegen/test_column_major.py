@@ -76,6 +76,24 @@ def test_a_matmuls_b_operand_is_read_in_place_and_other_readers_are_not():
         assert program.transposed_inputs == () and "Transposed<" not in program.code
 
 
+def _attention(warpgroup: bool):
+    import dataclasses
+
+    from benchmarks.mugraphs.attention import one_kernel
+    from mirage.optimizer import OptimizerOptions
+
+    graph = column_major.with_transposed_inputs(one_kernel(8, 512, 512, 64, 64, 64), [1])  # K: k.mT
+    return generate_cuda_program(graph, 90, options=dataclasses.replace(OptimizerOptions(),
+                                                                         warpgroup_softmax=warpgroup))
+
+
+def test_an_attention_chain_reads_k_in_place_in_the_warp_form_only():
+    warp, warpgroup = _attention(False), _attention(True)
+    assert warp.transposed_inputs == (1,)
+    assert "mirage::dev::Transposed<mirage::dev::Layout<1, 1, 64, 64, 72>>, mirage::dev::Layout" in warp.code
+    assert warpgroup.transposed_inputs == () and "Transposed<" not in warpgroup.code
+
+
 @pytest.mark.parametrize(("shape", "capacity", "expected"), [
     ((64, 64), 64 * 72 * 2, TileLayout((1, 1, 64, 64), 72, transposed=True)),  # rows padded by 16 bytes
     ((64, 128), 64 * 136 * 2, TileLayout((1, 1, 64, 128), 64, swizzled=True, transposed=True)),
@@ -93,13 +111,14 @@ def test_generated_kernels_read_b_by_ldmatrix_without_trans():
     graphs = {"padded": _linear(), "swizzled": _linear(n=2048, grid=16, loop=8),
               "dense": _linear(n=2048, loop=16), "row_major": _linear(transposed=False)}
     programs = {name: generate_cuda_program(g, 90) for name, g in graphs.items()}
+    programs["attention"] = _attention(False)  # K by .x4 without .trans, V (row-major) with it
     assert "Swizzled128Layout<1, 1, 128, 64>>" in programs["swizzled"].code
     results = compile_sources([p.code for p in programs.values()], CompileOptions(target=TARGETS["H100"]),
                               dumps={Stage.SASS})
     for name, result in zip(programs, results, strict=True):
         found = set(re.findall(r"LDSM\.16\.M?T?88\.\d", result.sass()))
         assert "LDSM.16.M88.4" in found, (name, found)
-        assert any("MT88" in f for f in found) == (name == "row_major"), (name, found)
+        assert any("MT88" in f for f in found) == (name in ("row_major", "attention")), (name, found)
 
 
 def test_calls_get_the_layout_the_program_reads():

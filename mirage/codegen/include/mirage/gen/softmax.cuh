@@ -80,6 +80,8 @@ struct OnlineSoftmax {
   static constexpr bool kKeyNorms = IsKeyNorms<Columns>::value;
   // the warpgroup form (see the top of the file): K and V in 128-byte swizzled tiles
   static constexpr bool kWarpgroup = KLayout::swizzled;
+  static_assert(!KLayout::transposed || (!KLayout::swizzled && !kKeyNorms),
+                "a K read in place (dev::Transposed) is padded, in the warp form, without key norms");
   static_assert(VLayout::swizzled == kWarpgroup && (kWarpgroup || !QLayout::swizzled),
                 "K and V swizzled together; Q (read from shared memory by wgmma) only with them");
   static_assert(!kWarpgroup || (kWarps % 4 == 0 && kRowTiles % kWarps == 0 && kKeys % 64 == 0 &&
@@ -517,8 +519,19 @@ struct OnlineSoftmax {
   }
 
   // The B fragments of K[d : d + 16, key : key + 8] (b0, b1) and K[d : d + 16, key + 8 : key + 16] (b2, b3).
+  // K read in place (dev::Transposed, stored [keys, D]: keys as they lie in a row-major K): the same
+  // fragments by ldmatrix without .trans, lanes 0-7 at keys key … + 7 from column d, 8-15 from d + 8,
+  // 16-31 the next 8 keys.
   static MIRAGE_DEVICE void load_k(dev::SharedTile<T, KLayout> k, int d, int key, uint32_t (&b)[4]) {
-    cute::SM75_U16x8_LDSM_T::copy(fragment_row<KLayout>(k.data, d, key), b[0], b[1], b[2], b[3]);
+    if constexpr (KLayout::transposed) {
+      const int row = key + (lane() / 16) * 8 + lane() % 8;
+      const int col = d + ((lane() / 8) % 2) * 8;
+      cute::SM75_U32x4_LDSM_N::copy(
+          *reinterpret_cast<const cute::uint128_t*>(k.data + KLayout::Stored::element_offset(row, col)), b[0], b[1],
+          b[2], b[3]);
+    } else {
+      cute::SM75_U16x8_LDSM_T::copy(fragment_row<KLayout>(k.data, d, key), b[0], b[1], b[2], b[3]);
+    }
   }
 
   // score[t][j] = Q[16 row_tile(t) : +16, :] · K[:, key0 + 8 j : key0 + 8 j + 8]: each K fragment
