@@ -187,7 +187,8 @@ class KernelLowering:
             element = self.element(i)
             pitch = plan_pitch(shape, plan.strides) if plan is not None and row_major else None
             if i in self.transposed:
-                layout = transposed_layout(shape, element, buffer.slot_bytes, swizzle=self.softmax is None)
+                chain = self.kernel.softmax_chain  # (self.softmax is not set yet: operand folds ask first)
+                layout = transposed_layout(shape, element, buffer.slot_bytes, swizzle=chain is None)
             else:
                 layout = tile_layout(shape, element, buffer.slot_bytes, row_major, pitch)
             chain = self.kernel.softmax_chain

@@ -156,14 +156,20 @@ def _pattern(x: Boundary, binding: InputBinding) -> str:
 
 
 def _layout(x: Boundary, binding: InputBinding) -> str:
-    """The memory layout that input ``binding`` of a row-major ``x`` has: "col" where it is a
-    transposed view in its last two dims (``weight.T``), which kernels may read in place
+    """The memory layout that input ``binding`` of ``x`` has, with ``x`` laid out as traced (a
+    ``transpose`` node's view, a parameter): "col" where it is a transposed view in its last two dims
+    (``weight.T``, ``k.transpose(-1, -2)``), which kernels may read in place
     (mirage.codegen.column_major), else "" (row-major, or copied so)."""
-    if binding.permute is None or binding.expand is not None or len(binding.shape) < 2:
+    if binding.expand is not None or len(binding.shape) < 2:
         return ""
+    value = x.node.meta.get("val")
     try:
-        view = binding.apply(torch.empty(tuple(x.shape), device="meta"))
-    except RuntimeError:
+        if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(x.shape):
+            base = torch.empty_strided(tuple(x.shape), tuple(value.stride()), device="meta")
+        else:
+            base = torch.empty(tuple(x.shape), device="meta")
+        view = binding.apply(base)
+    except (RuntimeError, TypeError):
         return ""
     return "col" if not view.is_contiguous() and view.mT.is_contiguous() else ""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from benchmarks.mugraphs import mlp
 from benchmarks.rms_forms import gemv
 
@@ -75,3 +77,14 @@ def replayed(fn, inputs, between=None):
     graph.replay()
     torch.cuda.synchronize()
     return out
+
+
+class LinearRelu(torch.nn.Module):
+    """relu(x · weightᵀ): nn.Linear reads its weight transposed, a strided view of a parameter."""
+
+    def __init__(self, n: int = 2048):
+        super().__init__()
+        self.fc = torch.nn.Linear(n, n, bias=False)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))

@@ -218,23 +218,7 @@ MATMUL_CASES = [
     ("mm_simt_f16_10x12x6", "f16", "f32", 10, 12, 6, 64, (2, 3), 3, 1e-5),
     ("mm_simt_bf16_32x32x32", "bf16", "bf16", 32, 32, 32, 128, (1, 1), 2, 1.6e-2),
 ]
-
-
-@pytest.mark.parametrize(
-    ("kernel", "dtype", "out_dtype", "m", "n", "k", "threads", "grid", "forloop_range", "tolerance"),
-    MATMUL_CASES,
-)
-def test_matmul(kernels, kernel, dtype, out_dtype, m, n, k, threads, grid, forloop_range, tolerance) -> None:
-    a = random_tensor((m * grid[1], k * forloop_range), DTYPES[dtype], seed=3)
-    b = random_tensor((k * forloop_range, n * grid[0]), DTYPES[dtype], seed=4)
-    c = poisoned((m * grid[1], n * grid[0]), DTYPES[out_dtype])
-    launch(kernels, kernel, (grid[0], grid[1], 1), threads, c, a, b, i32(forloop_range))
-    expected = as_float64(a) @ as_float64(b)
-    scale = np.abs(expected).max()
-    assert_close(c, expected, rtol=tolerance, atol=tolerance * scale)
-
-
-# B given transposed (dev::Transposed), fields as MATMUL_CASES
+# B given transposed (dev::Transposed: Bᵀ row-major, copied as it lies)
 MATMUL_BT_CASES = [
     ("mmt_tc_f16_64x64x32", "f16", "f16", 64, 64, 32, 128, (2, 2), 4, 4e-3),
     ("mmt_tc_f16_48x24x32", "f16", "f32", 48, 24, 32, 128, (2, 1), 3, 1e-4),
@@ -245,15 +229,17 @@ MATMUL_BT_CASES = [
 
 
 @pytest.mark.parametrize(
-    ("kernel", "dtype", "out_dtype", "m", "n", "k", "threads", "grid", "forloop_range", "tolerance"),
-    MATMUL_BT_CASES,
+    ("kernel", "dtype", "out_dtype", "m", "n", "k", "threads", "grid", "forloop_range", "tolerance",
+     "transposed"),
+    [(*case, False) for case in MATMUL_CASES] + [(*case, True) for case in MATMUL_BT_CASES],
 )
-def test_matmul_with_b_transposed(kernels, kernel, dtype, out_dtype, m, n, k, threads, grid, forloop_range,
-                                  tolerance) -> None:
+def test_matmul(kernels, kernel, dtype, out_dtype, m, n, k, threads, grid, forloop_range, tolerance,
+                transposed) -> None:
     a = random_tensor((m * grid[1], k * forloop_range), DTYPES[dtype], seed=3)
     b = random_tensor((k * forloop_range, n * grid[0]), DTYPES[dtype], seed=4)
     c = poisoned((m * grid[1], n * grid[0]), DTYPES[out_dtype])
-    launch(kernels, kernel, (grid[0], grid[1], 1), threads, c, a, b.T.contiguous(), i32(forloop_range))
+    launch(kernels, kernel, (grid[0], grid[1], 1), threads, c, a, b.T.contiguous() if transposed else b,
+           i32(forloop_range))
     expected = as_float64(a) @ as_float64(b)
     scale = np.abs(expected).max()
     assert_close(c, expected, rtol=tolerance, atol=tolerance * scale)

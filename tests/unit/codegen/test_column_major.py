@@ -170,3 +170,29 @@ def test_capture_declares_a_linear_weight_column_major():
     layouts = {sub.graph.nodes[i].attrs.name: sub.graph.nodes[i].attrs.layout for i in sub.graph.input_nodes}
     assert sorted(layouts.values()) == ["", "col"]
     assert [name for name, layout in layouts.items() if layout == "col"][0].endswith("weight")
+
+
+@pytest.mark.parametrize("name", ["gemv_b8", "rmsnorm_b8", "gatedmlp_m8", "lora_m16", "attention_h8_512"])
+def test_the_suites_weight_streaming_mugraphs_read_their_weights_in_place(name):
+    from benchmarks.column_major import PROGRAMS
+
+    make, weights = PROGRAMS[name]
+    program = generate_cuda_program(column_major.with_transposed_inputs(make(), weights), 90)
+    assert program.transposed_inputs == weights
+
+
+class _Scores(torch.nn.Module):
+    """GPT-2's form: the keys transposed by their own op before the product."""
+
+    def forward(self, q, k):
+        return torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / 8.0, dim=-1)
+
+
+def test_capture_declares_transposed_keys_column_major():
+    from mirage.frontend.capture import capture
+    from mirage.frontend.partition import partition
+
+    q, k = torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8)
+    (sub,) = partition(capture(_Scores(), (q, k), {})).subprograms
+    layouts = [sub.graph.nodes[i].attrs.layout for i in sub.graph.input_nodes]
+    assert sorted(layouts) == ["", "col"], layouts

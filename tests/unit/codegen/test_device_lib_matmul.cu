@@ -6,30 +6,38 @@
 using namespace mirage::dev;
 
 // C[M gy, N gx] = A[M gy, K R] · B[K R, N gx]: block (bx, by) computes C tile (by, bx), the
-// forloop walks K, and the accumulator stays in registers across the forloop.
-template <class T, class Out, int M, int N, int K, int NumThreads, int Stages, template <class, class, class, int> class Mm>
+// forloop walks K, and the accumulator stays in registers across the forloop. With BStored, B is
+// given transposed (Bᵀ [N gx, K R] row-major, i.e. B column-major, as nn.Linear's weight): its tiles
+// are copied as they lie, BStored [N, K], and read as Transposed<BStored> [K, N].
+template <class T, class Out, int M, int N, int K, int NumThreads, int Stages, template <class, class, class, int> class Mm,
+          class BStored = void>
 __device__ void matmul_forloop(Out* c, const T* a, const T* b, int forloop_range) {
   extern __shared__ __align__(128) char shared[];
+  constexpr bool kTransposed = !std::is_same_v<BStored, void>;
   using ALayout = WithPitch<RowMajor<M, K>, padded_pitch<T>(K)>;
-  using BLayout = WithPitch<RowMajor<K, N>, padded_pitch<T>(N)>;
+  using BCopied = std::conditional_t<kTransposed, BStored, WithPitch<RowMajor<K, N>, padded_pitch<T>(N)>>;
+  using BLayout = std::conditional_t<kTransposed, Transposed<BCopied>, BCopied>;
   using CLayout = RowMajor<M, N>;
   using Matmul = Mm<T, ALayout, BLayout, NumThreads>;
   using AIterator = InputIterator<T, ALayout, Stages, NumThreads>;
-  using BIterator = InputIterator<T, BLayout, Stages, NumThreads>;
+  using BIterator = InputIterator<T, BCopied, Stages, NumThreads>;
   const int64_t rows = int64_t(M) * gridDim.y, cols = int64_t(N) * gridDim.x, depth = int64_t(K) * forloop_range;
   const Strides a_strides = row_major_strides(1, 1, rows, depth);
-  const Strides b_strides = row_major_strides(1, 1, depth, cols);
+  const Strides b_strides = kTransposed ? row_major_strides(1, 1, cols, depth) : row_major_strides(1, 1, depth, cols);
   const Strides c_strides = row_major_strides(1, 1, rows, cols);
   // Four-dim numbering: rows are dim 2, columns dim 3.
   const AIterator in_a(a, a_strides, locate_input_tile<ALayout>(a_strides, DimMap{-1, 2, -1}, 3, forloop_range, blockIdx),
                        forloop_range, shared_at<T>(shared, 0));
-  const BIterator in_b(b, b_strides, locate_input_tile<BLayout>(b_strides, DimMap{3, -1, -1}, 2, forloop_range, blockIdx),
+  const BIterator in_b(b, b_strides,
+                       locate_input_tile<BCopied>(b_strides, DimMap{kTransposed ? 2 : 3, -1, -1}, kTransposed ? 3 : 2,
+                                                  forloop_range, blockIdx),
                        forloop_range, shared_at<T>(shared, AIterator::kSharedBytes));
   const auto c_tile = make_shared_tile<CLayout>(shared_at<Out>(shared, AIterator::kSharedBytes + BIterator::kSharedBytes));
   typename Matmul::Accumulator accumulator;
   accumulator.clear();
   pipelined_forloop<Stages>(
-      forloop_range, [&](int r) { Matmul::run(accumulator, in_a.stage(r), in_b.stage(r)); }, in_a, in_b);
+      forloop_range,
+      [&](int r) { Matmul::run(accumulator, in_a.stage(r), SharedTile<T, BLayout>{in_b.stage(r).data}); }, in_a, in_b);
   Matmul::write_back(accumulator, c_tile);
   __syncthreads();
   OutputSaver<Out, CLayout, NumThreads>::save(c, c_strides, locate_output_tile<CLayout>(c_strides, DimMap{3, 2, -1}, blockIdx),
@@ -55,42 +63,10 @@ MATMUL(mm_tc_bf16_20x16x16, __nv_bfloat16, __nv_bfloat16, 20, 16, 16, 128, 2, Te
 MATMUL(mm_simt_f16_10x12x6, __half, float, 10, 12, 6, 64, 2, SimtMatmul)
 MATMUL(mm_simt_bf16_32x32x32, __nv_bfloat16, __nv_bfloat16, 32, 32, 32, 128, 2, SimtMatmul)
 
-// The same with B given transposed (Bᵀ [N gx, K R] row-major, i.e. B column-major, as nn.Linear's
-// weight): its tiles are copied as they lie, Stored [N, K], and read as Transposed<Stored> [K, N].
-template <class T, class Out, int M, int N, int K, int NumThreads, class Stored,
-          template <class, class, class, int> class Mm>
-__device__ void matmul_forloop_bt(Out* c, const T* a, const T* bt, int forloop_range) {
-  extern __shared__ __align__(128) char shared[];
-  using ALayout = WithPitch<RowMajor<M, K>, padded_pitch<T>(K)>;
-  using BLayout = Transposed<Stored>;
-  static_assert(Stored::dim2 == N && Stored::dim3 == K, "Stored is the [N, K] tile");
-  using CLayout = RowMajor<M, N>;
-  using Matmul = Mm<T, ALayout, BLayout, NumThreads>;
-  using AIterator = InputIterator<T, ALayout, 2, NumThreads>;
-  using BIterator = InputIterator<T, Stored, 2, NumThreads>;
-  const int64_t rows = int64_t(M) * gridDim.y, cols = int64_t(N) * gridDim.x, depth = int64_t(K) * forloop_range;
-  const Strides a_strides = row_major_strides(1, 1, rows, depth);
-  const Strides bt_strides = row_major_strides(1, 1, cols, depth);
-  const Strides c_strides = row_major_strides(1, 1, rows, cols);
-  const AIterator in_a(a, a_strides, locate_input_tile<ALayout>(a_strides, DimMap{-1, 2, -1}, 3, forloop_range, blockIdx),
-                       forloop_range, shared_at<T>(shared, 0));
-  const BIterator in_b(bt, bt_strides, locate_input_tile<Stored>(bt_strides, DimMap{2, -1, -1}, 3, forloop_range, blockIdx),
-                       forloop_range, shared_at<T>(shared, AIterator::kSharedBytes));
-  const auto c_tile = make_shared_tile<CLayout>(shared_at<Out>(shared, AIterator::kSharedBytes + BIterator::kSharedBytes));
-  typename Matmul::Accumulator accumulator;
-  accumulator.clear();
-  pipelined_forloop<2>(
-      forloop_range,
-      [&](int r) { Matmul::run(accumulator, in_a.stage(r), SharedTile<T, BLayout>{in_b.stage(r).data}); }, in_a, in_b);
-  Matmul::write_back(accumulator, c_tile);
-  __syncthreads();
-  OutputSaver<Out, CLayout, NumThreads>::save(c, c_strides, locate_output_tile<CLayout>(c_strides, DimMap{3, 2, -1}, blockIdx),
-                                              c_tile);
-}
-
+// B given transposed (see matmul_forloop): stored as STORED [N, K]
 #define MATMUL_BT(NAME, T, OUT, M, N, K, THREADS, STORED, MM)                                                    \
   extern "C" __global__ void __launch_bounds__(THREADS) NAME(OUT* c, const T* a, const T* bt, int forloop_range) { \
-    matmul_forloop_bt<T, OUT, M, N, K, THREADS, STORED, MM>(c, a, bt, forloop_range);                              \
+    matmul_forloop<T, OUT, M, N, K, THREADS, 2, MM, STORED>(c, a, bt, forloop_range);                             \
   }
 
 // Stored rows padded by 16 bytes (ldmatrix free of bank conflicts), .x4 then .x2 (three n8 tiles)

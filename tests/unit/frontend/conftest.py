@@ -17,10 +17,23 @@ class SameAddress:
     tensor of one version, as CUDA's caching allocator gives a kernel's outputs call after call (what
     the GPU path's caches must not mistake for unchanged tensors)."""
 
-    def __init__(self, graph):
+    def __init__(self, graph, in_place: bool = True):
         from mirage.frontend.executor import Interpreted
 
         self.inner, self.buffers, self.last = Interpreted(graph), {}, {}
+        # as a compiled program reads them: inputs declared column-major in place (codegen.column_major),
+        # or (``in_place=False``, kernels that cannot) none
+        self.transposed_inputs = tuple(p for p, i in enumerate(graph.input_nodes)
+                                       if in_place and graph.nodes[i].attrs.layout == "col")
+
+    def launch(self, inputs):
+        """A program's launch (what the executor calls first, then :meth:`run`): each input in the
+        layout the kernels would read, column-major where declared, else contiguous."""
+        for p, t in enumerate(inputs):
+            assert t.mT.is_contiguous() if p in self.transposed_inputs else t.is_contiguous(), (p, t.stride())
+        return self(inputs)
+
+    run = launch
 
     def __call__(self, inputs):
         import weakref
@@ -39,12 +52,22 @@ class SameAddress:
         return outputs
 
 
-@pytest.fixture
-def gpu_like(monkeypatch):
-    """Subprograms run through the compiled-kernel executor (its input copies and caches), with the
-    interpreter behind it and outputs at the same address every call (:class:`SameAddress`)."""
+def _run_gpu_like(monkeypatch, in_place: bool) -> None:
     from mirage.frontend import runtime
     from mirage.frontend.executor import Compiled
 
     monkeypatch.setattr(runtime, "make_executor", lambda graph, device, mode="auto", reference=None, *,
-                        sass_tune=False, build=None: Compiled(graph, SameAddress(graph)))
+                        sass_tune=False, build=None: Compiled(graph, SameAddress(graph, in_place).launch))
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    """Subprograms run through the compiled-kernel executor (its input copies and caches), with the
+    interpreter behind it and outputs at the same address every call (:class:`SameAddress`)."""
+    _run_gpu_like(monkeypatch, True)
+
+
+@pytest.fixture
+def gpu_like_copying(monkeypatch):
+    """:func:`gpu_like` with programs that read no input in place: transposed views are copied."""
+    _run_gpu_like(monkeypatch, False)

@@ -198,7 +198,7 @@ def test_a_capture_records_a_parameter_copy_unless_it_reads_the_calls_copies(mon
     torch.testing.assert_close(out, x @ weight.t())
 
 
-def test_the_report_counts_the_kept_copies_of_transposed_weights(gpu_like):
+def test_the_report_counts_the_kept_copies_of_transposed_weights(gpu_like_copying):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.ReLU(),
                                 torch.nn.Linear(32, 8, bias=False)).eval()
     x = torch.randn(4, 16)
@@ -208,3 +208,17 @@ def test_the_report_counts_the_kept_copies_of_transposed_weights(gpu_like):
         fast(x)
     assert "kept copies: 2 parameter(s) read as strided views (a transposed weight), 3 KiB" in fast.report()
     # (16 · 32 + 32 · 8) float32 elements: 3,072 bytes
+
+
+def test_weights_read_in_place_keep_no_copies_and_see_updates(gpu_like):
+    """Programs that read nn.Linear's weight.T in place (codegen.column_major) get the parameter's
+    view itself: nothing kept, and an in-place update is seen at the next call."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 8, bias=False)).eval()
+    x = torch.randn(4, 16)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(fast(x), model(x))
+            model[0].weight.mul_(-1)
+    assert "kept copies" not in fast.report()

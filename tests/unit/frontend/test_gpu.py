@@ -7,6 +7,7 @@ import mirage as mi
 from mirage.frontend.examples import EXAMPLES
 from mirage.frontend.executor import Compiled
 from mirage.frontend.runtime import SubprogramModule
+from tests.gpu.gpu_helpers import LinearRelu as _Linear
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
@@ -102,15 +103,6 @@ def test_a_cuda_graph_of_the_module_sees_a_boolean_mask_change():
     torch.testing.assert_close(out, program(q, k, v, mask), rtol=2e-2, atol=2e-2)
 
 
-class _Linear(torch.nn.Module):
-    """nn.Linear reads its weight transposed: a strided view of a parameter, which calls copy."""
-
-    def __init__(self, n: int = 2048):
-        super().__init__()
-        self.fc = torch.nn.Linear(n, n, bias=False)
-
-    def forward(self, x):
-        return torch.relu(self.fc(x))
 
 
 def test_a_cuda_graph_of_the_module_sees_a_weight_updated_in_place():

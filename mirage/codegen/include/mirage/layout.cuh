@@ -12,6 +12,17 @@
 
 namespace mirage::dev {
 
+// The four coordinates of row-major index `linear` in dims [*, D1, D2, D3].
+template <int D1, int D2, int D3>
+MIRAGE_HOST_DEVICE void split_index(int linear, int (&index)[4]) {
+  index[3] = linear % D3;
+  int row = linear / D3;
+  index[2] = row % D2;
+  row /= D2;
+  index[1] = row % D1;
+  index[0] = row / D1;
+}
+
 template <int D0, int D1, int D2, int D3, int Pitch = D3>
 struct Layout {
   static_assert(D0 >= 1 && D1 >= 1 && D2 >= 1 && D3 >= 1, "tile dims must be positive");
@@ -48,14 +59,7 @@ struct Layout {
   }
 
   // Logical coordinates of the element with row-major index `linear`.
-  static MIRAGE_HOST_DEVICE void coordinates(int linear, int (&index)[4]) {
-    index[3] = linear % D3;
-    int row = linear / D3;
-    index[2] = row % D2;
-    row /= D2;
-    index[1] = row % D1;
-    index[0] = row / D1;
-  }
+  static MIRAGE_HOST_DEVICE void coordinates(int linear, int (&index)[4]) { split_index<D1, D2, D3>(linear, index); }
 };
 
 // A tile of 16-bit elements in the canonical 128-byte swizzled form of sm_90's warpgroup MMA
@@ -141,12 +145,7 @@ struct Transposed {
   }
   static MIRAGE_HOST_DEVICE constexpr int offset_of(int linear) { return element_offset(linear / dim3, linear % dim3); }
   static MIRAGE_HOST_DEVICE void coordinates(int linear, int (&index)[4]) {
-    index[3] = linear % dim3;
-    int row = linear / dim3;
-    index[2] = row % dim2;
-    row /= dim2;
-    index[1] = row % dim1;
-    index[0] = row / dim1;
+    split_index<dim1, dim2, dim3>(linear, index);
   }
 };
 
