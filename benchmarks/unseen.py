@@ -286,6 +286,20 @@ class GPT2Attention(nn.Module):
         return torch.matmul(torch.softmax(w, dim=-1), v)
 
 
+class SoftcapAttention(nn.Module):
+    """Gemma 2's attention logits soft-capped: ``tanh(s / cap) · cap`` of the scaled scores before the
+    softmax (``attn_logit_softcapping``, 50)."""
+
+    def __init__(self, cap: float = 50.0):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, q, k, v):
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))
+        scores = torch.tanh(scores / self.cap) * self.cap
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
 class QKNormAttention(nn.Module):
     """QK-norm as Qwen3 and OLMo 2 write it: each head's q and k normalized by ``F.rms_norm`` with a
     learned weight, then causal SDPA (the suite's qknorm normalizes keys already transposed)."""
@@ -341,6 +355,7 @@ PROGRAMS = {
     "stable_attention": (StableAttention, [(1, 12, 512, 64)] * 3),
     "einsum_attention": (EinsumAttention, [(1, 12, 512, 64)] * 3),
     "gpt2_attention": (GPT2Attention, [(1, 12, 512, 64)] * 3),
+    "softcap_attention": (SoftcapAttention, [(1, 8, 256, 64)] * 3),
     "qknorm_attention": (QKNormAttention, [(1, 16, 256, 64)] * 3),
     "rotary_attention": (RotaryAttention, [(1, 32, 256, 64)] + [(1, 8, 256, 64)] * 2 + [(1, 1, 256, 64)] * 2),
 }

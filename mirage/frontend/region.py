@@ -313,10 +313,19 @@ class RegionBuilder:
         return Value(self.emit(method, self.tensor(x), *extra), x.shape)
 
     def scale(self, x: Operand, factor: float) -> Value:
+        """x · factor; a product of a product by a number is one product by both (``s / 8 / 50``,
+        Gemma 2's scaled and soft-capped scores, is one op: each op counts against the search's
+        budget of a kernel's ops)."""
         _finite(factor, "a product by")
         if factor == 1.0:
             return x if isinstance(x, Value) else Value(self.tensor(x), x.shape)
-        return Value(self.emit("mul_scalar", self.tensor(x), factor), x.shape)
+        t = self.tensor(x)
+        node = self.node_of(t)
+        if node.op is Op.MUL_SCALAR and math.isfinite(node.attrs.value * factor):
+            t, factor = DTensor(self.builder, node.inputs[0]), node.attrs.value * factor
+            if factor == 1.0:
+                return Value(t, x.shape)
+        return Value(self.emit("mul_scalar", t, factor), x.shape)
 
     def shift(self, x: Operand, offset: float) -> Value:
         _finite(offset, "a sum with")

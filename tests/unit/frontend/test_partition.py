@@ -41,6 +41,20 @@ def test_rms_norm_by_hand_becomes_one_rms_norm_op():
     assert ops == [Op.RMS_NORM, Op.MUL, Op.MATMUL]
 
 
+@pytest.mark.parametrize(("function", "scalars"), [
+    (lambda x: torch.tanh(x / 8.0 / 50.0) * 50.0, [0.0025, 50.0]),  # Gemma 2's soft-capped scores
+    (lambda x: torch.exp(x * 2.0 * 0.5), []),  # products that cancel: none
+    (lambda x: torch.exp(x * 3.0) + x * 3.0 * 2.0, [3.0, 6.0]),  # the inner product has another use
+])
+def test_products_by_numbers_in_a_row_are_one(function, scalars):
+    x = torch.randn(4, 8)
+    gm, part = _partition(function, (x,))
+    (sub,) = part.subprograms
+    found = [n.attrs.value for n in sub.graph.nodes if n.op is Op.MUL_SCALAR]
+    assert found == pytest.approx(scalars), str(sub.graph)
+    torch.testing.assert_close(mi.superoptimize(function, (x,), search=False, progress=False)(x), function(x))
+
+
 @pytest.mark.parametrize(("name", "function", "subprograms"), [
     ("softmax_of_softmax", lambda x: torch.softmax(torch.softmax(x, -1) * 3.0, -1), 2),
     ("exp_of_exp", lambda x: torch.exp(torch.exp(x) * 0.1), 2),
