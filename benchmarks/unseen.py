@@ -374,6 +374,24 @@ def _kernels(fast) -> dict[str, list[str]]:
             for spec in fast.specializations for name, choice in spec.choices.items()}
 
 
+def _read_in_place(fast) -> dict[str, list[str]]:
+    """Per subprogram, the inputs its compiled kernels read in place where they arrive transposed
+    (``mirage.codegen.column_major``); empty before the first call, or off the GPU."""
+    from mirage.frontend.runtime import SubprogramModule
+
+    out: dict[str, list[str]] = {}
+    for spec in fast.specializations:
+        for name, module in spec.module.named_children():
+            if not isinstance(module, SubprogramModule):
+                continue
+            graph = spec.choices[name].graph
+            for executor in module._executors.values():
+                positions = sorted(getattr(executor, "transposed", ()))
+                if positions:
+                    out[name] = [graph.nodes[graph.input_nodes[p]].attrs.name for p in positions]
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
@@ -405,9 +423,11 @@ def main(argv=None) -> None:
             row["seconds"] = time.time() - start
             row["report"] = fast.report()
             row["kernels"] = _kernels(fast)
+            row["read_in_place"] = _read_in_place(fast)
             if device == "cuda":
                 with torch.no_grad():
-                    # mirage_us: calls from Python (a weight read transposed is copied once per version);
+                    # mirage_us: calls from Python (a transposed weight that no kernel reads in place is
+                    # copied once per version);
                     # mirage_graph_us: in a caller's CUDA graph (frontend.graphs)
                     timed = [("eager_us", model, False), ("mirage_us", fast, True),
                              ("mirage_graph_us", fast, False)]
