@@ -73,8 +73,12 @@ class FoldedConstant(nn.Module):
         if graphs.capturing(buffers):  # recorded in a caller's CUDA graph: a replay runs no Python to
             # check versions (nor can the pattern check sync with the host here)
             unchanged = key is not None and key == self._key and self._value is not None
-            if unchanged and not graphs.recording_constants(buffers):
-                return self._value  # a capture standing for calls from Python (graphs.standing_for_calls)
+            if unchanged and (self.pattern or not graphs.recording_constants(buffers)):
+                # a capture standing for calls from Python (graphs.standing_for_calls), or a value that
+                # the kernels' pattern fixes: while the promise holds, computing it again gives the
+                # same tensor (for GPT-2's causal mask, three kernels a replay); a buffer changed so
+                # that it breaks, which calls refuse (MaskPatternError), is unsupported in graphs too
+                return self._value
             return self.function(*buffers)
         if key is None or key != self._key or self._value is None:
             value = self.function(*buffers)

@@ -205,3 +205,29 @@ def test_a_buffer_changed_to_hide_a_whole_row_is_refused_at_the_next_call():
     model.bias[..., 5, :] = False
     with pytest.raises(MaskPatternError, match="hides every key of some row"):
         fast(q, k, v)
+
+
+def test_a_callers_capture_reads_a_promised_mask_as_computed_and_computes_an_unpromised_one(monkeypatch):
+    """In a caller's CUDA graph a fold promised as a pattern is the value the calls checked (computing
+    it again in every replay, three kernels for GPT-2's mask, gives the same tensor); a fold with no
+    promise is recorded, so that replays see its buffers change."""
+    from mirage.frontend import graphs
+    from mirage.frontend.fill_masks import FoldedConstant
+
+    bias = torch.tril(torch.ones(4, 4, dtype=torch.bool))
+    made = []
+
+    class Hidden(torch.nn.Module):
+        def forward(self, b):
+            made.append(1)
+            return ~b
+
+    from mirage.frontend.fill_masks import _versions
+
+    promised, unpromised = (FoldedConstant(Hidden(), pattern) for pattern in ("causal:4", ""))
+    for fold in (promised, unpromised):  # as a call from Python left them
+        fold._value, fold._key = fold.function(bias), _versions((bias,))
+    monkeypatch.setattr(graphs, "capturing", lambda tensors: True)  # a caller's capture, recording
+    made.clear()
+    assert promised(bias) is promised._value and made == []
+    assert unpromised(bias) is not unpromised._value and made == [1]
