@@ -117,21 +117,23 @@ def fill_mask(mask: torch.Tensor, dtype: torch.dtype, pattern: str = "", hides: 
     ``masked_fill`` mask; False: SDPA's ``attn_mask``, True where the key takes part), 0 elsewhere.
     A mask converted before and unchanged since (the same tensor, its version counter where it has
     one) gives the same tensor again, so a constant mask is converted once and one updated in place
-    again. A result that ``pattern`` names is checked when it is computed."""
-    capturing = graphs.capturing((mask,))  # a cached value would be baked into the graph
+    again. A result that ``pattern`` names is checked when it is computed. Inside a CUDA-graph capture a
+    cached value would be baked into the graph, so the mask is converted again, unless ``pattern`` names
+    it: its values are then the pattern's while the promise holds (see :class:`FoldedConstant`)."""
+    capturing = graphs.capturing((mask,))
     try:
-        version = None if capturing else mask._version
+        version = mask._version
     except RuntimeError:  # an inference tensor keeps no version counter: convert every time
         version = None
     entry = _FILLS.get(id(mask))
-    if (version is not None and entry is not None and entry[0]() is mask
+    if (version is not None and (pattern or not capturing) and entry is not None and entry[0]() is mask
             and entry[1:4] == (version, dtype, hides)):
         return entry[4]
     hidden = mask if hides else ~mask
     fill = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(hidden, float("-inf"))
     if pattern and not capturing and not patterns.matches(pattern, fill):
         raise _broken(pattern)
-    if version is not None and not torch.compiler.is_compiling():
+    if version is not None and not capturing and not torch.compiler.is_compiling():
         for key in [k for k, e in _FILLS.items() if e[0]() is None]:  # masks freed since
             del _FILLS[key]
         _FILLS[id(mask)] = (weakref.ref(mask), version, dtype, hides, fill)

@@ -231,3 +231,15 @@ def test_a_callers_capture_reads_a_promised_mask_as_computed_and_computes_an_unp
     made.clear()
     assert promised(bias) is promised._value and made == []
     assert unpromised(bias) is not unpromised._value and made == [1]
+
+
+def test_a_callers_capture_reuses_the_additive_form_of_a_promised_mask_only(monkeypatch):
+    from mirage.frontend import graphs
+    from mirage.frontend.fill_masks import fill_mask
+
+    hidden, other = (~torch.tril(torch.ones(4, 4, dtype=torch.bool)) for _ in range(2))
+    promised, unpromised = fill_mask(hidden, torch.float16, "causal:4"), fill_mask(other, torch.float16)
+    monkeypatch.setattr(graphs, "capturing", lambda tensors: True)
+    assert fill_mask(hidden, torch.float16, "causal:4") is promised
+    again = fill_mask(other, torch.float16)
+    assert again is not unpromised and torch.equal(again, unpromised)
