@@ -65,7 +65,7 @@ class Compiled:
         program_launch = getattr(launch, "__name__", "") == "launch" and hasattr(owner, "run")
         self._next = owner.run if program_launch else launch
         # inputs the kernels read in place where they arrive column-major (a transposed parameter)
-        self.transposed = frozenset(owner.transposed_inputs) if program_launch else frozenset()
+        self.transposed = frozenset(getattr(owner, "transposed_inputs", ()) if program_launch else ())
         self._checked = False
         # input positions that hold parameters or buffers (set by the subprogram's module); whether
         # a call copied one of them (a strided view): then a caller's CUDA graph copies it in each replay
