@@ -379,17 +379,9 @@ def _read_in_place(fast) -> dict[str, list[str]]:
     (``mirage.codegen.column_major``); empty before the first call, or off the GPU."""
     from mirage.frontend.runtime import SubprogramModule
 
-    out: dict[str, list[str]] = {}
-    for spec in fast.specializations:
-        for name, module in spec.module.named_children():
-            if not isinstance(module, SubprogramModule):
-                continue
-            graph = spec.choices[name].graph
-            for executor in module._executors.values():
-                positions = sorted(getattr(executor, "transposed", ()))
-                if positions:
-                    out[name] = [graph.nodes[graph.input_nodes[p]].attrs.name for p in positions]
-    return out
+    return {name: module.read_in_place for spec in fast.specializations
+            for name, module in spec.module.named_children()
+            if isinstance(module, SubprogramModule) and module.read_in_place}
 
 
 def main(argv=None) -> None:

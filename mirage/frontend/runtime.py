@@ -76,6 +76,14 @@ class SubprogramModule(nn.Module):
         executors = [e for e in self._executors.values() if hasattr(e, "kept_bytes")]
         return sum(len(e._copies) for e in executors), sum(e.kept_bytes for e in executors)
 
+    @property
+    def read_in_place(self) -> list[str]:
+        """The inputs its compiled kernels read as they arrive transposed (``weight.T``, no copy:
+        :mod:`mirage.codegen.column_major`), by name; empty before the first call on a GPU."""
+        graph = self.choice.graph
+        positions = sorted({p for e in self._executors.values() for p in getattr(e, "transposed", ())})
+        return [graph.nodes[graph.input_nodes[p]].attrs.name or f"input {p}" for p in positions]
+
     def executor(self, device: torch.device):
         if device not in self._executors:
             self._executors[device] = make_executor(self.choice.graph, device, self.executor_mode,
@@ -237,6 +245,11 @@ class Specialization:
         if count:
             lines.append(f"  kept copies: {count} parameter(s) read as strided views (a transposed "
                          f"weight), {size / 1024:,.0f} KiB, made again when a parameter changes")
+        in_place = [name for m in self.module.modules() if isinstance(m, SubprogramModule)
+                    for name in m.read_in_place] if isinstance(self.module, nn.Module) else []
+        if in_place:
+            lines.append(f"  read in place: {len(in_place)} input(s) arriving transposed, no copy "
+                         f"({', '.join(in_place)})")
         lines.append("  time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items()))
         return "\n".join(lines)
 
