@@ -8,7 +8,9 @@ Variables (Mirage's ``resolve_tensor_layout``):
   code generator picks the concrete swizzle, mirage-notes §5.7);
 * for every element-wise or reducing block op, the dim its threads walk along.
 
-Constraints: graph inputs and outputs are row-major (torch gives and takes contiguous tensors);
+Constraints: graph inputs and outputs are row-major (torch gives and takes contiguous tensors; an
+input declared column-major is planned so too, and mirage.codegen.column_major stores the tiles it
+reads in place transposed within the planned buffer);
 kernel-level matmuls want the innermost dim among the last two; kernel-level element-wise ops and
 reductions keep the innermost dim; the innermost dim of a tile is never swizzled; a matmul operand
 or result that is not contiguous along one of its last two dims swizzles that dim; an op walking
