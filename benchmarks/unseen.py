@@ -300,6 +300,20 @@ class SoftcapAttention(nn.Module):
         return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
+class T5Attention(nn.Module):
+    """T5's attention: unscaled scores plus a learned position bias, the softmax taken in float32 and
+    cast back with ``type_as``."""
+
+    def __init__(self, heads: int = 8, tokens: int = 128):
+        super().__init__()
+        self.position_bias = nn.Parameter(torch.randn(1, heads, tokens, tokens) / 8)
+
+    def forward(self, q, k, v):
+        scores = torch.matmul(q, k.transpose(3, 2)) + self.position_bias
+        weights = F.softmax(scores.float(), dim=-1).type_as(scores)
+        return torch.matmul(weights, v)
+
+
 class QKNormAttention(nn.Module):
     """QK-norm as Qwen3 and OLMo 2 write it: each head's q and k normalized by ``F.rms_norm`` with a
     learned weight, then causal SDPA (the suite's qknorm normalizes keys already transposed)."""
@@ -356,6 +370,7 @@ PROGRAMS = {
     "einsum_attention": (EinsumAttention, [(1, 12, 512, 64)] * 3),
     "gpt2_attention": (GPT2Attention, [(1, 12, 512, 64)] * 3),
     "softcap_attention": (SoftcapAttention, [(1, 8, 256, 64)] * 3),
+    "t5_attention": (T5Attention, [(1, 8, 128, 64)] * 3),
     "qknorm_attention": (QKNormAttention, [(1, 16, 256, 64)] * 3),
     "rotary_attention": (RotaryAttention, [(1, 32, 256, 64)] + [(1, 8, 256, 64)] * 2 + [(1, 1, 256, 64)] * 2),
 }

@@ -525,6 +525,7 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("_to_copy", L, _cast, "narrowing float casts (the value stays wider until the output) "
                  "and upcasts (identities: upcast islands)"),
         Lowering("to", L, _cast, "as _to_copy"),
+        Lowering("type_as", L, _cast, "as _to_copy, to the other tensor's dtype (only its dtype is read)"),
     ]
 }
 

@@ -43,6 +43,8 @@ CASES = [
          {Op.SUB: 1, Op.MUL: 1, Op.ADD: 1}),
     Case("einsum", lambda a, b: torch.einsum("bij,bjk->bik", a, b), ((2, 3, 4), (2, 4, 5)), {Op.MATMUL: 1}),
     Case("scalars", lambda x: (x * 3.0 + 1.0) / 2.0 - 0.25, ((4, 6),), {Op.MUL_SCALAR: 2, Op.ADD_SCALAR: 2}),
+    Case("type_as", lambda x, y: torch.exp(x).type_as(y) * 2.0, ((4, 6), (4, 6)),
+         {Op.EXP: 1, Op.MUL_SCALAR: 1}),
     # the two products by -1 are one product by 1: none (RegionBuilder.scale)
     Case("rsub_neg", lambda x: 1.0 - (-x), ((4, 6),), {Op.ADD_SCALAR: 1}),
     Case("binary_broadcast", lambda x, y, z: (x + y) * z - y / z, ((4, 6), (6,), (4, 1)),
