@@ -96,6 +96,18 @@ def in_layout(tensor, transposed: bool):
     return tensor if tensor.mT.is_contiguous() else tensor.mT.contiguous().mT
 
 
+def iterated(layout, source_dims: tuple[int, ...], input_map: tuple[int, ...], forloop_dim: int):
+    """What an input iterator copies: (the layout it fills, the layout the steps read where that
+    differs, else None, the source's rank-4 dims, grid map, loop dim).  A tile read in place is
+    copied as it lies in memory: the transposed problem in row-major terms, its stored layout, with the
+    last two dims swapped in the source's dims, the grid map and the loop dim."""
+    if not layout.transposed:
+        return layout, None, source_dims, input_map, forloop_dim
+    swap = {2: 3, 3: 2}
+    return (layout.stored, layout, (*source_dims[:2], source_dims[3], source_dims[2]),
+            tuple(swap.get(d, d) for d in input_map), swap.get(forloop_dim, forloop_dim))
+
+
 def with_transposed_inputs(graph: KernelGraph, positions: Iterable[int]) -> KernelGraph:
     """``graph`` with its inputs at ``positions`` (among its inputs) declared column-major
     (``layout="col"``): what a caller passing ``weight.T`` there promises.  The function computed is

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+from mirage.codegen import column_major
 from mirage.codegen import lower_context as ctx
 from mirage.codegen import lower_registers as registers
 from mirage.codegen import lower_softmax as softmax
@@ -48,11 +49,6 @@ from mirage.optimizer.pipeline import PreparedKernel
 from mirage.optimizer.schedule import Action, Barrier, Phase, Step
 
 MATMULS = frozenset({Op.MATMUL, Op.CONCAT_MATMUL})
-
-
-def _swap_last_two(dim: int) -> int:
-    """A rank-4 dim of a tensor, as the dim of its transpose in the last two (-1 stays -1)."""
-    return {2: 3, 3: 2}.get(dim, dim)
 
 
 class KernelLowering:
@@ -186,9 +182,8 @@ class KernelLowering:
             row_major = plan is None or plan.innermost_dim == len(shape) - 1
             element = self.element(i)
             pitch = plan_pitch(shape, plan.strides) if plan is not None and row_major else None
-            if i in self.transposed:
-                chain = self.kernel.softmax_chain  # (self.softmax is not set yet: operand folds ask first)
-                layout = transposed_layout(shape, element, buffer.slot_bytes, swizzle=chain is None)
+            if i in self.transposed:  # (self.softmax is not set yet: operand folds ask first)
+                layout = transposed_layout(shape, element, buffer.slot_bytes, not self.kernel.softmax_chain)
             else:
                 layout = tile_layout(shape, element, buffer.slot_bytes, row_major, pitch)
             chain = self.kernel.softmax_chain
@@ -250,15 +245,9 @@ class KernelLowering:
         shared_by_blocks = any(grid[a] > 1 and it.input_map[a] == -1 for a in range(3))
         multicast = self.kernel.multicast.size if i in self.kernel.multicast.inputs and pipelined else 0
         tma = i in self.kernel.tma_inputs and pipelined
-        source_dims = rank4(it.source.shape)
-        input_map = rank4_map(rank, it.input_map, self.graph.grid_dim)
-        forloop_dim = rank4_dim(rank, it.forloop_dim)
-        stored, view = tile.layout, None
-        if tile.layout.transposed:  # copied as it lies in memory: the transposed problem, row-major
-            stored, view = tile.layout.stored, tile.layout
-            source_dims = (*source_dims[:2], source_dims[3], source_dims[2])
-            input_map = tuple(_swap_last_two(d) for d in input_map)
-            forloop_dim = _swap_last_two(forloop_dim)
+        stored, view, source_dims, input_map, forloop_dim = column_major.iterated(  # (a tile read in place)
+            tile.layout, rank4(it.source.shape), rank4_map(rank, it.input_map, self.graph.grid_dim),
+            rank4_dim(rank, it.forloop_dim))
         return ctx.InputIteratorContext(
             name=f"in{i}",
             node=i,

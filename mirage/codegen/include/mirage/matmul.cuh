@@ -195,6 +195,18 @@ struct MmaAtom<float> {
   static constexpr bool kLdmatrix = false;
 };
 
+// B fragments of two n8 tiles (b0, b1 of columns n … n + 7, then b0, b1 of n + 8 … n + 15) over
+// k … k + 15 from a tile stored transposed (dev::Transposed: stored rows are B's columns, K
+// contiguous): ldmatrix .x4 without .trans, lanes 0-7 at columns n … n + 7 from k, 8-15 from k + 8,
+// 16-31 the next 8 columns.
+template <class Stored, class T>
+MIRAGE_DEVICE void load_stored_b(const T* data, int n, int k, uint32_t& b0, uint32_t& b1, uint32_t& b2,
+                                 uint32_t& b3) {
+  const int lane = thread_index() % kWarpSize;
+  const T* address = data + Stored::element_offset(n + (lane / 16) * 8 + lane % 8, k + ((lane / 8) % 2) * 8);
+  cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), b0, b1, b2, b3);
+}
+
 }  // namespace detail
 
 // Warp grids of TensorCoreMatmul (its last template argument).
@@ -542,17 +554,13 @@ struct TensorCoreMatmul {
   }
 
   static MIRAGE_DEVICE void load_b(SharedTile<T, BLayout> b, int k0, uint32_t (&fragment)[kTilesN][2]) {
-    if constexpr (BLayout::transposed) {
-      // stored rows are B's columns: lanes 0-7 address columns n..n+7 at k0, lanes 8-15 the same at
-      // k0 + 8, lanes 16-31 the next 8 columns; ldmatrix without .trans gives each lane B[k][n] pairs
+    if constexpr (BLayout::transposed) {  // stored rows are B's columns (detail::load_stored_b)
       using Stored = typename BLayout::Stored;
-      const int n = warp_col() + (lane() / 16) * 8 + lane() % 8;
       const int k = k0 + ((lane() / 8) % 2) * 8;
 #pragma unroll
       for (int j = 0; j + 1 < kTilesN; j += 2) {
-        const T* address = b.data + Stored::element_offset(n + j * 8, k);
-        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), fragment[j][0],
-                                      fragment[j][1], fragment[j + 1][0], fragment[j + 1][1]);
+        detail::load_stored_b<Stored>(b.data, warp_col() + j * 8, k0, fragment[j][0], fragment[j][1],
+                                      fragment[j + 1][0], fragment[j + 1][1]);
       }
       if constexpr (kTilesN % 2 == 1) {
         const T* address = b.data + Stored::element_offset(warp_col() + (kTilesN - 1) * 8 + lane() % 8, k);

@@ -80,8 +80,7 @@ struct OnlineSoftmax {
   static constexpr bool kKeyNorms = IsKeyNorms<Columns>::value;
   // the warpgroup form (see the top of the file): K and V in 128-byte swizzled tiles
   static constexpr bool kWarpgroup = KLayout::swizzled;
-  static_assert(!KLayout::transposed || (!KLayout::swizzled && !kKeyNorms),
-                "a K read in place (dev::Transposed) is padded, in the warp form, without key norms");
+  static_assert(!KLayout::transposed || (!kWarpgroup && !kKeyNorms), "K in place: warp form, no key norms");
   static_assert(VLayout::swizzled == kWarpgroup && (kWarpgroup || !QLayout::swizzled),
                 "K and V swizzled together; Q (read from shared memory by wgmma) only with them");
   static_assert(!kWarpgroup || (kWarps % 4 == 0 && kRowTiles % kWarps == 0 && kKeys % 64 == 0 &&
@@ -504,33 +503,20 @@ struct OnlineSoftmax {
         for (int e = 0; e < 4; ++e) score[t][j][e] = 0.0f;
   }
 
-  // This lane's 16 bytes of an ldmatrix of rows first_row … + 15 from column col: columns col + 8 for
-  // lanes 16 on (8 elements the 128-byte swizzle keeps together).
-  template <class L>
-  static MIRAGE_DEVICE const cute::uint128_t& fragment_row(const T* data, int first_row, int col) {
-    const int row = first_row + lane() % 16;
-    col += (lane() / 16) * 8;
-    return *reinterpret_cast<const cute::uint128_t*>(data + L::element_offset(row, col));
-  }
-
   // The A fragment of Q[16 row_tile(t) : +16, d : d + 16].
   static MIRAGE_DEVICE void load_q(dev::SharedTile<T, QLayout> q, int t, int d, uint32_t (&a)[4]) {
-    cute::SM75_U32x4_LDSM_N::copy(fragment_row<QLayout>(q.data, row_tile(t) * 16, d), a[0], a[1], a[2], a[3]);
+    cute::SM75_U32x4_LDSM_N::copy(softmax_detail::fragment_row<QLayout>(q.data, row_tile(t) * 16, d), a[0], a[1],
+                                  a[2], a[3]);
   }
 
-  // The B fragments of K[d : d + 16, key : key + 8] (b0, b1) and K[d : d + 16, key + 8 : key + 16] (b2, b3).
-  // K read in place (dev::Transposed, stored [keys, D]: keys as they lie in a row-major K): the same
-  // fragments by ldmatrix without .trans, lanes 0-7 at keys key … + 7 from column d, 8-15 from d + 8,
-  // 16-31 the next 8 keys.
+  // The B fragments of K[d : d + 16, key : key + 8] (b0, b1) and K[d : d + 16, key + 8 : key + 16] (b2, b3)
+  // (a K read in place, stored [keys, D] as keys lie in a row-major K: dev::detail::load_stored_b).
   static MIRAGE_DEVICE void load_k(dev::SharedTile<T, KLayout> k, int d, int key, uint32_t (&b)[4]) {
     if constexpr (KLayout::transposed) {
-      const int row = key + (lane() / 16) * 8 + lane() % 8;
-      const int col = d + ((lane() / 8) % 2) * 8;
-      cute::SM75_U32x4_LDSM_N::copy(
-          *reinterpret_cast<const cute::uint128_t*>(k.data + KLayout::Stored::element_offset(row, col)), b[0], b[1],
-          b[2], b[3]);
+      dev::detail::load_stored_b<typename KLayout::Stored>(k.data, key, d, b[0], b[1], b[2], b[3]);
     } else {
-      cute::SM75_U16x8_LDSM_T::copy(fragment_row<KLayout>(k.data, d, key), b[0], b[1], b[2], b[3]);
+      cute::SM75_U16x8_LDSM_T::copy(softmax_detail::fragment_row<KLayout>(k.data, d, key), b[0], b[1], b[2],
+                                    b[3]);
     }
   }
 

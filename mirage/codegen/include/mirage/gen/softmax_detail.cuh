@@ -5,6 +5,8 @@
 
 #include <type_traits>
 
+#include <cute/arch/copy_sm75.hpp>
+
 #include "../mirage.cuh"
 #include "kernel.cuh"
 
@@ -295,6 +297,15 @@ MIRAGE_DEVICE void merge_key_groups(const float* scratch, MaxTile max_tile, Runn
       store(sum_tile, row, sum);
     }
   }
+}
+
+// This lane's 16 bytes of an ldmatrix of rows first_row … + 15 from column col of a tile of layout L:
+// columns col + 8 for lanes 16 on (8 elements the 128-byte swizzle keeps together).
+template <class L, class T>
+MIRAGE_DEVICE const cute::uint128_t& fragment_row(const T* data, int first_row, int col) {
+  const int lane = dev::thread_index() % dev::kWarpSize;
+  const int row = first_row + lane % 16;
+  return *reinterpret_cast<const cute::uint128_t*>(data + L::element_offset(row, col + (lane / 16) * 8));
 }
 
 }  // namespace softmax_detail
