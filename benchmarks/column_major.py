@@ -11,8 +11,6 @@ that reads ``weight.T`` in place.  CUDA-graph replays, one run; writes column_ma
 
 from __future__ import annotations
 
-import argparse
-
 from benchmarks.mugraphs import mlp
 from benchmarks.mugraphs.attention import one_kernel
 from benchmarks.rms_forms import gemv
@@ -58,14 +56,11 @@ def measure(name: str, stages: int = 2) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
-    parser.add_argument("--programs", default="", help="only these programs (comma-separated)")
-    args = parser.parse_args(argv)
-    from benchmarks.stream_floor import write_record
+    from benchmarks.stream_floor import program_arguments, write_record
     from mirage.codegen.profile import device_facts
 
-    wanted = set(filter(None, args.programs.split(",")))
+    args = program_arguments(__doc__, argv)
+    wanted = args.wanted
     rows = []
     for name in PROGRAMS:
         if wanted and name not in wanted:

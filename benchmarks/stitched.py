@@ -9,8 +9,6 @@ per SM turned off.  Writes stitched_<date>.json into ``--out``.  Needs a GPU.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 import mirage as mi
@@ -81,18 +79,16 @@ def profile(name: str, time_limit: float) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--programs", default="block", help="programs of benchmarks.unseen (comma-separated)")
-    parser.add_argument("--time-limit", type=float, default=8.0, help="search budget per subprogram, s")
-    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
-    args = parser.parse_args(argv)
+    from benchmarks.stream_floor import program_arguments
+
+    args = program_arguments(__doc__, argv, programs="block", time_limit=8.0)  # programs of benchmarks.unseen
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.stitched times on a GPU; none is visible")
     from benchmarks.stream_floor import write_record
     from mirage.codegen.profile import device_facts
 
     rows = []
-    for name in filter(None, args.programs.split(",")):
+    for name in sorted(args.wanted):
         rows.append(profile(name, args.time_limit))
         print({k: v for k, v in rows[-1].items() if k not in ("report", "replay_kernels")}, flush=True)
         write_record(args.out, "stitched", device_facts(), rows)

@@ -283,6 +283,25 @@ def print_times(times: dict[str, float], by_time: bool = False) -> None:
         print(f"    {us:8.2f} µs  {label}", flush=True)
 
 
+def program_arguments(doc: str, argv=None, programs: str = "", time_limit: float | None = None):
+    """The command line of a benchmark over named programs: ``--out`` (the folder of its JSON record),
+    ``--programs`` (comma-separated; ``programs`` by default, "" for all) and, with a default
+    ``time_limit``, ``--time-limit`` (the search budget per subprogram).  ``doc``: the module's
+    docstring, whose first line describes the command.  Returns the parsed arguments, ``wanted``
+    added: the set of programs asked for (empty: all)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
+    parser.add_argument("--programs", default=programs, help="only these programs (comma-separated)")
+    if time_limit is not None:
+        parser.add_argument("--time-limit", type=float, default=time_limit,
+                            help="search budget per subprogram, s")
+    args = parser.parse_args(argv)
+    args.wanted = set(filter(None, args.programs.split(",")))
+    return args
+
+
 def write_record(folder: str, name: str, facts: dict, rows: list) -> Path:
     """Write ``{facts, rows}`` as ``<name>_<date>.json`` into ``folder`` (made if missing)."""
     out = Path(folder)

@@ -7,7 +7,6 @@ reported."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import time
@@ -400,13 +399,10 @@ def _read_in_place(fast) -> dict[str, list[str]]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
-    parser.add_argument("--time-limit", type=float, default=15.0, help="search budget per subprogram, s")
-    parser.add_argument("--programs", default="", help="only these programs (comma-separated)")
-    args = parser.parse_args(argv)
-    wanted = set(filter(None, args.programs.split(",")))
-    from benchmarks.stream_floor import write_record
+    from benchmarks.stream_floor import program_arguments, write_record
+
+    args = program_arguments(__doc__, argv, time_limit=15.0)
+    wanted = args.wanted
     from mirage.codegen.profile import device_facts, time_graph
     from mirage.frontend import graphs
 
