@@ -15,8 +15,8 @@ from benchmarks.mugraphs import mlp
 from benchmarks.mugraphs.attention import one_kernel
 from benchmarks.rms_forms import gemv
 
-# µGraph, and the positions of its weights (K × N inputs that nn.Linear would pass as weight.T; for
-# the attention, Kᵀ as q @ k.transpose(-2, -1) passes it)
+# µGraph, the positions of its weights (K × N inputs that nn.Linear would pass as weight.T; for the
+# attention, Kᵀ as q @ k.transpose(-2, -1) passes it), and optionally OptimizerOptions fields
 PROGRAMS = {
     "gemv_b8": (lambda: gemv(8, 128, 16, 256), (2,)),
     "rmsnorm_b8": (lambda: mlp.rmsnorm_fused(8, grid=128, iters=16, threads=256), (2,)),
@@ -26,6 +26,10 @@ PROGRAMS = {
     "lora_m16": (lambda: mlp.lora_fused(16, grid=64, iters=2, threads=128), (1, 2)),
     "attention_h8_512": (lambda: one_kernel(8, 512, 512, 64, 64, 64), (1,)),
 }
+# the attention (GPT-2's shape: 12 heads, 512 tokens, 128 keys a tile) in each form of its chain
+for form, flags in {"warp": {}, "warpgroup": {"warpgroup_softmax": True},
+                    "warpgroup_tma": {"warpgroup_softmax": True, "tma_copies": True}}.items():
+    PROGRAMS[f"attention_h12_512_{form}"] = (lambda: one_kernel(12, 512, 512, 64, 64, 128), (1,), flags)
 
 
 def measure(name: str, stages: int = 2) -> dict:
@@ -38,10 +42,10 @@ def measure(name: str, stages: int = 2) -> dict:
     from mirage.codegen.runtime import build_many
     from mirage.optimizer import OptimizerOptions
 
-    make, weights = PROGRAMS[name]
+    make, weights, *flags = PROGRAMS[name]
     graph = make()
     declared = column_major.with_transposed_inputs(graph, weights)
-    options = dataclasses.replace(OptimizerOptions(), stages=stages)
+    options = dataclasses.replace(OptimizerOptions(), stages=stages, **(flags[0] if flags else {}))
     row, col = build_many([generate_cuda_program(g, None, options=options) for g in (graph, declared)])
     rows_in = random_inputs(graph, seed=1)
     cols_in = [t.mT.contiguous().mT if p in weights else t for p, t in enumerate(rows_in)]

@@ -103,10 +103,11 @@ def rows_fused(heads: int, queries: int, dim: int, keys: int, kv_splits: int, q_
 
 
 def one_kernel(heads: int, queries: int, keys: int, dim: int, rows: int, key_tile: int,
-               threads: int = 128) -> mi.KernelGraph:
+               threads: int = 128, cap: float | None = None) -> mi.KernelGraph:
     """``softmax(Q @ K / sqrt(dim)) @ V`` as one kernel, FlashAttention's form (the prefill µGraphs the
     search finds): (heads, 1, queries / rows) blocks of ``rows`` query rows loop over the keys
-    ``key_tile`` at a time; Q (heads, queries, dim), K (heads, dim, keys), V (heads, keys, dim)."""
+    ``key_tile`` at a time; Q (heads, queries, dim), K (heads, dim, keys), V (heads, keys, dim).
+    With ``cap``, the scores are Gemma 2's soft-capped ``cap · tanh(S / (sqrt(dim) · cap))``."""
     g = mi.new_kernel_graph("attention")
     q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in
                zip(((heads, queries, dim), (heads, dim, keys), (heads, keys, dim)), "QKV", strict=True))
@@ -115,7 +116,11 @@ def one_kernel(heads: int, queries: int, keys: int, dim: int, rows: int, key_til
     bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
     bk = tb.new_input(k, input_map=(0, -1, -1), forloop_dim=2)
     bv = tb.new_input(v, input_map=(0, -1, -1), forloop_dim=1)
-    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5))
+    if cap is None:
+        scores = tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5)
+    else:
+        scores = tb.mul_scalar(tb.tanh(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5 / cap)), cap)
+    e = tb.exp(scores)
     sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
     tb.new_output(tb.div(numerators, sums), output_map=(0, -1, 1))
     (out,) = g.customized([q, k, v], tb)

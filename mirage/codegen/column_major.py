@@ -9,10 +9,12 @@ is made, neither before each call nor kept beside a parameter.
 
 Only tiles that every reader can take so are read in place: a tile of 16-bit elements whose only
 readers are matmuls taking it as B (``matmul``'s second operand, ``concat_matmul``'s third and
-fourth), copied by the plain input iterators (no row-local loop, TMA or multicast copy), with K (the
+fourth), copied by the input iterators without a row-local loop or a multicast copy, with K (the
 tile's second-to-last dim) whole 16-byte rows.  In an online-softmax chain, that is its K (Kᵀ of
-``q @ k.transpose(-2, -1)``, which the chain then reads as keys lie in a row-major ``k``) in the
-warp form without key norms; the warpgroup form reads K through wgmma descriptors of its own layout.
+``q @ k.transpose(-2, -1)``, which the chain then reads as keys lie in a row-major ``k``) without key
+norms: the warp form reads it with ``ldmatrix``, the warpgroup form as wgmma's K-major B operand
+(the form Q's tile has: D whole 64-element swizzle rows), copied by threads or, the stored tile being
+a row-major box of the underlying tensor, by TMA (at most 256 keys a tile).
 Where one reader of a kernel input cannot, the program reads that input row-major
 (:attr:`Program.transposed_inputs` leaves it out), and a transposed argument is copied as before.
 
@@ -41,6 +43,7 @@ from collections.abc import Iterable
 
 from mirage.mugraph.graph import DType, KernelGraph, KernelInput, Ref
 from mirage.mugraph.ops import Op
+from mirage.optimizer.tma import MAX_BOX
 
 # where a block op takes its B operands
 B_OPERANDS = {Op.MATMUL: frozenset({1}), Op.CONCAT_MATMUL: frozenset({2, 3})}
@@ -54,10 +57,12 @@ def readable_in_place(kernel, i: int) -> bool:
     node = graph.nodes[i]
     shape = node.outputs[0].shape
     chain = kernel.softmax_chain
-    if chain is not None and (chain.warpgroup or chain.key_norm is not None
-                              or graph.nodes[chain.qk].inputs[1] != Ref(i, 0)):
-        return False  # in an online-softmax chain, only the warp form's K (its Q·K's B)
-    if kernel.row_loop is not None or i in kernel.tma_inputs or i in kernel.multicast.inputs:
+    if chain is not None and (chain.key_norm is not None or graph.nodes[chain.qk].inputs[1] != Ref(i, 0)):
+        return False  # in an online-softmax chain, only K (its Q·K's B), without key norms
+    if chain is not None and chain.warpgroup and (shape[-2] % 64 or (i in kernel.tma_inputs
+                                                                     and shape[-1] > MAX_BOX)):
+        return False  # the warpgroup form's K-major B: stored rows of whole 64-element swizzle rows
+    if kernel.row_loop is not None or i in kernel.multicast.inputs:
         return False
     if node.outputs[0].dtype not in SIXTEEN_BIT or len(shape) < 2 or shape[-2] % 8:
         return False

@@ -187,8 +187,8 @@ class KernelLowering:
             else:
                 layout = tile_layout(shape, element, buffer.slot_bytes, row_major, pitch)
             chain = self.kernel.softmax_chain
-            if chain is not None and i in chain.swizzled:  # a warpgroup chain's Q, K or V
-                layout = ctx.TileLayout(layout.dims, 64, swizzled=True)
+            if chain is not None and i in chain.swizzled:  # a warpgroup chain's Q, K or V (K maybe in place)
+                layout = ctx.TileLayout(layout.dims, 64, swizzled=True, transposed=layout.transposed)
             pipelined = buffer.kind is BufferKind.INPUT_STAGES
             name = f"t{i}" if slot == 0 else f"t{i}_previous"
             offset = -1 if pipelined else buffer.offset + slot * buffer.slot_bytes

@@ -31,7 +31,7 @@ from mirage.codegen import column_major, early_loads
 from mirage.codegen import lower_context as ctx
 from mirage.codegen.lower import KernelLowering
 from mirage.codegen.lower_context import FoldedKernel, KernelContext
-from mirage.codegen.lower_ops import LoweringError, element_type, rank4
+from mirage.codegen.lower_ops import LoweringError, element_type
 from mirage.codegen.tensor_maps import SWIZZLE_BYTES, TensorMapSpec
 from mirage.mugraph.graph import KernelGraph, Ref
 from mirage.mugraph.target import TARGETS, Target, detect_target
@@ -306,9 +306,10 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
 
 
 def _tensor_map(kernel, it: ctx.InputIteratorContext) -> TensorMapSpec:
-    """Input ``it`` of ``kernel`` copied by TMA: boxes of its tile's dims, 64 16-bit columns wide."""
-    tile = rank4(kernel.block_graph.nodes[it.node].outputs[0].shape)
-    return TensorMapSpec(int(it.parameter.removeprefix("input")), (*tile[:3], SWIZZLE_BYTES // 2))
+    """Input ``it`` of ``kernel`` copied by TMA: boxes of its tile's dims as stored (a tile read in place
+    is stored transposed), 64 16-bit columns wide."""
+    box = (*it.tile.layout.dims[:3], SWIZZLE_BYTES // 2)
+    return TensorMapSpec(int(it.parameter.removeprefix("input")), box, transposed=it.view is not None)
 
 
 def generate_cuda_program(

@@ -29,18 +29,22 @@ class TensorMapSpec:
     input: int
     box: tuple[int, int, int, int]
     swizzle: int = SWIZZLE_BYTES  # bytes of the swizzle span, 0 for rows landed as they are
+    # the input arrives column-major in its last two dims and is read in place (codegen.column_major):
+    # the map describes the row-major tensor it is a transposed view of, ``box`` that tensor's box
+    transposed: bool = False
 
     def __post_init__(self) -> None:
         if self.swizzle not in SWIZZLES:
             raise TensorMapError(f"a tensor map swizzles 0, 32, 64 or 128 bytes, not {self.swizzle}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"input": self.input, "box": list(self.box), "swizzle": self.swizzle}
+        d = {"input": self.input, "box": list(self.box), "swizzle": self.swizzle}
+        return {**d, "transposed": True} if self.transposed else d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TensorMapSpec:
         return cls(int(d["input"]), tuple(int(b) for b in d["box"]),  # type: ignore[arg-type]
-                   int(d.get("swizzle", SWIZZLE_BYTES)))
+                   int(d.get("swizzle", SWIZZLE_BYTES)), bool(d.get("transposed", False)))
 
 
 def aligned(tensor):
@@ -53,6 +57,8 @@ def aligned(tensor):
 def encode(tensor, spec: TensorMapSpec) -> bytes:
     """The CUtensorMap of ``tensor`` (a CUDA tensor of 16-bit elements, rank ≤ 4) for ``spec``: the
     elements are copied as 16-bit words, so fp16 and bf16 alike."""
+    if spec.transposed:
+        tensor = tensor.mT
     shape = (1,) * (4 - tensor.dim()) + tuple(tensor.shape)
     strides = (0,) * (4 - tensor.dim()) + tuple(tensor.stride())
     return _encode(tensor.data_ptr(), shape, strides, tensor.element_size(), spec.box, spec.swizzle)

@@ -65,6 +65,9 @@ class FoldedConstant(nn.Module):
         # a mask (True: hidden) that must leave a key of every row visible: its fill stands for a
         # finite lowest value before a softmax, which equals −inf there only while a row keeps a key
         self.visible_rows = visible_rows
+        # the pattern that the kernels assume of a value computed from this one (the additive form of
+        # GPT-2's causal mask), checked where that value is computed
+        self.derived_pattern = ""
         self._key: tuple | None = None
         self._value: torch.Tensor | None = None
 
@@ -73,7 +76,8 @@ class FoldedConstant(nn.Module):
         if graphs.capturing(buffers):  # recorded in a caller's CUDA graph: a replay runs no Python to
             # check versions (nor can the pattern check sync with the host here)
             unchanged = key is not None and key == self._key and self._value is not None
-            if unchanged and (self.pattern or not graphs.recording_constants(buffers)):
+            promised = self.pattern or self.derived_pattern
+            if unchanged and (promised or not graphs.recording_constants(buffers)):
                 # a capture standing for calls from Python (graphs.standing_for_calls), or a value that
                 # the kernels' pattern fixes: while the promise holds, computing it again gives the
                 # same tensor (for GPT-2's causal mask, three kernels a replay); a buffer changed so
@@ -229,6 +233,7 @@ def additive_fills(gm: fx.GraphModule) -> None:
                 candidate = patterns.causal(int(fill_value.shape[-2]))
                 if patterns.matches(candidate, fill_value):
                     pattern = candidate
+                    gm.get_submodule(str(folded.target)).derived_pattern = pattern
         with gm.graph.inserting_before(node):
             fill = gm.graph.call_function(fill_mask, (mask, x_value.dtype, pattern, hides))
             added = gm.graph.call_function(aten.add.Tensor, (x, fill))

@@ -65,15 +65,19 @@ def test_a_build_reading_weights_in_place_matches_the_row_major_build(name, stag
             _close(x, y)
 
 
-@pytest.mark.parametrize("warpgroup", [False, True])
-def test_an_attention_reading_k_in_place_matches_the_row_major_build(warpgroup):
+@pytest.mark.parametrize(("warpgroup", "tma", "dim", "key_tile"), [
+    (False, False, 64, 64), (True, False, 64, 64), (True, True, 64, 64),  # warp; warpgroup; its K by TMA
+    (True, False, 128, 128), (True, True, 128, 128),  # D of two swizzle rows; 128 keys a tile
+])
+def test_an_attention_reading_k_in_place_matches_the_row_major_build(warpgroup, tma, dim, key_tile):
     from benchmarks.mugraphs.attention import one_kernel
 
-    graph = one_kernel(8, 512, 512, 64, 64, 64)
+    graph = one_kernel(8, 512, 512, dim, 64, key_tile)
     declared = column_major.with_transposed_inputs(graph, [1])  # K given as k.mT
-    options = dataclasses.replace(OptimizerOptions(), warpgroup_softmax=warpgroup)
+    options = dataclasses.replace(OptimizerOptions(), warpgroup_softmax=warpgroup, tma_copies=tma)
     ours, theirs = build_many([generate_cuda_program(g, None, options=options) for g in (declared, graph)])
-    assert ours.transposed_inputs == (() if warpgroup else (1,))
+    assert ours.transposed_inputs == (1,)
+    assert any(k.tensor_maps for k in ours.cuda.kernels) == tma
     inputs = random_inputs(declared, seed=6)
     result = check_on_gpu(declared, ours.with_poison(), inputs=inputs)
     assert result.passed, result.as_dict()

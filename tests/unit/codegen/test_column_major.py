@@ -76,22 +76,39 @@ def test_a_matmuls_b_operand_is_read_in_place_and_other_readers_are_not():
         assert program.transposed_inputs == () and "Transposed<" not in program.code
 
 
-def _attention(warpgroup: bool):
+def _attention(warpgroup: bool, tma: bool = False, dim: int = 64):
     import dataclasses
 
     from benchmarks.mugraphs.attention import one_kernel
     from mirage.optimizer import OptimizerOptions
 
-    graph = column_major.with_transposed_inputs(one_kernel(8, 512, 512, 64, 64, 64), [1])  # K: k.mT
-    return generate_cuda_program(graph, 90, options=dataclasses.replace(OptimizerOptions(),
-                                                                         warpgroup_softmax=warpgroup))
+    graph = column_major.with_transposed_inputs(one_kernel(8, 512, 512, dim, 64, 64), [1])  # K: k.mT
+    options = dataclasses.replace(OptimizerOptions(), warpgroup_softmax=warpgroup, tma_copies=tma)
+    return generate_cuda_program(graph, 90, options=options)
 
 
-def test_an_attention_chain_reads_k_in_place_in_the_warp_form_only():
-    warp, warpgroup = _attention(False), _attention(True)
-    assert warp.transposed_inputs == (1,)
+def test_an_attention_chain_reads_k_in_place_in_the_warp_and_the_warpgroup_forms():
+    warp, warpgroup, tma = _attention(False), _attention(True), _attention(True, tma=True)
+    assert warp.transposed_inputs == warpgroup.transposed_inputs == tma.transposed_inputs == (1,)
     assert "mirage::dev::Transposed<mirage::dev::Layout<1, 1, 64, 64, 72>>, mirage::dev::Layout" in warp.code
-    assert warpgroup.transposed_inputs == () and "Transposed<" not in warpgroup.code
+    # the warpgroup form: K stored as Q is (keys x D, 128-byte swizzled), wgmma's K-major B
+    assert "mirage::dev::Transposed<mirage::dev::Swizzled128Layout<1, 1, 64, 64>>" in warpgroup.code
+    (launch,) = tma.kernels
+    assert [(m.input, m.box, m.transposed) for m in launch.tensor_maps] == [(1, (1, 1, 64, 64), True),
+                                                                              (2, (1, 1, 64, 64), False)]
+
+
+@needs_nvcc
+def test_the_warpgroup_form_reading_k_in_place_issues_k_major_wgmmas():
+    """sm_90a's HGMMA takes B K-major from the stored tile: no transposing load of K anywhere (D of
+    one and of two 64-element swizzle rows)."""
+    programs = [_attention(True, dim=dim) for dim in (64, 128)]
+    assert all(p.transposed_inputs == (1,) for p in programs)
+    results = compile_sources([p.code for p in programs], CompileOptions(target=TARGETS["H100"]),
+                              dumps={Stage.SASS})
+    for result in results:
+        sass = result.sass()
+        assert "HGMMA.64x64x16.F32" in sass and "MT88" not in sass
 
 
 @pytest.mark.parametrize(("shape", "capacity", "expected"), [

@@ -188,6 +188,11 @@ def test_tensor_maps_refuse_what_tma_cannot_copy():
     rows_of_ten = torch.zeros(16, 64, 4101, dtype=torch.float16)[:, :, :4096]
     with pytest.raises(tensor_maps.TensorMapError, match="16-byte"):
         tensor_maps.encode(rows_of_ten, spec)
+    # a map of an input read in place describes the row-major tensor the input is a view of
+    transposed = tensor_maps.TensorMapSpec(1, (1, 1, 64, 64), transposed=True)
+    assert tensor_maps.TensorMapSpec.from_dict(transposed.to_dict()) == transposed
+    with pytest.raises(tensor_maps.TensorMapError, match="innermost stride"):
+        tensor_maps.encode(torch.zeros(16, 64, 4096, dtype=torch.float16), transposed)
 
 
 def test_a_tensor_map_spec_keeps_its_swizzle_and_refuses_spans_the_driver_lacks():

@@ -243,3 +243,22 @@ def test_a_callers_capture_reuses_the_additive_form_of_a_promised_mask_only(monk
     assert fill_mask(hidden, torch.float16, "causal:4") is promised
     again = fill_mask(other, torch.float16)
     assert again is not unpromised and torch.equal(again, unpromised)
+
+
+def test_a_callers_capture_reads_gpt2s_causal_mask_as_the_last_call_computed_it(monkeypatch):
+    """GPT-2's mask, folded from its ``bias`` buffer: the fold itself carries no pattern (it is
+    boolean), the additive form it feeds does; in a caller's capture neither is computed again."""
+    from mirage.frontend import graphs
+    from mirage.frontend.fill_masks import FoldedConstant
+
+    model = WhereMasked(torch.tril(torch.ones(1, 1, 16, 16, dtype=torch.bool)))
+    q, k, v = _qkv()
+    fast = mi.superoptimize(model, (q, k, v), search=False, use_cache=False, progress=False)
+    want = fast(q, k, v)  # a call from Python computes and checks both
+    (fold,) = [m for m in fast.specializations[0].module.modules() if isinstance(m, FoldedConstant)]
+    assert fold.derived_pattern == "causal:8" and fold.pattern == ""
+    computed = []
+    fold.function.register_forward_hook(lambda *_: computed.append(1))
+    monkeypatch.setattr(graphs, "capturing", lambda tensors: True)  # a caller's capture, recording
+    torch.testing.assert_close(fast(q, k, v), want)
+    assert computed == []

@@ -9,27 +9,14 @@ import pytest
 import torch
 
 import mirage as mi
+from benchmarks.mugraphs.attention import one_kernel
 from benchmarks.unseen import SoftcapAttention
 from mirage.codegen import generate_cuda_program
 
 
-def softcap_mugraph(heads: int = 8, queries: int = 256, keys: int = 256, dim: int = 64, rows: int = 64,
-                    key_tile: int = 64, cap: float = 50.0) -> mi.KernelGraph:
+def softcap_mugraph() -> mi.KernelGraph:
     """FlashAttention's one kernel with ``exp(cap · tanh(S / (sqrt(dim) · cap)))`` as its scores."""
-    g = mi.new_kernel_graph("softcap")
-    q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in
-               zip(((heads, queries, dim), (heads, dim, keys), (heads, keys, dim)), "QKV", strict=True))
-    tb = mi.new_threadblock_graph(grid_dim=(heads, 1, queries // rows), block_dim=(128, 1, 1),
-                                  forloop_range=keys // key_tile, reduction_dimx=dim)
-    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
-    bk = tb.new_input(k, input_map=(0, -1, -1), forloop_dim=2)
-    bv = tb.new_input(v, input_map=(0, -1, -1), forloop_dim=1)
-    e = tb.exp(tb.mul_scalar(tb.tanh(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5 / cap)), cap))
-    sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
-    tb.new_output(tb.div(numerators, sums), output_map=(0, -1, 1))
-    (out,) = g.customized([q, k, v], tb)
-    g.mark_output(out)
-    return g.freeze()
+    return one_kernel(heads=8, queries=256, keys=256, dim=64, rows=64, key_tile=64, cap=50.0)
 
 
 def test_a_given_softcap_mugraph_is_verified_and_runs_as_one_chain():

@@ -80,7 +80,7 @@ struct OnlineSoftmax {
   static constexpr bool kKeyNorms = IsKeyNorms<Columns>::value;
   // the warpgroup form (see the top of the file): K and V in 128-byte swizzled tiles
   static constexpr bool kWarpgroup = KLayout::swizzled;
-  static_assert(!KLayout::transposed || (!kWarpgroup && !kKeyNorms), "K in place: warp form, no key norms");
+  static_assert(!KLayout::transposed || !kKeyNorms, "K in place: no key norms");
   static_assert(VLayout::swizzled == kWarpgroup && (kWarpgroup || !QLayout::swizzled),
                 "K and V swizzled together; Q (read from shared memory by wgmma) only with them");
   static_assert(!kWarpgroup || (kWarps % 4 == 0 && kRowTiles % kWarps == 0 && kKeys % 64 == 0 &&
@@ -703,9 +703,9 @@ struct OnlineSoftmax {
         for (int d = 0; d < D / 16; ++d)
 #pragma unroll
           for (int b = 0; b < kSubKeys / 64; ++b)
-            wgmma::wgmma64<T>(*reinterpret_cast<float(*)[8][4]>(&score[t][8 * b]), a[t][d],
-                              wgmma::wgmma_descriptor<KLayout, false, kWholeDescriptors>(k.data, d * 16, key0 + 64 * b),
-                              d > 0);
+            wgmma::wgmma64<T, KLayout::transposed>(
+                *reinterpret_cast<float(*)[8][4]>(&score[t][8 * b]), a[t][d],
+                wgmma::b_descriptor<KLayout, kWholeDescriptors>(k.data, d * 16, key0 + 64 * b), d > 0);
     }
     cute::warpgroup_commit_batch();
   }

@@ -14,35 +14,36 @@
 namespace mirage::gen::wgmma {
 
 // Warpgroup MMAs m64n64k16 with fp32 accumulators and B from shared memory, MN-major
-// (dev::Swizzled128Layout): Rs takes A from registers (K-major, the layout of mma.sync's A
-// fragments, 16 rows a warp), Ss from shared memory, K-major (the same swizzled form).
-template <class T>
+// (dev::Swizzled128Layout) or, KMajorB, K-major (a tile stored transposed: dev::Transposed's stored
+// rows are B's columns): Rs takes A from registers (K-major, the layout of mma.sync's A fragments,
+// 16 rows a warp), Ss from shared memory, K-major (the same swizzled form).
+template <class T, bool KMajorB = false>
 struct Wgmma64;
-template <>
-struct Wgmma64<__half> {
-  using Rs = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::MN>;
-  using Ss = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::MN>;
+template <bool KMajorB>
+struct Wgmma64<__half, KMajorB> {
+  static constexpr auto kB = KMajorB ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN;
+  using Rs = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, kB>;
+  using Ss = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<cute::SM90::GMMA::Major::K, kB>;
 };
-template <>
-struct Wgmma64<__nv_bfloat16> {
-  using Rs =
-      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::MN>;
-  using Ss =
-      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::MN>;
+template <bool KMajorB>
+struct Wgmma64<__nv_bfloat16, KMajorB> {
+  static constexpr auto kB = KMajorB ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN;
+  using Rs = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, kB>;
+  using Ss = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kB>;
 };
 
 // c (+)= A · B, c a warp's 16 x 64 slice of the warpgroup's accumulator (eight 16 x 8 C fragments),
 // A a register fragment or (uint64_t) a descriptor.
-template <class T, class A>
+template <class T, bool KMajorB = false, class A>
 MIRAGE_DEVICE void wgmma64(float (&c)[8][4], const A& a, uint64_t b, bool accumulate) {
   const auto scale = accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero;
   if constexpr (std::is_same_v<A, uint64_t>) {
-    Wgmma64<T>::Ss::fma(a, b, c[0][0], c[0][1], c[0][2], c[0][3], c[1][0], c[1][1], c[1][2], c[1][3], c[2][0],
+    Wgmma64<T, KMajorB>::Ss::fma(a, b, c[0][0], c[0][1], c[0][2], c[0][3], c[1][0], c[1][1], c[1][2], c[1][3], c[2][0],
                         c[2][1], c[2][2], c[2][3], c[3][0], c[3][1], c[3][2], c[3][3], c[4][0], c[4][1], c[4][2],
                         c[4][3], c[5][0], c[5][1], c[5][2], c[5][3], c[6][0], c[6][1], c[6][2], c[6][3], c[7][0],
                         c[7][1], c[7][2], c[7][3], scale);
   } else {
-    Wgmma64<T>::Rs::fma(a[0], a[1], a[2], a[3], b, c[0][0], c[0][1], c[0][2], c[0][3], c[1][0], c[1][1], c[1][2],
+    Wgmma64<T, KMajorB>::Rs::fma(a[0], a[1], a[2], a[3], b, c[0][0], c[0][1], c[0][2], c[0][3], c[1][0], c[1][1], c[1][2],
                         c[1][3], c[2][0], c[2][1], c[2][2], c[2][3], c[3][0], c[3][1], c[3][2], c[3][3], c[4][0],
                         c[4][1], c[4][2], c[4][3], c[5][0], c[5][1], c[5][2], c[5][3], c[6][0], c[6][1], c[6][2],
                         c[6][3], c[7][0], c[7][1], c[7][2], c[7][3], scale);
@@ -88,6 +89,17 @@ MIRAGE_DEVICE uint64_t wgmma_descriptor(const T* tile, int row, int col) {
     descriptor.reg32_[0] += offset >> 4;
   }
   return descriptor.desc_;
+}
+
+// The descriptor of B's 16 x 64 operand at (k, n) of tile L: MN-major, or K-major where L is a
+// dev::Transposed tile (a tile read in place: its stored rows are B's columns, K contiguous).
+template <class L, bool Whole = false, class T>
+MIRAGE_DEVICE uint64_t b_descriptor(const T* tile, int k, int n) {
+  if constexpr (L::transposed) {
+    return wgmma_descriptor<typename L::Stored, true, Whole>(tile, n, k);
+  } else {
+    return wgmma_descriptor<L, false, Whole>(tile, k, n);
+  }
 }
 
 }  // namespace mirage::gen::wgmma
