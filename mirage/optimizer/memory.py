@@ -20,9 +20,12 @@ level (the first loop level when there is no pre-loop phase), so their lifetimes
 their copies fly while the pre-loop steps wait for their own operands and compute.
 
 Results consumed in registers (epilogue producers) get no buffer.  Sizes include layout padding and
-are rounded up to 128 bytes.  The Q, K and V tiles of a warpgroup softmax chain (``swizzled``) are stored
-unpadded in the 128-byte swizzled form that sm_90's warpgroup MMA reads, and start on a 1024-byte
-boundary (the swizzle pattern repeats every 8 rows of 128 bytes).  Three online fits — first-fit,
+are rounded up to 128 bytes; an input tile that may be read in place transposed (``transposed``: its
+kernel input is declared column-major, codegen.column_major) is sized to hold its transpose too, the
+stored rows padded by one 16-byte vector against ldmatrix's bank conflicts.  The Q, K and V tiles
+of a warpgroup softmax chain (``swizzled``) are stored unpadded in the 128-byte swizzled form that
+sm_90's warpgroup MMA reads, and start on a 1024-byte boundary (the swizzle pattern repeats every 8
+rows of 128 bytes).  Three online fits — first-fit,
 best-fit and worst-fit — each over two orders (by start time, by size) place the buffers; the plan
 with the lowest peak wins.  A plan over the target's shared memory raises
 :class:`~mirage.errors.SharedMemoryError`.
@@ -127,7 +130,8 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
               multicast: frozenset[int] = frozenset(),
               swizzled: frozenset[int] = frozenset(),
               late: frozenset[int] = frozenset(),
-              early_prologue: bool = False) -> tuple[list[Buffer], int]:
+              early_prologue: bool = False,
+              transposed: frozenset[int] = frozenset()) -> tuple[list[Buffer], int]:
     """The buffers of ``graph`` with their lifetimes (unplaced), and the timeline length.
     ``in_registers_only``: nodes computed in registers by a chain step (no buffer); ``read_at``:
     nodes that read their operands at another node's step (a chain step runs at its anchor) and
@@ -150,6 +154,8 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
             continue
         t = node.outputs[0]
         elements = layouts[i].physical_elements if layouts and i in layouts and i not in swizzled else t.numel
+        if i in transposed and i not in swizzled and t.rank >= 2:
+            elements = max(elements, transposed_padded_elements(t.shape, t.dtype.itemsize))
         align = SWIZZLE_ALIGNMENT if i in swizzled else ALIGNMENT
         start = main[i]
         end = max([start, *(reads[c] for c in uses[Ref(i, 0)])])
@@ -169,6 +175,16 @@ def lifetimes(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
             end = max(end, loop[1])  # a pre-loop tile read in the loop is read every iteration
         buffers.append(Buffer(i, kind, slots, _align(elements * itemsize, align), start, end, align=align))
     return buffers, max([*main.values(), *finalize.values()], default=0) + 1
+
+
+def transposed_padded_elements(shape: tuple[int, ...], itemsize: int) -> int:
+    """Elements of a tile of ``shape`` stored transposed (its last two dims swapped), each stored row
+    rounded up to 16 bytes and padded by one 16-byte vector."""
+    align = 16 // itemsize
+    rows = shape[-1]
+    for d in shape[:-2]:
+        rows *= d
+    return rows * (-(-shape[-2] // align) * align + align)
 
 
 Fit = Callable[[list[tuple[int, int]], int], int]
@@ -246,13 +262,15 @@ def plan_memory(graph: BlockGraph, schedule: Schedule, registers: RegisterPlan,
                 multicast: frozenset[int] = frozenset(),
                 swizzled: frozenset[int] = frozenset(),
                 late: frozenset[int] = frozenset(),
-                tma: frozenset[int] = frozenset(), early_prologue: bool = False) -> MemoryPlan:
+                tma: frozenset[int] = frozenset(), early_prologue: bool = False,
+                transposed: frozenset[int] = frozenset()) -> MemoryPlan:
     """Place every buffer of ``graph`` in shared memory (see the module docstring); ``multicast``
     and ``tma`` inputs' slot barriers follow the placed buffers.  ``early_prologue`` (no multicast
     inputs, whose copies meet their cluster in the prologue): see :func:`lifetimes`."""
     early_prologue = early_prologue and not multicast
     buffers, levels = lifetimes(graph, schedule, registers, layouts, stages, accumulator_dtype,
-                                in_registers_only, read_at, multicast, swizzled, late, early_prologue)
+                                in_registers_only, read_at, multicast, swizzled, late, early_prologue,
+                                transposed)
     best: tuple[int, str, list[Buffer]] | None = None
     candidates = []
     for fit_name, fit in FITS.items():

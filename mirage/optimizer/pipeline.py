@@ -37,7 +37,7 @@ from typing import Any
 from mirage.mugraph import patterns
 from mirage.mugraph.check import check
 from mirage.mugraph.dtypes import DType
-from mirage.mugraph.graph import BlockGraph, KernelGraph, Ref
+from mirage.mugraph.graph import BlockGraph, KernelGraph, KernelInput, Ref
 from mirage.mugraph.ops import Op
 from mirage.mugraph.target import DEFAULT_TARGET, Target
 from mirage.optimizer.cluster_fold import ClusterFold, find_folds
@@ -326,7 +326,23 @@ def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
     return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
                        layouts, state.target, stages, o.accumulator_dtype, in_registers, read_at,
                        _multicast(block, state.target, o, chain).inputs, swizzled, late,
-                       _tma(block, chain, state.target, o), o.early_prologue)
+                       _tma(block, chain, state.target, o), o.early_prologue,
+                       _declared_transposed(k, state.graph) if chain is not None else frozenset())
+
+
+def _declared_transposed(k: int, graph: KernelGraph | None) -> frozenset[int]:
+    """The block inputs of kernel ``k`` whose kernel inputs are declared column-major (``layout="col"``):
+    tiles the code generator may read in place, transposed (codegen.column_major).  Their slots are
+    sized for the padded transposed tile in an online-softmax chain only, whose warp form cannot take
+    the 128-byte swizzle (it means the warpgroup form there): without the padding, the 128-key K tile
+    of a 64-wide head was stored dense, and its ldmatrix reads ran 1.8x slower than row-major
+    (column_major_h200_2026-11-29_attention_forms.json); elsewhere the swizzle serves."""
+    if graph is None:
+        return frozenset()
+    block = graph.nodes[k].attrs
+    return frozenset(block.input_nodes[p] for p, ref in enumerate(graph.nodes[k].inputs)
+                     if isinstance(graph.nodes[ref.node].attrs, KernelInput)
+                     and graph.nodes[ref.node].attrs.layout == "col")
 
 
 def _tma(block: BlockGraph, chain: SoftmaxChain | None, target: Target,

@@ -213,3 +213,17 @@ def test_capture_declares_transposed_keys_column_major():
     (sub,) = partition(capture(_Scores(), (q, k), {})).subprograms
     layouts = [sub.graph.nodes[i].attrs.layout for i in sub.graph.input_nodes]
     assert sorted(layouts) == ["", "col"], layouts
+
+
+def test_the_warp_forms_k_in_place_gets_a_slot_for_its_padded_rows():
+    """128 keys of a 64-wide head: the row-major slot (64 x 136) is smaller than the transposed tile
+    with padded rows (128 x 72); the memory plan sizes the slot for the latter, so K is not stored
+    dense (whose ldmatrix reads conflict on banks)."""
+    from benchmarks.mugraphs.attention import one_kernel
+
+    graph = column_major.with_transposed_inputs(one_kernel(12, 512, 512, 64, 64, 128), [1])
+    program = generate_cuda_program(graph, 90)
+    (kernel,) = program.prepared.kernels
+    k_tile = kernel.block_graph.input_nodes[1]
+    assert kernel.memory.buffer_of(k_tile).slot_bytes == 128 * 72 * 2
+    assert "mirage::dev::Transposed<mirage::dev::Layout<1, 1, 128, 64, 72>>" in program.code
