@@ -329,6 +329,26 @@ class QKNormAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+class BertSelfAttention(nn.Module):
+    """Hugging Face BERT's eager self-attention: three projections, each split into heads by
+    ``view(b, s, h, d).permute(0, 2, 1, 3)`` (views that no copy makes dense), scaled scores, softmax,
+    values, heads merged back."""
+
+    def __init__(self, hidden: int = 768, heads: int = 12):
+        super().__init__()
+        self.heads, self.dim = heads, hidden // heads
+        self.query, self.key, self.value = (nn.Linear(hidden, hidden) for _ in range(3))
+
+    def split(self, x):
+        return x.view(*x.shape[:2], self.heads, self.dim).permute(0, 2, 1, 3)
+
+    def forward(self, x):
+        q, k, v = self.split(self.query(x)), self.split(self.key(x)), self.split(self.value(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.dim)
+        context = torch.matmul(torch.softmax(scores, dim=-1), v)
+        return context.permute(0, 2, 1, 3).reshape(x.shape)
+
+
 class Block(nn.Module):
     """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
 
@@ -353,6 +373,7 @@ PROGRAMS = {
     "gelu_projection": (GeluProjection, [(8, 768)]),
     "layernorm_projection": (LayerNormProjection, [(4, 512)]),
     "bert_mlp": (BertMLP, [(8, 384)]),
+    "bert_attention": (BertSelfAttention, [(1, 128, 768)]),
     "heads_attention": (HeadsAttention, [(2, 8, 128, 64)] * 3),
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
     "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),

@@ -39,9 +39,9 @@ True
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from mirage.mugraph.graph import DType, KernelGraph, KernelInput, Ref
+from mirage.mugraph.graph import DType, KernelGraph, KernelInput, Ref, same_strides
 from mirage.mugraph.ops import Op
 from mirage.optimizer.tma import MAX_BOX
 
@@ -93,12 +93,59 @@ def transposed_reads(prepared) -> tuple[tuple[int, ...], dict[int, frozenset[int
             {k: frozenset(v) for k, v in per_kernel.items()})
 
 
-def in_layout(tensor, transposed: bool):
+def strided_reads(graph: KernelGraph, transposed_inputs: Iterable[int]) -> dict[int, tuple[int, ...]]:
+    """The inputs of ``graph`` (positions among its inputs) that the program reads in place through
+    the strides they are declared with (``KernelInput.strides``: a view such as a head split), and
+    those strides: every input iterator addresses its tensor through strides, so each such input
+    whose layout the program keeps (a "col" one only where it is read transposed) is read so."""
+    transposed = set(transposed_inputs)
+    out = {}
+    for p, n in enumerate(graph.input_nodes):
+        attrs = graph.nodes[n].attrs
+        if isinstance(attrs, KernelInput) and attrs.strides and (attrs.layout != "col" or p in transposed):
+            out[p] = attrs.strides
+    return out
+
+
+def with_strides(context, kernel_inputs: Sequence[int], strides: dict[int, tuple[int, ...]]):
+    """Kernel ``context`` with its iterators over the strided inputs (positions among the graph's
+    inputs, ``kernel_inputs`` giving each kernel parameter's) addressing them through their strides,
+    rank-4 and, for a tile read transposed, as stored (the last two swapped, as :func:`iterated` swaps
+    the dims)."""
+    if not strides:
+        return context
+    iterators = []
+    for it in context.iterators:
+        position = kernel_inputs[int(it.parameter.removeprefix("input"))]
+        given = strides.get(position)
+        if given is not None and not it.generated:
+            padded = (given[0] * it.source_dims[4 - len(given)],) * (4 - len(given)) + tuple(given)
+            if it.view is not None:
+                padded = (*padded[:2], padded[3], padded[2])
+            it = dataclasses.replace(it, source_strides=padded)
+        iterators.append(it)
+    return dataclasses.replace(context, iterators=tuple(iterators))
+
+
+def in_layout(tensor, transposed: bool, strides: Sequence[int] | None = None):
     """``tensor`` as a kernel reads it: row-major, or column-major in its last two dims where the
-    program reads it in place so (``CudaProgram.transposed_inputs``); a copy only where it is not."""
+    program reads it in place so (``CudaProgram.transposed_inputs``), or with the ``strides`` the
+    program reads it through (``CudaProgram.input_strides``); a copy only where it is not."""
+    if strides is not None:
+        if same_strides(tensor.shape, tensor.stride(), strides):
+            return tensor
+        return torch_strided(tensor, strides)
     if not transposed:
         return tensor.contiguous()
     return tensor if tensor.mT.is_contiguous() else tensor.mT.contiguous().mT
+
+
+def torch_strided(tensor, strides: Sequence[int]):
+    """A copy of ``tensor`` laid out with element ``strides``."""
+    import torch
+
+    return torch.empty_strided(tuple(tensor.shape), tuple(strides), dtype=tensor.dtype,
+                               device=tensor.device).copy_(tensor)
 
 
 def iterated(layout, source_dims: tuple[int, ...], input_map: tuple[int, ...], forloop_dim: int):

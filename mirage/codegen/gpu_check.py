@@ -109,8 +109,10 @@ def random_inputs(graph: KernelGraph, seed: int = 0, scale: float = 1.0, device:
     """Inputs of ``graph`` drawn from N(0, scale²), rounded to each input's dtype; an input that names
     a pattern (mirage.mugraph.patterns) gets the pattern's values, which its generated code may assume,
     and one that names a layout is laid out so (``layout="col"``: a transposed view of a row-major
-    tensor), as calls pass it."""
+    tensor; ``strides``: a view with them), as calls pass it."""
     import torch
+
+    from mirage.codegen import column_major
 
     generator = torch.Generator().manual_seed(seed)
     inputs = []
@@ -119,7 +121,10 @@ def random_inputs(graph: KernelGraph, seed: int = 0, scale: float = 1.0, device:
         drawn = torch.randn(t.shape, generator=generator, dtype=torch.float64) * scale
         value = patterns.values(pattern, t.shape, torch.float64) if pattern else drawn
         value = value.to(t.dtype.torch()).to(device)
-        inputs.append(value.mT.contiguous().mT if graph.nodes[i].attrs.layout == "col" else value)
+        attrs = graph.nodes[i].attrs
+        if attrs.strides:
+            value = column_major.torch_strided(value, attrs.strides)
+        inputs.append(value.mT.contiguous().mT if attrs.layout == "col" and not attrs.strides else value)
     return inputs
 
 

@@ -91,6 +91,8 @@ class InputIteratorContext:
     pipelined: bool  # loaded stage by stage across the for-loop (cp.async pipeline)
     direct: bool = False  # no shared tile: a row-local loop reads its elements from global memory
     view: TileLayout | None = None  # how the steps read that tile, where not as filled (a Transposed tile)
+    # rank-4 element strides of a view read in place (column_major.with_strides); None: dense row-major
+    source_strides: tuple[int, int, int, int] | None = None
     staggered: bool = False  # blocks that load the same tile start at different rows (a rotation)
     evict_first: bool = False  # no other block reads its tiles: the copies mark their lines first to leave L2
     multicast: int = 0  # > 1: read once per cluster of this many blocks (dev::MulticastIterator)

@@ -119,6 +119,12 @@ class CudaProgram:
     # inputs (positions among the graph's) read in place column-major (mirage.codegen.column_major)
     transposed_inputs: tuple[int, ...] = ()
 
+    @functools.cached_property
+    def input_strides(self) -> dict[int, tuple[int, ...]]:
+        """Inputs (positions) read in place through the strides they are declared with (a view such
+        as a head split: mirage.codegen.column_major), and those strides."""
+        return column_major.strided_reads(self.graph, self.transposed_inputs)
+
     def kernel(self, node: int) -> KernelLaunch:
         """The launch that runs graph-defined op ``node`` (its own kernel, or a cluster fold's)."""
         for k in self.kernels:
@@ -269,9 +275,12 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
     prefix = kernel_prefix(graph)
     accumulator = element_type(prepared.options.accumulator_dtype, "the accumulator dtype")
     transposed_inputs, transposed = column_major.transposed_reads(prepared)
+    strides = column_major.strided_reads(graph, transposed_inputs)
+    positions = {n: p for p, n in enumerate(graph.input_nodes)}
     contexts = early_loads.with_early_loads(prepared, {
-        k.node: _lower_kernel(prepared, k, f"{prefix}_k{k.node}", accumulator,
-                              transposed.get(k.node, frozenset()))
+        k.node: column_major.with_strides(
+            _lower_kernel(prepared, k, f"{prefix}_k{k.node}", accumulator, transposed.get(k.node, frozenset())
+                          ), [positions.get(ref.node, -1) for ref in graph.nodes[k.node].inputs], strides)
         for k in prepared.kernels})
     units: list[KernelContext | FoldedKernel] = []
     launches = []

@@ -153,6 +153,11 @@ class Program:
         return self.cuda.transposed_inputs
 
     @property
+    def input_strides(self) -> dict[int, tuple[int, ...]]:
+        """Inputs read in place through the strides they are declared with (a head split's view)."""
+        return self.cuda.input_strides
+
+    @property
     def source(self) -> str:
         return self.cuda.code
 
@@ -232,13 +237,14 @@ class Program:
         values: dict[Ref, Any] = {}
         feed = iter(enumerate(inputs))
         transposed = self.cuda.transposed_inputs
+        strides = self.cuda.input_strides
         algebra = None
         scratch = None
         try:
             for step, (kind, ref, detail) in enumerate(steps):
                 if kind == "input":
                     position, value = next(feed)
-                    values[ref] = column_major.in_layout(value, position in transposed)
+                    values[ref] = column_major.in_layout(value, position in transposed, strides.get(position))
                 elif kind == "kernel":
                     args = [values[r] for r in detail.inputs]
                     device = args[0].device

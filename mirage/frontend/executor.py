@@ -26,7 +26,7 @@ from torch.nn import Parameter
 from mirage.codegen.column_major import in_layout
 from mirage.frontend import graphs
 from mirage.frontend.errors import ExecutorError
-from mirage.mugraph.graph import KernelGraph
+from mirage.mugraph.graph import KernelGraph, same_strides
 from mirage.mugraph.interpret import interpret
 
 logger = logging.getLogger("mirage.frontend")
@@ -66,6 +66,9 @@ class Compiled:
         self._next = owner.run if program_launch else launch
         # inputs the kernels read in place where they arrive column-major (a transposed parameter)
         self.transposed = frozenset(getattr(owner, "transposed_inputs", ()) if program_launch else ())
+        # and those read in place through the strides they arrive with (a head split's view)
+        self.strides: dict[int, tuple[int, ...]] = dict(getattr(owner, "input_strides", {})
+                                                       if program_launch else {})
         self._checked = False
         # input positions that hold parameters or buffers (set by the subprogram's module); whether
         # a call copied one of them (a strided view): then a caller's CUDA graph copies it in each replay
@@ -81,10 +84,15 @@ class Compiled:
         that a key of address and version cannot tell from the old ones.  Parameters are known by
         position (``constants``, from the stitched graph) or as ``nn.Parameter`` (torch.compile
         passes them as inputs)."""
-        if t.mT.is_contiguous() if position in self.transposed else t.is_contiguous():
+        strides = self.strides.get(position)
+        if strides is not None:
+            ready = same_strides(t.shape, t.stride(), strides)
+        else:
+            ready = t.mT.is_contiguous() if position in self.transposed else t.is_contiguous()
+        if ready:
             return t
         if position not in self.constants and not isinstance(t if t._base is None else t._base, Parameter):
-            return in_layout(t, position in self.transposed)
+            return in_layout(t, position in self.transposed, strides)
         self.copies_constants = True
         key = (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))
         cached = self._copies.get(position)
@@ -95,9 +103,9 @@ class Compiled:
                 # owner chose to read the calls' copies (Options.reuse_copies_in_graphs)
                 return cached[1]
             # otherwise the copy is recorded: a replay runs no Python to see a changed parameter
-            return in_layout(t, position in self.transposed)
+            return in_layout(t, position in self.transposed, strides)
         if cached is None:
-            cached = self._copies[position] = (key, in_layout(t, position in self.transposed))
+            cached = self._copies[position] = (key, in_layout(t, position in self.transposed, strides))
         elif cached[0] != key:  # refreshed in place: a CUDA graph that reads the copy reads the new values
             cached = self._copies[position] = (key, cached[1].copy_(t))
         return cached[1]

@@ -31,6 +31,7 @@ from mirage.frontend import shapes
 from mirage.frontend.capture import PATTERN
 from mirage.mugraph import patterns
 from mirage.mugraph.builder import DTensor
+from mirage.mugraph.graph import input_layout
 from mirage.mugraph.ops import Op
 
 Shape = tuple[int, ...]
@@ -155,13 +156,15 @@ def _pattern(x: Boundary, binding: InputBinding) -> str:
         return ""
 
 
-def _layout(x: Boundary, binding: InputBinding) -> str:
-    """The memory layout that input ``binding`` of ``x`` has, with ``x`` laid out as traced (a
-    ``transpose`` node's view, a parameter): "col" where it is a transposed view in its last two dims
-    (``weight.T``, ``k.transpose(-1, -2)``), which kernels may read in place
-    (mirage.codegen.column_major), else "" (row-major, or copied so)."""
+def _strides(x: Boundary, binding: InputBinding) -> tuple[int, ...] | None:
+    """The element strides that input ``binding`` of ``x`` has, with ``x`` laid out as traced (a
+    ``transpose`` node's view, a parameter, a head split's ``permute``), where the graph's input can
+    declare them (``new_input(strides=...)``): a transposed view in its last two dims (``weight.T``,
+    ``k.transpose(-1, -2)``) or a view stepping one of them by one element (``x.view(s, h, d)
+    .transpose(0, 1)``), which kernels may read in place (mirage.codegen.column_major); else None
+    (row-major, or copied so)."""
     if binding.expand is not None or len(binding.shape) < 2:
-        return ""
+        return None
     value = x.node.meta.get("val")
     try:
         if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(x.shape):
@@ -169,9 +172,10 @@ def _layout(x: Boundary, binding: InputBinding) -> str:
         else:
             base = torch.empty(tuple(x.shape), device="meta")
         view = binding.apply(base)
-    except (RuntimeError, TypeError):
-        return ""
-    return "col" if not view.is_contiguous() and view.mT.is_contiguous() else ""
+        input_layout(tuple(view.shape), tuple(view.stride()))
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return tuple(view.stride())
 
 
 class RegionBuilder:
@@ -227,7 +231,7 @@ class RegionBuilder:
                 raise Unlowerable(f"cannot view {x.node.name}{list(x.shape)} as {list(shape)}")
             self._inputs[binding] = self.builder.new_input(dims=binding.shape, dtype=mg.DType.parse(x.dtype),
                                                          name=x.node.name, pattern=_pattern(x, binding),
-                                                         layout=_layout(x, binding))
+                                                         strides=_strides(x, binding))
             self.bindings.append(binding)
         return self._inputs[binding]
 

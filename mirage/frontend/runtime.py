@@ -78,10 +78,12 @@ class SubprogramModule(nn.Module):
 
     @property
     def read_in_place(self) -> list[str]:
-        """The inputs its compiled kernels read as they arrive transposed (``weight.T``, no copy:
-        :mod:`mirage.codegen.column_major`), by name; empty before the first call on a GPU."""
+        """The inputs its compiled kernels read as they arrive, transposed (``weight.T``) or as other
+        views (a head split), with no copy (:mod:`mirage.codegen.column_major`), by name; empty before
+        the first call on a GPU."""
         graph = self.choice.graph
-        positions = sorted({p for e in self._executors.values() for p in getattr(e, "transposed", ())})
+        positions = sorted({p for e in self._executors.values()
+                            for p in (*getattr(e, "transposed", ()), *getattr(e, "strides", {}))})
         return [graph.nodes[graph.input_nodes[p]].attrs.name or f"input {p}" for p in positions]
 
     def executor(self, device: torch.device):
@@ -248,8 +250,8 @@ class Specialization:
         in_place = [name for m in self.module.modules() if isinstance(m, SubprogramModule)
                     for name in m.read_in_place] if isinstance(self.module, nn.Module) else []
         if in_place:
-            lines.append(f"  read in place: {len(in_place)} input(s) arriving transposed, no copy "
-                         f"({', '.join(in_place)})")
+            lines.append(f"  read in place: {len(in_place)} input(s) arriving transposed or as views, "
+                         f"no copy ({', '.join(in_place)})")
         lines.append("  time: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items()))
         return "\n".join(lines)
 

@@ -48,6 +48,8 @@ from mirage.mugraph.graph import (
     RmsNorm,
     Scalar,
     TensorType,
+    dense_strides,
+    input_layout,
 )
 from mirage.mugraph.ops import Op
 
@@ -262,10 +264,11 @@ class KNGraph(_Builder):
 
     def new_input(self, dims: Sequence[int], dtype: Any = DType.FLOAT16, strides=None, name: str = "",
                   pattern: str = "", layout: str = ""):
-        """A device tensor the graph reads. ``strides``: row-major (the default), or column-major in the
-        last two dims (a transposed view of a row-major tensor, such as ``weight.T``), which kernels that
-        can then read in place; calls may pass either layout (the other is copied). ``layout="col"``
-        says the same without strides. ``pattern``: a
+        """A device tensor the graph reads. ``strides``: row-major (the default), column-major in the
+        last two dims (a transposed view of a row-major tensor, such as ``weight.T``), or any other
+        strides stepping one of the last two dims by one element (a view, such as a head split
+        ``x.view(s, h, d).transpose(0, 1)``), which kernels can then read in place; calls may pass any
+        layout (another is copied). ``layout="col"`` says column-major without strides. ``pattern``: a
         promise that every call passes the values it names (:mod:`mirage.mugraph.patterns`, e.g.
         ``"causal:512"``), which the generated code may then compute instead of reading; the search and
         the verifier treat the input as any other."""
@@ -273,23 +276,25 @@ class KNGraph(_Builder):
         if layout not in INPUT_LAYOUTS or (layout and len(shape) < 2):
             raise GraphError(f"input layout {layout!r} is not one of {sorted(INPUT_LAYOUTS)} for a tensor of "
                              f"rank {len(shape)} ('col' needs 2 or more dims)")
+        viewed: tuple[int, ...] = ()
         if strides is not None:
-            expected = _row_major_strides(shape)
-            transposed = _column_major_strides(shape)
             given = None if isinstance(strides, (str, bytes)) or not isinstance(strides, Iterable) \
                 else tuple(strides)
-            if given == transposed and given != expected:
-                layout = "col"
-            elif given != expected:
-                raise GraphError(f"inputs are row-major (strides {expected}) or column-major in their last "
-                                 f"two dims (strides {transposed}); got {strides!r}: make the tensor "
-                                 "contiguous first")
+            try:
+                if given is None or not all(isinstance(s, int) for s in given):
+                    raise ValueError(f"strides must be a sequence of ints, got {strides!r}")
+                layout, viewed = input_layout(shape, given)
+            except ValueError as error:
+                raise GraphError(
+                    f"{error}: inputs are row-major (strides {dense_strides(shape)}), column-major in their "
+                    f"last two dims (strides {dense_strides(shape, 'col')}) or views stepping one of those "
+                    "dims by one element; make the tensor contiguous first") from None
         if not isinstance(name, str):
             raise GraphError(f"an input's name must be a str, got {name!r}")
         if pattern:
             patterns.check_shape(pattern, shape)
         t = TensorType(shape, _parse_dtype(dtype))
-        return self._add(Op.INPUT, (), KernelInput(name, pattern, layout), (t,))
+        return self._add(Op.INPUT, (), KernelInput(name, pattern, layout, viewed), (t,))
 
     def customized(self, inputs: Sequence[DTensor], block_graph: TBGraph) -> list[DTensor]:
         if not isinstance(block_graph, TBGraph):
@@ -442,22 +447,6 @@ def _dim3(value, what: str, error: type[GraphError], positive: bool = False) -> 
 def _check_forloop_dim(forloop_dim) -> None:
     if not _is_int(forloop_dim):
         raise ForloopDimError(f"forloop_dim must be an int (-1 for no split), got {forloop_dim!r}")
-
-
-def _row_major_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(dims):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
-
-
-def _column_major_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of a transposed view of a row-major tensor: its last two dims swapped in memory."""
-    if len(dims) < 2:
-        return _row_major_strides(dims)
-    swapped = _row_major_strides(dims[:-2] + (dims[-1], dims[-2]))
-    return swapped[:-2] + (swapped[-1], swapped[-2])
 
 
 def new_kernel_graph(name: str = "") -> KNGraph:

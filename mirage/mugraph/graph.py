@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
@@ -104,7 +105,7 @@ class Ref:
 
 # attribute fields written (to files and text) only where set, so that graphs without them keep their
 # files, texts and content hashes
-OMITTED_AT_DEFAULT = frozenset({"pattern", "layout"})
+OMITTED_AT_DEFAULT = frozenset({"pattern", "layout", "strides"})
 
 
 @dataclass(frozen=True)
@@ -116,13 +117,65 @@ class KernelInput:
     # transposed (a transposed view of a row-major tensor, as nn.Linear's weight.T); kernels that can
     # read such a tile in place do (codegen.column_major), others get a row-major copy
     layout: str = ""
+    # the element strides every call is expected to pass where they are not the dense ones of the
+    # layout: a view such as a head split, ``x.view(s, h, d).transpose(0, 1)`` (strides (d, h·d, 1)),
+    # or its keys transposed, with "col" (strides (d, 1, h·d)); kernels read it through them in place
+    # (codegen.column_major), others get a dense copy
+    strides: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layout not in INPUT_LAYOUTS:
             raise ValueError(f"unknown input layout {self.layout!r}: one of {sorted(INPUT_LAYOUTS)}")
+        inner = -2 if self.layout == "col" else -1
+        if self.strides and (len(self.strides) < 2 or self.strides[inner] != 1
+                             or any(s < 1 for s in self.strides)):
+            raise ValueError(f"input strides {self.strides} must be positive, with 1 for the "
+                             f"{'second-to-last' if inner == -2 else 'last'} dim (layout {self.layout!r})")
 
 
 INPUT_LAYOUTS = frozenset({"", "col"})
+
+
+def dense_strides(shape: Sequence[int], layout: str = "") -> tuple[int, ...]:
+    """The element strides of a dense tensor of ``shape``: row-major, or with ``layout="col"`` a
+    transposed view of a row-major tensor (its last two dims swapped in memory)."""
+    dims = tuple(shape) if layout != "col" or len(shape) < 2 else (*shape[:-2], shape[-1], shape[-2])
+    strides, step = [], 1
+    for d in reversed(dims):
+        strides.append(step)
+        step *= d
+    strides.reverse()
+    return tuple(strides) if dims == tuple(shape) else (*strides[:-2], strides[-1], strides[-2])
+
+
+def same_strides(shape: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bool:
+    """Whether strides ``a`` and ``b`` address a tensor of ``shape`` alike (a dim of one element is
+    never stepped, so its stride does not count)."""
+    return len(a) == len(b) == len(shape) and all(
+        x == y for n, x, y in zip(shape, a, b, strict=True) if n > 1)
+
+
+def input_layout(shape: Sequence[int], strides: Sequence[int]) -> tuple[str, tuple[int, ...]]:
+    """``KernelInput``'s (layout, strides) for a tensor of ``shape`` with element ``strides``: row-major
+    or column-major in its last two dims, dense or not (a view); ValueError for strides that repeat
+    an element or step neither of the last two dims by one."""
+    strides = tuple(int(s) for s in strides)
+    if len(strides) != len(shape):
+        raise ValueError(f"{len(strides)} strides for a tensor of rank {len(shape)}")
+    stepped = sorted((s, n) for s, n in zip(strides, shape, strict=True) if n > 1)
+    if any(s < 1 for s, _ in stepped) or any(t < s * n for (s, n), (t, _) in zip(stepped, stepped[1:],
+                                                                                  strict=False)):
+        raise ValueError(f"strides {strides} of a tensor of shape {list(shape)} repeat elements")
+    for layout in ("", "col") if len(shape) >= 2 else ("",):
+        inner = len(shape) - (2 if layout == "col" else 1)
+        if same_strides(shape, strides, dense_strides(shape, layout)):
+            return layout, ()
+        if shape[inner] == 1 or strides[inner] == 1:
+            if layout == "" and len(shape) >= 2 and shape[-1] == 1:
+                continue  # a column: read as the col layout's rows where it is one
+            return layout, tuple(s if n > 1 else 1 for s, n in zip(strides, shape, strict=True))
+    raise ValueError(f"strides {strides} of a tensor of shape {list(shape)} step neither of its last "
+                     "two dims by one element")
 
 
 @dataclass(frozen=True)

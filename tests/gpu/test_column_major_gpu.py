@@ -86,6 +86,37 @@ def test_an_attention_reading_k_in_place_matches_the_row_major_build(warpgroup, 
         _close(x, y)
 
 
+def _head_split(graph, heads: int = 12, dim: int = 64):
+    """``graph`` (Q, K, V inputs) with its inputs declared as Hugging Face's head splits of [s, h·d]
+    projections: Q and V [h, s, d] with strides (d, h·d, 1), K [h, d, s] with (d, 1, h·d)."""
+    nodes = list(graph.nodes)
+    for p, strides in enumerate(((dim, heads * dim, 1), (dim, 1, heads * dim), (dim, heads * dim, 1))):
+        i = graph.input_nodes[p]
+        layout = "col" if p == 1 else ""
+        nodes[i] = dataclasses.replace(nodes[i], attrs=dataclasses.replace(nodes[i].attrs, layout=layout,
+                                                                           strides=strides))
+    return dataclasses.replace(graph, nodes=tuple(nodes))
+
+
+@pytest.mark.parametrize(("warpgroup", "tma"), [(False, False), (True, False), (True, True)])
+def test_an_attention_reading_head_split_views_in_place_matches_the_dense_build(warpgroup, tma):
+    from benchmarks.mugraphs.attention import one_kernel
+
+    graph = one_kernel(12, 128, 128, 64, 64, 64)
+    declared = _head_split(graph)
+    options = dataclasses.replace(OptimizerOptions(), warpgroup_softmax=warpgroup, tma_copies=tma)
+    ours, theirs = build_many([generate_cuda_program(g, None, options=options) for g in (declared, graph)])
+    assert ours.transposed_inputs == (1,) and sorted(ours.input_strides) == [0, 1, 2]
+    inputs = random_inputs(declared, seed=3)
+    assert not any(t.is_contiguous() for t in inputs)
+    result = check_on_gpu(declared, ours.with_poison(), inputs=inputs)
+    assert result.passed, result.as_dict()
+    expected = theirs(*[t.contiguous() for t in inputs])
+    for given in (inputs, [t.contiguous() for t in inputs]):  # dense ones are copied into the strides
+        for x, y in zip(ours.with_poison()(*given), expected, strict=True):
+            _close(x, y)
+
+
 def _linear_mugraph(n: int = 2048) -> mi.KernelGraph:
     """relu(x · Wᵀ) as one kernel: 128 blocks over N, K in 16 steps (the suite's GEMV form)."""
     g = mi.new_kernel_graph()

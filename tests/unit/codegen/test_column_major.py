@@ -227,3 +227,29 @@ def test_the_warp_forms_k_in_place_gets_a_slot_for_its_padded_rows():
     k_tile = kernel.block_graph.input_nodes[1]
     assert kernel.memory.buffer_of(k_tile).slot_bytes == 128 * 72 * 2
     assert "mirage::dev::Transposed<mirage::dev::Layout<1, 1, 128, 64, 72>>" in program.code
+
+
+def test_head_split_views_are_read_through_their_declared_strides():
+    """Q and V [h, s, d] with strides (d, h·d, 1), K [h, d, s] with (d, 1, h·d) (Hugging Face's head
+    splits at batch 1): every iterator addresses its view through them, K's as stored (keys x d);
+    the program names the strides its calls must pass (others are copied into them)."""
+    import dataclasses
+
+    from benchmarks.mugraphs.attention import one_kernel
+    from mirage.mugraph.graph import KernelInput
+
+    g = mi.new_kernel_graph("heads")
+    q = g.new_input(dims=(12, 128, 64), strides=(64, 768, 1), name="q")
+    k = g.new_input(dims=(12, 64, 128), strides=(64, 1, 768), name="k")
+    assert g.graph.nodes[k.ref.node].attrs == KernelInput("k", "", "col", (64, 1, 768))
+    assert g.graph.nodes[q.ref.node].attrs == KernelInput("q", "", "", (64, 768, 1))
+    graph = one_kernel(12, 128, 128, 64, 64, 64)
+    nodes = list(graph.nodes)
+    for p, (layout, strides) in enumerate((("", (64, 768, 1)), ("col", (64, 1, 768)), ("", (64, 768, 1)))):
+        i = graph.input_nodes[p]
+        nodes[i] = dataclasses.replace(nodes[i], attrs=KernelInput(f"x{p}", "", layout, strides))
+    program = generate_cuda_program(dataclasses.replace(graph, nodes=tuple(nodes)), 90)
+    assert program.input_strides == {0: (64, 768, 1), 1: (64, 1, 768), 2: (64, 768, 1)}
+    assert program.code.count("_strides{{768, 64, 768, 1}};  // a view read in place") == 3
+    plain = generate_cuda_program(graph, 90)
+    assert plain.input_strides == {} and "a view read in place" not in plain.code

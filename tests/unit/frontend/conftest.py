@@ -18,6 +18,7 @@ class SameAddress:
     the GPU path's caches must not mistake for unchanged tensors)."""
 
     def __init__(self, graph, in_place: bool = True):
+        from mirage.codegen.column_major import strided_reads
         from mirage.frontend.executor import Interpreted
 
         self.inner, self.buffers, self.last = Interpreted(graph), {}, {}
@@ -25,12 +26,21 @@ class SameAddress:
         # or (``in_place=False``, kernels that cannot) none
         self.transposed_inputs = tuple(p for p, i in enumerate(graph.input_nodes)
                                        if in_place and graph.nodes[i].attrs.layout == "col")
+        # and views declared with their strides (a head split), read through them
+        self.input_strides = strided_reads(graph, self.transposed_inputs) if in_place else {}
 
     def launch(self, inputs):
         """A program's launch (what the executor calls first, then :meth:`run`): each input in the
-        layout the kernels would read, column-major where declared, else contiguous."""
+        layout the kernels would read: with its declared strides, column-major where declared, else
+        contiguous."""
+        from mirage.mugraph.graph import same_strides
+
         for p, t in enumerate(inputs):
-            assert t.mT.is_contiguous() if p in self.transposed_inputs else t.is_contiguous(), (p, t.stride())
+            if p in self.input_strides:
+                ready = same_strides(t.shape, t.stride(), self.input_strides[p])
+            else:
+                ready = t.mT.is_contiguous() if p in self.transposed_inputs else t.is_contiguous()
+            assert ready, (p, t.stride())
         return self(inputs)
 
     run = launch
