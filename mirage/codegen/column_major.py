@@ -18,6 +18,13 @@ a row-major box of the underlying tensor, by TMA (at most 256 keys a tile).
 Where one reader of a kernel input cannot, the program reads that input row-major
 (:attr:`Program.transposed_inputs` leaves it out), and a transposed argument is copied as before.
 
+Views that are not dense are read in place through their strides: an input declared with
+``KernelInput.strides`` (a head split ``x.view(s, h, d).transpose(0, 1)``, strides ``(d, h·d, 1)``, or
+its keys transposed, ``(d, 1, h·d)`` with ``layout="col"``) gets input iterators that address it
+through those strides (:func:`with_strides`), since every iterator addresses its tensor through a
+``dev::Strides``; :attr:`CudaProgram.input_strides` lists them, and a call passing other strides is
+copied into the declared ones (:func:`in_layout`).
+
 >>> import mirage as mi
 >>> from mirage.codegen import generate_cuda_program
 >>> g = mi.new_kernel_graph("linear")
