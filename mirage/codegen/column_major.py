@@ -148,11 +148,25 @@ def in_layout(tensor, transposed: bool, strides: Sequence[int] | None = None):
 
 
 def torch_strided(tensor, strides: Sequence[int]):
-    """A copy of ``tensor`` laid out with element ``strides``."""
+    """A copy of ``tensor`` laid out with element ``strides``.  A dim of stride 0 (a broadcast) must be
+    one in ``tensor`` too (else its values may differ along it: :class:`LaunchError`); its first slice
+    is copied and expanded."""
     import torch
 
-    return torch.empty_strided(tuple(tensor.shape), tuple(strides), dtype=tensor.dtype,
-                               device=tensor.device).copy_(tensor)
+    shape = tuple(tensor.shape)
+    broadcast = [d for d, (s, n) in enumerate(zip(strides, shape, strict=True)) if s == 0 and n > 1]
+    if any(tensor.stride(d) != 0 for d in broadcast):
+        from mirage.codegen.runtime import LaunchError
+
+        raise LaunchError(f"an input of shape {list(shape)} is read as a broadcast along dims {broadcast} "
+                          f"(strides {tuple(strides)}) but arrives with strides {tuple(tensor.stride())}: "
+                          "pass a tensor expanded along those dims (tensor.expand), or build the graph "
+                          "without the broadcast strides")
+    compact = tuple(1 if d in broadcast else n for d, n in enumerate(shape))
+    first = tensor[tuple(slice(0, 1) if d in broadcast else slice(None) for d in range(len(shape)))]
+    out = torch.empty_strided(compact, tuple(s or 1 for s in strides), dtype=tensor.dtype,
+                              device=tensor.device)
+    return out.copy_(first).expand(shape)
 
 
 def iterated(layout, source_dims: tuple[int, ...], input_map: tuple[int, ...], forloop_dim: int):

@@ -122,8 +122,9 @@ def random_inputs(graph: KernelGraph, seed: int = 0, scale: float = 1.0, device:
         value = patterns.values(pattern, t.shape, torch.float64) if pattern else drawn
         value = value.to(t.dtype.torch()).to(device)
         attrs = graph.nodes[i].attrs
-        if attrs.strides:
-            value = column_major.torch_strided(value, attrs.strides)
+        if attrs.strides:  # a view; along a dim of stride 0 (a broadcast) its values repeat
+            first = tuple(slice(0, 1) if s == 0 else slice(None) for s in attrs.strides)
+            value = column_major.torch_strided(value[first].expand(value.shape), attrs.strides)
         inputs.append(value.mT.contiguous().mT if attrs.layout == "col" and not attrs.strides else value)
     return inputs
 

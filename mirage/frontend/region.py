@@ -81,8 +81,9 @@ class Value:
 @dataclass(frozen=True)
 class InputBinding:
     """Graph input ``i`` is ``source`` (an fx node name), permuted, then reshaped to ``shape``; with
-    ``expand``, first broadcast to that shape and copied (where the graph tensor it meets merges dims
-    that the source broadcasts over, e.g. a key-padding mask against scores of (batch · heads) rows)."""
+    ``expand``, first broadcast to that shape (where the graph tensor it meets merges dims that the
+    source broadcasts over, e.g. a key-padding mask against scores of (batch · heads) rows): a view
+    where the reshape can keep one (the program may read it in place, its stride 0), else a copy."""
 
     source: str
     permute: tuple[int, ...] | None
@@ -92,8 +93,8 @@ class InputBinding:
     def apply(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.permute is not None:
             tensor = tensor.permute(self.permute)
-        if self.expand is not None:
-            tensor = tensor.expand(self.expand).contiguous()
+        if self.expand is not None:  # a view (stride 0), which a program declaring it reads as it is
+            tensor = tensor.expand(self.expand)
         return tensor if tensor.shape == self.shape else tensor.reshape(self.shape)
 
 
@@ -161,9 +162,9 @@ def _strides(x: Boundary, binding: InputBinding) -> tuple[int, ...] | None:
     ``transpose`` node's view, a parameter, a head split's ``permute``), where the graph's input can
     declare them (``new_input(strides=...)``): a transposed view in its last two dims (``weight.T``,
     ``k.transpose(-1, -2)``) or a view stepping one of them by one element (``x.view(s, h, d)
-    .transpose(0, 1)``), which kernels may read in place (mirage.codegen.column_major); else None
-    (row-major, or copied so)."""
-    if binding.expand is not None or len(binding.shape) < 2:
+    .transpose(0, 1)``), broadcasts among them (stride 0: rotary's cos and sin over the heads), which
+    kernels may read in place (mirage.codegen.column_major); else None (row-major, or copied so)."""
+    if len(binding.shape) < 2:
         return None
     value = x.node.meta.get("val")
     try:

@@ -128,9 +128,10 @@ class KernelInput:
             raise ValueError(f"unknown input layout {self.layout!r}: one of {sorted(INPUT_LAYOUTS)}")
         inner = -2 if self.layout == "col" else -1
         if self.strides and (len(self.strides) < 2 or self.strides[inner] != 1
-                             or any(s < 1 for s in self.strides)):
-            raise ValueError(f"input strides {self.strides} must be positive, with 1 for the "
-                             f"{'second-to-last' if inner == -2 else 'last'} dim (layout {self.layout!r})")
+                             or any(s < 0 for s in self.strides)):
+            dim = "second-to-last" if inner == -2 else "last"
+            raise ValueError(f"input strides {self.strides} must be positive or 0 (a broadcast), with 1 for "
+                             f"the {dim} dim (layout {self.layout!r})")
 
 
 INPUT_LAYOUTS = frozenset({"", "col"})
@@ -157,14 +158,14 @@ def same_strides(shape: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bo
 
 def input_layout(shape: Sequence[int], strides: Sequence[int]) -> tuple[str, tuple[int, ...]]:
     """``KernelInput``'s (layout, strides) for a tensor of ``shape`` with element ``strides``: row-major
-    or column-major in its last two dims, dense or not (a view); ValueError for strides that repeat
-    an element or step neither of the last two dims by one."""
+    or column-major in its last two dims, dense or not (a view, and in it broadcast dims of stride 0);
+    ValueError for strides that repeat elements otherwise or step neither of the last two dims by one."""
     strides = tuple(int(s) for s in strides)
     if len(strides) != len(shape):
         raise ValueError(f"{len(strides)} strides for a tensor of rank {len(shape)}")
-    stepped = sorted((s, n) for s, n in zip(strides, shape, strict=True) if n > 1)
-    if any(s < 1 for s, _ in stepped) or any(t < s * n for (s, n), (t, _) in zip(stepped, stepped[1:],
-                                                                                  strict=False)):
+    stepped = sorted((s, n) for s, n in zip(strides, shape, strict=True) if n > 1 and s != 0)
+    if any(s < 0 for s in strides) or any(t < s * n for (s, n), (t, _) in zip(stepped, stepped[1:],
+                                                                               strict=False)):
         raise ValueError(f"strides {strides} of a tensor of shape {list(shape)} repeat elements")
     for layout in ("", "col") if len(shape) >= 2 else ("",):
         inner = len(shape) - (2 if layout == "col" else 1)

@@ -326,7 +326,7 @@ def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:
     return plan_memory(block, dict(state.records["schedule"])[k], dict(state.records["plan_registers"])[k],
                        layouts, state.target, stages, o.accumulator_dtype, in_registers, read_at,
                        _multicast(block, state.target, o, chain).inputs, swizzled, late,
-                       _tma(block, chain, state.target, o), o.early_prologue,
+                       _tma(block, chain, state.target, o, k, state.graph), o.early_prologue,
                        _declared_transposed(k, state.graph) if chain is not None else frozenset())
 
 
@@ -337,17 +337,24 @@ def _declared_transposed(k: int, graph: KernelGraph | None) -> frozenset[int]:
     the 128-byte swizzle (it means the warpgroup form there): without the padding, the 128-key K tile
     of a 64-wide head was stored dense, and its ldmatrix reads ran 1.8x slower than row-major
     (column_major_h200_2026-11-29_attention_forms.json); elsewhere the swizzle serves."""
+    return _inputs_declared(k, graph, lambda attrs: attrs.layout == "col")
+
+
+def _inputs_declared(k: int, graph: KernelGraph | None, declared) -> frozenset[int]:
+    """The block inputs of kernel ``k`` whose kernel inputs' ``KernelInput`` satisfies ``declared``."""
     if graph is None:
         return frozenset()
-    block = graph.nodes[k].attrs
-    return frozenset(block.input_nodes[p] for p, ref in enumerate(graph.nodes[k].inputs)
-                     if isinstance(graph.nodes[ref.node].attrs, KernelInput)
-                     and graph.nodes[ref.node].attrs.layout == "col")
+    block, sources = graph.nodes[k].attrs, [graph.nodes[ref.node].attrs for ref in graph.nodes[k].inputs]
+    return frozenset(block.input_nodes[p] for p, attrs in enumerate(sources)
+                     if isinstance(attrs, KernelInput) and declared(attrs))
 
 
-def _tma(block: BlockGraph, chain: SoftmaxChain | None, target: Target,
-         o: OptimizerOptions) -> frozenset[int]:
-    return tma_inputs(block, chain, target, o.tma_copies, o.cluster_folds or o.counter_folds)
+def _tma(block: BlockGraph, chain: SoftmaxChain | None, target: Target, o: OptimizerOptions, k: int,
+         graph: KernelGraph | None) -> frozenset[int]:
+    """The inputs copied by tensor maps, less broadcast views (a zero stride, which a tensor map cannot
+    describe: copied by threads through their strides)."""
+    broadcast = _inputs_declared(k, graph, lambda attrs: 0 in attrs.strides)
+    return tma_inputs(block, chain, target, o.tma_copies, o.cluster_folds or o.counter_folds) - broadcast
 
 
 def _multicast(block: BlockGraph, target: Target, o: OptimizerOptions,
@@ -414,7 +421,7 @@ def prepare(graph, target: Target = DEFAULT_TARGET,
             output_layouts=tuple(layouts.of_device(Ref(k, j)) for j in range(len(node.outputs))),
             softmax_chain=plans["plan_softmax_chain"][k], row_loop=plans["plan_row_loop"][k],
             multicast=_multicast(block, target, options, plans["plan_softmax_chain"][k]),
-            tma_inputs=_tma(block, plans["plan_softmax_chain"][k], target, options)))
+            tma_inputs=_tma(block, plans["plan_softmax_chain"][k], target, options, k, result)))
     clusters = options.cluster_folds and target.compute_capability >= 90
     folds = find_folds(result, options.max_cluster) if clusters else ()
     if not clusters and options.counter_folds:

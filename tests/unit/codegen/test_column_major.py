@@ -253,3 +253,21 @@ def test_head_split_views_are_read_through_their_declared_strides():
     assert program.code.count("_strides{{768, 64, 768, 1}};  // a view read in place") == 3
     plain = generate_cuda_program(graph, 90)
     assert plain.input_strides == {} and "a view read in place" not in plain.code
+
+
+@needs_nvcc
+def test_a_broadcast_view_is_copied_through_its_zero_stride():
+    """Every block reads the same table (stride 0 over the blocks' dim): the iterator's strides say so,
+    and the kernel compiles."""
+    g = mi.new_kernel_graph("table")
+    x = g.new_input(dims=(32, 256, 64), strides=(0, 64, 1), name="table")
+    tb = mi.new_threadblock_graph(grid_dim=(32, 4, 1), block_dim=(128, 1, 1), forloop_range=1)
+    t = tb.new_input(x, input_map=(0, 1, -1), forloop_dim=-1)
+    tb.new_output(tb.forloop_accum(tb.exp(t)), output_map=(0, 1, -1))
+    (y,) = g.customized([x], tb)
+    g.mark_output(y)
+    program = generate_cuda_program(g.freeze(), 90)
+    assert program.input_strides == {0: (0, 64, 1)}
+    assert "_strides{{0, 0, 64, 1}};  // a view read in place" in program.code
+    (result,) = compile_sources([program.code], CompileOptions(target=TARGETS["H100"]))
+    assert result.cubin()[:4] == b"\x7fELF"

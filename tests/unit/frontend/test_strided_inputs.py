@@ -83,3 +83,26 @@ def test_declared_strides_survive_the_text_and_json_forms_and_change_the_hash():
     for g in (viewed, dense):
         assert text.parse(text.to_text(g)) == g and serialize.loads(serialize.dumps(g)) == g
     assert viewed.content_hash() != dense.content_hash()
+
+
+def test_a_broadcast_view_is_declared_with_stride_0_and_laid_out_so():
+    """Rotary's table read by every head: strides (0, d, 1). A call passing another layout of the
+    same broadcast is copied into it (its first slice); one whose values may differ along the
+    broadcast dim is refused, not read wrong."""
+    from mirage.codegen.column_major import in_layout
+    from mirage.codegen.gpu_check import random_inputs
+    from mirage.codegen.runtime import LaunchError
+    from mirage.mugraph.graph import input_layout
+
+    assert input_layout((32, 256, 64), (0, 64, 1)) == ("", (0, 64, 1))
+    table = torch.randn(1, 256, 64)
+    other = table.mT.contiguous().mT.expand(32, 256, 64)  # the same broadcast, column-major rows
+    laid = in_layout(other, False, (0, 64, 1))
+    assert laid.stride() == (0, 64, 1) and torch.equal(laid, table.expand(32, 256, 64))
+    with pytest.raises(LaunchError, match="broadcast along dims"):
+        in_layout(torch.randn(32, 256, 64), False, (0, 64, 1))
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(32, 256, 64), strides=(0, 64, 1), dtype=mi.float32)
+    g.mark_output(g.exp(x))
+    (drawn,) = random_inputs(g.freeze(), device="cpu")
+    assert drawn.stride() == (0, 64, 1)
