@@ -397,8 +397,8 @@ PROGRAMS = {
 }
 
 
-# µGraphs written by hand for programs whose search does not reach them yet (docs/performance.md): each
-# is also run as the only candidate (``search=False``), timed as given_us, to show what the search misses
+# µGraphs written by hand for programs whose search did not reach them (docs/performance.md): each is
+# also run as the only candidate (``search=False``), timed as given_us, against what the search found
 GIVEN = {
     "softcap_attention": lambda: one_kernel(heads=8, queries=256, keys=256, dim=64, rows=64, key_tile=64,
                                             cap=50.0),

@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from mirage.mugraph.graph import KernelGraph
-from mirage.mugraph.ops import Op
+from mirage.mugraph.ops import ELEMENTWISE, Op
 
 ROWS_PER_GROUP = 16  # query rows a block holds (an MMA tile's rows)
 WHOLE_ROWS_PER_GROUP = (16, 64)  # one-kernel members: an MMA tile's rows, or a warpgroup MMA's
@@ -51,6 +51,7 @@ MIN_WHOLE_BLOCKS = 64  # one-kernel members where heads × 16-row groups give th
 WHOLE_BLOCK_OPS = 10  # Q, K, V; Q·K, its scale, exp, the row sums, P·V, two accumulators (or one
 # and a saver), the division
 MASK_BLOCK_OPS = 2  # a mask's input and its add to the scores
+PLAIN_SCORE_OPS = 2  # the element-wise ops of plain attention's scores in WHOLE_BLOCK_OPS: scale, exp
 # the search's estimate of a masked body's shared memory (every tensor its own buffer): the space's
 # 96 KB plus a 64 × 128 tile of the mask and one of the masked scores (fp16), so that the 64-row
 # member with 128 keys an iteration is in the space (the fastest form measured: docs/performance.md)
@@ -123,6 +124,14 @@ def _layout(reference: KernelGraph):
     return (heads, queries, out[2], keys), roles, shared_mask
 
 
+def _extra_score_ops(reference: KernelGraph) -> int:
+    """The element-wise ops of ``reference``'s scores beyond plain attention's scale and exp (a mask's
+    add counted apart): Gemma 2's soft cap ``cap · tanh(s / cap)`` adds a tanh and a product by a
+    number, which the one-kernel form computes in its block graph too."""
+    score_ops = sum(1 for n in reference.nodes if n.op in ELEMENTWISE and n.op not in (Op.ADD, Op.DIV))
+    return max(0, score_ops - PLAIN_SCORE_OPS)
+
+
 def _on(grid: tuple[int, int, int], imap: tuple[int, int, int]) -> tuple[int, int, int]:
     """``imap`` for ``grid``: the dims it puts on grid axes of one block left unmapped."""
     return tuple(d if size > 1 else -1 for size, d in zip(grid, imap, strict=True))  # type: ignore[return-value]
@@ -178,7 +187,7 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     imaps += [[_on(grid, (0, 1, -1))] * 2 for grid in combine_grid]
     omaps = ([_on(grid, (0, -1, 1)) for grid in whole_grids] + [_on(grid, (0, 2, 1)) for grid in split_grids]
              + [_on(grid, (0, 1, -1)) for grid in combine_grid])
-    block_ops = WHOLE_BLOCK_OPS + MASK_BLOCK_OPS * ("mask" in roles)
+    block_ops = WHOLE_BLOCK_OPS + MASK_BLOCK_OPS * ("mask" in roles) + _extra_score_ops(reference)
     return {
         "griddims": whole_grids + split_grids + combine_grid,
         "imap_combos": list(map(list, dict.fromkeys(map(tuple, imaps)))),

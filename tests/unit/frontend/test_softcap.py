@@ -1,7 +1,8 @@
 """Gemma 2's soft-capped attention (``benchmarks.unseen``'s ``softcap_attention``): its one-kernel
-µGraph, written by hand (the search does not reach it yet: docs/performance.md), verifies against the
-captured subprogram, computes what float64 eager computes, and generates one kernel whose
-online-softmax chain applies the cap in its score, reading the keys in place."""
+µGraph, written by hand (which the search reaches too since its block budget counts the cap's ops:
+``tests/unit/generator/test_flash_decoding.py``), verifies against the captured subprogram, computes
+what float64 eager computes, and generates one kernel whose online-softmax chain applies the cap in
+its score, reading the keys in place."""
 
 import shutil
 
