@@ -107,3 +107,43 @@ def test_a_broadcast_view_is_declared_with_stride_0_and_laid_out_so():
     g.mark_output(g.exp(x))
     (drawn,) = random_inputs(g.freeze(), device="cpu")
     assert drawn.stride() == (0, 64, 1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_views_are_declared_or_refused_and_laid_out_with_their_values(seed):
+    """Views from permutes, slices, transposes and expands of random tensors: each is either refused
+    by ``input_layout`` or declared so that a dense copy laid out again (``in_layout``) has exactly the
+    declared strides and the view's values."""
+    from mirage.codegen.column_major import in_layout
+    from mirage.mugraph.graph import dense_strides, input_layout
+
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(n):
+        return int(torch.randint(n, (1,), generator=g))
+
+    base = torch.randn([2 + pick(5) for _ in range(3 + pick(2))], generator=g)
+    view = base.permute(*torch.randperm(base.dim(), generator=g).tolist())
+    if pick(2):
+        view = view[..., : max(1, view.shape[-1] - pick(3))]
+    if pick(3) == 0:
+        view = view.select(0, 0).unsqueeze(0).expand(3, *view.shape[1:])
+    shape = tuple(view.shape)
+    try:
+        layout, strides = input_layout(shape, view.stride())
+    except ValueError:
+        return
+    declared = strides or dense_strides(shape, layout)
+    if 0 in strides:  # a broadcast: a dense copy may differ along it (refused); the view itself is read
+        from mirage.codegen.runtime import LaunchError
+
+        with pytest.raises(LaunchError, match="broadcast"):
+            in_layout(view.contiguous(), False, strides)
+        assert in_layout(view, False, strides) is view
+        return
+    laid = in_layout(view.contiguous(), layout == "col" and not strides, strides or None)
+    if not strides and layout == "":
+        assert laid.is_contiguous()
+    else:
+        assert all(s == d for s, d, n in zip(laid.stride(), declared, shape, strict=True) if n > 1)
+    assert torch.equal(laid, view)
