@@ -140,13 +140,14 @@ INPUT_LAYOUTS = frozenset({"", "col"})
 def dense_strides(shape: Sequence[int], layout: str = "") -> tuple[int, ...]:
     """The element strides of a dense tensor of ``shape``: row-major, or with ``layout="col"`` a
     transposed view of a row-major tensor (its last two dims swapped in memory)."""
-    dims = tuple(shape) if layout != "col" or len(shape) < 2 else (*shape[:-2], shape[-1], shape[-2])
+    swapped = layout == "col" and len(shape) >= 2
+    dims = (*shape[:-2], shape[-1], shape[-2]) if swapped else tuple(shape)
     strides, step = [], 1
     for d in reversed(dims):
         strides.append(step)
         step *= d
     strides.reverse()
-    return tuple(strides) if dims == tuple(shape) else (*strides[:-2], strides[-1], strides[-2])
+    return (*strides[:-2], strides[-1], strides[-2]) if swapped else tuple(strides)
 
 
 def same_strides(shape: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bool:

@@ -60,6 +60,18 @@ def test_the_builder_classifies_strides(strides, expected):
     assert input_layout(shape, strides) == expected
 
 
+def test_a_square_transposed_weight_is_dense_column_major():
+    """nn.Linear(768, 768)'s weight.T: dense, declared "col" with no strides (the graph, its text and its
+    hash as before strides were declared)."""
+    from mirage.mugraph.graph import dense_strides, input_layout
+
+    assert dense_strides((768, 768), "col") == (1, 768) and dense_strides((4, 6), "col") == (1, 4)
+    assert input_layout((768, 768), (1, 768)) == ("col", ())
+    x = torch.randn(128, 768)
+    (sub,) = partition(capture(torch.nn.Linear(768, 768), (x,), {})).subprograms
+    assert _attention_inputs(sub)["weight"] == ("col", ())
+
+
 def test_the_builder_refuses_strides_that_repeat_elements_or_step_no_inner_dim():
     g = mi.new_kernel_graph()
     with pytest.raises(GraphError, match="repeat elements"):
