@@ -159,3 +159,47 @@ def test_random_views_are_declared_or_refused_and_laid_out_with_their_values(see
     else:
         assert all(s == d for s, d, n in zip(laid.stride(), declared, shape, strict=True) if n > 1)
     assert torch.equal(laid, view)
+
+
+class _FusedQKV(torch.nn.Module):
+    """timm's ViT attention: one projection to q, k and v, split by reshape and permute."""
+
+    def __init__(self, dim: int = 192, heads: int = 3):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, dim * 3)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = (q @ k.transpose(-2, -1)) * (c // self.heads) ** -0.5
+        return (attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, n, c)
+
+
+class _SharedBias(torch.nn.Module):
+    """A bias of the scores shared by the heads, expanded to them."""
+
+    def forward(self, q, k, v, bias):
+        return (q @ k.transpose(-1, -2) + bias.expand(q.shape[0], q.shape[1], -1, -1)).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("case", ["fused_qkv", "shared_bias"])
+def test_slices_of_a_fused_projection_and_expanded_biases_reach_the_kernels_as_views(case, gpu_like):
+    """q, k and v of one projection are non-dense slices ((d, 3·h·d, 1) apart); an expanded bias has
+    stride 0 over the heads: each declared so, passed as it is (the launcher asserts it), and the result
+    is float64 eager's."""
+    if case == "fused_qkv":
+        model, inputs = _FusedQKV().eval(), (torch.randn(1, 64, 192),)
+        wanted = {"getitem": (64, 576, 1), "transpose": (64, 1, 576), "getitem_2": (64, 576, 1)}
+    else:
+        qkv = tuple(torch.randn(1, 4, 64, 32) for _ in range(3))
+        model, inputs = _SharedBias(), (*qkv, torch.randn(1, 1, 64, 64))
+        wanted = {"expand": (0, 64, 1)}
+    subs = partition(capture(model, inputs, {})).subprograms
+    declared = {name: strides for s in subs for name, (_, strides) in _attention_inputs(s).items() if strides}
+    assert declared == wanted
+    fast = mi.superoptimize(model, inputs, search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        got = fast(*inputs).double()
+        want = copy.deepcopy(model).double()(*(t.double() for t in inputs))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
