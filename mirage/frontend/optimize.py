@@ -171,6 +171,22 @@ def with_attention_layout(reference: KernelGraph, settings: SearchSettings) -> S
     return dataclasses.replace(settings, overrides=overrides)
 
 
+def with_row_tiles(reference: KernelGraph, settings: SearchSettings) -> SearchSettings:
+    """``settings`` of the ``mlp`` space with 2-D tiles over the rows and columns of a matrix product
+    with many rows (a projection at prefill: :mod:`mirage.generator.row_tiles`) beside the space's own
+    grids and maps, unless the caller set grids or maps."""
+    from mirage.generator import row_tiles
+    from mirage.generator.space import SearchSpace
+
+    if settings.config != "mlp" or any(name in _LAYOUT_NAMES for name, _ in settings.overrides):
+        return settings
+    layout = row_tiles.overrides(reference, SearchSpace.named("mlp"))
+    if layout is None:
+        return settings
+    overrides = tuple(sorted((*settings.overrides, *((k, json.dumps(v)) for k, v in layout.items()))))
+    return dataclasses.replace(settings, overrides=overrides)
+
+
 # tile lengths along the split dim for element-wise subprograms: the space's own (8–256) and finer
 ELEMENT_TILES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -465,7 +481,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     where it is faster than the fastest build (:func:`pytorch_us`)."""
     if settings.config is None:
         settings = dataclasses.replace(settings, config=auto_config(reference))
-    for widen in (with_block_budget, with_kernel_budget, with_attention_layout, with_element_grids):
+    for widen in (with_block_budget, with_kernel_budget, with_attention_layout, with_element_grids,
+                  with_row_tiles):
         settings = widen(reference, settings)
     key = cache_key(reference, settings)
     if profile_on:
