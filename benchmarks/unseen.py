@@ -8,6 +8,7 @@ reported."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 
@@ -374,6 +375,7 @@ PROGRAMS = {
     "layernorm_projection": (LayerNormProjection, [(4, 512)]),
     "bert_mlp": (BertMLP, [(8, 384)]),
     "bert_attention": (BertSelfAttention, [(1, 128, 768)]),
+    "prefill_projection": (functools.partial(nn.Linear, 768, 768), [(1, 128, 768)]),  # BERT's, alone
     "heads_attention": (HeadsAttention, [(2, 8, 128, 64)] * 3),
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
     "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),
