@@ -17,6 +17,7 @@ from mirage.errors import MirageError
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import Clamp, Scalar
 from mirage.mugraph.ops import ELEMENTWISE, REGISTRY, Op
+from mirage.optimizer.memory import transposed_padded_elements
 
 
 class LoweringError(MirageError):
@@ -214,7 +215,7 @@ def transposed_layout(shape: tuple[int, ...], element: str, capacity_bytes: int,
     rows, cols = stored[0] * stored[1] * stored[2], stored[3]
     align = 16 // itemsize
     whole = -(-cols // align) * align
-    if rows * (whole + align) * itemsize <= capacity_bytes:
+    if transposed_padded_elements(shape, itemsize) * itemsize <= capacity_bytes:  # what the memory plan sized
         return TileLayout(dims, whole + align, transposed=True)
     swizzled = TileLayout(stored, 64, swizzled=True)
     if (swizzle and itemsize == 2 and stored[0] * stored[1] == 1 and cols % 64 == 0 and rows % 8 == 0

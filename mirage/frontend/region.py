@@ -162,7 +162,7 @@ def _strides(x: Boundary, binding: InputBinding) -> tuple[int, ...] | None:
     ``transpose`` node's view, a parameter, a head split's ``permute``), where the graph's input can
     declare them (``new_input(strides=...)``): a transposed view in its last two dims (``weight.T``,
     ``k.transpose(-1, -2)``) or a view stepping one of them by one element (``x.view(s, h, d)
-    .transpose(0, 1)``), broadcasts among them (stride 0: rotary's cos and sin over the heads), which
+    .transpose(0, 1)``), broadcasts among them (stride 0: a bias expanded over the heads), which
     kernels may read in place (mirage.codegen.column_major); else None (row-major, or copied so)."""
     if len(binding.shape) < 2:
         return None
