@@ -26,7 +26,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from mirage.frontend import fill_masks
+from mirage.frontend import fill_masks, products
 from mirage.frontend.errors import (
     CaptureError,
     ExampleInputsError,
@@ -200,7 +200,8 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     _slice_concats_as_products(gm)
     _drop_value_asserts(gm)
     _scalar_fulls(gm)
-    _split_products(gm)
+    products.split_products(gm)
+    products.merged_products(gm)
     _explicit_causal_masks(gm)
     _additive_bool_masks(gm)
     fill_masks.where_fills(gm)
@@ -598,80 +599,6 @@ def _scalar_fulls(gm: fx.GraphModule) -> None:
         if not full.users:
             gm.graph.erase_node(full)
     gm.recompile()
-
-
-_SPLITS = {_ATEN.chunk.default, _ATEN.split.Tensor, _ATEN.split_with_sizes.default}
-
-
-def _split_products(gm: fx.GraphModule) -> None:
-    """Write the pieces of a ``linear`` split along its last dim (a fused gate and up projection
-    chunked in two, a fused q, k, v projection split in three) as one ``linear`` each, of the rows of
-    the weight (and bias) it computes: each piece then joins the ops that read it (SwiGLU's gate and
-    up products in one subprogram, as in GatedMLP), where a slice of a computed value cannot.  The
-    weight's rows are attributes that view the parameter, so an update in place is seen.  Only where
-    every piece goes into element-wise ops: pieces that are reshaped into heads (q, k, v) would
-    make three products where one feeds the attention."""
-    from mirage.frontend.lowering import LOWERINGS, Kind
-
-    def element_wise(node: fx.Node) -> bool:
-        row = LOWERINGS.get(node.target.__name__.split(".")[0]) if node.op == "call_function" else None
-        return row is not None and row.kind is Kind.COMPUTE and row.op not in _NOT_ELEMENT_WISE
-
-    count = 0
-    for split in list(gm.graph.nodes):
-        if split.op != "call_function" or split.target not in _SPLITS:
-            continue
-        product, pieces = split.args[0], split.meta.get("val")
-        dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-        if (not isinstance(product, fx.Node) or product.target is not _ATEN.linear.default
-                or len(product.users) != 1 or not isinstance(pieces, (list, tuple))
-                or dim not in (-1, product.meta["val"].dim() - 1)
-                or any(u.target is not operator.getitem for u in split.users)
-                or not all(element_wise(n) for u in split.users for n in u.users)):
-            continue
-        x, weight, bias = (*product.args, None)[:3]
-        if not all(isinstance(t, fx.Node) and t.op == "get_attr" for t in (weight, bias) if t is not None):
-            continue
-        start, replaced = 0, {}
-        for k, piece in enumerate(pieces):
-            end = start + int(piece.shape[-1])
-            with gm.graph.inserting_before(product):
-                rows = _row_view(gm, weight, start, end, f"_mirage_rows_{count}")
-                part = [_row_view(gm, bias, start, end, f"_mirage_rows_{count + 1}")] if bias else []
-                replaced[k] = gm.graph.call_function(_ATEN.linear.default, (x, rows, *part))
-            count += 2
-            with piece.fake_mode if hasattr(piece, "fake_mode") else contextlib.nullcontext():
-                rows.meta["val"] = weight.meta["val"][start:end]
-                for p in part:
-                    p.meta["val"] = bias.meta["val"][start:end]
-                replaced[k].meta["val"] = torch.ops.aten.linear.default(
-                    x.meta["val"], rows.meta["val"], *(p.meta["val"] for p in part))
-            start = end
-        for user in list(split.users):
-            user.replace_all_uses_with(replaced[user.args[1]])
-            gm.graph.erase_node(user)
-        gm.graph.erase_node(split)
-        gm.graph.erase_node(product)
-        for node in replaced.values():  # a piece the program does not read (``a, _ = ...chunk(2)``)
-            if not node.users:
-                rows = node.all_input_nodes[1:]
-                gm.graph.erase_node(node)
-                for attribute in rows:
-                    gm.graph.erase_node(attribute)
-    gm.recompile()
-
-
-_NOT_ELEMENT_WISE = {"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "scaled_dot_product_attention",
-                     "sum", "mean", "var", "std", "softmax", "_softmax", "_safe_softmax",
-                     "linalg_vector_norm", "rms_norm", "layer_norm", "dropout"}
-
-
-def _row_view(gm: fx.GraphModule, attribute: fx.Node, start: int, end: int, name: str) -> fx.Node:
-    """A ``get_attr`` of rows ``start:end`` of ``attribute``'s tensor, registered on ``gm`` as a view
-    (the same storage and version counter: in-place updates of the parameter are seen)."""
-    tensor = operator.attrgetter(str(attribute.target))(gm)
-    gm.register_buffer(name, tensor.detach()[start:end], persistent=False)
-    return gm.graph.get_attr(name)
 
 
 def _drop_value_asserts(gm: fx.GraphModule) -> None:

@@ -257,8 +257,10 @@ def _creates_cycle(members: set[fx.Node], order: dict[fx.Node, int]) -> bool:
 
 
 def _is_compute(node: fx.Node) -> bool:
-    """An aten op producing a tensor (asserts, shape queries and getitems are not worth a notice)."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+    """An aten op producing a tensor (asserts, shape queries, getitems and views, such as the slices
+    of a merged product, are not worth a notice)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
+            or node.target.is_view:
         return False
     return isinstance(node.meta.get("val"), torch.Tensor) and not node.target.__name__.startswith("_assert")
 

@@ -21,9 +21,11 @@ def test_capture_declares_head_split_views_with_their_strides():
     x = torch.randn(1, 128, 768)
     subs = partition(capture(BertSelfAttention(), (x,), {})).subprograms
     attention = next(s for s in subs if sum(n.op.value == "matmul" for n in s.graph.nodes) == 2)
-    # q and v: [12, 128, 64] read 64 apart per head, 768 per token; kᵀ: the same transposed
-    assert _attention_inputs(attention) == {"permute": ("", (64, 768, 1)), "transpose": ("col", (64, 1, 768)),
-                                            "permute_2": ("", (64, 768, 1))}
+    # q and v: [12, 128, 64] read 64 apart per head, 2304 per token (slices of the one product of the
+    # three stacked weights, mirage.frontend.products); kᵀ: the same transposed
+    assert _attention_inputs(attention) == {"permute": ("", (64, 2304, 1)),
+                                            "transpose": ("col", (64, 1, 2304)),
+                                            "permute_2": ("", (64, 2304, 1))}
 
 
 def test_a_batch_of_two_is_copied_dense_not_declared():

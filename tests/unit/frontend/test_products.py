@@ -1,0 +1,116 @@
+"""Sibling products of one input that are only reshaped (query, key and value projections split into
+heads) run as one product of the stacked weights, each sibling a slice of it
+(``mirage.frontend.products.merged_products``); siblings that feed element-wise ops stay apart, for
+the search to fuse with those ops."""
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import mirage as mi
+from benchmarks.unseen import BertSelfAttention
+from mirage.frontend import capture, partition
+
+_LINEAR = torch.ops.aten.linear.default
+
+
+def _products(gm) -> int:
+    return sum(n.target is _LINEAR for n in gm.graph.nodes)
+
+
+def _reference(model, *xs):
+    with torch.no_grad():
+        return copy.deepcopy(model).double()(*(x.double() for x in xs))
+
+
+class GroupedProjections(nn.Module):
+    """Llama's attention: q, k and v projections of different widths (grouped-query heads), no bias."""
+
+    def __init__(self, hidden=64, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.dim = heads, kv_heads, hidden // heads
+        self.q_proj = nn.Linear(hidden, heads * self.dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.dim, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.heads, self.dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return o.transpose(1, 2).reshape(b, s, -1)
+
+
+def test_bert_projections_are_one_product_whose_slices_the_heads_read(gpu_like):
+    model, x = BertSelfAttention().eval(), torch.randn(1, 128, 768)
+    gm = capture(model, (x,), {})
+    assert _products(gm) == 1
+    products = [s for s in partition(gm).subprograms if s.ops == ("linear",)]
+    assert len(products) == 1  # three products of 768 columns before
+    (out,) = [n for n in products[0].graph.nodes if n.op.value == "matmul"]
+    assert out.outputs[0].shape[-1] == 3 * 768
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x).double(), _reference(model, x), rtol=1e-4, atol=1e-4)
+
+
+def test_an_update_in_place_of_one_weight_is_seen_at_the_next_call(gpu_like):
+    """The stacked weight is stacked again when one of its parameters changes (version counter)."""
+    torch.manual_seed(0)
+    model, x = BertSelfAttention(hidden=64, heads=4).eval(), torch.randn(1, 16, 64)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x).double(), _reference(model, x), rtol=1e-4, atol=1e-4)
+        model.key.weight.mul_(-3)
+        model.value.bias.add_(1)
+        torch.testing.assert_close(fast(x).double(), _reference(model, x), rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_query_projections_of_different_widths_merge():
+    torch.manual_seed(0)
+    model, x = GroupedProjections().eval(), torch.randn(1, 16, 64)
+    gm = capture(model, (x,), {})
+    assert _products(gm) == 1
+    slices = [n for n in gm.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    assert [tuple(n.args[2:]) for n in slices] == [(0, 64), (64, 96), (96, 128)]
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x).double(), _reference(model, x), rtol=1e-4, atol=1e-4)
+    assert not any("slice" in op.node for op in fast.partition.pytorch_ops)  # views: no notice
+
+
+def test_siblings_that_feed_element_wise_ops_stay_apart():
+    """SwiGLU's gate and up products join their element-wise ops in one subprogram (GatedMLP)."""
+    class SwiGLU(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.up = nn.Linear(32, 64, bias=False), nn.Linear(32, 64, bias=False)
+
+        def forward(self, x):
+            return F.silu(self.gate(x)) * self.up(x)
+
+    gm = capture(SwiGLU(), (torch.randn(4, 32),), {})
+    assert _products(gm) == 2 and len(partition(gm).subprograms) == 1
+
+
+def test_siblings_that_differ_in_bias_or_input_stay_apart():
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(32, 16), nn.Linear(32, 16, bias=False)
+            self.c = nn.Linear(32, 16)
+
+        def forward(self, x, y):  # a and b differ in bias, a and c in input
+            return (self.a(x).view(4, 4, 4), self.b(x).view(4, 4, 4), self.c(y).view(4, 4, 4))
+
+    x, y = torch.randn(4, 32), torch.randn(4, 32)
+    model = Mixed().eval()
+    gm = capture(model, (x, y), {})
+    assert _products(gm) == 3
+    fast = mi.superoptimize(model, (x, y), search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        for got, want in zip(fast(x, y), model(x, y), strict=True):
+            torch.testing.assert_close(got, want)
