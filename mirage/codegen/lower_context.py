@@ -113,6 +113,9 @@ class OutputSaverContext:
     tile: Tile  # the tile it saves
     target_dims: tuple[int, int, int, int]  # device tensor shape, rank-4
     output_map: tuple[int, int, int]  # rank-4 dims per grid axis, -1 where grid 1
+    # rank-4 element strides of a program output declared laid out otherwise (KernelGraph.output_strides);
+    # None: row-major
+    target_strides: tuple[int, int, int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -231,7 +231,20 @@ def _lower_kernel(prepared: PreparedProgram, kernel, name: str, accumulator: str
                           options.direct_output_stores, options.one_barrier_loops,
                           options.stagger_shared_loads, options.tma_release, options.heavy_first,
                           options.evict_first_streams, options.producer_warp,
-                          options.softmax_output_stores, transposed).context()
+                          options.softmax_output_stores, transposed,
+                          _output_strides(prepared.graph, kernel.node)).context()
+
+
+def _output_strides(graph: KernelGraph, node: int) -> tuple[tuple[int, int, int, int] | None, ...]:
+    """Per output of graph-defined op ``node``, the rank-4 strides (leading dims of one element added)
+    the program declares for it where it is a program output (``KernelGraph.output_strides``), else
+    None (row-major)."""
+    declared = {r: graph.output_stride(m) for m, r in enumerate(graph.outputs)}
+    out = []
+    for j, t in enumerate(graph.nodes[node].outputs):
+        strides = declared.get(Ref(node, j), ())
+        out.append((strides[0] * t.shape[0],) * (4 - len(strides)) + strides if strides else None)
+    return tuple(out)
 
 
 def _folded(graph: KernelGraph, fold: ClusterFold, name: str, producer: KernelContext,

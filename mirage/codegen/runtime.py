@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from mirage.codegen import column_major, dependent_launch, tensor_maps
 from mirage.errors import MirageError
-from mirage.mugraph.graph import KernelGraph, Ref
+from mirage.mugraph.graph import KernelGraph, Ref, same_strides
 from mirage.mugraph.ops import REGISTRY, Op
 from mirage.optimizer.cluster_fold import PORTABLE_CLUSTER
 
@@ -262,7 +262,7 @@ class Program:
         finally:
             if scratch is not None:
                 scratch.lock.release()
-        return [values[r] for r in outputs]
+        return [laid_out(values[r], self.graph.output_stride(m)) for m, r in enumerate(outputs)]
 
     def _steps(self) -> tuple:
         """What a launch does, worked out once per program: each input's (shape, torch dtype), the
@@ -275,6 +275,7 @@ class Program:
             folded = {k.consumer for k in self.cuda.kernels}  # results come with the kernel folded into
             read_elsewhere = {r for node in graph.nodes if node.op is not Op.CUSTOMIZED for r in node.inputs}
             returned = set(graph.outputs) | read_elsewhere
+            declared = {r: graph.output_stride(m) for m, r in enumerate(graph.outputs)}
             steps: list[tuple] = []
             for i, node in enumerate(graph.nodes):
                 if node.op is Op.INPUT:
@@ -282,7 +283,7 @@ class Program:
                 elif node.op is Op.CUSTOMIZED and i not in folded:
                     launch = launches[i]
                     shapes = tuple((graph.type_of(r).shape, graph.type_of(r).dtype.torch(),
-                                    r not in returned) for r in launch.outputs)
+                                    r not in returned, declared.get(r, ())) for r in launch.outputs)
                     steps.append(("kernel", shapes, launch))
                 elif i not in folded:
                     steps.append(("torch", Ref(i, 0), None))
@@ -290,12 +291,14 @@ class Program:
             self._plan = (checks, tuple(steps), tuple(graph.outputs))
         return self._plan
 
-    def _allocate(self, shape, dtype, device):
+    def _allocate(self, shape, dtype, device, strides=()):
+        """A tensor for a kernel's output, row-major or laid out with declared ``strides``; NaN-filled
+        where ``poison``."""
         import torch
 
-        if self.poison:
-            return torch.full(shape, float("nan"), dtype=dtype, device=device)
-        return torch.empty(shape, dtype=dtype, device=device)
+        tensor = (torch.empty_strided(shape, strides, dtype=dtype, device=device) if strides
+                  else torch.empty(shape, dtype=dtype, device=device))
+        return tensor.fill_(float("nan")) if self.poison else tensor
 
     def _scratch(self, device, stream: int) -> _Scratch:
         """Where the tensors that only the program's own kernels read live on ``stream``: kept from
@@ -386,6 +389,15 @@ class Program:
 MAX_SCRATCH_STREAMS = 4
 
 
+def laid_out(value, strides: tuple[int, ...]):
+    """A program's output with the ``strides`` the graph declares for it (``KernelGraph.output_strides``;
+    () row-major): as its kernel wrote it, or a copy where an op run through torch computed it
+    row-major."""
+    if not strides or same_strides(value.shape, value.stride(), strides):
+        return value
+    return column_major.torch_strided(value, strides)
+
+
 class _Scratch:
     """A program's tensors that only its own kernels read, for calls on one stream and device: kept
     from call to call (``keep``) or made afresh in each.  A call holds ``lock`` while it launches, so
@@ -397,13 +409,13 @@ class _Scratch:
         self.lock = threading.Lock()
 
     def outputs(self, step: int, kinds: tuple) -> list:
-        """The output tensors of the kernel of ``step``, each of ``kinds`` a (shape, dtype, internal):
-        kept where ``internal`` (only the program's kernels read it), else fresh."""
+        """The output tensors of the kernel of ``step``, each of ``kinds`` a (shape, dtype, internal,
+        declared strides): kept where ``internal`` (only the program's kernels read it), else fresh."""
         out = []
-        for k, (shape, dtype, internal) in enumerate(kinds):
+        for k, (shape, dtype, internal, strides) in enumerate(kinds):
             tensor = self.tensors.get((step, k)) if self.keep and internal else None
             if tensor is None:
-                tensor = self.program._allocate(shape, dtype, self.device)
+                tensor = self.program._allocate(shape, dtype, self.device, strides)
                 if self.keep and internal:
                     self.tensors[(step, k)] = tensor
             out.append(tensor)

@@ -618,11 +618,11 @@ def _cached_graph_checked(reference: KernelGraph, graph: KernelGraph, path: Path
 
 def _rename(graph: KernelGraph, reference: KernelGraph) -> KernelGraph:
     """Give a cached or searched graph the reference's input names (for printing) and patterns (which
-    the code generated for it may assume), and its graph name."""
+    the code generated for it may assume), its graph name and the strides its outputs are written with."""
     attrs = iter(n.attrs for n in reference.nodes if isinstance(n.attrs, KernelInput))
     nodes: list[Node] = []
     for node in graph.nodes:
         if isinstance(node.attrs, KernelInput):
             node = dataclasses.replace(node, attrs=next(attrs, KernelInput("")))
         nodes.append(node)
-    return KernelGraph(tuple(nodes), graph.outputs, reference.name)
+    return KernelGraph(tuple(nodes), graph.outputs, reference.name, reference.output_strides)

@@ -37,6 +37,7 @@ from mirage.frontend.region import (
     Unlowerable,
     Upcasts,
     Value,
+    output_strides_of,
 )
 from mirage.mugraph.graph import KernelGraph, Node, Ref
 from mirage.mugraph.ops import Op
@@ -174,7 +175,7 @@ def _lower_region(members: list[fx.Node], budget: Budget, name: str, flat: bool,
         t = builder.tensor(value)
         if t.ref not in marked:
             marked[t.ref] = len(marked)
-            builder.builder.mark_output(t)
+            builder.builder.mark_output(t, strides=output_strides_of(node, t.dims))
         outputs.append(OutputBinding(node.name, marked[t.ref], value.shape, node.meta["val"].dtype, expand))
     graph, keep_inputs, renumber = prune(builder.builder.graph)
     inputs = tuple(builder.bindings[i] for i in keep_inputs)
@@ -229,7 +230,7 @@ def prune(graph: KernelGraph) -> tuple[KernelGraph, list[int], dict[int, int]]:
         nodes.append(Node(node.op, tuple(Ref(renumber[r.node], r.index) for r in node.inputs), node.attrs,
                           node.outputs))
     outputs = tuple(Ref(renumber[r.node], r.index) for r in graph.outputs)
-    return KernelGraph(tuple(nodes), outputs, graph.name), kept_inputs, renumber
+    return KernelGraph(tuple(nodes), outputs, graph.name, graph.output_strides), kept_inputs, renumber
 
 
 def max_exps_on_a_path(graph: KernelGraph) -> int:

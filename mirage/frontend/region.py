@@ -31,7 +31,7 @@ from mirage.frontend import shapes
 from mirage.frontend.capture import PATTERN
 from mirage.mugraph import patterns
 from mirage.mugraph.builder import DTensor
-from mirage.mugraph.graph import input_layout
+from mirage.mugraph.graph import input_layout, output_strides
 from mirage.mugraph.ops import Op
 
 Shape = tuple[int, ...]
@@ -177,6 +177,76 @@ def _strides(x: Boundary, binding: InputBinding) -> tuple[int, ...] | None:
     except (RuntimeError, TypeError, ValueError):
         return None
     return tuple(view.stride())
+
+
+def eager_strides(node: fx.Node) -> tuple[int, ...] | None:
+    """The strides eager PyTorch gives ``node``'s value where they are not row-major but dense (an
+    attention's output laid out as (batch, seq, heads, dim) behind its (batch, heads, seq, dim) shape,
+    which the model views after a transpose); None otherwise."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.is_contiguous():
+        return None
+    stride = tuple(int(s) for s in value.stride())
+    expected = 1  # dense: by increasing stride, each dim of size > 1 steps over all the dims before it
+    for step, size in sorted((s, int(n)) for s, n in zip(stride, value.shape, strict=True) if n > 1):
+        if step != expected:
+            return None
+        expected *= size
+    return stride
+
+
+_ATEN = torch.ops.aten
+_PERMUTES = {_ATEN.permute.default, _ATEN.transpose.int}
+_FLATTENS = {_ATEN.reshape.default, _ATEN.view.default, _ATEN._unsafe_view.default, _ATEN.clone.default,
+             _ATEN.contiguous.default, _ATEN.flatten.using_ints}
+
+
+def _merged_back(node: fx.Node) -> tuple[int, ...] | None:
+    """Strides for ``node``'s value under which the PyTorch ops after it copy nothing, where its one
+    user permutes it and every user of that only reshapes (heads merged back, ``o.permute(0, 2, 1,
+    3).reshape(b, s, h·d)``): the layout in which the permuted value is row-major."""
+    value = node.meta.get("val")
+    if len(node.users) != 1 or not isinstance(value, torch.Tensor):
+        return None
+    (user,) = node.users
+    if user.op != "call_function" or user.target not in _PERMUTES or not user.users or any(
+            u.op != "call_function" or u.target not in _FLATTENS for u in user.users):
+        return None
+    permuted = user.meta.get("val")
+    if not isinstance(permuted, torch.Tensor):
+        return None
+    try:
+        order = ([int(d) % value.dim() for d in user.args[1]] if user.target is _ATEN.permute.default
+                 else _swap(value.dim(), *user.args[1:3]))
+    except (TypeError, ValueError):
+        return None
+    row_major = torch.empty(tuple(permuted.shape), device="meta").stride()
+    strides = [0] * value.dim()
+    for position, dim in enumerate(order):
+        strides[dim] = row_major[position]
+    return tuple(strides)
+
+
+def _swap(rank: int, a: int, b: int) -> list[int]:
+    order = list(range(rank))
+    order[int(a) % rank], order[int(b) % rank] = order[int(b) % rank], order[int(a) % rank]
+    return order
+
+
+def output_strides_of(node: fx.Node, shape: Sequence[int]) -> tuple[int, ...] | None:
+    """The strides a graph output of ``shape`` holding ``node``'s value declares
+    (``mark_output(strides=...)``), so that the program writes it as the PyTorch ops after it need it:
+    eager's own layout (:func:`eager_strides`), or the one that makes a head merge a view
+    (:func:`_merged_back`); None for row-major, or where the graph's shape cannot view that layout."""
+    wanted = eager_strides(node) or _merged_back(node)
+    value = node.meta.get("val")
+    if wanted is None or not isinstance(value, torch.Tensor):
+        return None
+    try:
+        held = torch.empty_strided(tuple(value.shape), wanted, device="meta").view(tuple(shape))
+        return output_strides(tuple(shape), tuple(held.stride())) or None
+    except (RuntimeError, ValueError):
+        return None
 
 
 class RegionBuilder:

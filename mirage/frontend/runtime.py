@@ -44,7 +44,9 @@ from mirage.frontend.guard import OURS, Verdict, check
 from mirage.frontend.optimize import Choice, choose
 from mirage.frontend.options import Options
 from mirage.frontend.partition import Partition, Subprogram, partition, product_cuts
+from mirage.frontend.region import eager_strides
 from mirage.frontend.state import Snapshot
+from mirage.mugraph.graph import same_strides
 
 logger = logging.getLogger("mirage.frontend")
 
@@ -147,7 +149,7 @@ def stitch(gm: fx.GraphModule, part: Partition, modules: Mapping[str, Subprogram
             call = graph.call_module(unit, tuple(env[by_name[name]] for name in module.sources))
             for k, binding in enumerate(subprograms[unit].outputs):
                 value = graph.call_function(operator.getitem, (call, k))
-                stride = _eager_stride(by_name[binding.node]) if binding.expand is None else None
+                stride = eager_strides(by_name[binding.node]) if binding.expand is None else None
                 if stride is not None:  # the PyTorch ops after it may rely on eager's layout (a view)
                     value = graph.call_function(restrided, (value, stride))
                 env[by_name[binding.node]] = value
@@ -170,26 +172,10 @@ def stitch(gm: fx.GraphModule, part: Partition, modules: Mapping[str, Subprogram
     return gm
 
 
-def _eager_stride(node: fx.Node) -> tuple[int, ...] | None:
-    """The strides eager PyTorch gives ``node``'s value where they are not row-major but dense (an
-    attention's output laid out as (batch, seq, heads, dim) behind its (batch, heads, seq, dim) shape,
-    which the model views after a transpose); None otherwise."""
-    value = node.meta.get("val")
-    if not isinstance(value, torch.Tensor) or value.is_contiguous():
-        return None
-    stride = tuple(int(s) for s in value.stride())
-    expected = 1  # dense: by increasing stride, each dim of size > 1 steps over all the dims before it
-    for step, size in sorted((s, int(n)) for s, n in zip(stride, value.shape, strict=True) if n > 1):
-        if step != expected:
-            return None
-        expected *= size
-    return stride
-
-
 def restrided(tensor: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
     """``tensor``'s values laid out with ``stride`` (a copy unless it already is): what eager PyTorch
     gives the op a subprogram replaces, so that the PyTorch ops after it (a ``view``) work as written."""
-    if tuple(tensor.stride()) == tuple(stride):
+    if same_strides(tensor.shape, tensor.stride(), stride):
         return tensor
     laid_out = torch.empty_strided(tensor.shape, tuple(stride), dtype=tensor.dtype, device=tensor.device)
     return laid_out.copy_(tensor)

@@ -50,6 +50,7 @@ from mirage.mugraph.graph import (
     TensorType,
     dense_strides,
     input_layout,
+    output_strides,
 )
 from mirage.mugraph.ops import Op
 
@@ -323,7 +324,19 @@ class KNGraph(_Builder):
         return [DTensor(self, Ref(index, j)) for j in range(n)]
 
     def mark_output(self, t: DTensor, strides=None) -> None:
-        self.graph = KernelGraph(self.graph.nodes, self.graph.outputs + (self._ref(t),), self.graph.name)
+        """Make ``t`` an output of the graph, written row-major or, with ``strides``, laid out with
+        those element strides (a dense permutation of its dims: ``mugraph.graph.output_strides``)."""
+        ref = self._ref(t)
+        declared = ()
+        if strides is not None:
+            try:
+                declared = output_strides(self.graph.type_of(ref).shape, strides)
+            except ValueError as error:
+                raise GraphError(f"mark_output: {error}") from None
+        previous = tuple(self.graph.output_stride(k) for k in range(len(self.graph.outputs)))
+        every = previous + (declared,)
+        self.graph = KernelGraph(self.graph.nodes, self.graph.outputs + (ref,), self.graph.name,
+                                 every if any(every) else ())
 
     def freeze(self) -> KernelGraph:
         """The finished, checked, immutable graph."""

@@ -180,6 +180,26 @@ def input_layout(shape: Sequence[int], strides: Sequence[int]) -> tuple[str, tup
                      "two dims by one element")
 
 
+def output_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
+    """The strides an output of ``shape`` declares for element ``strides`` (``KernelGraph.output_strides``):
+    () where they are row-major; ValueError unless they lay the tensor out densely (its dims in some
+    order, no gaps, no overlap) with its last dim stepped by one element."""
+    strides = tuple(int(s) for s in strides)
+    if len(strides) != len(shape):
+        raise ValueError(f"{len(strides)} strides for a tensor of rank {len(shape)}")
+    if same_strides(shape, strides, dense_strides(shape)):
+        return ()
+    step = 1
+    for s, n in sorted((s, n) for s, n in zip(strides, shape, strict=True) if n > 1):
+        if s != step:
+            raise ValueError(f"strides {strides} do not lay out a tensor of shape {list(shape)} densely")
+        step *= n
+    if shape[-1] > 1 and strides[-1] != 1:
+        raise ValueError(f"strides {strides} of an output of shape {list(shape)} do not step its last "
+                         "dim by one element")
+    return tuple(s if n > 1 else 1 for s, n in zip(strides, shape, strict=True))
+
+
 @dataclass(frozen=True)
 class Reduce:
     """Reduce ``dim`` (keeping the rank) to size 1, or to ``reduction_dimx`` for REDUCTION_TO_DIMX."""
@@ -317,6 +337,10 @@ class BlockGraph(_GraphBase):
 class KernelGraph(_GraphBase):
     outputs: tuple[Ref, ...] = ()
     name: str = field(default="", compare=True)
+    # per output, the element strides it is written with where they are not row-major (a dense
+    # permutation: an attention's [heads, s, d] result laid out as [s, heads, d], which the program
+    # views after a transpose, :func:`output_strides`); () for every output written row-major
+    output_strides: tuple[tuple[int, ...], ...] = ()
 
     level = Level.KERNEL
 
@@ -333,6 +357,10 @@ class KernelGraph(_GraphBase):
     @property
     def output_types(self) -> tuple[TensorType, ...]:
         return tuple(self.type_of(r) for r in self.outputs)
+
+    def output_stride(self, k: int) -> tuple[int, ...]:
+        """The strides output ``k`` is written with: declared, or () for row-major."""
+        return self.output_strides[k] if k < len(self.output_strides) else ()
 
     def block_graphs(self) -> list[BlockGraph]:
         return [n.attrs for n in self.nodes if isinstance(n.attrs, BlockGraph)]

@@ -96,6 +96,8 @@ def graph_to_dict(g) -> dict:
         out["outputs"] = [[r.node, r.index] for r in g.outputs]
     if isinstance(g, KernelGraph):
         out["name"] = g.name
+        if g.output_strides:  # absent where every output is row-major: those graphs hash as before
+            out["output_strides"] = [list(s) for s in g.output_strides]
     return out
 
 
@@ -104,7 +106,8 @@ def graph_from_dict(d: dict):
                        tuple(_untype(t) for t in n["outputs"])) for n in d["nodes"])
     level = d["level"]
     if level == "kernel":
-        return KernelGraph(nodes, tuple(Ref(*r) for r in d["outputs"]), d.get("name", ""))
+        return KernelGraph(nodes, tuple(Ref(*r) for r in d["outputs"]), d.get("name", ""),
+                           tuple(tuple(s) for s in d.get("output_strides", ())))
     if level == "block":
         return BlockGraph(nodes, tuple(d["grid_dim"]), tuple(d["block_dim"]), d["forloop_range"],
                           d["reduction_dimx"])

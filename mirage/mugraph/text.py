@@ -124,6 +124,9 @@ def body_lines(graph, indent: str) -> list[str]:
     lines: list[str] = []
     for i, node in enumerate(graph.nodes):
         lines += node_lines(i, node, indent)
+    if isinstance(graph, KernelGraph) and graph.output_strides:
+        lines.append(f"{indent}output_strides " + "; ".join(
+            "(" + ",".join(map(str, s)) + ")" for s in graph.output_strides))
     if isinstance(graph, (KernelGraph, ThreadGraph)):
         lines.append(f"{indent}return " + ", ".join(ref_text(r) for r in graph.outputs))
     return lines
@@ -281,8 +284,10 @@ def _parse_graph(lines: list[str], at: int):
         m = re.match(r'^kernel_graph(?: "(\d+)")? \{$', masked)
         if not m:
             raise ParseError(f"bad header {header!r} (expected kernel_graph \"name\" {{)")
-        nodes, outputs, end = _parse_body(lines, at + 1)
-        return KernelGraph(tuple(nodes), tuple(outputs), strings[int(m[1])] if m[1] else ""), end
+        strides: list[tuple[int, ...]] = []
+        nodes, outputs, end = _parse_body(lines, at + 1, strides=strides)
+        return KernelGraph(tuple(nodes), tuple(outputs), strings[int(m[1])] if m[1] else "",
+                           tuple(strides)), end
     if header.startswith("block_graph"):
         block = _block_header(header)
         nodes, _, end = _parse_body(lines, at + 1, closing=True)
@@ -299,11 +304,18 @@ def _block_header(text: str) -> BlockGraph:
                       int(pairs["forloop_range"]), int(pairs["reduction_dimx"]))
 
 
-def _parse_body(lines: list[str], at: int, closing: bool = False):
+def _parse_body(lines: list[str], at: int, closing: bool = False, strides: list | None = None):
+    """Nodes, outputs and the line after the body; a kernel graph's ``output_strides`` line goes into
+    ``strides``."""
     nodes: list[Node] = []
     outputs: list[Ref] = []
     while at < len(lines):
         line = lines[at]
+        if line.startswith("output_strides") and strides is not None:
+            strides += [tuple(int(v) for v in part.strip().strip("()").split(",") if v.strip())
+                        for part in line[len("output_strides"):].split(";")]
+            at += 1
+            continue
         if line.startswith("return"):
             rest = line[len("return"):].strip()
             outputs = [_parse_ref(r) for r in rest.split(",") if r.strip()]
