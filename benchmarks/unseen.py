@@ -350,6 +350,29 @@ class BertSelfAttention(nn.Module):
         return context.permute(0, 2, 1, 3).reshape(x.shape)
 
 
+class LlamaAttention(nn.Module):
+    """Llama's self-attention as Hugging Face writes it, without rotary embeddings (``rotary_attention``
+    has them): q, k and v projections of one input (grouped-query heads: 16 query heads, 4 key
+    heads), split into heads by ``view(b, s, h, d).transpose(1, 2)``, causal SDPA, heads merged back by
+    ``transpose(1, 2).reshape(b, s, h·d)``, the output projection."""
+
+    def __init__(self, hidden: int = 1024, heads: int = 16, kv_heads: int = 4):
+        super().__init__()
+        self.heads, self.kv_heads, self.dim = heads, kv_heads, hidden // heads
+        self.q_proj = nn.Linear(hidden, hidden, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.dim, bias=False)
+        self.o_proj = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.heads, self.dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o_proj(o.transpose(1, 2).reshape(b, s, -1))
+
+
 class Block(nn.Module):
     """A pre-norm MLP block: LayerNorm, a gated product, its down projection and the residual."""
 
@@ -375,6 +398,7 @@ PROGRAMS = {
     "layernorm_projection": (LayerNormProjection, [(4, 512)]),
     "bert_mlp": (BertMLP, [(8, 384)]),
     "bert_attention": (BertSelfAttention, [(1, 128, 768)]),
+    "llama_attention": (LlamaAttention, [(1, 256, 1024)]),
     "prefill_projection": (functools.partial(nn.Linear, 768, 768), [(1, 128, 768)]),  # BERT's, alone
     "heads_attention": (HeadsAttention, [(2, 8, 128, 64)] * 3),
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
