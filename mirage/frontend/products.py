@@ -13,9 +13,9 @@ Two opposite cases, told apart by what reads the products:
   size; the heads read the slices in place through their strides.
 
 Both only rewrite products whose weights (and biases) are attributes of the module. The pieces of
-:func:`split_products` view the parameter; the stacked weight of :func:`merged_products` is a
-:class:`~mirage.frontend.fill_masks.FoldedConstant`, stacked again whenever one of its parameters
-changes (its version counter), and within a caller's CUDA graph at every replay.
+:func:`split_products` view the parameter. For :func:`merged_products` the parameters move into one
+tensor, their rows of it (:class:`StackedParameters`): the module's parameters keep their values and
+identities, updates in place are seen, and the weights are not held twice.
 """
 
 from __future__ import annotations
@@ -138,13 +138,53 @@ def _sibling_groups(gm: fx.GraphModule) -> list[list[fx.Node]]:
     return [group for group in groups.values() if len(group) > 1]
 
 
+class StackedParameters(FoldedConstant):
+    """The parameters ``parts`` stacked along dim 0, in one tensor whose rows the parameters become
+    views of (``p.data`` re-pointed: the same values and the same ``Parameter`` objects, no second copy
+    of the weights). While they stay so, a call returns that tensor as it is, in a caller's CUDA
+    graph too: an update of a parameter in place is an update of its rows. A parameter given other
+    storage since (``module.to(...)``, ``p.data = ...``) makes it a :class:`FoldedConstant` again:
+    stacked anew whenever a part changes, and at every replay of a caller's graph."""
+
+    def __init__(self, function: fx.GraphModule, parts: list[torch.Tensor]) -> None:
+        super().__init__(function)
+        self._rows: list[tuple[int, torch.Size]] = []
+        start = 0
+        for p in parts:
+            self._rows.append((start, p.shape))
+            start += p.shape[0]
+        shape = (start, *parts[0].shape[1:])
+        first = parts[0].detach()
+        try:  # the rows of one stack already (another specialization's): read that stack, no copy
+            self._stack = first.as_strided(shape, torch.empty(shape, device="meta").stride())
+        except RuntimeError:  # past the end of the first part's storage
+            self._stack = first
+        if not self._viewed(parts):
+            with torch.no_grad():
+                self._stack = torch.cat([p.detach() for p in parts], 0)
+            if len({id(q) for q in parts}) == len(parts):  # a part given twice cannot view both rows
+                for p, (row, size) in zip(parts, self._rows, strict=True):
+                    p.data = self._stack[row:row + size[0]]
+
+    def _viewed(self, parts: tuple[torch.Tensor, ...]) -> bool:
+        stack = self._stack
+        return len(parts) == len(self._rows) and all(
+            p.shape == shape and p.device == stack.device and p.dtype == stack.dtype
+            and p.data_ptr() == stack.data_ptr() + start * stack.stride(0) * stack.element_size()
+            for p, (start, shape) in zip(parts, self._rows, strict=True))
+
+    def forward(self, *parts: torch.Tensor) -> torch.Tensor:
+        return self._stack if self._viewed(parts) else super().forward(*parts)
+
+
 def _stacked(gm: fx.GraphModule, attributes: list[fx.Node], name: str, before: fx.Node) -> fx.Node:
-    """A ``call_module`` node of a :class:`FoldedConstant` stacking ``attributes``' tensors along dim 0,
-    inserted before ``before`` and registered on ``gm`` as ``name``."""
+    """A ``call_module`` node of :class:`StackedParameters` of ``attributes``' tensors, inserted before
+    ``before`` and registered on ``gm`` as ``name``."""
     graph = fx.Graph()
     parts = [graph.placeholder(f"part{k}") for k in range(len(attributes))]
     graph.output(graph.call_function(_ATEN.cat.default, (parts, 0)))
-    gm.add_submodule(name, FoldedConstant(fx.GraphModule(gm, graph)))
+    tensors = [operator.attrgetter(str(a.target))(gm) for a in attributes]
+    gm.add_submodule(name, StackedParameters(fx.GraphModule(gm, graph), tensors))
     with gm.graph.inserting_before(before):
         reads = [gm.graph.get_attr(str(a.target)) for a in attributes]  # defined before the stack
         stacked = gm.graph.call_module(name, tuple(reads))

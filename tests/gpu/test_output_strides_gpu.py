@@ -1,7 +1,8 @@
 """Outputs written with declared strides (``KernelGraph.output_strides``) on a GPU: each build hands
 back its output laid out as declared, with the values of the row-major build of the same µGraph, bit
-for bit; through the PyTorch path BERT's self-attention merges its heads with a view and matches
-eager."""
+for bit; through the PyTorch path BERT's self-attention (one product of its stacked q, k, v weights,
+mirage.frontend.products) merges its heads with a view, matches eager, and in a caller's CUDA graph
+sees a weight updated in place."""
 
 from __future__ import annotations
 
@@ -58,3 +59,19 @@ def test_bert_attention_merges_its_heads_with_a_view_and_matches_eager():
         got = fast(x).double()
         want = copy.deepcopy(model).double()(x.double())
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+
+def test_bert_attention_in_a_cuda_graph_sees_a_weight_updated_in_place():
+    from gpu_helpers import replayed
+
+    from mirage.frontend.products import StackedParameters
+
+    torch.manual_seed(0)
+    model = BertSelfAttention().cuda().half().eval()
+    x = torch.randn(1, 128, 768, device="cuda").half()
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    assert any(isinstance(m, StackedParameters) for m in fast.specializations[0].module.modules())
+    with torch.no_grad():
+        out = replayed(fast, (x,), lambda: (model.key.weight.mul_(-1), model.value.bias.add_(0.5)))
+        want = model(x)
+    torch.testing.assert_close(out.float(), want.float(), rtol=2e-2, atol=2e-2 * float(want.abs().max()))

@@ -114,3 +114,44 @@ def test_siblings_that_differ_in_bias_or_input_stay_apart():
     with torch.no_grad():
         for got, want in zip(fast(x, y), model(x, y), strict=True):
             torch.testing.assert_close(got, want)
+
+
+def test_the_parameters_become_rows_of_the_stack_the_product_reads():
+    """No second copy of the weights: the parameters (the same objects, the same values) view the
+    stacked weight, which a call reads as it is; a parameter given other storage since is stacked
+    anew, and a second specialization reads the same stack."""
+    from mirage.frontend.products import StackedParameters
+
+    torch.manual_seed(0)
+    model, x = BertSelfAttention(hidden=64, heads=4).eval(), torch.randn(1, 16, 64)
+    weights = [model.query.weight, model.key.weight, model.value.weight]
+    values = [w.detach().clone() for w in weights]
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    gm = fast.specializations[0].module
+    stacks = [m for m in gm.modules() if isinstance(m, StackedParameters)]
+    assert len(stacks) == 2  # weights, biases
+    (stack,) = [m for m in stacks if m._stack.dim() == 2]
+    assert all(torch.equal(w, v) for w, v in zip(weights, values, strict=True))
+    assert [w.data_ptr() for w in weights] == [stack._stack[k * 64].data_ptr() for k in range(3)]
+    assert stack(*weights) is stack._stack
+    with torch.no_grad():
+        model.value.weight.data = model.value.weight.data.clone() * 2  # other storage
+        assert not stack._viewed(tuple(weights))
+        torch.testing.assert_close(fast(x).double(), _reference(model, x), rtol=1e-4, atol=1e-4)
+        again = mi.superoptimize(model, (torch.randn(1, 8, 64),), search=False, use_cache=False,
+                                 progress=False)
+        y = torch.randn(1, 8, 64)
+        torch.testing.assert_close(again(y).double(), _reference(model, y), rtol=1e-4, atol=1e-4)
+
+
+def test_a_second_specialization_reads_the_same_stack():
+    from mirage.frontend.products import StackedParameters
+
+    model = BertSelfAttention(hidden=64, heads=4).eval()
+    fast = mi.superoptimize(model, (torch.randn(1, 16, 64),), search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        y = torch.randn(1, 8, 64)
+        torch.testing.assert_close(fast(y).double(), _reference(model, y), rtol=1e-4, atol=1e-4)
+    stacks = [m._stack.data_ptr() for spec in fast.specializations for m in spec.module.modules()
+              if isinstance(m, StackedParameters) and m._stack.dim() == 2]
+    assert len(stacks) == 2 and stacks[0] == stacks[1]
