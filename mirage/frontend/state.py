@@ -6,9 +6,11 @@ A captured graph reads the module's own parameter and buffer tensors, so updates
 replaced by another (``model.fc.weight = nn.Parameter(…)``), a submodule replaced
 (``model.fc = nn.Linear(…)``) or a conversion that changes a tensor's dtype, shape or device
 (``model.half()``) is not what the graph and its kernels were built for, and a plain attribute that
-forward reads (``self.temperature``, ``self.use_bias``, ``training`` after ``model.train()``) was made a
-constant by the capture: the snapshot taken at capture notices a change of any of them, and the
-module captures again at that call (with a notice), instead of computing with the old values.
+forward reads (``self.temperature``, ``self.use_bias``, ``training`` after ``model.train()``; the
+numbers of a configuration object, ``self.config.scale``; lists, tuples and dicts of such values; a
+tensor kept as a plain attribute) was made a constant by the capture, as were the forward hooks
+registered then: the snapshot taken at capture notices a change of any of them, and the module
+captures again at that call (with a notice), instead of computing with the old values.
 
 >>> import torch.nn as nn
 >>> model = nn.Linear(4, 2)
@@ -24,7 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import torch
 import torch.nn as nn
+import torch.nn.modules.module as module_hooks
 
 
 @dataclass(frozen=True)
@@ -35,15 +40,31 @@ class Snapshot:
     # (the module's __dict__, a plain attribute's name, its value, a label): numbers, flags and strings
     # that forward may read (a temperature, a switch, ``training``), which the capture made constants
     attributes: tuple[tuple[dict, str, object, str], ...] = ()
+    # (a hook dict, the hooks' ids then, a label): forward hooks, which the capture traced through
+    hooks: tuple[tuple[dict, tuple, str], ...] = ()
 
     @classmethod
     def of(cls, module: nn.Module) -> Snapshot:
-        entries, layouts, attributes = [], {}, []
+        entries, layouts, attributes, hooks = [], {}, [], []
+        visited: set[int] = set()  # configuration objects watched already (a config every layer holds)
+        for store, label in ((module_hooks._global_forward_pre_hooks, "global forward pre-hooks"),
+                             (module_hooks._global_forward_hooks, "global forward hooks")):
+            hooks.append((store, tuple(store), label))
         for path, owner in module.named_modules(remove_duplicate=False):
             prefix = f"{path}." if path else ""
+            for store, kind in ((owner._forward_pre_hooks, "forward pre-hooks"),
+                                (owner._forward_hooks, "forward hooks")):
+                hooks.append((store, tuple(store), f"{kind} of {path or 'the module'}"))
             for name, value in owner.__dict__.items():
-                if _plain(value):
-                    attributes.append((owner.__dict__, name, value, f"attribute {prefix}{name}"))
+                if name.startswith("__") or name in _MODULE_STATE:
+                    continue
+                if isinstance(value, torch.Tensor):  # a tensor attribute: read as a constant
+                    layouts[id(value)] = (value.dtype, value.shape, value.device)
+                    entries.append((owner.__dict__, name, value, value.data_ptr(),
+                                    f"tensor attribute {prefix}{name}"))
+                else:
+                    attributes += _attributes(owner.__dict__, name, value, f"attribute {prefix}{name}",
+                                              visited)
             for name, child in owner._modules.items():
                 entries.append((owner._modules, name, child, None, f"submodule {prefix}{name}"))
             for kind, store in (("parameter", owner._parameters), ("buffer", owner._buffers)):
@@ -52,7 +73,7 @@ class Snapshot:
                     if tensor is not None:
                         layouts[id(tensor)] = (tensor.dtype, tensor.shape, tensor.device)
                     entries.append((store, name, tensor, address, f"{kind} {prefix}{name}"))
-        return cls(tuple(entries), layouts, tuple(attributes))
+        return cls(tuple(entries), layouts, tuple(attributes), tuple(hooks))
 
     def changed(self) -> str | None:
         """What was replaced or converted since the snapshot (the first such), or None. A call checks
@@ -69,17 +90,62 @@ class Snapshot:
                 return (f"{label} changed from {dtype} {list(shape)} on {device} to {now.dtype} "
                         f"{list(now.shape)} on {now.device}")
         for store, name, held, label in self.attributes:
-            now = store.get(name, _MISSING)
+            value = store.get(name, _MISSING)
+            now = _frozen(value)
             if now is not held and (type(now) is not type(held) or now != held):
-                return f"{label} changed from {held!r} to {'(deleted)' if now is _MISSING else repr(now)}"
+                before = repr(held) if isinstance(held, _SCALARS) else "its value then"
+                return f"{label} changed from {before} to {'(deleted)' if value is _MISSING else repr(value)}"
+        for store, held, label in self.hooks:
+            if tuple(store) != held:
+                return f"the {label} changed"
         return None
 
 
 _MISSING = object()
-_SCALARS = (bool, int, float, str, type(None))
+_SCALARS = (bool, int, float, str, type(None), np.generic)
+# a module's own bookkeeping, which the entries and hooks above cover
+_MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks",
+                           "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+                           "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
+                           "_state_dict_pre_hooks", "_non_persistent_buffers_set",
+                           "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
+                           "_forward_hooks_always_called", "_is_full_backward_hook"})
+_DEPTH = 3  # configuration objects within configuration objects, so deep at most
 
 
-def _plain(value: object) -> bool:
-    """A value that forward may read as a constant: a number, flag, string or None, or a tuple of them."""
-    return isinstance(value, _SCALARS) or (isinstance(value, tuple) and all(isinstance(v, _SCALARS)
-                                                                              for v in value))
+def _frozen(value: object) -> object:
+    """What is compared of ``value``: itself for a number, flag or string; for a list, tuple or dict of
+    them (at any depth) a tuple tagged with its type, so that a change in place is seen; None
+    (not watched) otherwise."""
+    if isinstance(value, _SCALARS) or value is _MISSING:
+        return value
+    if isinstance(value, (list, tuple)):
+        items = tuple(_frozen(v) for v in value)
+        return None if any(i is None and v is not None for i, v in zip(items, value, strict=True)) \
+            else (type(value).__name__, items)
+    if isinstance(value, dict):
+        items = tuple((k, _frozen(v)) for k, v in value.items())
+        return None if any(not isinstance(k, _SCALARS) or (f is None and value[k] is not None)
+                           for k, f in items) else ("dict", items)
+    return None
+
+
+def _attributes(store: dict, name: str, value: object, label: str, visited: set[int],
+                depth: int = 0) -> list[tuple[dict, str, object, str]]:
+    """Entries for attribute ``name`` of ``store`` (a module's or a configuration object's
+    ``__dict__``): its frozen value where it is plain data, or one per attribute of a configuration
+    object (a plain object with a ``__dict__``: ``types.SimpleNamespace``, a dataclass, a model
+    config), so deep at most; each object once (``visited``: the ids of those watched)."""
+    frozen = _frozen(value)
+    if frozen is not None or value is None:
+        return [(store, name, frozen, label)]
+    inner = getattr(value, "__dict__", None)
+    if (depth >= _DEPTH or not isinstance(inner, dict) or id(value) in visited
+            or isinstance(value, (nn.Module, torch.Tensor, type)) or callable(value)):
+        return []
+    visited.add(id(value))
+    out = []
+    for key, item in list(inner.items()):
+        if not key.startswith("_"):
+            out += _attributes(inner, key, item, f"{label}.{key}", visited, depth + 1)
+    return out

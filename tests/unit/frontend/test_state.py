@@ -2,7 +2,9 @@
 place are read as they are; replacements and conversions capture the program again."""
 
 import logging
+import types
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -126,3 +128,55 @@ def test_a_call_under_autocast_has_its_own_capture():
         assert got.dtype == want.dtype == torch.bfloat16
         torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-2)  # bfloat16 roundings
     assert fast(x).dtype == torch.float32 and len(fast.specializations) == 2
+
+
+class Configured(nn.Module):
+    """Settings read the way Hugging Face models read them: from a configuration object, a list, a
+    dict, a numpy number and a tensor kept as a plain attribute."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(16, 8)
+        self.coef = [1.0, 2.0]
+        self.table = {"shift": 0.5}
+        self.gain = np.float32(1.5)
+        self.offset = torch.full((8,), 0.25)
+
+    def forward(self, x):
+        y = self.fc(x) * self.config.attention.scale * self.coef[1] + self.table["shift"]
+        return y * self.gain + self.offset
+
+
+def _config():
+    return types.SimpleNamespace(attention=types.SimpleNamespace(scale=0.5), name="tiny")
+
+
+@pytest.mark.parametrize("change,said", [
+    (lambda m: setattr(m.config.attention, "scale", 2.0),
+     "attribute config.attention.scale changed from 0.5"),
+    (lambda m: m.coef.__setitem__(1, 3.0), "attribute coef changed"),
+    (lambda m: m.table.update(shift=1.5), "attribute table changed"),
+    (lambda m: setattr(m, "gain", np.float32(3.0)), "attribute gain changed"),
+    (lambda m: setattr(m, "offset", torch.full((8,), -1.0)), "tensor attribute offset was replaced"),
+    (lambda m: m.fc.register_forward_hook(lambda mod, args, out: out * 2), "forward hooks of fc changed"),
+], ids=["config", "list", "dict", "numpy", "tensor", "hook"])
+def test_settings_beyond_plain_attributes_that_changed_capture_again(caplog, change, said):
+    torch.manual_seed(0)
+    model, x = Configured(_config()), torch.randn(4, 16)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x))
+        change(model)
+        with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+            torch.testing.assert_close(fast(x), model(x))
+    (message,) = _recaptures(caplog)
+    assert said in message
+
+
+def test_a_configuration_that_every_layer_holds_is_watched_once():
+    config = _config()
+    model = nn.Sequential(*(Configured(config) for _ in range(4)))
+    labels = [label for *_, label in Snapshot.of(model).attributes if ".attention.scale" in label]
+    assert labels == ["attribute 0.config.attention.scale"]
+    assert Snapshot.of(model).changed() is None
