@@ -24,12 +24,14 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.modules.module as module_hooks
+import torch.utils.hooks as hook_handles
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,18 @@ class Snapshot:
     layouts: dict[int, tuple]  # id of each tensor held -> (dtype, shape, device) at the snapshot
     # (the module's __dict__, a plain attribute's name, its value, a label): numbers, flags and strings
     # that forward may read (a temperature, a switch, ``training``), which the capture made constants
-    attributes: tuple[tuple[dict, str, object, str], ...] = ()
+    # (..., and the value itself where it cannot change in place: identical then means unchanged)
+    attributes: tuple[tuple[dict, str, object, str, object], ...] = ()
     # (a hook dict, the hooks' ids then, a label): forward hooks, which the capture traced through
     hooks: tuple[tuple[dict, tuple, str], ...] = ()
+    # the id the next hook handle will get, when the hooks last matched: a call compares the hook
+    # dicts only when a hook was registered since (anywhere) or one held at capture went
+    hook_serial: list[int] = field(default_factory=lambda: [hook_handles.RemovableHandle.next_id])
+
+    @functools.cached_property
+    def held_hooks(self) -> tuple[tuple[dict, int], ...]:
+        """The hook dicts that held hooks at the snapshot, and how many (a removal shows in the count)."""
+        return tuple((store, len(held)) for store, held, _ in self.hooks if held)
 
     @classmethod
     def of(cls, module: nn.Module) -> Snapshot:
@@ -89,19 +100,25 @@ class Snapshot:
                     return f"{label} was given new data"
                 return (f"{label} changed from {dtype} {list(shape)} on {device} to {now.dtype} "
                         f"{list(now.shape)} on {now.device}")
-        for store, name, held, label in self.attributes:
+        for store, name, held, label, kept in self.attributes:
             value = store.get(name, _MISSING)
+            if value is kept:  # a number, string or tuple of them, unchanged: no more to compare
+                continue
             now = _frozen(value)
-            if now is not held and (type(now) is not type(held) or now != held):
+            if type(now) is not type(held) or now != held:
                 before = repr(held) if isinstance(held, _SCALARS) else "its value then"
                 return f"{label} changed from {before} to {'(deleted)' if value is _MISSING else repr(value)}"
-        for store, held, label in self.hooks:
-            if tuple(store) != held:
-                return f"the {label} changed"
+        serial = hook_handles.RemovableHandle.next_id
+        if serial != self.hook_serial[0] or any(len(store) != n for store, n in self.held_hooks):
+            for store, held, label in self.hooks:
+                if tuple(store) != held:
+                    return f"the {label} changed"
+            self.hook_serial[0] = serial  # registered elsewhere: not ours
         return None
 
 
 _MISSING = object()
+_MUTABLE = object()  # what a list or dict attribute's value is never identical to: compared every call
 _SCALARS = (bool, int, float, str, type(None), np.generic)
 # a module's own bookkeeping, which the entries and hooks above cover
 _MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks",
@@ -130,6 +147,10 @@ def _frozen(value: object) -> object:
     return None
 
 
+def _immutable(value: object) -> bool:
+    return isinstance(value, _SCALARS) or (isinstance(value, tuple) and all(_immutable(v) for v in value))
+
+
 def _attributes(store: dict, name: str, value: object, label: str, visited: set[int],
                 depth: int = 0) -> list[tuple[dict, str, object, str]]:
     """Entries for attribute ``name`` of ``store`` (a module's or a configuration object's
@@ -138,7 +159,7 @@ def _attributes(store: dict, name: str, value: object, label: str, visited: set[
     config), so deep at most; each object once (``visited``: the ids of those watched)."""
     frozen = _frozen(value)
     if frozen is not None or value is None:
-        return [(store, name, frozen, label)]
+        return [(store, name, frozen, label, value if _immutable(value) else _MUTABLE)]
     inner = getattr(value, "__dict__", None)
     if (depth >= _DEPTH or not isinstance(inner, dict) or id(value) in visited
             or isinstance(value, (nn.Module, torch.Tensor, type)) or callable(value)):

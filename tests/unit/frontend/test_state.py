@@ -177,6 +177,21 @@ def test_settings_beyond_plain_attributes_that_changed_capture_again(caplog, cha
 def test_a_configuration_that_every_layer_holds_is_watched_once():
     config = _config()
     model = nn.Sequential(*(Configured(config) for _ in range(4)))
-    labels = [label for *_, label in Snapshot.of(model).attributes if ".attention.scale" in label]
+    labels = [label for *_, label, _ in Snapshot.of(model).attributes if ".attention.scale" in label]
     assert labels == ["attribute 0.config.attention.scale"]
     assert Snapshot.of(model).changed() is None
+
+
+def test_a_hook_removed_captures_again_and_one_elsewhere_does_not(caplog):
+    torch.manual_seed(0)
+    model, x = Configured(_config()), torch.randn(4, 16)
+    handle = model.fc.register_forward_hook(lambda mod, args, out: out * 2)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        nn.Linear(2, 2).register_forward_hook(lambda mod, args, out: out)  # another module's
+        torch.testing.assert_close(fast(x), model(x))
+        assert not _recaptures(caplog)
+        handle.remove()
+        torch.testing.assert_close(fast(x), model(x))
+    (message,) = _recaptures(caplog)
+    assert "forward hooks of fc changed" in message
