@@ -428,14 +428,16 @@ def profile_choice(reference: KernelGraph,
 def pytorch_us(reference: KernelGraph, runner: Callable[[], Callable[[], Any]] | None) -> float | None:
     """What the subprogram takes in PyTorch on the current GPU, µs a call (CUDA-graph replays, as the
     builds are timed); None where there is nothing to time or it cannot be timed (the guard it serves
-    is then skipped). ``runner`` builds the function timed: what runs where no build is kept (the
-    frontend passes the subprogram's own torch ops, ``runtime.torch_ops_runner``)."""
+    is then skipped). ``runner`` builds the function timed (None: nothing to time): what runs where no
+    build is kept (the frontend passes the subprogram's own torch ops, ``runners.torch_ops_runner``), or
+    the copies a kept build adds (``runners.boundary_runner``)."""
     if runner is None:
         return None
     try:
         from mirage.codegen.profile import time_graph
 
-        return time_graph(runner(), replays=100).median_us
+        timed = runner()
+        return None if timed is None else time_graph(timed, replays=100).median_us
     except Exception as error:  # noqa: BLE001 - the comparison is a guard; without it the pick stands
         logger.warning("mirage: timing %s through PyTorch failed (%s: %s); keeping the fastest build",
                        reference.name or "a subprogram", type(error).__name__, error)
@@ -471,14 +473,17 @@ def verified_candidates(reference: KernelGraph, candidates: Sequence[KernelGraph
 def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = True,
            cache_dir: Path | None = None, progress: bool = True, profile_on: str | None = None,
            candidates: Sequence[KernelGraph] = (),
-           pytorch_runner: Callable[[], Callable[[], Any]] | None = None) -> Choice:
+           pytorch_runner: Callable[[], Callable[[], Any]] | None = None,
+           boundary_runner: Callable[[], Callable[[], Any] | None] | None = None) -> Choice:
     """The µGraph to run for ``reference``: from the cache, from a new search, or the reference.
     Without a named search space, the one that suits ``reference`` (:func:`auto_config`).
     ``profile_on``: the name of the current GPU; the verified µGraphs are then timed on it and the
     fastest is kept (the cache entry is per GPU).  ``candidates``: µGraphs of the user's, verified
     against ``reference`` and then ranked with the search's (those of another signature are skipped).
     ``pytorch_runner``: builds what runs where no build is kept, for the guard that keeps PyTorch
-    where it is faster than the fastest build (:func:`pytorch_us`)."""
+    where it is faster than the fastest build (:func:`pytorch_us`); ``boundary_runner``: builds the
+    copies a kept build adds around its kernels (``frontend.runners.boundary_runner``), charged to
+    the build in that comparison."""
     if settings.config is None:
         settings = dataclasses.replace(settings, config=auto_config(reference))
     for widen in (with_block_budget, with_kernel_budget, with_attention_layout, with_element_grids,
@@ -548,7 +553,10 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
             found, profiled, build, fastest_us = profile_choice(reference, ranked)
             note = f"{note}; {profiled}"
             eager_us = pytorch_us(reference, pytorch_runner)
-            if eager_us is not None and eager_us < fastest_us:  # never slower than leaving it to PyTorch
+            copies_us = (pytorch_us(reference, boundary_runner) or 0.0) if eager_us is not None else 0.0
+            if copies_us:
+                note = f"{note}; its copies around the kernels: {copies_us:.2f} µs"
+            if eager_us is not None and eager_us < fastest_us + copies_us:  # never slower than PyTorch
                 found, build = None, None
                 note = f"{note}; PyTorch runs the subprogram in {eager_us:.2f} µs, faster"
         except SelectionError as error:  # no build matched the reference on this GPU: run none of them

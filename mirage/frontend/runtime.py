@@ -45,6 +45,7 @@ from mirage.frontend.optimize import Choice, choose
 from mirage.frontend.options import Options
 from mirage.frontend.partition import Partition, Subprogram, partition, product_cuts
 from mirage.frontend.region import eager_strides
+from mirage.frontend.runners import boundary_runner, torch_ops_runner  # noqa: F401 - torch_ops_runner: API
 from mirage.frontend.state import Snapshot
 from mirage.mugraph.graph import same_strides
 
@@ -248,40 +249,6 @@ def runs_in_pytorch(choice: Choice, options: Options) -> bool:
     return options.search and choice.source == "reference"
 
 
-def torch_ops_runner(gm: fx.GraphModule, subprogram: Subprogram, device: str = "cuda"):
-    """A function of no arguments that runs ``subprogram``'s own torch ops (what runs where no µGraph
-    is kept) on ``device``: the captured nodes copied into a module of their own, whose outside values
-    are random tensors of their shapes and dtypes drawn once, parameters read from ``gm``."""
-    members = set(subprogram.nodes)
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    outside: list[fx.Node] = []
-    for node in gm.graph.nodes:
-        if node.name not in members:
-            continue
-        for source in node.all_input_nodes:
-            if source.name not in members and source not in env:
-                if source.op == "get_attr":
-                    env[source] = graph.get_attr(source.target)
-                else:
-                    env[source] = graph.placeholder(f"outside_{len(outside)}")
-                    outside.append(source)
-        env[node] = graph.node_copy(node, lambda n: env[n])
-    results = [env[n] for n in gm.graph.nodes if n.name in members
-               and (not n.users or any(u.name not in members for u in n.users))]
-    graph.output(tuple(results))
-    restore_causal(graph)
-    module = fx.GraphModule(gm, graph).to(device)
-
-    def sample(value: torch.Tensor) -> torch.Tensor:
-        if value.dtype.is_floating_point:
-            return torch.randn(tuple(value.shape), dtype=value.dtype, device=device)
-        return torch.zeros(tuple(value.shape), dtype=value.dtype, device=device)
-
-    inputs = tuple(sample(n.meta["val"]) for n in outside)
-    return lambda: module(*inputs)
-
-
 def choose_all(gm: fx.GraphModule, subprograms: Sequence[Subprogram], options: Options,
                profile_on: str | None = None) -> dict[str, Choice]:
     """Choose a µGraph for each subprogram, with a progress bar (profiled on GPU ``profile_on``, where
@@ -296,7 +263,8 @@ def choose_all(gm: fx.GraphModule, subprograms: Sequence[Subprogram], options: O
         choices[s.name] = choose(s.graph, options.search_settings, search=options.search,
                                  cache_dir=options.search_cache_dir, progress=options.progress,
                                  profile_on=profile_on, candidates=options.candidates,
-                                 pytorch_runner=lambda s=s: torch_ops_runner(gm, s))
+                                 pytorch_runner=lambda s=s: torch_ops_runner(gm, s),
+                                 boundary_runner=lambda s=s: boundary_runner(gm, s))
         c = choices[s.name]
         logger.info("mirage: %s (%d ops): µGraph from %s: %s", s.name, s.num_ops, c.source, c.detail)
     return choices

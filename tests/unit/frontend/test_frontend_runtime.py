@@ -229,7 +229,7 @@ def test_the_torch_ops_runner_computes_the_subprogram_with_its_own_ops():
     torch ops, parameters read from the program, outside values drawn in their own shapes and dtypes."""
     from mirage.frontend.capture import capture
     from mirage.frontend.partition import partition
-    from mirage.frontend.runtime import torch_ops_runner
+    from mirage.frontend.runners import torch_ops_runner
 
     model = _NormThenProject().double()
     gm = capture(model, (torch.randn(4, 16, dtype=torch.float64),), {})

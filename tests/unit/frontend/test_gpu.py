@@ -31,7 +31,7 @@ def test_the_guard_times_the_subprograms_own_torch_ops_on_the_gpu():
     from mirage.codegen.profile import time_graph
     from mirage.frontend.capture import capture
     from mirage.frontend.partition import partition
-    from mirage.frontend.runtime import torch_ops_runner
+    from mirage.frontend.runners import torch_ops_runner
 
     module, inputs = EXAMPLES["rmsnorm_linear"](4)
     module, inputs = module.cuda().half(), tuple(x.cuda().half() for x in inputs)
