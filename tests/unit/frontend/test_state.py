@@ -96,13 +96,20 @@ class Tempered(nn.Module):
     (lambda m: m.fc.eval(), "attribute fc.training changed from True to False"),
 ], ids=["number", "flag", "mode"])
 def test_a_plain_attribute_that_changed_captures_again(caplog, change, said):
+    _assert_recaptured(Tempered(), change, said, caplog)
+
+
+def _assert_recaptured(model, change, said: str, caplog) -> None:
+    """``change`` of ``model`` after its capture makes the next call capture again, saying ``said``,
+    and compute what the changed model computes."""
     torch.manual_seed(0)
-    model, x = Tempered(), torch.randn(4, 16)
+    x = torch.randn(4, 16)
     fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
-    torch.testing.assert_close(fast(x), model(x))
-    change(model)
-    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+    with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x))
+        change(model)
+        with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+            torch.testing.assert_close(fast(x), model(x))
     (message,) = _recaptures(caplog)
     assert said in message
 
@@ -163,15 +170,7 @@ def _config():
 ], ids=["config", "list", "dict", "numpy", "tensor", "hook"])
 def test_settings_beyond_plain_attributes_that_changed_capture_again(caplog, change, said):
     torch.manual_seed(0)
-    model, x = Configured(_config()), torch.randn(4, 16)
-    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
-    with torch.no_grad():
-        torch.testing.assert_close(fast(x), model(x))
-        change(model)
-        with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
-            torch.testing.assert_close(fast(x), model(x))
-    (message,) = _recaptures(caplog)
-    assert said in message
+    _assert_recaptured(Configured(_config()), change, said, caplog)
 
 
 def test_a_configuration_that_every_layer_holds_is_watched_once():
