@@ -4,8 +4,8 @@ The optimizer (:func:`mirage.optimizer.prepare`) has decided everything about th
 thread graphs are fused, which ops run as another op's epilogue, which matmul accumulators stay in
 registers, the schedule with its barriers and the shared-memory offsets.  This module only turns
 those decisions into records the templates render; it decides nothing about speed itself, so that
-speed (deeper pipelines, TMA, other matmul engines) comes in through the optimizer's records and
-new producer or step kinds, not by rewriting the walk below.
+speed (deeper pipelines, TMA, other matmul engines) comes in through the optimizer's records and new
+producer or step kinds, not by rewriting the walk below.
 
 The walk (:meth:`KernelLowering.steps`) follows ``schedule.items``:
 
