@@ -80,8 +80,7 @@ class KernelLowering:
         self.softmax_output_stores = softmax_output_stores
         self.producer_warp = producer_warp
         self.evict_first_streams = evict_first_streams
-        self.tma_release = tma_release
-        self.heavy_first = heavy_first
+        self.tma_release, self.heavy_first = tma_release, heavy_first
         self.released_loop = False  # set by steps(): stages handed back through barriers, none in the loop
         self.stagger_shared_loads = stagger_shared_loads
         self.name = name
