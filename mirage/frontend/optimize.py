@@ -553,7 +553,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
             found, profiled, build, fastest_us = profile_choice(reference, ranked)
             note = f"{note}; {profiled}"
             eager_us = pytorch_us(reference, pytorch_runner)
-            copies_us = (pytorch_us(reference, boundary_runner) or 0.0) if eager_us is not None else 0.0
+            copies_us = (pytorch_us(reference, boundary_runner) or 0.0) if (
+                eager_us is not None and boundary_runner is not None) else 0.0
             if copies_us:
                 note = f"{note}; its copies around the kernels: {copies_us:.2f} µs"
             if eager_us is not None and eager_us < fastest_us + copies_us:  # never slower than PyTorch

@@ -522,6 +522,11 @@ def test_a_pick_slower_than_pytorch_leaves_the_subprogram_to_pytorch(monkeypatch
     assert kept.source == "search" and kept.build == {"stages": 2}
     monkeypatch.setattr(optimize, "pytorch_us", lambda ref, runner=None: 20.0)
     assert optimize.choose(reference, settings, profile_on="Some GPU").source == "search"
+    # the copies a build adds around its kernels are charged to it: 14.48 + 6 µs against 20
+    copies = lambda: None  # noqa: E731
+    monkeypatch.setattr(optimize, "pytorch_us", lambda ref, runner=None: 6.0 if runner is copies else 20.0)
+    charged = optimize.choose(reference, settings, profile_on="Some GPU", boundary_runner=copies)
+    assert charged.source == "reference" and "its copies around the kernels: 6.00 µs" in charged.detail
 
 
 def test_a_failed_pytorch_timing_skips_the_guard(caplog):
