@@ -146,8 +146,10 @@ class StackedParameters(FoldedConstant):
     storage since (``module.to(...)``, ``p.data = ...``) makes it a :class:`FoldedConstant` again:
     stacked anew whenever a part changes, and at every replay of a caller's graph."""
 
-    def __init__(self, function: fx.GraphModule, parts: list[torch.Tensor]) -> None:
+    def __init__(self, function: fx.GraphModule, parts: list[torch.Tensor],
+                 names: tuple[str, ...] = ()) -> None:
         super().__init__(function)
+        self.names = names  # the parameters' names in the module, for the report
         self._rows: list[tuple[int, torch.Size]] = []
         start = 0
         for p in parts:
@@ -184,7 +186,8 @@ def _stacked(gm: fx.GraphModule, attributes: list[fx.Node], name: str, before: f
     parts = [graph.placeholder(f"part{k}") for k in range(len(attributes))]
     graph.output(graph.call_function(_ATEN.cat.default, (parts, 0)))
     tensors = [operator.attrgetter(str(a.target))(gm) for a in attributes]
-    gm.add_submodule(name, StackedParameters(fx.GraphModule(gm, graph), tensors))
+    gm.add_submodule(name, StackedParameters(fx.GraphModule(gm, graph), tensors,
+                                             tuple(str(a.target) for a in attributes)))
     with gm.graph.inserting_before(before):
         reads = [gm.graph.get_attr(str(a.target)) for a in attributes]  # defined before the stack
         stacked = gm.graph.call_module(name, tuple(reads))

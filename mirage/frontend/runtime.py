@@ -44,6 +44,7 @@ from mirage.frontend.guard import OURS, Verdict, check
 from mirage.frontend.optimize import Choice, choose
 from mirage.frontend.options import Options
 from mirage.frontend.partition import Partition, Subprogram, partition, product_cuts
+from mirage.frontend.products import StackedParameters
 from mirage.frontend.region import eager_strides
 from mirage.frontend.runners import boundary_runner, torch_ops_runner  # noqa: F401 - torch_ops_runner: API
 from mirage.frontend.state import Snapshot
@@ -234,6 +235,11 @@ class Specialization:
         if count:
             lines.append(f"  kept copies: {count} parameter(s) read as strided views (a transposed "
                          f"weight), {size / 1024:,.0f} KiB, made again when a parameter changes")
+        stacks = [m.names for m in self.module.modules() if isinstance(m, StackedParameters)
+                  and m._stack.dim() == 2] if isinstance(self.module, nn.Module) else []
+        for names in stacks:
+            lines.append(f"  one product of {len(names)} stacked weights ({', '.join(names)}): sibling "
+                         "products only reshaped, the parameters now rows of one tensor")
         in_place = [name for m in self.module.modules() if isinstance(m, SubprogramModule)
                     for name in m.read_in_place] if isinstance(self.module, nn.Module) else []
         if in_place:

@@ -55,6 +55,7 @@ def test_bert_projections_are_one_product_whose_slices_the_heads_read(gpu_like):
     fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
     with torch.no_grad():
         torch.testing.assert_close(fast(x).double(), _reference(model, x), rtol=1e-4, atol=1e-4)
+    assert "one product of 3 stacked weights (query.weight, key.weight, value.weight)" in fast.report()
 
 
 def test_an_update_in_place_of_one_weight_is_seen_at_the_next_call(gpu_like):
