@@ -61,7 +61,9 @@ def superoptimize(program: Any, example_inputs: Any = None, **options: Any) -> n
     from an earlier search or written by hand: each is verified against every subprogram of its
     signature and, when equivalent, ranked and profiled with the search's results),
     ``upcasts``, ``whole_program_check`` (default True: on a GPU, the program as given runs instead
-    where it was timed faster than with the chosen µGraphs; :mod:`mirage.frontend.guard`).
+    where it was timed faster than with the chosen µGraphs; :mod:`mirage.frontend.guard`),
+    ``merge_products`` (default True: sibling projections that are only split into heads run as one
+    product, their parameters becoming rows of one tensor; :mod:`mirage.frontend.products`).
     """
     opts = Options.parse(**options)
     if _called_by_a_worker_importing_the_script():

@@ -166,8 +166,10 @@ def check_call(captured: Signature, call: Signature, name: str) -> None:
                     f"with .to('{was.device}') or superoptimize the model again on {now.device}")
 
 
-def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
-    """The aten-level graph module of ``module`` for these inputs (parameters as attributes)."""
+def capture(module: nn.Module, args: tuple, kwargs: dict, merge_products: bool = True) -> fx.GraphModule:
+    """The aten-level graph module of ``module`` for these inputs (parameters as attributes).
+    ``merge_products``: sibling products that are only reshaped become one product of their stacked
+    weights (:func:`products.merged_products`)."""
     name = program_name(module)
     tensors = (*module.named_parameters(), *module.named_buffers())
     made_in_inference = [n for n, t in tensors if t.is_inference()]
@@ -201,7 +203,8 @@ def capture(module: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     _drop_value_asserts(gm)
     _scalar_fulls(gm)
     products.split_products(gm)
-    products.merged_products(gm)
+    if merge_products:
+        products.merged_products(gm)
     _explicit_causal_masks(gm)
     _additive_bool_masks(gm)
     fill_masks.where_fills(gm)

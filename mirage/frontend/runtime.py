@@ -362,7 +362,7 @@ class MirageModule(nn.Module):
             return self._specializations[key]
         seconds = {}
         start = time.perf_counter()
-        gm = capture(self.program, args, kwargs)
+        gm = capture(self.program, args, kwargs, self.options.merge_products)
         self._snapshot = self._snapshot or Snapshot.of(self.program)
         seconds["capture"] = time.perf_counter() - start
         start = time.perf_counter()

@@ -5,6 +5,7 @@ the search to fuse with those ops."""
 
 import copy
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -156,3 +157,20 @@ def test_a_second_specialization_reads_the_same_stack():
     stacks = [m._stack.data_ptr() for spec in fast.specializations for m in spec.module.modules()
               if isinstance(m, StackedParameters) and m._stack.dim() == 2]
     assert len(stacks) == 2 and stacks[0] == stacks[1]
+
+
+def test_merge_products_off_leaves_the_parameters_as_they_are():
+    """``merge_products=False``: three products, each parameter in its own storage (for libraries that
+    refuse tensors sharing storage); on, the state dict keeps its keys and values."""
+    model, x = BertSelfAttention(hidden=64, heads=4).eval(), torch.randn(1, 16, 64)
+    before = {k: (v.data_ptr(), v.clone()) for k, v in model.state_dict().items()}
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False, merge_products=False)
+    assert sum(n.target is _LINEAR for n in fast.specializations[0].captured.nodes) == 3
+    assert all(v.data_ptr() == before[k][0] for k, v in model.state_dict().items())
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x).double(), _reference(model, x), rtol=1e-4, atol=1e-4)
+    mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    after = model.state_dict()
+    assert list(after) == list(before) and all(torch.equal(after[k], v) for k, (_, v) in before.items())
+    with pytest.raises(mi.frontend.OptionError, match="merge_products must be True or False"):
+        mi.superoptimize(model, (x,), merge_products="no")
