@@ -142,12 +142,15 @@ class StackedParameters(FoldedConstant):
     """The parameters ``parts`` stacked along dim 0, in one tensor whose rows the parameters become
     views of (``p.data`` re-pointed: the same values and the same ``Parameter`` objects, no second copy
     of the weights). While they stay so, a call returns that tensor as it is, in a caller's CUDA
-    graph too: an update of a parameter in place is an update of its rows. A parameter given other
-    storage since (``module.to(...)``, ``p.data = ...``) makes it a :class:`FoldedConstant` again:
-    stacked anew whenever a part changes, and at every replay of a caller's graph."""
+    graph too: an update of a parameter in place is an update of its rows. Parameters that do not own
+    their storage alone (tied to another tensor by sharing it, or rows of another stack already, in
+    another order: another specialization's) are left as they are, as is a parameter given other
+    storage since (``module.to(...)``, ``p.data = ...``): the stack is then a :class:`FoldedConstant`,
+    stacked anew whenever a part changes, and at every replay of a caller's graph. ``others``: the
+    storages of the module's other tensors."""
 
     def __init__(self, function: fx.GraphModule, parts: list[torch.Tensor],
-                 names: tuple[str, ...] = ()) -> None:
+                 names: tuple[str, ...] = (), others: frozenset[int] = frozenset()) -> None:
         super().__init__(function)
         self.names = names  # the parameters' names in the module, for the report
         self._rows: list[tuple[int, torch.Size]] = []
@@ -157,26 +160,42 @@ class StackedParameters(FoldedConstant):
             start += p.shape[0]
         shape = (start, *parts[0].shape[1:])
         first = parts[0].detach()
+        self._stack: torch.Tensor | None
         try:  # the rows of one stack already (another specialization's): read that stack, no copy
             self._stack = first.as_strided(shape, torch.empty(shape, device="meta").stride())
         except RuntimeError:  # past the end of the first part's storage
-            self._stack = first
-        if not self._viewed(parts):
+            self._stack = None
+        if self._stack is not None and self._viewed(parts):
+            return
+        self._stack = None
+        if _alone(parts, others):
             with torch.no_grad():
                 self._stack = torch.cat([p.detach() for p in parts], 0)
-            if len({id(q) for q in parts}) == len(parts):  # a part given twice cannot view both rows
-                for p, (row, size) in zip(parts, self._rows, strict=True):
-                    p.data = self._stack[row:row + size[0]]
+            for p, (row, size) in zip(parts, self._rows, strict=True):
+                p.data = self._stack[row:row + size[0]]
 
     def _viewed(self, parts: tuple[torch.Tensor, ...]) -> bool:
         stack = self._stack
-        return len(parts) == len(self._rows) and all(
+        return stack is not None and len(parts) == len(self._rows) and all(
             p.shape == shape and p.device == stack.device and p.dtype == stack.dtype
             and p.data_ptr() == stack.data_ptr() + start * stack.stride(0) * stack.element_size()
             for p, (start, shape) in zip(parts, self._rows, strict=True))
 
     def forward(self, *parts: torch.Tensor) -> torch.Tensor:
-        return self._stack if self._viewed(parts) else super().forward(*parts)
+        return self._stack if self._viewed(parts) else super().forward(*parts)  # type: ignore[return-value]
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _alone(parts: list[torch.Tensor], others: frozenset[int]) -> bool:
+    """Whether each of ``parts`` is the whole of a storage that no other part and no tensor of
+    ``others`` (storages) shares: re-pointing it into a stack then unties nothing."""
+    storages = [_storage(p) for p in parts]
+    return len(set(storages)) == len(parts) and not set(storages) & others and all(
+        p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size()
+        for p in parts)
 
 
 def _stacked(gm: fx.GraphModule, attributes: list[fx.Node], name: str, before: fx.Node) -> fx.Node:
@@ -186,8 +205,12 @@ def _stacked(gm: fx.GraphModule, attributes: list[fx.Node], name: str, before: f
     parts = [graph.placeholder(f"part{k}") for k in range(len(attributes))]
     graph.output(graph.call_function(_ATEN.cat.default, (parts, 0)))
     tensors = [operator.attrgetter(str(a.target))(gm) for a in attributes]
+    mine = {id(t) for t in tensors}
+    others = frozenset(_storage(t) for _, t in (*gm.named_parameters(remove_duplicate=False),
+                                                *gm.named_buffers(remove_duplicate=False))
+                       if id(t) not in mine)
     gm.add_submodule(name, StackedParameters(fx.GraphModule(gm, graph), tensors,
-                                             tuple(str(a.target) for a in attributes)))
+                                             tuple(str(a.target) for a in attributes), others))
     with gm.graph.inserting_before(before):
         reads = [gm.graph.get_attr(str(a.target)) for a in attributes]  # defined before the stack
         stacked = gm.graph.call_module(name, tuple(reads))

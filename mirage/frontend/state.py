@@ -95,8 +95,8 @@ class Snapshot:
             if now is not held:
                 return f"{label} was {'removed' if now is None else 'replaced'}"
             if address is not None and now.data_ptr() != address:
-                dtype, shape, device = self.layouts[id(held)]
-                if (now.dtype, now.shape, now.device) == (dtype, shape, device):
+                dtype, shape, device = self.layouts.get(id(held), (now.dtype, now.shape, now.device))
+                if (now.dtype, now.shape, now.device) == (dtype, shape, device):  # (or a deep copy's)
                     return f"{label} was given new data"
                 return (f"{label} changed from {dtype} {list(shape)} on {device} to {now.dtype} "
                         f"{list(now.shape)} on {now.device}")

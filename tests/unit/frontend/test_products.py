@@ -174,3 +174,56 @@ def test_merge_products_off_leaves_the_parameters_as_they_are():
     assert list(after) == list(before) and all(torch.equal(after[k], v) for k, (_, v) in before.items())
     with pytest.raises(mi.frontend.OptionError, match="merge_products must be True or False"):
         mi.superoptimize(model, (x,), merge_products="no")
+
+
+def test_parameters_that_share_storage_stay_tied():
+    """Two Parameters over one storage (a tie by ``nn.Parameter(other.data)``): not re-pointed, so an
+    update of one is still an update of the other; the stack is copied while they are unchanged."""
+    from mirage.frontend.products import StackedParameters
+
+    model, x = BertSelfAttention(hidden=64, heads=4).eval(), torch.randn(1, 16, 64)
+    twin = copy.deepcopy(model)
+    for m in (model, twin):
+        m.key.weight = torch.nn.Parameter(m.query.weight.data)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    assert model.key.weight.data_ptr() == model.query.weight.data_ptr()
+    (stack,) = [m for m in fast.specializations[0].module.modules()
+                if isinstance(m, StackedParameters) and m.names[0].endswith("weight")]
+    assert stack._stack is None
+    with torch.no_grad():
+        model.query.weight.mul_(2)
+        twin.query.weight.mul_(2)
+        torch.testing.assert_close(model(x), twin(x))
+        torch.testing.assert_close(fast(x).double(), _reference(twin, x), rtol=1e-4, atol=1e-4)
+
+
+def test_specializations_stacking_in_other_orders_do_not_take_the_parameters_from_each_other(caplog):
+    import logging
+
+    class Flip(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(32, 32) for _ in range(3))
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            order = (self.q, self.k, self.v) if n < 10 else (self.v, self.k, self.q)
+            q, k, v = (f(x).view(b, n, 4, 8).transpose(1, 2) for f in order)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    model = Flip().eval()
+    x1, x2 = torch.randn(2, 8, 32), torch.randn(2, 12, 32)
+    fast = mi.superoptimize(model, (x1,), search=False, use_cache=False, progress=False)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        for x in (x2, x1, x2, x1):
+            torch.testing.assert_close(fast(x).double(), _reference(model, x), rtol=1e-4, atol=1e-4)
+    assert not [r for r in caplog.records if "capturing it again" in r.getMessage()]
+    assert len(fast.specializations) == 2
+
+
+def test_a_deep_copy_of_the_module_runs():
+    model, x = BertSelfAttention(hidden=64, heads=4).eval(), torch.randn(1, 16, 64)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    other = copy.deepcopy(fast)
+    with torch.no_grad():
+        torch.testing.assert_close(other(x).double(), _reference(model, x), rtol=1e-4, atol=1e-4)
