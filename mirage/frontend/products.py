@@ -190,12 +190,13 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def _alone(parts: list[torch.Tensor], others: frozenset[int]) -> bool:
-    """Whether each of ``parts`` is the whole of a storage that no other part and no tensor of
-    ``others`` (storages) shares: re-pointing it into a stack then unties nothing."""
+    """Whether each of ``parts`` is the whole of a storage, row-major, that no other part and no
+    tensor of ``others`` (storages) shares: re-pointing it into a stack then unties nothing and keeps
+    its strides."""
     storages = [_storage(p) for p in parts]
     return len(set(storages)) == len(parts) and not set(storages) & others and all(
-        p.storage_offset() == 0 and p.untyped_storage().nbytes() == p.numel() * p.element_size()
-        for p in parts)
+        p.is_contiguous() and p.storage_offset() == 0
+        and p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in parts)
 
 
 def _stacked(gm: fx.GraphModule, attributes: list[fx.Node], name: str, before: fx.Node) -> fx.Node:

@@ -227,3 +227,13 @@ def test_a_deep_copy_of_the_module_runs():
     other = copy.deepcopy(fast)
     with torch.no_grad():
         torch.testing.assert_close(other(x).double(), _reference(model, x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_transposed_parameter_keeps_its_strides():
+    model, x = BertSelfAttention(hidden=64, heads=4).eval(), torch.randn(1, 16, 64)
+    model.value.weight = torch.nn.Parameter(model.value.weight.detach().t().contiguous().t())
+    strides = [p.stride() for p in (model.query.weight, model.key.weight, model.value.weight)]
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    assert [p.stride() for p in (model.query.weight, model.key.weight, model.value.weight)] == strides
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x).double(), _reference(model, x), rtol=1e-4, atol=1e-4)
