@@ -237,9 +237,9 @@ def _lower_kernel(prepared: PreparedProgram, kernel, name: str, accumulator: str
 
 def _output_strides(graph: KernelGraph, node: int) -> tuple[tuple[int, int, int, int] | None, ...]:
     """Per output of graph-defined op ``node``, the rank-4 strides (leading dims of one element added)
-    the program declares for it where it is a program output (``KernelGraph.output_strides``), else
+    it is written with where it is a program output declared so (``KernelGraph.strided_writes``), else
     None (row-major)."""
-    declared = {r: graph.output_stride(m) for m, r in enumerate(graph.outputs)}
+    declared = graph.strided_writes()
     out = []
     for j, t in enumerate(graph.nodes[node].outputs):
         strides = declared.get(Ref(node, j), ())

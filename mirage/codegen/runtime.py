@@ -275,7 +275,7 @@ class Program:
             folded = {k.consumer for k in self.cuda.kernels}  # results come with the kernel folded into
             read_elsewhere = {r for node in graph.nodes if node.op is not Op.CUSTOMIZED for r in node.inputs}
             returned = set(graph.outputs) | read_elsewhere
-            declared = {r: graph.output_stride(m) for m, r in enumerate(graph.outputs)}
+            declared = graph.strided_writes()
             steps: list[tuple] = []
             for i, node in enumerate(graph.nodes):
                 if node.op is Op.INPUT:

@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 
 from mirage.frontend.fill_masks import FoldedConstant
+from mirage.mugraph.graph import dense_strides
 
 _ATEN = torch.ops.aten
 _SPLITS = {_ATEN.chunk.default, _ATEN.split.Tensor, _ATEN.split_with_sizes.default}
@@ -162,7 +163,7 @@ class StackedParameters(FoldedConstant):
         first = parts[0].detach()
         self._stack: torch.Tensor | None
         try:  # the rows of one stack already (another specialization's): read that stack, no copy
-            self._stack = first.as_strided(shape, torch.empty(shape, device="meta").stride())
+            self._stack = first.as_strided(shape, dense_strides(shape))
         except RuntimeError:  # past the end of the first part's storage
             self._stack = None
         if self._stack is not None and self._viewed(parts):

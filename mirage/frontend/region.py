@@ -31,7 +31,7 @@ from mirage.frontend import shapes
 from mirage.frontend.capture import PATTERN
 from mirage.mugraph import patterns
 from mirage.mugraph.builder import DTensor
-from mirage.mugraph.graph import input_layout, output_strides
+from mirage.mugraph.graph import dense_strides, input_layout, output_strides
 from mirage.mugraph.ops import Op
 
 Shape = tuple[int, ...]
@@ -220,7 +220,7 @@ def _merged_back(node: fx.Node) -> tuple[int, ...] | None:
                  else _swap(value.dim(), *user.args[1:3]))
     except (TypeError, ValueError):
         return None
-    row_major = torch.empty(tuple(permuted.shape), device="meta").stride()
+    row_major = dense_strides(tuple(permuted.shape))
     strides = [0] * value.dim()
     for position, dim in enumerate(order):
         strides[dim] = row_major[position]

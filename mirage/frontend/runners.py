@@ -5,7 +5,6 @@ them). A build is kept only where its time and its copies' beat the torch ops.""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -14,7 +13,7 @@ import torch.fx as fx
 from mirage.frontend.capture import restore_causal
 from mirage.frontend.partition import Subprogram
 from mirage.frontend.region import eager_strides
-from mirage.mugraph.graph import KernelInput, same_strides
+from mirage.mugraph.graph import KernelInput, dense_strides, same_strides
 
 
 def sample(value: torch.Tensor, device: str) -> torch.Tensor:
@@ -86,7 +85,7 @@ def boundary_runner(gm: fx.GraphModule, subprogram: Subprogram, device: str = "c
             continue
         kind = graph.output_types[out.index]
         declared = graph.output_stride(out.index)
-        written = torch.empty_strided(kind.shape, declared or _row_major(kind.shape),
+        written = torch.empty_strided(kind.shape, declared or dense_strides(kind.shape),
                                       dtype=kind.dtype.torch(), device=device)
         if not same_strides(out.shape, out.apply(written).stride(), wanted):
             copies.append(lambda w=written, o=out, s=wanted: restrided(o.apply(w), s))
@@ -94,6 +93,3 @@ def boundary_runner(gm: fx.GraphModule, subprogram: Subprogram, device: str = "c
         return None
     return lambda: [copy() for copy in copies]
 
-
-def _row_major(shape) -> tuple[int, ...]:
-    return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))

@@ -152,7 +152,7 @@ def _immutable(value: object) -> bool:
 
 
 def _attributes(store: dict, name: str, value: object, label: str, visited: set[int],
-                depth: int = 0) -> list[tuple[dict, str, object, str]]:
+                depth: int = 0) -> list[tuple[dict, str, object, str, object]]:
     """Entries for attribute ``name`` of ``store`` (a module's or a configuration object's
     ``__dict__``): its frozen value where it is plain data, or one per attribute of a configuration
     object (a plain object with a ``__dict__``: ``types.SimpleNamespace``, a dataclass, a model

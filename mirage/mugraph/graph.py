@@ -359,8 +359,16 @@ class KernelGraph(_GraphBase):
         return tuple(self.type_of(r) for r in self.outputs)
 
     def output_stride(self, k: int) -> tuple[int, ...]:
-        """The strides output ``k`` is written with: declared, or () for row-major."""
+        """The strides output ``k`` is declared with, or () for row-major."""
         return self.output_strides[k] if k < len(self.output_strides) else ()
+
+    def strided_writes(self) -> dict[Ref, tuple[int, ...]]:
+        """The outputs that the kernels producing them write with their declared strides: those no
+        other op of the graph reads (a reader takes its inputs row-major; such an output is written
+        row-major and laid out afterwards)."""
+        read = {r for node in self.nodes for r in node.inputs}
+        return {r: self.output_stride(m) for m, r in enumerate(self.outputs)
+                if self.output_stride(m) and r not in read}
 
     def block_graphs(self) -> list[BlockGraph]:
         return [n.attrs for n in self.nodes if isinstance(n.attrs, BlockGraph)]

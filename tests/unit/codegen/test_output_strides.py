@@ -98,3 +98,19 @@ def test_the_runtime_lays_out_an_output_computed_through_torch():
     laid = laid_out(value, MERGED)
     assert laid.stride() == MERGED and torch.equal(laid, value)
     assert laid_out(laid, MERGED) is laid and laid_out(value, ()) is value
+
+
+def test_an_output_another_op_reads_is_written_row_major_and_laid_out_after():
+    """The reader takes its input row-major: the producing kernel writes it so, and the runtime lays
+    the output out with its declared strides afterwards."""
+    g = mi.new_kernel_graph("t")
+    x = g.new_input(dims=(12, 128, 64), dtype=mi.float32)
+    y = g.exp(x)
+    g.mark_output(y, strides=MERGED)
+    g.mark_output(g.exp(y))
+    graph = g.freeze()
+    assert graph.strided_writes() == {}
+    alone = mi.new_kernel_graph("u")
+    alone.mark_output(alone.exp(alone.new_input(dims=(12, 128, 64))), strides=MERGED)
+    frozen = alone.freeze()
+    assert frozen.strided_writes() == {frozen.outputs[0]: MERGED}
