@@ -46,7 +46,7 @@ from mirage.frontend.options import Options
 from mirage.frontend.partition import Partition, Subprogram, partition, product_cuts
 from mirage.frontend.products import StackedParameters
 from mirage.frontend.region import eager_strides
-from mirage.frontend.runners import boundary_runner, torch_ops_runner  # noqa: F401 - torch_ops_runner: API
+from mirage.frontend.runners import boundary_runner, torch_ops_runner
 from mirage.frontend.state import Snapshot
 from mirage.mugraph.graph import same_strides
 
