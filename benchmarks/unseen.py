@@ -398,6 +398,7 @@ PROGRAMS = {
     "layernorm_projection": (LayerNormProjection, [(4, 512)]),
     "bert_mlp": (BertMLP, [(8, 384)]),
     "bert_attention": (BertSelfAttention, [(1, 128, 768)]),
+    "bert_attention_b2": (BertSelfAttention, [(2, 128, 768)]),  # (batch · heads) of two strides
     "llama_attention": (LlamaAttention, [(1, 256, 1024)]),
     "prefill_projection": (functools.partial(nn.Linear, 768, 768), [(1, 128, 768)]),  # BERT's, alone
     "heads_attention": (HeadsAttention, [(2, 8, 128, 64)] * 3),

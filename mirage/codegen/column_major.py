@@ -100,25 +100,59 @@ def transposed_reads(prepared) -> tuple[tuple[int, ...], dict[int, frozenset[int
             {k: frozenset(v) for k, v in per_kernel.items()})
 
 
-def strided_reads(graph: KernelGraph, transposed_inputs: Iterable[int]) -> dict[int, tuple[int, ...]]:
+def strided_reads(graph: KernelGraph, transposed_inputs: Iterable[int],
+                  split_inputs: Iterable[int] = ()) -> dict[int, tuple[int, ...]]:
     """The inputs of ``graph`` (positions among its inputs) that the program reads in place through
     the strides they are declared with (``KernelInput.strides``: a view such as a head split), and
     those strides: every input iterator addresses its tensor through strides, so each such input
-    whose layout the program keeps (a "col" one only where it is read transposed) is read so."""
-    transposed = set(transposed_inputs)
+    whose layout the program keeps (a "col" one only where it is read transposed, one with split dims
+    only where ``split_inputs`` has it: :func:`split_reads`) is read so."""
+    transposed, split = set(transposed_inputs), set(split_inputs)
     out = {}
     for p, n in enumerate(graph.input_nodes):
         attrs = graph.nodes[n].attrs
-        if isinstance(attrs, KernelInput) and attrs.strides and (attrs.layout != "col" or p in transposed):
+        if (isinstance(attrs, KernelInput) and attrs.strides and (attrs.layout != "col" or p in transposed)
+                and (not attrs.split_strides or p in split)):
             out[p] = attrs.strides
     return out
 
 
-def with_strides(context, kernel_inputs: Sequence[int], strides: dict[int, tuple[int, ...]]):
+def split_reads(graph: KernelGraph, contexts: dict,
+                kernel_inputs: dict[int, Sequence[int]]) -> tuple[int, ...]:
+    """The inputs with split dims (``KernelInput.split_strides``; positions among the graph's inputs) that
+    every reader takes in place: graph-defined ops only, whose iterators copy by threads (no tensor
+    map), never step a split dim in their for-loop and fill tiles whose extent along it divides its
+    inner extent (a tile never straddles the split: ``dev::Strides``). ``contexts``: each kernel's
+    lowered context by node; ``kernel_inputs``: each kernel parameter's input position by node."""
+    split = {p: graph.nodes[n].attrs.splits() for p, n in enumerate(graph.input_nodes)
+             if isinstance(graph.nodes[n].attrs, KernelInput) and graph.nodes[n].attrs.split_strides}
+    if not split:
+        return ()
+    legal = dict.fromkeys(split, True)
+    positions = {n: p for p, n in enumerate(graph.input_nodes)}
+    for node in graph.nodes:  # an op run through torch would take the view for the graph's shape
+        if node.op is not Op.CUSTOMIZED:
+            for ref in node.inputs:
+                legal[positions.get(ref.node, -1)] = False
+    for k, context in contexts.items():
+        for it in context.iterators:
+            p = kernel_inputs[k][int(it.parameter.removeprefix("input"))]
+            if p not in split or it.generated:
+                continue
+            rank = len(graph.type_of(Ref(graph.input_nodes[p], 0)).shape)
+            for d, (inner, _) in split[p].items():
+                d4 = d + 4 - rank
+                fits = inner % it.tile.layout.dims[d4] == 0
+                legal[p] = legal[p] and not it.tma and it.forloop_dim != d4 and fits
+    return tuple(sorted(p for p in split if legal[p]))
+
+
+def with_strides(context, kernel_inputs: Sequence[int], strides: dict[int, tuple[int, ...]],
+                 splits: dict[int, dict[int, tuple[int, int]]] | None = None):
     """Kernel ``context`` with its iterators over the strided inputs (positions among the graph's
     inputs, ``kernel_inputs`` giving each kernel parameter's) addressing them through their strides,
     rank-4 and, for a tile read transposed, as stored (the last two swapped, as :func:`iterated` swaps
-    the dims)."""
+    the dims); ``splits``: the split dims of those that have them (``KernelInput.splits``)."""
     if not strides:
         return context
     iterators = []
@@ -129,15 +163,27 @@ def with_strides(context, kernel_inputs: Sequence[int], strides: dict[int, tuple
             padded = (given[0] * it.source_dims[4 - len(given)],) * (4 - len(given)) + tuple(given)
             if it.view is not None:
                 padded = (*padded[:2], padded[3], padded[2])
-            it = dataclasses.replace(it, source_strides=padded)
+            split = (splits or {}).get(position)
+            outer, inner = [0] * 4, [0] * 4
+            for d, (n, o) in (split or {}).items():  # dims before the last two: no swap
+                inner[d + 4 - len(given)], outer[d + 4 - len(given)] = n, o
+            it = dataclasses.replace(it, source_strides=padded,
+                                     source_split=(tuple(outer), tuple(inner)) if split else None)
         iterators.append(it)
     return dataclasses.replace(context, iterators=tuple(iterators))
 
 
-def in_layout(tensor, transposed: bool, strides: Sequence[int] | None = None):
+def in_layout(tensor, transposed: bool, strides: Sequence[int] | None = None,
+              view: tuple[tuple[int, ...], tuple[int, ...]] | None = None):
     """``tensor`` as a kernel reads it: row-major, or column-major in its last two dims where the
     program reads it in place so (``CudaProgram.transposed_inputs``), or with the ``strides`` the
-    program reads it through (``CudaProgram.input_strides``); a copy only where it is not."""
+    program reads it through (``CudaProgram.input_strides``), or as the view of split dims ``view``
+    (its shape and strides: ``CudaProgram.input_views``), which it may arrive as or in the graph's
+    shape; a copy only where it is not."""
+    if view is not None:
+        if tuple(tensor.shape) != view[0]:
+            tensor = tensor.reshape(view[0])
+        return tensor if same_strides(view[0], tensor.stride(), view[1]) else torch_strided(tensor, view[1])
     if strides is not None:
         if same_strides(tensor.shape, tensor.stride(), strides):
             return tensor

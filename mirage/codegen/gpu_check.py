@@ -21,7 +21,7 @@ import numpy as np
 
 from mirage.mugraph import patterns
 from mirage.mugraph.dtypes import DType
-from mirage.mugraph.graph import KernelGraph
+from mirage.mugraph.graph import KernelGraph, split_view
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,10 @@ def random_inputs(graph: KernelGraph, seed: int = 0, scale: float = 1.0, device:
         value = value.to(t.dtype.torch()).to(device)
         attrs = graph.nodes[i].attrs
         if attrs.strides:  # a view; along a dim of stride 0 (a broadcast) its values repeat
-            first = tuple(slice(0, 1) if s == 0 else slice(None) for s in attrs.strides)
-            value = column_major.torch_strided(value[first].expand(value.shape), attrs.strides)
+            shape, strides = split_view(t.shape, attrs.strides, attrs.splits())  # split dims as two
+            value = value.reshape(shape)
+            first = tuple(slice(0, 1) if s == 0 else slice(None) for s in strides)
+            value = column_major.torch_strided(value[first].expand(shape), strides)
         inputs.append(value.mT.contiguous().mT if attrs.layout == "col" and not attrs.strides else value)
     return inputs
 
@@ -189,7 +191,9 @@ def check_on_gpu(
     run_seconds = time.perf_counter() - start
     start = time.perf_counter()
     if reference is None:
-        reference = interpret(graph, [x.detach().cpu() for x in inputs], dtype=np.float64)
+        given = [x.detach().cpu().reshape(t.shape)  # a view of split dims as passed
+                 for x, t in zip(inputs, graph.input_types, strict=True)]
+        reference = interpret(graph, given, dtype=np.float64)
     reference_seconds = time.perf_counter() - start
     result = CheckResult(
         name or graph.name or "graph",

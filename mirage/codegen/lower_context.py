@@ -93,6 +93,8 @@ class InputIteratorContext:
     view: TileLayout | None = None  # how the steps read that tile, where not as filled (a Transposed tile)
     # rank-4 element strides of a view read in place (column_major.with_strides); None: dense row-major
     source_strides: tuple[int, int, int, int] | None = None
+    # its split dims (KernelInput.split_strides), rank-4: (outer strides, inner extents), 0 where unsplit
+    source_split: tuple[tuple[int, ...], tuple[int, ...]] | None = None
     staggered: bool = False  # blocks that load the same tile start at different rows (a rotation)
     evict_first: bool = False  # no other block reads its tiles: the copies mark their lines first to leave L2
     multicast: int = 0  # > 1: read once per cluster of this many blocks (dev::MulticastIterator)

@@ -33,7 +33,7 @@ from mirage.codegen.lower import KernelLowering
 from mirage.codegen.lower_context import FoldedKernel, KernelContext
 from mirage.codegen.lower_ops import LoweringError, element_type
 from mirage.codegen.tensor_maps import SWIZZLE_BYTES, TensorMapSpec
-from mirage.mugraph.graph import KernelGraph, Ref
+from mirage.mugraph.graph import KernelGraph, Ref, split_view
 from mirage.mugraph.target import TARGETS, Target, detect_target
 from mirage.optimizer.cluster_fold import ClusterFold
 from mirage.optimizer.pipeline import OptimizerOptions, PreparedProgram, prepare
@@ -118,12 +118,24 @@ class CudaProgram:
     prepared: PreparedProgram | None = field(default=None, compare=False, repr=False)
     # inputs (positions among the graph's) read in place column-major (mirage.codegen.column_major)
     transposed_inputs: tuple[int, ...] = ()
+    # inputs with split dims (KernelInput.split_strides) read in place (column_major.split_reads)
+    split_inputs: tuple[int, ...] = ()
 
     @functools.cached_property
     def input_strides(self) -> dict[int, tuple[int, ...]]:
         """Inputs (positions) read in place through the strides they are declared with (a view such
         as a head split: mirage.codegen.column_major), and those strides."""
-        return column_major.strided_reads(self.graph, self.transposed_inputs)
+        return column_major.strided_reads(self.graph, self.transposed_inputs, self.split_inputs)
+
+    @functools.cached_property
+    def input_views(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Inputs (positions) read in place with split dims, and the shape and strides of the view
+        that calls pass for each (the split dims as two: :func:`mirage.mugraph.graph.split_view`)."""
+        out = {}
+        for p in self.split_inputs:
+            node = self.graph.nodes[self.graph.input_nodes[p]]
+            out[p] = split_view(node.outputs[0].shape, node.attrs.strides, node.attrs.splits())
+        return out
 
     def kernel(self, node: int) -> KernelLaunch:
         """The launch that runs graph-defined op ``node`` (its own kernel, or a cluster fold's)."""
@@ -144,6 +156,7 @@ class CudaProgram:
             "kernels": [k.to_dict() for k in self.kernels],
             "target": asdict(self.target),
             "transposed_inputs": list(self.transposed_inputs),
+            **({"split_inputs": list(self.split_inputs)} if self.split_inputs else {}),
         }
 
     @classmethod
@@ -156,6 +169,7 @@ class CudaProgram:
             tuple(KernelLaunch.from_dict(k) for k in d["kernels"]),
             Target(**d["target"]),
             transposed_inputs=tuple(d.get("transposed_inputs", ())),
+            split_inputs=tuple(d.get("split_inputs", ())),
         )
 
 
@@ -288,13 +302,17 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
     prefix = kernel_prefix(graph)
     accumulator = element_type(prepared.options.accumulator_dtype, "the accumulator dtype")
     transposed_inputs, transposed = column_major.transposed_reads(prepared)
-    strides = column_major.strided_reads(graph, transposed_inputs)
     positions = {n: p for p, n in enumerate(graph.input_nodes)}
+    kernel_inputs = {k.node: [positions.get(ref.node, -1) for ref in graph.nodes[k.node].inputs]
+                     for k in prepared.kernels}
+    lowered = {k.node: _lower_kernel(prepared, k, f"{prefix}_k{k.node}", accumulator,
+                                     transposed.get(k.node, frozenset())) for k in prepared.kernels}
+    split_inputs = column_major.split_reads(graph, lowered, kernel_inputs)
+    strides = column_major.strided_reads(graph, transposed_inputs, split_inputs)
+    splits = {p: graph.nodes[graph.input_nodes[p]].attrs.splits() for p in split_inputs}
     contexts = early_loads.with_early_loads(prepared, {
-        k.node: column_major.with_strides(
-            _lower_kernel(prepared, k, f"{prefix}_k{k.node}", accumulator, transposed.get(k.node, frozenset())
-                          ), [positions.get(ref.node, -1) for ref in graph.nodes[k.node].inputs], strides)
-        for k in prepared.kernels})
+        node: column_major.with_strides(context, kernel_inputs[node], strides, splits)
+        for node, context in lowered.items()})
     units: list[KernelContext | FoldedKernel] = []
     launches = []
     for kernel in prepared.kernels:
@@ -324,7 +342,7 @@ def lower_program(prepared: PreparedProgram) -> CudaProgram:
         )
     code = render(tuple(units), graph.name or "graph", graph.content_hash(), prepared.target)
     return CudaProgram(graph, code, tuple(launches), prepared.target, tuple(contexts.values()), prepared,
-                       transposed_inputs)
+                       transposed_inputs, split_inputs)
 
 
 def _tensor_map(kernel, it: ctx.InputIteratorContext) -> TensorMapSpec:

@@ -158,6 +158,12 @@ class Program:
         return self.cuda.input_strides
 
     @property
+    def input_views(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Inputs read in place with split dims, and the view calls may pass for each (its shape and
+        strides; the graph's shape is taken too, and copied)."""
+        return self.cuda.input_views
+
+    @property
     def source(self) -> str:
         return self.cuda.code
 
@@ -219,11 +225,13 @@ class Program:
         if len(inputs) != len(checks):
             raise LaunchError(f"the program takes {len(checks)} inputs, got {len(inputs)}")
         needs_cuda = bool(self.cuda.kernels)
+        views = self.cuda.input_views
         for i, (x, (shape, dtype)) in enumerate(zip(inputs, checks, strict=True)):
             if not isinstance(x, torch.Tensor):
                 raise LaunchError(f"input {i} is a {type(x).__name__}; pass torch tensors")
-            if x.shape != shape:
-                raise LaunchError(f"input {i} has shape {tuple(x.shape)}, expected {shape}")
+            if x.shape != shape and (i not in views or tuple(x.shape) != views[i][0]):
+                also = f" or its view {views[i][0]}" if i in views else ""
+                raise LaunchError(f"input {i} has shape {tuple(x.shape)}, expected {shape}{also}")
             if x.dtype != dtype:
                 raise LaunchError(f"input {i} is {x.dtype}, expected {dtype}: cast it first")
             if needs_cuda and not x.is_cuda:
@@ -238,13 +246,15 @@ class Program:
         feed = iter(enumerate(inputs))
         transposed = self.cuda.transposed_inputs
         strides = self.cuda.input_strides
+        views = self.cuda.input_views
         algebra = None
         scratch = None
         try:
             for step, (kind, ref, detail) in enumerate(steps):
                 if kind == "input":
                     position, value = next(feed)
-                    values[ref] = column_major.in_layout(value, position in transposed, strides.get(position))
+                    values[ref] = column_major.in_layout(value, position in transposed, strides.get(position),
+                                                         views.get(position))
                 elif kind == "kernel":
                     args = [values[r] for r in detail.inputs]
                     device = args[0].device

@@ -69,6 +69,8 @@ class Compiled:
         # and those read in place through the strides they arrive with (a head split's view)
         self.strides: dict[int, tuple[int, ...]] = dict(getattr(owner, "input_strides", {})
                                                        if program_launch else {})
+        # and those with split dims, read in place as the view of those dims that they arrive as
+        self.views: dict[int, tuple] = dict(getattr(owner, "input_views", {}) if program_launch else {})
         self._checked = False
         # input positions that hold parameters or buffers (set by the subprogram's module); whether
         # a call copied one of them (a strided view): then a caller's CUDA graph copies it in each replay
@@ -84,15 +86,17 @@ class Compiled:
         that a key of address and version cannot tell from the old ones.  Parameters are known by
         position (``constants``, from the stitched graph) or as ``nn.Parameter`` (torch.compile
         passes them as inputs)."""
-        strides = self.strides.get(position)
-        if strides is not None:
+        strides, view = self.strides.get(position), self.views.get(position)
+        if view is not None:
+            ready = tuple(t.shape) == view[0] and same_strides(view[0], t.stride(), view[1])
+        elif strides is not None:
             ready = same_strides(t.shape, t.stride(), strides)
         else:
             ready = t.mT.is_contiguous() if position in self.transposed else t.is_contiguous()
         if ready:
             return t
         if position not in self.constants and not isinstance(t if t._base is None else t._base, Parameter):
-            return in_layout(t, position in self.transposed, strides)
+            return in_layout(t, position in self.transposed, strides, view)
         self.copies_constants = True
         key = (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))
         cached = self._copies.get(position)
@@ -103,9 +107,9 @@ class Compiled:
                 # owner chose to read the calls' copies (Options.reuse_copies_in_graphs)
                 return cached[1]
             # otherwise the copy is recorded: a replay runs no Python to see a changed parameter
-            return in_layout(t, position in self.transposed, strides)
+            return in_layout(t, position in self.transposed, strides, view)
         if cached is None:
-            cached = self._copies[position] = (key, in_layout(t, position in self.transposed, strides))
+            cached = self._copies[position] = (key, in_layout(t, position in self.transposed, strides, view))
         elif cached[0] != key:  # refreshed in place: a CUDA graph that reads the copy reads the new values
             cached = self._copies[position] = (key, cached[1].copy_(t))
         return cached[1]

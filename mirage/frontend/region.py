@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.fx as fx
@@ -31,7 +31,7 @@ from mirage.frontend import shapes
 from mirage.frontend.capture import PATTERN
 from mirage.mugraph import patterns
 from mirage.mugraph.builder import DTensor
-from mirage.mugraph.graph import dense_strides, input_layout, output_strides
+from mirage.mugraph.graph import dense_strides, input_layout, merged_strides, output_strides
 from mirage.mugraph.ops import Op
 
 Shape = tuple[int, ...]
@@ -89,13 +89,24 @@ class InputBinding:
     permute: tuple[int, ...] | None
     shape: Shape
     expand: Shape | None = None
+    # where the graph input declares split dims (a head split's (batch · heads) at batch > 1): the
+    # shape of the view with each of them as two, which a program reading it in place takes
+    view: Shape | None = None
 
-    def apply(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _unshaped(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.permute is not None:
             tensor = tensor.permute(self.permute)
         if self.expand is not None:  # a view (stride 0), which a program declaring it reads as it is
             tensor = tensor.expand(self.expand)
+        return tensor
+
+    def apply(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = self._unshaped(tensor)
         return tensor if tensor.shape == self.shape else tensor.reshape(self.shape)
+
+    def viewed(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` as the view of split dims (``view``), never a copy; :meth:`apply` without one."""
+        return self.apply(tensor) if self.view is None else self._unshaped(tensor).view(self.view)
 
 
 @dataclass(frozen=True)
@@ -157,26 +168,36 @@ def _pattern(x: Boundary, binding: InputBinding) -> str:
         return ""
 
 
-def _strides(x: Boundary, binding: InputBinding) -> tuple[int, ...] | None:
+def _strides(x: Boundary, binding: InputBinding) -> tuple[tuple | None, Shape | None]:
     """The element strides that input ``binding`` of ``x`` has, with ``x`` laid out as traced (a
     ``transpose`` node's view, a parameter, a head split's ``permute``), where the graph's input can
     declare them (``new_input(strides=...)``): a transposed view in its last two dims (``weight.T``,
     ``k.transpose(-1, -2)``) or a view stepping one of them by one element (``x.view(s, h, d)
     .transpose(0, 1)``), broadcasts among them (stride 0: a bias expanded over the heads), which
-    kernels may read in place (mirage.codegen.column_major); else None (row-major, or copied so)."""
+    kernels may read in place (mirage.codegen.column_major), and dims that two strides step (the
+    (batch · heads) of a head split at batch > 1: ``new_input``'s pairs), with the shape of the view
+    that holds them as two dims; else (None, None): row-major, or copied so."""
     if len(binding.shape) < 2:
-        return None
+        return None, None
     value = x.node.meta.get("val")
     try:
         if isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(x.shape):
             base = torch.empty_strided(tuple(x.shape), tuple(value.stride()), device="meta")
         else:
             base = torch.empty(tuple(x.shape), device="meta")
-        view = binding.apply(base)
+        unshaped = binding._unshaped(base)
+        try:
+            view = unshaped.view(binding.shape)
+        except RuntimeError:  # not one stride a dim: perhaps two
+            strides = merged_strides(binding.shape, tuple(unshaped.shape), tuple(unshaped.stride()))
+            split = tuple(n for entry, d in zip(strides, binding.shape, strict=True)
+                          for n in ((entry[0][0], entry[1][0]) if isinstance(entry, tuple) else (d,)))
+            input_layout(split, tuple(unshaped.view(split).stride()))
+            return (strides, split) if split != tuple(binding.shape) else (None, None)
         input_layout(tuple(view.shape), tuple(view.stride()))
     except (RuntimeError, TypeError, ValueError):
-        return None
-    return tuple(view.stride())
+        return None, None
+    return tuple(view.stride()), None
 
 
 def eager_strides(node: fx.Node) -> tuple[int, ...] | None:
@@ -300,10 +321,11 @@ class RegionBuilder:
         if binding not in self._inputs:
             if math.prod(binding.shape) != math.prod(expand or x.shape):
                 raise Unlowerable(f"cannot view {x.node.name}{list(x.shape)} as {list(shape)}")
+            strides, view = _strides(x, binding)
             self._inputs[binding] = self.builder.new_input(dims=binding.shape, dtype=mg.DType.parse(x.dtype),
                                                          name=x.node.name, pattern=_pattern(x, binding),
-                                                         strides=_strides(x, binding))
-            self.bindings.append(binding)
+                                                         strides=strides)
+            self.bindings.append(binding if view is None else replace(binding, view=view))
         return self._inputs[binding]
 
     def raw(self, x: Operand, shape: Sequence[int] | None = None) -> tuple[DTensor, bool]:

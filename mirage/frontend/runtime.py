@@ -102,8 +102,12 @@ class SubprogramModule(nn.Module):
         return self._executors[device]
 
     def forward(self, *sources: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        inputs = [b.apply(sources[self._position[b.source]]) for b in self.subprogram.inputs]
-        results = self.executor(inputs[0].device)(inputs)
+        bindings = self.subprogram.inputs
+        executor = self.executor(sources[self._position[bindings[0].source]].device)
+        views = getattr(executor, "views", {})  # inputs its kernels read as the view of split dims
+        inputs = [(b.viewed if k in views else b.apply)(sources[self._position[b.source]])
+                  for k, b in enumerate(bindings)]
+        results = executor(inputs)
         return tuple(o.apply(results[o.index]) for o in self.subprogram.outputs)
 
     def extra_repr(self) -> str:

@@ -51,6 +51,7 @@ from mirage.mugraph.graph import (
     dense_strides,
     input_layout,
     output_strides,
+    split_view,
 )
 from mirage.mugraph.ops import Op
 
@@ -255,6 +256,39 @@ def _pending_line(op: Op, refs, attrs) -> str:
     return f"  >>> {op.value}({args}) {attrs if attrs is not None else ''}  <-- this op"
 
 
+def _declared_strides(shape: tuple[int, ...], strides) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    """``new_input``'s strides as ``KernelInput``'s layout, strides and split strides; ValueError where
+    they are not ints, or pairs ((outer size, outer stride), (inner size, inner stride)) for a dim that
+    two strides step (not one of the last two), or not a view the kernels can read."""
+    given = None if isinstance(strides, (str, bytes)) or not isinstance(strides, Iterable) else tuple(strides)
+    if given is None or len(given) != len(shape):
+        raise ValueError(f"strides must be a sequence of {len(shape)} entries, got {strides!r}")
+    splits: dict[int, tuple[int, int]] = {}
+    flat: list[int] = []
+    for d, (n, s) in enumerate(zip(shape, given, strict=True)):
+        if isinstance(s, int) and not isinstance(s, bool):
+            flat.append(s)
+            continue
+        try:
+            (outer_n, outer), (inner_n, inner) = s
+            if not all(type(v) is int for v in (outer_n, outer, inner_n, inner)):
+                raise TypeError
+        except (TypeError, ValueError):
+            raise ValueError(f"stride {s!r} of dim {d} is neither an int nor ((outer size, outer stride), "
+                             "(inner size, inner stride))") from None
+        if outer_n * inner_n != n or inner_n < 2 or outer_n < 2 or d >= len(shape) - 2:
+            raise ValueError(f"dim {d} of {n} elements cannot split as {outer_n} × {inner_n} (a split dim "
+                             "comes before the last two, its sizes ≥ 2 and their product its size)")
+        splits[d] = (inner_n, outer)
+        flat.append(inner)
+    view_shape, view_strides = split_view(shape, flat, splits)
+    layout, viewed = input_layout(view_shape, view_strides)
+    if not splits:
+        return layout, viewed, ()
+    return layout, tuple(s if n > 1 else 1 for s, n in zip(flat, shape, strict=True)), tuple(
+        v for d in sorted(splits) for v in (d, *splits[d]))
+
+
 class KNGraph(_Builder):
     """A kernel graph under construction (``mi.new_kernel_graph()``)."""
 
@@ -269,8 +303,11 @@ class KNGraph(_Builder):
         last two dims (a transposed view of a row-major tensor, such as ``weight.T``), or any other
         strides stepping one of the last two dims by one element (a view, such as a head split
         ``x.view(s, h, d).transpose(0, 1)``), which kernels can then read in place; calls may pass any
-        layout (another is copied). ``layout="col"`` says column-major without strides. ``pattern``: a
-        promise that every call passes the values it names (:mod:`mirage.mugraph.patterns`, e.g.
+        layout (another is copied). A dim before the last two may take two strides,
+        ``((outer size, outer stride), (inner size, inner stride))``, as the (batch · heads) dim of a head
+        split at batch > 1 needs; calls then pass the view with that dim as two (``split_view``).
+        ``layout="col"`` says column-major without strides. ``pattern``: a promise that every call
+        passes the values it names (:mod:`mirage.mugraph.patterns`, e.g.
         ``"causal:512"``), which the generated code may then compute instead of reading; the search and
         the verifier treat the input as any other."""
         shape = _input_dims(dims)
@@ -278,24 +315,23 @@ class KNGraph(_Builder):
             raise GraphError(f"input layout {layout!r} is not one of {sorted(INPUT_LAYOUTS)} for a tensor of "
                              f"rank {len(shape)} ('col' needs 2 or more dims)")
         viewed: tuple[int, ...] = ()
+        split: tuple[int, ...] = ()
         if strides is not None:
-            given = None if isinstance(strides, (str, bytes)) or not isinstance(strides, Iterable) \
-                else tuple(strides)
             try:
-                if given is None or not all(isinstance(s, int) for s in given):
-                    raise ValueError(f"strides must be a sequence of ints, got {strides!r}")
-                layout, viewed = input_layout(shape, given)
+                layout, viewed, split = _declared_strides(shape, strides)
             except ValueError as error:
                 raise GraphError(
                     f"{error}: inputs are row-major (strides {dense_strides(shape)}), column-major in their "
                     f"last two dims (strides {dense_strides(shape, 'col')}) or views stepping one of those "
-                    "dims by one element; make the tensor contiguous first") from None
+                    "dims by one element, a dim before them by one or two strides "
+                    "((outer size, outer stride), (inner size, inner stride)); make the tensor contiguous "
+                    "first") from None
         if not isinstance(name, str):
             raise GraphError(f"an input's name must be a str, got {name!r}")
         if pattern:
             patterns.check_shape(pattern, shape)
         t = TensorType(shape, _parse_dtype(dtype))
-        return self._add(Op.INPUT, (), KernelInput(name, pattern, layout, viewed), (t,))
+        return self._add(Op.INPUT, (), KernelInput(name, pattern, layout, viewed, split), (t,))
 
     def customized(self, inputs: Sequence[DTensor], block_graph: TBGraph) -> list[DTensor]:
         if not isinstance(block_graph, TBGraph):

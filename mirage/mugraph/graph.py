@@ -105,7 +105,7 @@ class Ref:
 
 # attribute fields written (to files and text) only where set, so that graphs without them keep their
 # files, texts and content hashes
-OMITTED_AT_DEFAULT = frozenset({"pattern", "layout", "strides"})
+OMITTED_AT_DEFAULT = frozenset({"pattern", "layout", "strides", "split_strides"})
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,10 @@ class KernelInput:
     # or its keys transposed, with "col" (strides (d, 1, h·d)); kernels read it through them in place
     # (codegen.column_major), others get a dense copy
     strides: tuple[int, ...] = ()
+    # dims that one stride cannot step, such as the (batch · heads) dim of a head split at batch > 1:
+    # triples (dim, inner, outer), index i of that dim at (i // inner) · outer + (i % inner) · strides[dim]
+    # (:func:`split_view` gives the view of two dims that calls pass); only dims before the last two
+    split_strides: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layout not in INPUT_LAYOUTS:
@@ -132,6 +136,17 @@ class KernelInput:
             dim = "second-to-last" if inner == -2 else "last"
             raise ValueError(f"input strides {self.strides} must be positive or 0 (a broadcast), with 1 for "
                              f"the {dim} dim (layout {self.layout!r})")
+        splits = self.split_strides
+        if splits and (not self.strides or len(splits) % 3 or any(
+                not 0 <= d < len(self.strides) - 2 or inner < 2 or outer < 0
+                for d, inner, outer in zip(splits[::3], splits[1::3], splits[2::3], strict=True))):
+            raise ValueError(f"split strides {splits} must be triples (dim, inner, outer) of dims before the "
+                             f"last two of strides {self.strides}, inner ≥ 2 and outer ≥ 0")
+
+    def splits(self) -> dict[int, tuple[int, int]]:
+        """The split dims: dim → (inner extent, outer stride)."""
+        s = self.split_strides
+        return {d: (inner, outer) for d, inner, outer in zip(s[::3], s[1::3], s[2::3], strict=True)}
 
 
 INPUT_LAYOUTS = frozenset({"", "col"})
@@ -148,6 +163,55 @@ def dense_strides(shape: Sequence[int], layout: str = "") -> tuple[int, ...]:
         step *= d
     strides.reverse()
     return (*strides[:-2], strides[-1], strides[-2]) if swapped else tuple(strides)
+
+
+def split_view(shape: Sequence[int], strides: Sequence[int],
+               splits: dict[int, tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shape and strides of the view a call passes for an input of ``shape`` declared with
+    ``strides`` and split dims ``splits`` (``KernelInput.splits``): each split dim as two, outer first."""
+    view_shape: list[int] = []
+    view_strides: list[int] = []
+    for d, (n, s) in enumerate(zip(shape, strides, strict=True)):
+        if d in splits:
+            inner, outer = splits[d]
+            view_shape += [n // inner, inner]
+            view_strides += [outer, s]
+        else:
+            view_shape.append(n)
+            view_strides.append(s)
+    return tuple(view_shape), tuple(view_strides)
+
+
+def merged_strides(shape: Sequence[int], view_shape: Sequence[int],
+                   view_strides: Sequence[int]) -> tuple[int | tuple[tuple[int, int], tuple[int, int]], ...]:
+    """Per dim of ``shape``, how a view of ``view_shape`` and ``view_strides`` reshaped to ``shape`` steps
+    it: a stride, where the view's dims merged into that dim step it by one, or ((outer size, outer
+    stride), (inner size, inner stride)) where they step it by two (a head split's (batch · heads) at
+    batch > 1), the form ``new_input(strides=...)`` takes.  ValueError where the reshape splits a dim
+    of the view or merges dims of three or more strides."""
+    dims = [(int(n), int(s)) for n, s in zip(view_shape, view_strides, strict=True) if n != 1]
+    out: list = []
+    at = 0
+    for n in shape:
+        run, size = [], 1
+        while size < n and at < len(dims):
+            run.append(dims[at])
+            size *= dims[at][0]
+            at += 1
+        if size != n:
+            raise ValueError(f"a view of shape {list(view_shape)} does not merge into shape {list(shape)}")
+        merged: list[tuple[int, int]] = []
+        for m, s in run:
+            if merged and merged[-1][1] == s * m:
+                merged[-1] = (merged[-1][0] * m, s)
+            else:
+                merged.append((m, s))
+        if len(merged) > 2:
+            raise ValueError(f"a dim of {n} elements steps by {len(merged)} strides ({merged})")
+        out.append(1 if not merged else merged[0][1] if len(merged) == 1 else tuple(merged))
+    if at != len(dims):
+        raise ValueError(f"a view of shape {list(view_shape)} does not merge into shape {list(shape)}")
+    return tuple(out)
 
 
 def same_strides(shape: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bool:

@@ -352,8 +352,9 @@ def _inputs_declared(k: int, graph: KernelGraph | None, declared) -> frozenset[i
 def _tma(block: BlockGraph, chain: SoftmaxChain | None, target: Target, o: OptimizerOptions, k: int,
          graph: KernelGraph | None) -> frozenset[int]:
     """The inputs copied by tensor maps, less broadcast views (a zero stride, which a tensor map cannot
-    describe: copied by threads through their strides)."""
-    broadcast = _inputs_declared(k, graph, lambda attrs: 0 in attrs.strides)
+    describe) and views with split dims (whose tiles the map's coordinates would have to split):
+    copied by threads through their strides."""
+    broadcast = _inputs_declared(k, graph, lambda attrs: 0 in attrs.strides or bool(attrs.split_strides))
     return tma_inputs(block, chain, target, o.tma_copies, o.cluster_folds or o.counter_folds) - broadcast
 
 

@@ -26,8 +26,17 @@ class SameAddress:
         # or (``in_place=False``, kernels that cannot) none
         self.transposed_inputs = tuple(p for p, i in enumerate(graph.input_nodes)
                                        if in_place and graph.nodes[i].attrs.layout == "col")
-        # and views declared with their strides (a head split), read through them
-        self.input_strides = strided_reads(graph, self.transposed_inputs) if in_place else {}
+        # and views declared with their strides (a head split), read through them; those with split dims
+        # (a head split at batch > 1) arrive as the view of those dims
+        from mirage.mugraph.graph import split_view
+
+        split = tuple(p for p, i in enumerate(graph.input_nodes) if graph.nodes[i].attrs.split_strides)
+        self.input_strides = strided_reads(graph, self.transposed_inputs, split) if in_place else {}
+        self.input_views = {p: split_view(graph.nodes[graph.input_nodes[p]].outputs[0].shape,
+                                          graph.nodes[graph.input_nodes[p]].attrs.strides,
+                                          graph.nodes[graph.input_nodes[p]].attrs.splits())
+                            for p in split} if in_place else {}
+        self.shapes = [graph.nodes[i].outputs[0].shape for i in graph.input_nodes]
 
     def launch(self, inputs):
         """A program's launch (what the executor calls first, then :meth:`run`): each input in the
@@ -36,12 +45,15 @@ class SameAddress:
         from mirage.mugraph.graph import same_strides
 
         for p, t in enumerate(inputs):
-            if p in self.input_strides:
+            if p in self.input_views:
+                shape, strides = self.input_views[p]
+                ready = tuple(t.shape) == shape and same_strides(shape, t.stride(), strides)
+            elif p in self.input_strides:
                 ready = same_strides(t.shape, t.stride(), self.input_strides[p])
             else:
                 ready = t.mT.is_contiguous() if p in self.transposed_inputs else t.is_contiguous()
             assert ready, (p, t.stride())
-        return self(inputs)
+        return self([t.reshape(shape) for t, shape in zip(inputs, self.shapes, strict=True)])
 
     run = launch
 

@@ -8,7 +8,7 @@
 // Input tile of block (bx, by, bz) at forloop iteration r (tile shape T, forloop range R):
 //   off[d] = b_a                    for the grid axis a with imap_a == d (-1: replicated)
 //   off[f] = off[f] * R + r         for the forloop dim f (block-major, then iteration)
-//   element offset = Σ_d off[d] * T[d] * stride[d]
+//   element offset = Σ_d off[d] * T[d] * stride[d]   (a split dim: dim_offset)
 // which is `base + r * iteration_step` with base and step computed once per block.
 // If several grid axes name the same dim, the last of x, y, z wins (as in Mirage's loader).
 //
@@ -19,10 +19,22 @@
 
 namespace mirage::dev {
 
-// Element strides of a device tensor, padded to four dims.
+// Element strides of a device tensor, padded to four dims. A dim that one stride cannot step (the
+// (batch · heads) dim of a head split at batch > 1) is split: index i of dim d lies at
+// (i / inner[d]) * outer[d] + (i % inner[d]) * stride[d]; inner[d] == 0 for a dim of one stride. A tile
+// never straddles the split (its extent divides inner[d]) and the for-loop never steps such a dim, so
+// only a block's base offset sees it (locate_input_tile, locate_output_tile).
 struct Strides {
   int64_t stride[4];
+  int64_t outer[4] = {0, 0, 0, 0};
+  int64_t inner[4] = {0, 0, 0, 0};
 };
+
+// Element offset of index `index` along dim d.
+MIRAGE_HOST_DEVICE int64_t dim_offset(const Strides& strides, int d, int64_t index) {
+  return strides.inner[d] == 0 ? index * strides.stride[d]
+                               : index / strides.inner[d] * strides.outer[d] + index % strides.inner[d] * strides.stride[d];
+}
 
 // Element offset of row `row` of a tile of layout L (rows over its first three dims) in a tensor of
 // these strides.
@@ -95,7 +107,7 @@ MIRAGE_HOST_DEVICE TileCoordinate locate_input_tile(const Strides& strides, DimM
     const bool looped = d == forloop_dim;
     const int64_t offset = detail::block_offset(imap, block, d) * (looped ? forloop_range : 1);
     coordinate.iteration_step = looped ? tile_stride : coordinate.iteration_step;
-    coordinate.base += offset * tile_stride;
+    coordinate.base += dim_offset(strides, d, offset * L::dim(d));
   }
   return coordinate;
 }
@@ -105,7 +117,7 @@ template <class L>
 MIRAGE_HOST_DEVICE int64_t locate_output_tile(const Strides& strides, DimMap omap, uint3 block) {
   int64_t base = 0;
 #pragma unroll
-  for (int d = 0; d < 4; ++d) base += detail::block_offset(omap, block, d) * L::dim(d) * strides.stride[d];
+  for (int d = 0; d < 4; ++d) base += dim_offset(strides, d, detail::block_offset(omap, block, d) * L::dim(d));
   return base;
 }
 
