@@ -31,6 +31,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -199,8 +200,34 @@ def nvcc_command(
     return command
 
 
+def time_limit_s() -> float:
+    """How long one compiler or tool run may take (``MIRAGE_COMPILE_TIME_LIMIT``, seconds; default 150):
+    a kernel whose tiles make the compiler unroll without end fails as a build instead of stalling the
+    selection that builds it beside others."""
+    value = os.environ.get("MIRAGE_COMPILE_TIME_LIMIT", "150")
+    try:
+        limit = float(value)
+    except ValueError:
+        raise MirageError(f"MIRAGE_COMPILE_TIME_LIMIT={value!r} is not a number of seconds") from None
+    if limit <= 0:
+        raise MirageError(f"MIRAGE_COMPILE_TIME_LIMIT={value!r} must be a positive number of seconds")
+    return limit
+
+
 def _run(stage: Stage, command: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    completed = subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, check=False)
+    limit = time_limit_s()
+    # a session of its own, so that a run past the limit is stopped with the compilers it started
+    with subprocess.Popen(list(command), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise CompileError(stage, command, f"stopped after {limit:.0f} s, the compile time limit; raise "
+                               "MIRAGE_COMPILE_TIME_LIMIT to wait longer, or build a µGraph of smaller tiles",
+                               0, cwd) from None
+    completed = subprocess.CompletedProcess(list(command), process.returncode, stdout, stderr)
     if completed.returncode != 0:
         raise CompileError(stage, command, completed.stderr + completed.stdout, completed.returncode, cwd)
     if completed.stderr.strip():

@@ -33,7 +33,7 @@ from mirage.codegen.lower import KernelLowering
 from mirage.codegen.lower_context import FoldedKernel, KernelContext
 from mirage.codegen.lower_ops import LoweringError, element_type
 from mirage.codegen.tensor_maps import SWIZZLE_BYTES, TensorMapSpec
-from mirage.mugraph.graph import KernelGraph, Ref, split_view
+from mirage.mugraph.graph import KernelGraph, KernelInput, Ref, split_view
 from mirage.mugraph.target import TARGETS, Target, detect_target
 from mirage.optimizer.cluster_fold import ClusterFold
 from mirage.optimizer.pipeline import OptimizerOptions, PreparedProgram, prepare
@@ -128,14 +128,20 @@ class CudaProgram:
         return column_major.strided_reads(self.graph, self.transposed_inputs, self.split_inputs)
 
     @functools.cached_property
-    def input_views(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
-        """Inputs (positions) read in place with split dims, and the shape and strides of the view
-        that calls pass for each (the split dims as two: :func:`mirage.mugraph.graph.split_view`)."""
+    def declared_views(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Inputs (positions) declared with split dims, and the shape and strides of the view that
+        calls pass for each (the split dims as two: :func:`mirage.mugraph.graph.split_view`)."""
         out = {}
-        for p in self.split_inputs:
-            node = self.graph.nodes[self.graph.input_nodes[p]]
-            out[p] = split_view(node.outputs[0].shape, node.attrs.strides, node.attrs.splits())
+        for p, n in enumerate(self.graph.input_nodes):
+            attrs = self.graph.nodes[n].attrs
+            if isinstance(attrs, KernelInput) and attrs.split_strides:
+                out[p] = split_view(self.graph.nodes[n].outputs[0].shape, attrs.strides, attrs.splits())
         return out
+
+    @functools.cached_property
+    def input_views(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """:attr:`declared_views` of the inputs read in place so (the others are copied dense)."""
+        return {p: v for p, v in self.declared_views.items() if p in self.split_inputs}
 
     def kernel(self, node: int) -> KernelLaunch:
         """The launch that runs graph-defined op ``node`` (its own kernel, or a cluster fold's)."""

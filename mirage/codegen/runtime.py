@@ -225,7 +225,7 @@ class Program:
         if len(inputs) != len(checks):
             raise LaunchError(f"the program takes {len(checks)} inputs, got {len(inputs)}")
         needs_cuda = bool(self.cuda.kernels)
-        views = self.cuda.input_views
+        views = self.cuda.declared_views
         for i, (x, (shape, dtype)) in enumerate(zip(inputs, checks, strict=True)):
             if not isinstance(x, torch.Tensor):
                 raise LaunchError(f"input {i} is a {type(x).__name__}; pass torch tensors")
@@ -247,12 +247,15 @@ class Program:
         transposed = self.cuda.transposed_inputs
         strides = self.cuda.input_strides
         views = self.cuda.input_views
+        dense = {p: v for p, v in self.cuda.declared_views.items() if p not in views}  # copied dense
         algebra = None
         scratch = None
         try:
             for step, (kind, ref, detail) in enumerate(steps):
                 if kind == "input":
                     position, value = next(feed)
+                    if position in dense and tuple(value.shape) == dense[position][0]:
+                        value = value.reshape(self.graph.type_of(ref).shape)
                     values[ref] = column_major.in_layout(value, position in transposed, strides.get(position),
                                                          views.get(position))
                 elif kind == "kernel":

@@ -190,6 +190,8 @@ def _strides(x: Boundary, binding: InputBinding) -> tuple[tuple | None, Shape | 
             view = unshaped.view(binding.shape)
         except RuntimeError:  # not one stride a dim: perhaps two
             strides = merged_strides(binding.shape, tuple(unshaped.shape), tuple(unshaped.stride()))
+            if any(isinstance(e, tuple) for e in strides[-2:]):
+                return None, None  # the tile's own dims take one stride each: copied
             split = tuple(n for entry, d in zip(strides, binding.shape, strict=True)
                           for n in ((entry[0][0], entry[1][0]) if isinstance(entry, tuple) else (d,)))
             input_layout(split, tuple(unshaped.view(split).stride()))

@@ -2,7 +2,7 @@
 attention build reading Hugging Face's head splits at batch 2 in place passes the float check against
 the float64 reference, equals the dense build, and takes either the view or a dense tensor of the
 graph's shape; a tile that would straddle the split is copied instead and is as right; BERT's
-self-attention at batch 2 through the PyTorch path reads its views in place and matches float64."""
+self-attention at batch 2 through the PyTorch path matches float64."""
 
 from __future__ import annotations
 
@@ -63,7 +63,10 @@ def test_rows_within_the_split_read_in_place_and_straddling_rows_copied(tile):
     assert result.passed, result.as_dict()
 
 
-def test_bert_attention_at_batch_two_reads_its_views_in_place():
+def test_bert_attention_at_batch_two_matches_float64_with_its_split_views():
+    """The reference µGraphs (search off): their products run through torch, so the split views are
+    copied dense (``split_reads``); the searched one-kernel attention reads them in place
+    (``benchmarks.unseen``'s ``bert_attention_b2``)."""
     from benchmarks.unseen import BertSelfAttention
 
     model = BertSelfAttention().eval().half().cuda()
@@ -73,5 +76,3 @@ def test_bert_attention_at_batch_two_reads_its_views_in_place():
         want = copy.deepcopy(model).double()(x.double())
         for _ in range(2):
             _close(fast(x), want)
-    report = fast.report()
-    assert "read in place: " in report and "permute_2" in report, report
