@@ -103,11 +103,12 @@ def rows_fused(heads: int, queries: int, dim: int, keys: int, kv_splits: int, q_
 
 
 def one_kernel(heads: int, queries: int, keys: int, dim: int, rows: int, key_tile: int,
-               threads: int = 128, cap: float | None = None) -> mi.KernelGraph:
+               threads: int = 128, cap: float | None = None, output_strides=None) -> mi.KernelGraph:
     """``softmax(Q @ K / sqrt(dim)) @ V`` as one kernel, FlashAttention's form (the prefill µGraphs the
     search finds): (heads, 1, queries / rows) blocks of ``rows`` query rows loop over the keys
     ``key_tile`` at a time; Q (heads, queries, dim), K (heads, dim, keys), V (heads, keys, dim).
-    With ``cap``, the scores are Gemma 2's soft-capped ``cap · tanh(S / (sqrt(dim) · cap))``."""
+    With ``cap``, the scores are Gemma 2's soft-capped ``cap · tanh(S / (sqrt(dim) · cap))``; with
+    ``output_strides``, the output is laid out so (``mark_output(strides=...)``, e.g. a head merge)."""
     g = mi.new_kernel_graph("attention")
     q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in
                zip(((heads, queries, dim), (heads, dim, keys), (heads, keys, dim)), "QKV", strict=True))
@@ -124,7 +125,7 @@ def one_kernel(heads: int, queries: int, keys: int, dim: int, rows: int, key_til
     sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
     tb.new_output(tb.div(numerators, sums), output_map=(0, -1, 1))
     (out,) = g.customized([q, k, v], tb)
-    g.mark_output(out)
+    g.mark_output(out, strides=output_strides)
     return g.freeze()
 
 

@@ -140,7 +140,7 @@ def compare(
     tolerances = tolerances or TOLERANCES
     checks = []
     for k, (got, ref, t) in enumerate(zip(gpu_outputs, reference_outputs, graph.output_types, strict=True)):
-        got = got.detach().double().cpu().numpy()
+        got = got.detach().double().cpu().reshape(t.shape).numpy()  # an output of split dims: their view
         ref = np.asarray(ref, dtype=np.float64)
         finite = np.isfinite(ref)
         bad = int(np.count_nonzero(~np.isfinite(got) & finite))

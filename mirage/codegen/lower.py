@@ -73,9 +73,9 @@ class KernelLowering:
         producer_warp: bool = False,
         softmax_output_stores: bool = False,
         transposed: frozenset[int] = frozenset(),
-        output_strides: tuple[tuple[int, int, int, int] | None, ...] = (),
+        output_strides: tuple[tuple[int, ...] | None, ...] = (),
     ) -> None:
-        self.kernel, self.output_strides = kernel, output_strides  # per op output: rank-4 strides or None
+        self.kernel, self.output_strides = kernel, output_strides  # per op output (_output_strides) or None
         self.transposed = transposed  # input nodes read in place as dev::Transposed tiles (column_major)
         self.softmax_output_stores = softmax_output_stores
         self.producer_warp = producer_warp
@@ -288,7 +288,7 @@ class KernelLowering:
             tile=tile or self.operand(src),
             target_dims=rank4(target.shape),
             output_map=rank4_map(target.rank, node.attrs.output_map, self.graph.grid_dim),
-            target_strides=self.output_strides[j] if j < len(self.output_strides) else None,
+            **ctx.saver_layout(self.output_strides[j] if j < len(self.output_strides) else None),
         )
 
     def parameters(self) -> tuple[ctx.Parameter, ...]:

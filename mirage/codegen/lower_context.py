@@ -118,6 +118,17 @@ class OutputSaverContext:
     # rank-4 element strides of a program output declared laid out otherwise (KernelGraph.output_strides);
     # None: row-major
     target_strides: tuple[int, int, int, int] | None = None
+    # its split dims, rank-4: (outer strides, inner sizes), 0 where unsplit (dev::Strides)
+    target_split: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+
+def saver_layout(declared: tuple[int, ...] | None) -> dict:
+    """An output saver's ``target_strides`` and ``target_split`` from a declared layout (rank-4 strides,
+    then rank-4 outer strides and inner sizes where it has split dims: lower_program._output_strides)."""
+    if not declared:
+        return {}
+    split = (declared[4:8], declared[8:12]) if len(declared) > 4 else None
+    return {"target_strides": declared[:4], "target_split": split}
 
 
 @dataclass(frozen=True)

@@ -255,15 +255,25 @@ def _lower_kernel(prepared: PreparedProgram, kernel, name: str, accumulator: str
                           _output_strides(prepared.graph, kernel.node)).context()
 
 
-def _output_strides(graph: KernelGraph, node: int) -> tuple[tuple[int, int, int, int] | None, ...]:
+def _output_strides(graph: KernelGraph, node: int) -> tuple[tuple[int, ...] | None, ...]:
     """Per output of graph-defined op ``node``, the rank-4 strides (leading dims of one element added)
     it is written with where it is a program output declared so (``KernelGraph.strided_writes``), else
-    None (row-major)."""
+    None (row-major); where it has split dims, followed by their rank-4 outer strides and inner sizes
+    (``dev::Strides``'s ``outer`` and ``inner``, 0 where a dim is not split)."""
     declared = graph.strided_writes()
     out = []
     for j, t in enumerate(graph.nodes[node].outputs):
-        strides = declared.get(Ref(node, j), ())
-        out.append((strides[0] * t.shape[0],) * (4 - len(strides)) + strides if strides else None)
+        entry = declared.get(Ref(node, j), ())
+        if not entry:
+            out.append(None)
+            continue
+        rank, pad = len(t.shape), 4 - len(t.shape)
+        strides = (entry[0] * t.shape[0],) * pad + tuple(entry[:rank])
+        outer, inner = [0] * 4, [0] * 4
+        triples = entry[rank:]
+        for d, n, o in zip(triples[::3], triples[1::3], triples[2::3], strict=True):
+            inner[d + pad], outer[d + pad] = n, o
+        out.append(strides + (tuple(outer) + tuple(inner) if triples else ()))
     return tuple(out)
 
 

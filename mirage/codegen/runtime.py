@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from mirage.codegen import column_major, dependent_launch, tensor_maps
 from mirage.errors import MirageError
-from mirage.mugraph.graph import KernelGraph, Ref, same_strides
+from mirage.mugraph.graph import KernelGraph, Ref, output_view, same_strides
 from mirage.mugraph.ops import REGISTRY, Op
 from mirage.optimizer.cluster_fold import PORTABLE_CLUSTER
 
@@ -275,7 +275,8 @@ class Program:
         finally:
             if scratch is not None:
                 scratch.lock.release()
-        return [laid_out(values[r], self.graph.output_stride(m)) for m, r in enumerate(outputs)]
+        return [laid_out(values[r], self.graph.output_stride(m), self.graph.type_of(r).shape)
+                for m, r in enumerate(outputs)]
 
     def _steps(self) -> tuple:
         """What a launch does, worked out once per program: each input's (shape, torch dtype), the
@@ -309,6 +310,8 @@ class Program:
         where ``poison``."""
         import torch
 
+        if strides:  # with split dims, the view that holds each as two (output_view)
+            shape, strides = output_view(shape, strides)
         tensor = (torch.empty_strided(shape, strides, dtype=dtype, device=device) if strides
                   else torch.empty(shape, dtype=dtype, device=device))
         return tensor.fill_(float("nan")) if self.poison else tensor
@@ -402,13 +405,16 @@ class Program:
 MAX_SCRATCH_STREAMS = 4
 
 
-def laid_out(value, strides: tuple[int, ...]):
-    """A program's output with the ``strides`` the graph declares for it (``KernelGraph.output_strides``;
-    () row-major): as its kernel wrote it, or a copy where an op run through torch computed it
-    row-major."""
-    if not strides or same_strides(value.shape, value.stride(), strides):
+def laid_out(value, strides: tuple[int, ...], shape=None):
+    """A program's output of ``shape`` (default: ``value``'s) with the ``strides`` the graph declares for
+    it (``KernelGraph.output_strides``; () row-major): as its kernel wrote it, or a copy where an op run
+    through torch computed it row-major; with split dims, the view that holds each as two."""
+    if not strides:
         return value
-    return column_major.torch_strided(value, strides)
+    view_shape, view_strides = output_view(tuple(value.shape) if shape is None else tuple(shape), strides)
+    if tuple(value.shape) == view_shape and same_strides(view_shape, value.stride(), view_strides):
+        return value
+    return column_major.torch_strided(value.reshape(view_shape), view_strides)
 
 
 class _Scratch:

@@ -266,7 +266,15 @@ def output_strides_of(node: fx.Node, shape: Sequence[int]) -> tuple[int, ...] | 
     if wanted is None or not isinstance(value, torch.Tensor):
         return None
     try:
-        held = torch.empty_strided(tuple(value.shape), wanted, device="meta").view(tuple(shape))
+        base = torch.empty_strided(tuple(value.shape), wanted, device="meta")
+        try:
+            held = base.view(tuple(shape))
+        except RuntimeError:  # a dim of two strides (a head merge's (batch · heads) at batch > 1)?
+            strides = merged_strides(tuple(shape), tuple(base.shape), tuple(base.stride()))
+            if any(isinstance(e, tuple) for e in strides[-2:]):
+                return None
+            output_strides(tuple(shape), strides)  # checks them: ValueError where mark_output would refuse
+            return strides
         return output_strides(tuple(shape), tuple(held.stride())) or None
     except (RuntimeError, ValueError):
         return None

@@ -13,7 +13,7 @@ import torch.fx as fx
 from mirage.frontend.capture import restore_causal
 from mirage.frontend.partition import Subprogram
 from mirage.frontend.region import eager_strides
-from mirage.mugraph.graph import KernelInput, dense_strides, same_strides
+from mirage.mugraph.graph import KernelInput, output_view, same_strides
 
 
 def sample(value: torch.Tensor, device: str) -> torch.Tensor:
@@ -85,8 +85,8 @@ def boundary_runner(gm: fx.GraphModule, subprogram: Subprogram, device: str = "c
             continue
         kind = graph.output_types[out.index]
         declared = graph.output_stride(out.index)
-        written = torch.empty_strided(kind.shape, declared or dense_strides(kind.shape),
-                                      dtype=kind.dtype.torch(), device=device)
+        written = torch.empty_strided(*output_view(kind.shape, declared), dtype=kind.dtype.torch(),
+                                      device=device)
         if not same_strides(out.shape, out.apply(written).stride(), wanted):
             copies.append(lambda w=written, o=out, s=wanted: restrided(o.apply(w), s))
     if not copies:

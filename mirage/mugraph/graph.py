@@ -244,13 +244,37 @@ def input_layout(shape: Sequence[int], strides: Sequence[int]) -> tuple[str, tup
                      "two dims by one element")
 
 
-def output_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
+def output_strides(shape: Sequence[int], strides: Sequence) -> tuple[int, ...]:
     """The strides an output of ``shape`` declares for element ``strides`` (``KernelGraph.output_strides``):
     () where they are row-major; ValueError unless they lay the tensor out densely (its dims in some
-    order, no gaps, no overlap) with its last dim stepped by one element."""
-    strides = tuple(int(s) for s in strides)
+    order, no gaps, no overlap) with its last dim stepped by one element. A dim before the last two may
+    take two strides, ((outer size, outer stride), (inner size, inner stride)), as a head merge's
+    (batch · heads) at batch > 1: the declaration is then the inner strides followed by a triple
+    (dim, inner size, outer stride) per such dim (:func:`output_view` reads it), and the output is
+    the view with that dim as two."""
     if len(strides) != len(shape):
         raise ValueError(f"{len(strides)} strides for a tensor of rank {len(shape)}")
+    if any(isinstance(s, (tuple, list)) for s in strides):
+        splits: dict[int, tuple[int, int]] = {}
+        inner_strides = []
+        for d, (n, s) in enumerate(zip(shape, strides, strict=True)):
+            if isinstance(s, (tuple, list)):
+                (outer_n, outer), (inner_n, inner) = s
+                if outer_n * inner_n != n or min(outer_n, inner_n) < 2 or d >= len(shape) - 2:
+                    raise ValueError(f"dim {d} of {n} elements cannot split as {outer_n} × {inner_n} (a "
+                                     "split dim comes before the last two, its sizes ≥ 2 and their "
+                                     "product its size)")
+                splits[d] = (int(inner_n), int(outer))
+                inner_strides.append(int(inner))
+            else:
+                inner_strides.append(int(s))
+        view_shape, view_strides = split_view(shape, inner_strides, splits)
+        if not output_strides(view_shape, view_strides):
+            raise ValueError(f"strides {tuple(strides)} lay out a tensor of shape {list(shape)} row-major: "
+                             "declare them as one stride a dim")
+        return tuple(s if n > 1 else 1 for s, n in zip(inner_strides, shape, strict=True)) + tuple(
+            v for d in sorted(splits) for v in (d, *splits[d]))
+    strides = tuple(int(s) for s in strides)
     if same_strides(shape, strides, dense_strides(shape)):
         return ()
     step = 1
@@ -262,6 +286,19 @@ def output_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, .
         raise ValueError(f"strides {strides} of an output of shape {list(shape)} do not step its last "
                          "dim by one element")
     return tuple(s if n > 1 else 1 for s, n in zip(strides, shape, strict=True))
+
+
+def output_view(shape: Sequence[int], declared: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shape and strides of the tensor that holds an output of ``shape`` declared with ``declared``
+    (``KernelGraph.output_strides``; () row-major): the graph's shape, or with split dims the view
+    that holds each of them as two."""
+    rank = len(shape)
+    if not declared:
+        return tuple(shape), dense_strides(shape)
+    triples = declared[rank:]
+    splits = {d: (inner, outer) for d, inner, outer in zip(triples[::3], triples[1::3], triples[2::3],
+                                                           strict=True)}
+    return split_view(shape, declared[:rank], splits)
 
 
 @dataclass(frozen=True)
@@ -432,7 +469,22 @@ class KernelGraph(_GraphBase):
         row-major and laid out afterwards)."""
         read = {r for node in self.nodes for r in node.inputs}
         return {r: self.output_stride(m) for m, r in enumerate(self.outputs)
-                if self.output_stride(m) and r not in read}
+                if self.output_stride(m) and r not in read and self._writes_split(r, self.output_stride(m))}
+
+    def _writes_split(self, ref: Ref, declared: tuple[int, ...]) -> bool:
+        """Whether the kernel producing ``ref`` can write it with ``declared`` strides: true without split
+        dims; with them, where it is a graph-defined op whose saver's tile never straddles a split (its
+        extent along each split dim divides the inner size)."""
+        rank = len(self.type_of(ref).shape)
+        if len(declared) == rank:
+            return True
+        node = self.nodes[ref.node]
+        if not isinstance(node.attrs, BlockGraph):
+            return False  # run through torch: laid out afterwards
+        saver = node.attrs.nodes[node.attrs.output_nodes[ref.index]]
+        tile = node.attrs.type_of(saver.inputs[0]).shape
+        triples = declared[rank:]
+        return all(inner % tile[d] == 0 for d, inner in zip(triples[::3], triples[1::3], strict=True))
 
     def block_graphs(self) -> list[BlockGraph]:
         return [n.attrs for n in self.nodes if isinstance(n.attrs, BlockGraph)]

@@ -47,6 +47,28 @@ def test_an_attention_reading_split_heads_in_place_matches_the_dense_build(warpg
             _close(x, y)
 
 
+@pytest.mark.parametrize(("warpgroup", "inputs_split"), [(False, False), (True, False), (False, True)])
+def test_an_attention_writing_its_head_merge_in_place_matches_the_row_major_build(warpgroup, inputs_split):
+    """The output of (b·h, s, d) written as (b, s, h, d) at batch 2 (a head merge), with its inputs dense
+    or split heads themselves: the result is the view (2, 12, 128, 64) with strides (98304, 64, 768, 1),
+    and equals the row-major build's."""
+    merge = (((2, 128 * 768), (12, 64)), 768, 1)
+    graph = one_kernel(24, 128, 128, 64, 64, 64)
+    declared = one_kernel(24, 128, 128, 64, 64, 64, output_strides=merge)
+    if inputs_split:
+        declared = with_head_splits(declared, 2, 12, 128, 64)
+    options = dataclasses.replace(OptimizerOptions(), warpgroup_softmax=warpgroup)
+    ours, theirs = build_many([generate_cuda_program(g, None, options=options) for g in (declared, graph)])
+    inputs = random_inputs(declared, seed=5)
+    result = check_on_gpu(declared, ours.with_poison(), inputs=inputs)
+    assert result.passed, result.as_dict()
+    (got,) = ours.with_poison()(*inputs)
+    assert tuple(got.shape) == (2, 12, 128, 64) and got.stride() == (98304, 64, 768, 1)
+    dense = [t.reshape(g.shape).contiguous() for t, g in zip(inputs, graph.input_types, strict=True)]
+    (want,) = theirs(*dense)
+    _close(got.reshape(24, 128, 64), want)
+
+
 @pytest.mark.parametrize("tile", [4, 8])
 def test_rows_within_the_split_read_in_place_and_straddling_rows_copied(tile):
     g = mi.new_kernel_graph()

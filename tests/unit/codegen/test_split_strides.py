@@ -15,8 +15,9 @@ from mirage.codegen import column_major
 from mirage.codegen.compile import CompileOptions, compile_sources
 from mirage.codegen.gpu_check import random_inputs
 from mirage.codegen.lower_program import CudaProgram, generate_cuda_program
+from mirage.codegen.runtime import laid_out
 from mirage.errors import GraphError
-from mirage.mugraph.graph import KernelInput, merged_strides, split_view
+from mirage.mugraph.graph import KernelInput, merged_strides, output_view, split_view
 from mirage.mugraph.serialize import graph_from_dict, graph_to_dict
 from mirage.mugraph.target import TARGETS
 from mirage.mugraph.text import parse, to_text
@@ -130,3 +131,59 @@ def test_calls_pass_the_view_or_the_graph_shape_and_get_the_declared_layout():
     laid = column_major.in_layout(dense, False, None, view)  # the graph's shape, copied into the view
     assert laid.shape == view[0] and laid.stride() == view[1]
     assert torch.equal(laid.reshape(24, 128, 64), dense)
+
+
+MERGE = (((2, 128 * 768), (12, 64)), 768, 1)  # (b·h, s, d) written as (b, s, h, d): a head merge at batch 2
+
+
+def _attention_with_split_output() -> mi.KernelGraph:
+    return one_kernel(24, 128, 128, 64, 64, 64, output_strides=MERGE)
+
+
+def test_an_output_declares_a_split_dim_and_survives_text_and_files():
+    graph = _attention_with_split_output()
+    assert graph.output_strides == ((64, 768, 1, 0, 12, 98304),)
+    assert output_view((24, 128, 64), graph.output_strides[0]) == ((2, 12, 128, 64), (98304, 64, 768, 1))
+    assert parse(to_text(graph)) == graph and graph_from_dict(graph_to_dict(graph)) == graph
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(24, 128, 64))
+    with pytest.raises(GraphError, match="row-major"):
+        g.mark_output(x, strides=(((2, 128 * 768), (12, 128 * 64)), 64, 1))
+    with pytest.raises(GraphError, match="densely"):
+        g.mark_output(x, strides=(((2, 128 * 768), (12, 32)), 768, 1))
+
+
+@needs_nvcc
+def test_the_saver_writes_through_the_split_and_the_kernel_compiles():
+    program = _program(_attention_with_split_output())
+    assert program.graph.strided_writes()  # the saver's tile (one row of b·h) never straddles the split
+    assert "{0, 98304, 0, 0}, {0, 12, 0, 0}};  // laid out as the program views it" in program.code
+    (result,) = compile_sources([program.code], CompileOptions(target=TARGETS["H100"]))
+    assert result.cubin()[:4] == b"\x7fELF"
+
+
+def test_a_saver_tile_across_the_split_writes_row_major_and_is_laid_out_after():
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(24, 16, 64))
+    tb = mi.new_threadblock_graph(grid_dim=(3, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
+    t = tb.new_input(x, input_map=(0, -1, -1), forloop_dim=-1)  # 8 rows a block: across 12 heads' rows
+    tb.new_output(tb.forloop_accum(tb.exp(t)), output_map=(0, -1, -1))
+    (y,) = g.customized([x], tb)
+    g.mark_output(y, strides=(((2, 16 * 768), (12, 64)), 768, 1))
+    graph = g.freeze()
+    assert graph.strided_writes() == {}
+    assert "laid out as the program views it" not in _program(graph).code
+    value = torch.randn(24, 16, 64)
+    laid = laid_out(value, graph.output_strides[0], (24, 16, 64))
+    assert laid.shape == (2, 12, 16, 64) and laid.stride() == (12288, 64, 768, 1)
+    assert torch.equal(laid.reshape(24, 16, 64), value)
+    assert laid_out(laid, graph.output_strides[0], (24, 16, 64)) is laid
+
+
+def test_capture_declares_the_head_merge_of_a_batch_of_two():
+    from benchmarks.unseen import BertSelfAttention
+    from mirage.frontend import capture, partition
+
+    subs = partition(capture(BertSelfAttention(), (torch.randn(2, 64, 768),), {})).subprograms
+    attention = next(s for s in subs if sum(n.op.value == "matmul" for n in s.graph.nodes) == 2)
+    assert attention.graph.output_strides == ((64, 768, 1, 0, 12, 64 * 768),)
