@@ -165,7 +165,7 @@ def with_strides(context, kernel_inputs: Sequence[int], strides: dict[int, tuple
                 padded = (*padded[:2], padded[3], padded[2])
             split = (splits or {}).get(position)
             outer, inner = [0] * 4, [0] * 4
-            for d, (n, o) in (split or {}).items():  # dims before the last two: no swap
+            for d, (n, o) in (split or {}).items():  # never a transposed tile's stored dims: no swap
                 inner[d + 4 - len(given)], outer[d + 4 - len(given)] = n, o
             it = dataclasses.replace(it, source_strides=padded,
                                      source_split=(tuple(outer), tuple(inner)) if split else None)

@@ -190,8 +190,8 @@ def _strides(x: Boundary, binding: InputBinding) -> tuple[tuple | None, Shape | 
             view = unshaped.view(binding.shape)
         except RuntimeError:  # not one stride a dim: perhaps two
             strides = merged_strides(binding.shape, tuple(unshaped.shape), tuple(unshaped.stride()))
-            if any(isinstance(e, tuple) for e in strides[-2:]):
-                return None, None  # the tile's own dims take one stride each: copied
+            if isinstance(strides[-1], tuple):
+                return None, None  # a row's own dim takes one stride: copied
             split = tuple(n for entry, d in zip(strides, binding.shape, strict=True)
                           for n in ((entry[0][0], entry[1][0]) if isinstance(entry, tuple) else (d,)))
             input_layout(split, tuple(unshaped.view(split).stride()))
@@ -271,7 +271,7 @@ def output_strides_of(node: fx.Node, shape: Sequence[int]) -> tuple[int, ...] | 
             held = base.view(tuple(shape))
         except RuntimeError:  # a dim of two strides (a head merge's (batch · heads) at batch > 1)?
             strides = merged_strides(tuple(shape), tuple(base.shape), tuple(base.stride()))
-            if any(isinstance(e, tuple) for e in strides[-2:]):
+            if isinstance(strides[-1], tuple):
                 return None
             output_strides(tuple(shape), strides)  # checks them: ValueError where mark_output would refuse
             return strides

@@ -259,7 +259,8 @@ def _pending_line(op: Op, refs, attrs) -> str:
 def _declared_strides(shape: tuple[int, ...], strides) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
     """``new_input``'s strides as ``KernelInput``'s layout, strides and split strides; ValueError where
     they are not ints, or pairs ((outer size, outer stride), (inner size, inner stride)) for a dim that
-    two strides step (not one of the last two), or not a view the kernels can read."""
+    two strides step (not the last, nor in a column-major view the second-to-last), or not a view the
+    kernels can read."""
     given = None if isinstance(strides, (str, bytes)) or not isinstance(strides, Iterable) else tuple(strides)
     if given is None or len(given) != len(shape):
         raise ValueError(f"strides must be a sequence of {len(shape)} entries, got {strides!r}")
@@ -276,15 +277,18 @@ def _declared_strides(shape: tuple[int, ...], strides) -> tuple[str, tuple[int, 
         except (TypeError, ValueError):
             raise ValueError(f"stride {s!r} of dim {d} is neither an int nor ((outer size, outer stride), "
                              "(inner size, inner stride))") from None
-        if outer_n * inner_n != n or inner_n < 2 or outer_n < 2 or d >= len(shape) - 2:
+        if outer_n * inner_n != n or inner_n < 2 or outer_n < 2 or d >= len(shape) - 1:
             raise ValueError(f"dim {d} of {n} elements cannot split as {outer_n} × {inner_n} (a split dim "
-                             "comes before the last two, its sizes ≥ 2 and their product its size)")
+                             "comes before the last, its sizes ≥ 2 and their product its size)")
         splits[d] = (inner_n, outer)
         flat.append(inner)
     view_shape, view_strides = split_view(shape, flat, splits)
     layout, viewed = input_layout(view_shape, view_strides)
     if not splits:
         return layout, viewed, ()
+    if layout == "col" and len(shape) - 2 in splits:
+        raise ValueError(f"dim {len(shape) - 2} cannot split in a column-major view: its rows are stored "
+                         "along it")
     return layout, tuple(s if n > 1 else 1 for s, n in zip(flat, shape, strict=True)), tuple(
         v for d in sorted(splits) for v in (d, *splits[d]))
 
@@ -303,7 +307,7 @@ class KNGraph(_Builder):
         last two dims (a transposed view of a row-major tensor, such as ``weight.T``), or any other
         strides stepping one of the last two dims by one element (a view, such as a head split
         ``x.view(s, h, d).transpose(0, 1)``), which kernels can then read in place; calls may pass any
-        layout (another is copied). A dim before the last two may take two strides,
+        layout (another is copied). A dim before the last may take two strides,
         ``((outer size, outer stride), (inner size, inner stride))``, as the (batch · heads) dim of a head
         split at batch > 1 needs; calls then pass the view with that dim as two (``split_view``).
         ``layout="col"`` says column-major without strides. ``pattern``: a promise that every call
@@ -323,7 +327,7 @@ class KNGraph(_Builder):
                 raise GraphError(
                     f"{error}: inputs are row-major (strides {dense_strides(shape)}), column-major in their "
                     f"last two dims (strides {dense_strides(shape, 'col')}) or views stepping one of those "
-                    "dims by one element, a dim before them by one or two strides "
+                    "dims by one element, a dim before the last by one or two strides "
                     "((outer size, outer stride), (inner size, inner stride)); make the tensor contiguous "
                     "first") from None
         if not isinstance(name, str):

@@ -124,7 +124,8 @@ class KernelInput:
     strides: tuple[int, ...] = ()
     # dims that one stride cannot step, such as the (batch · heads) dim of a head split at batch > 1:
     # triples (dim, inner, outer), index i of that dim at (i // inner) · outer + (i % inner) · strides[dim]
-    # (:func:`split_view` gives the view of two dims that calls pass); only dims before the last two
+    # (:func:`split_view` gives the view of two dims that calls pass); not the last dim (nor, in the col
+    # layout, the second-to-last: the dims its rows are stored along)
     split_strides: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -137,11 +138,13 @@ class KernelInput:
             raise ValueError(f"input strides {self.strides} must be positive or 0 (a broadcast), with 1 for "
                              f"the {dim} dim (layout {self.layout!r})")
         splits = self.split_strides
+        last = len(self.strides) - (2 if self.layout == "col" else 1)
         if splits and (not self.strides or len(splits) % 3 or any(
-                not 0 <= d < len(self.strides) - 2 or inner < 2 or outer < 0
+                not 0 <= d < last or inner < 2 or outer < 0
                 for d, inner, outer in zip(splits[::3], splits[1::3], splits[2::3], strict=True))):
             raise ValueError(f"split strides {splits} must be triples (dim, inner, outer) of dims before the "
-                             f"last two of strides {self.strides}, inner ≥ 2 and outer ≥ 0")
+                             f"stored rows of strides {self.strides} (layout {self.layout!r}), inner ≥ 2 and "
+                             "outer ≥ 0")
 
     def splits(self) -> dict[int, tuple[int, int]]:
         """The split dims: dim → (inner extent, outer stride)."""
@@ -187,16 +190,24 @@ def merged_strides(shape: Sequence[int], view_shape: Sequence[int],
     """Per dim of ``shape``, how a view of ``view_shape`` and ``view_strides`` reshaped to ``shape`` steps
     it: a stride, where the view's dims merged into that dim step it by one, or ((outer size, outer
     stride), (inner size, inner stride)) where they step it by two (a head split's (batch · heads) at
-    batch > 1), the form ``new_input(strides=...)`` takes.  ValueError where the reshape splits a dim
-    of the view or merges dims of three or more strides."""
+    batch > 1), the form ``new_input(strides=...)`` takes.  A dim of the view that the reshape splits
+    over several dims (a grouped-query fold's heads, (kv heads, group)) is split as a view would be.
+    ValueError where a reshape cannot split a dim so, or merges dims of three or more strides."""
     dims = [(int(n), int(s)) for n, s in zip(view_shape, view_strides, strict=True) if n != 1]
     out: list = []
     at = 0
     for n in shape:
         run, size = [], 1
         while size < n and at < len(dims):
+            m, stride = dims[at]
+            if size * m > n and m % (n // size) == 0 and n % size == 0:  # split it: its outer part here
+                part = n // size
+                dims[at] = (m // part, stride)
+                run.append((part, stride * (m // part)))
+                size *= part
+                break
             run.append(dims[at])
-            size *= dims[at][0]
+            size *= m
             at += 1
         if size != n:
             raise ValueError(f"a view of shape {list(view_shape)} does not merge into shape {list(shape)}")
@@ -260,9 +271,9 @@ def output_strides(shape: Sequence[int], strides: Sequence) -> tuple[int, ...]:
         for d, (n, s) in enumerate(zip(shape, strides, strict=True)):
             if isinstance(s, (tuple, list)):
                 (outer_n, outer), (inner_n, inner) = s
-                if outer_n * inner_n != n or min(outer_n, inner_n) < 2 or d >= len(shape) - 2:
+                if outer_n * inner_n != n or min(outer_n, inner_n) < 2 or d >= len(shape) - 1:
                     raise ValueError(f"dim {d} of {n} elements cannot split as {outer_n} × {inner_n} (a "
-                                     "split dim comes before the last two, its sizes ≥ 2 and their "
+                                     "split dim comes before the last, its sizes ≥ 2 and their "
                                      "product its size)")
                 splits[d] = (int(inner_n), int(outer))
                 inner_strides.append(int(inner))

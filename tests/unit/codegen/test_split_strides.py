@@ -5,6 +5,8 @@ calls get. The GPU runs are tests/gpu/test_split_strides_gpu.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from codegen_helpers import needs_nvcc
@@ -29,7 +31,8 @@ QKV = 2 * 128 * 3 * 768  # a batch row of the stacked projection's output, in el
     ((24, 128, 64), (2, 12, 128, 64), (128 * 2304, 64, 2304, 1), (((2, 294912), (12, 64)), 2304, 1)),
     ((24, 128, 64), (2, 12, 128, 64), (12 * 8192, 8192, 64, 1), (8192, 64, 1)),  # dense: one stride
     ((24, 128, 64), (1, 24, 128, 64), (0, 64, 2304, 1), (64, 2304, 1)),  # a batch of one drops out
-    ((6, 8, 64), (2, 12, 2, 64), (1536, 128, 64, 1), None),  # not a merge of the view's dims
+    ((8, 3, 64), (2, 6, 2, 64), (1536, 256, 128, 1), None),  # 6 does not split into 4 × 1.5
+    ((6, 8, 64), (2, 12, 2, 64), (1536, 128, 64, 1), (512, 64, 1)),  # 12 split as 3 × 4: a view
     ((96, 64), (2, 4, 12, 64), (8192, 1024, 64, 1), None),  # three strides
 ])
 def test_merged_strides(shape, view_shape, view_strides, expected):
@@ -53,7 +56,7 @@ def test_the_builder_declares_a_split_dim_and_its_view():
 
 @pytest.mark.parametrize(("strides", "reason"), [
     ((((3, 294912), (12, 64)), 2304, 1), "cannot split as 3 × 12"),
-    ((24 * 64, ((2, 64 * 64), (64, 1)), 1), "cannot split"),  # one of the last two dims
+    ((128 * 64, 64, ((2, 32), (32, 1))), "cannot split"),  # the last dim
     ((((2, 64), (12, 64)), 2304, 1), "repeat elements"),
     ((("2", 294912), 2304, 1), "neither an int nor"),
 ])
@@ -187,3 +190,30 @@ def test_capture_declares_the_head_merge_of_a_batch_of_two():
     subs = partition(capture(BertSelfAttention(), (torch.randn(2, 64, 768),), {})).subprograms
     attention = next(s for s in subs if sum(n.op.value == "matmul" for n in s.graph.nodes) == 2)
     assert attention.graph.output_strides == ((64, 768, 1, 0, 12, 64 * 768),)
+
+
+@needs_nvcc
+def test_a_grouped_query_fold_splits_the_rows_and_compiles():
+    """q of 16 heads folded into 4 key heads' groups, (4, 4 · 256, 64): a row of the tile is group g and
+    token t at g · 64 + t · 1536; tiles of 64 rows stay within one group (256 tokens) and are read in
+    place, the head merge of the result written so too."""
+    g = mi.new_kernel_graph("grouped")
+    q = g.new_input(dims=(4, 1024, 64), strides=(256, ((4, 64), (256, 1536)), 1), name="q")
+    attrs = g.graph.nodes[q.ref.node].attrs
+    assert attrs.strides == (256, 1536, 1) and attrs.splits() == {1: (256, 64)}
+    graph = one_kernel(4, 1024, 256, 64, 64, 64, output_strides=(256, ((4, 64), (256, 1024)), 1))
+    nodes = list(graph.nodes)
+    nodes[graph.input_nodes[0]] = dataclasses.replace(nodes[graph.input_nodes[0]], attrs=attrs)
+    graph = dataclasses.replace(graph, nodes=tuple(nodes))
+    program = _program(graph)
+    assert program.split_inputs == (0,) and program.input_views[0] == ((4, 4, 256, 64), (256, 64, 1536, 1))
+    assert "{0, 0, 64, 0}, {0, 0, 256, 0}};  // a view read in place" in program.code
+    assert "{0, 0, 64, 0}, {0, 0, 256, 0}};  // laid out as the program views it" in program.code
+    (result,) = compile_sources([program.code], CompileOptions(target=TARGETS["H100"]))
+    assert result.cubin()[:4] == b"\x7fELF"
+
+
+def test_a_column_major_view_cannot_split_its_stored_rows():
+    g = mi.new_kernel_graph()
+    with pytest.raises(GraphError, match="column-major view"):
+        g.new_input(dims=(4, 1024, 64), strides=(65536, ((4, 16384), (256, 1)), 256))
