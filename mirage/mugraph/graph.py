@@ -258,7 +258,7 @@ def input_layout(shape: Sequence[int], strides: Sequence[int]) -> tuple[str, tup
 def output_strides(shape: Sequence[int], strides: Sequence) -> tuple[int, ...]:
     """The strides an output of ``shape`` declares for element ``strides`` (``KernelGraph.output_strides``):
     () where they are row-major; ValueError unless they lay the tensor out densely (its dims in some
-    order, no gaps, no overlap) with its last dim stepped by one element. A dim before the last two may
+    order, no gaps, no overlap) with its last dim stepped by one element. A dim before the last may
     take two strides, ((outer size, outer stride), (inner size, inner stride)), as a head merge's
     (batch · heads) at batch > 1: the declaration is then the inner strides followed by a triple
     (dim, inner size, outer stride) per such dim (:func:`output_view` reads it), and the output is
