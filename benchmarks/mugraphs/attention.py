@@ -129,21 +129,27 @@ def one_kernel(heads: int, queries: int, keys: int, dim: int, rows: int, key_til
     return g.freeze()
 
 
+def with_input_strides(graph: mi.KernelGraph, strides: dict[int, tuple]) -> mi.KernelGraph:
+    """``graph`` with its inputs at the given positions declared with those strides, in
+    ``new_input(strides=...)``'s form (a pair of (size, stride) pairs for a dim of two strides)."""
+    import dataclasses
+
+    from mirage.mugraph.builder import declared_strides
+
+    nodes = list(graph.nodes)
+    for p, given in strides.items():
+        i = graph.input_nodes[p]
+        layout, viewed, split = declared_strides(nodes[i].outputs[0].shape, given)
+        nodes[i] = dataclasses.replace(nodes[i], attrs=dataclasses.replace(
+            nodes[i].attrs, layout=layout, strides=viewed, split_strides=split))
+    return dataclasses.replace(graph, nodes=tuple(nodes))
+
+
 def with_head_splits(graph: mi.KernelGraph, batch: int, heads: int, tokens: int, dim: int) -> mi.KernelGraph:
     """``graph`` (Q, K, V inputs of (batch · heads) rows) with its inputs declared as Hugging Face's head
     splits of one [batch, tokens, 3 · heads · dim] product: Q and V [b·h, s, d], K [b·h, d, s] read in
     place, each row's heads ``dim`` apart and batch rows ``tokens · 3 · heads · dim`` apart (at batch > 1
     the dim takes two strides: ``KernelInput.split_strides``)."""
-    import dataclasses
-
-    from mirage.mugraph.builder import _declared_strides
-
     pitch = 3 * heads * dim
     first = ((batch, tokens * pitch), (heads, dim)) if batch > 1 else dim
-    nodes = list(graph.nodes)
-    for p, strides in enumerate(((first, pitch, 1), (first, 1, pitch), (first, pitch, 1))):
-        i = graph.input_nodes[p]
-        layout, viewed, split = _declared_strides(nodes[i].outputs[0].shape, strides)
-        nodes[i] = dataclasses.replace(nodes[i], attrs=dataclasses.replace(
-            nodes[i].attrs, layout=layout, strides=viewed, split_strides=split))
-    return dataclasses.replace(graph, nodes=tuple(nodes))
+    return with_input_strides(graph, {0: (first, pitch, 1), 1: (first, 1, pitch), 2: (first, pitch, 1)})

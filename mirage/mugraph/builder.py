@@ -256,7 +256,7 @@ def _pending_line(op: Op, refs, attrs) -> str:
     return f"  >>> {op.value}({args}) {attrs if attrs is not None else ''}  <-- this op"
 
 
-def _declared_strides(shape: tuple[int, ...], strides) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+def declared_strides(shape: tuple[int, ...], strides) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
     """``new_input``'s strides as ``KernelInput``'s layout, strides and split strides; ValueError where
     they are not ints, or pairs ((outer size, outer stride), (inner size, inner stride)) for a dim that
     two strides step (not the last, nor in a column-major view the second-to-last), or not a view the
@@ -322,7 +322,7 @@ class KNGraph(_Builder):
         split: tuple[int, ...] = ()
         if strides is not None:
             try:
-                layout, viewed, split = _declared_strides(shape, strides)
+                layout, viewed, split = declared_strides(shape, strides)
             except ValueError as error:
                 raise GraphError(
                     f"{error}: inputs are row-major (strides {dense_strides(shape)}), column-major in their "

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 
 import mirage as mi  # noqa: E402
-from benchmarks.mugraphs.attention import one_kernel, with_head_splits  # noqa: E402
+from benchmarks.mugraphs.attention import one_kernel, with_head_splits, with_input_strides  # noqa: E402
 from mirage.codegen.gpu_check import check_on_gpu, random_inputs  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
@@ -103,16 +103,9 @@ def test_bert_attention_at_batch_two_matches_float64_with_its_split_views():
 def test_a_grouped_query_fold_read_and_written_in_place_matches_the_dense_build():
     """Llama's q folded into 4 groups of key heads, (4, 4 · 256, 64), rows at g · 64 + t · 1536, and the
     result written as the head merge wants it: both through their split rows."""
-    from mirage.mugraph.builder import _declared_strides
-
     graph = one_kernel(4, 1024, 256, 64, 64, 64)
-    declared = one_kernel(4, 1024, 256, 64, 64, 64, output_strides=(256, ((4, 64), (256, 1024)), 1))
-    nodes = list(declared.nodes)
-    q = declared.input_nodes[0]
-    layout, strides, split = _declared_strides((4, 1024, 64), (256, ((4, 64), (256, 1536)), 1))
-    nodes[q] = dataclasses.replace(nodes[q], attrs=dataclasses.replace(nodes[q].attrs, layout=layout,
-                                                                       strides=strides, split_strides=split))
-    declared = dataclasses.replace(declared, nodes=tuple(nodes))
+    merged = one_kernel(4, 1024, 256, 64, 64, 64, output_strides=(256, ((4, 64), (256, 1024)), 1))
+    declared = with_input_strides(merged, {0: (256, ((4, 64), (256, 1536)), 1)})
     ours, theirs = build_many([generate_cuda_program(g, None) for g in (declared, graph)])
     assert ours.cuda.split_inputs == (0,)
     inputs = random_inputs(declared, seed=7)
