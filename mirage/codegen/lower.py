@@ -75,8 +75,7 @@ class KernelLowering:
         transposed: frozenset[int] = frozenset(),
         output_strides: tuple[tuple[int, ...] | None, ...] = (),
     ) -> None:
-        self.kernel, self.output_strides = kernel, output_strides  # per op output (_output_strides) or None
-        self.transposed = transposed  # input nodes read in place as dev::Transposed tiles (column_major)
+        self.kernel, self.output_strides, self.transposed = kernel, output_strides, transposed
         self.softmax_output_stores = softmax_output_stores
         self.producer_warp = producer_warp
         self.evict_first_streams = evict_first_streams
@@ -328,6 +327,7 @@ class KernelLowering:
         else:
             pairs = ((tiles[0], tiles[1]),)
         if i not in self.matmuls:
+            registers.check_simt_size(self, i, refs)
             self.matmuls[i] = ctx.MatmulType(f"mm{i}", pairs)
         return self.matmuls[i], tuple(t for pair in pairs for t in pair)
 

@@ -7,9 +7,11 @@ it applies to; the lowering renders them.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from mirage.codegen import lower_context as ctx
+from mirage.codegen.lower_ops import LoweringError
 from mirage.mugraph.graph import AccumKind, BlockGraph, Ref
 from mirage.mugraph.ops import Op
 from mirage.optimizer.schedule import Action, Phase, Step
@@ -66,6 +68,27 @@ def tensor_core_operands(lowering: KernelLowering, a: Ref, b: Ref) -> bool:
         and (2 * lb.pitch) % 16 == 0
         and lowering.threads % 32 == 0
     )
+
+
+# outputs a thread computes by the CUDA cores' matmul (dev::SimtMatmul) at most: each is an accumulator
+# and an unrolled round of loads and FMAs; at 72 rounds nvcc took 51 s for one small GEMM kernel, at 144
+# more than 100 s (K of 12, 128 threads), for a kernel no faster than its tensor-core tiles
+MAX_SIMT_ROUNDS = 64
+
+
+def check_simt_size(lowering: KernelLowering, i: int, refs) -> None:
+    """LoweringError where matmul ``i`` (operands ``refs``) would run on the CUDA cores with more than
+    :data:`MAX_SIMT_ROUNDS` outputs a thread."""
+    if len(refs) != 2 or tensor_core_operands(lowering, refs[0], refs[1]):
+        return
+    shape = lowering.graph.nodes[i].outputs[0].shape
+    rounds = math.ceil(math.prod(shape) / lowering.threads)
+    if rounds > MAX_SIMT_ROUNDS:
+        k = lowering.operand(refs[0]).layout.dims[3]
+        raise LoweringError(
+            f"matmul %{i} of {lowering.name} ({list(shape)} outputs) runs on the CUDA cores, {rounds} "
+            f"outputs a thread (at most {MAX_SIMT_ROUNDS}): its K ({k}) is not a multiple of 16 or its N "
+            "not of 8; use tiles that tensor cores take, or more blocks")
 
 
 def row_sums(lowering: KernelLowering) -> dict[int, ctx.RowSums]:

@@ -1,6 +1,7 @@
-"""A compiler run past ``MIRAGE_COMPILE_TIME_LIMIT`` is stopped, with the processes it started, and
-fails as a build with a message that names the limit (a µGraph of odd tiles once kept cicc busy for
-minutes and stalled a whole selection)."""
+"""Builds that would take minutes: a compiler run past ``MIRAGE_COMPILE_TIME_LIMIT`` is stopped, with the
+processes it started, and fails as a build with a message that names the limit (a µGraph of odd tiles
+once kept cicc busy for minutes and stalled a whole selection); a product that would run on the CUDA
+cores with too many outputs a thread, what made those builds slow, is not generated at all."""
 
 from __future__ import annotations
 
@@ -36,3 +37,31 @@ def test_a_limit_that_is_not_a_positive_number_is_refused(monkeypatch, value):
     monkeypatch.setenv("MIRAGE_COMPILE_TIME_LIMIT", value)
     with pytest.raises(MirageError, match="MIRAGE_COMPILE_TIME_LIMIT"):
         compiling.time_limit_s()
+
+
+def _gemm(m: int, n: int, k: int):
+    import mirage as mi
+
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(m, 4 * k), dtype=mi.float16)
+    w = g.new_input(dims=(4 * k, 8 * n), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(8, 1, 1), block_dim=(128, 1, 1), forloop_range=4)
+    xt = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
+    wt = tb.new_input(w, input_map=(1, -1, -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(xt, wt)), output_map=(1, -1, -1))
+    (y,) = g.customized([x, w], tb)
+    g.mark_output(y)
+    return g.freeze()
+
+
+def test_a_cuda_core_matmul_of_too_many_outputs_a_thread_is_not_generated():
+    """K = 12 keeps a product off the tensor cores: 128 × 72 outputs over 128 threads (72 a thread; nvcc
+    took 51 s on it) is refused when lowered, 64 × 64 (32 a thread) and a tensor-core tile of 256 × 72
+    are generated."""
+    from mirage.codegen.lower_ops import LoweringError
+    from mirage.codegen.lower_program import generate_cuda_program
+
+    with pytest.raises(LoweringError, match=r"72 outputs a thread \(at most 64\): its K \(12\)"):
+        generate_cuda_program(_gemm(128, 72, 12), 90)
+    generate_cuda_program(_gemm(64, 64, 12), 90)
+    generate_cuda_program(_gemm(256, 72, 48), 90)
