@@ -3,14 +3,16 @@
 Every setting is read when it is asked for (not at import), so a test or a long-running process can
 change the environment and see the change.  The variables:
 
-=========================  ==================================================================
-``MIRAGE_CACHE_DIR``       where search results and compiled kernels are cached
-                           (default ``$XDG_CACHE_HOME/mirage``, else ``~/.cache/mirage``)
-``MIRAGE_NO_CACHE``        ``1`` to neither read nor write the on-disk caches
-``MIRAGE_EXECUTOR``        ``auto`` (default), ``interpret`` or ``cuda``: how subprograms run
-``MIRAGE_NO_PROGRESS``     ``1`` to hide progress bars
-``MIRAGE_LOG_LEVEL``       level of the ``mirage`` logger set by the command line (default INFO)
-=========================  ==================================================================
+===============================  ==================================================================
+``MIRAGE_CACHE_DIR``             where search results and compiled kernels are cached
+                                 (default ``$XDG_CACHE_HOME/mirage``, else ``~/.cache/mirage``)
+``MIRAGE_NO_CACHE``              ``1`` to neither read nor write the on-disk caches
+``MIRAGE_EXECUTOR``              ``auto`` (default), ``interpret`` or ``cuda``: how subprograms run
+``MIRAGE_NO_PROGRESS``           ``1`` to hide progress bars
+``MIRAGE_LOG_LEVEL``             level of the ``mirage`` logger set by the command line (default INFO)
+``MIRAGE_COMPILE_TIME_LIMIT``    seconds one compiler run may take before it is stopped and its
+                                 build fails (default 150)
+===============================  ==================================================================
 """
 
 from __future__ import annotations
@@ -72,6 +74,20 @@ def settings() -> Settings:
         progress=not _flag("MIRAGE_NO_PROGRESS"),
         log_level=os.environ.get("MIRAGE_LOG_LEVEL", "INFO").upper(),
     )
+
+
+def compile_time_limit_s() -> float:
+    """How long one compiler or tool run may take (``MIRAGE_COMPILE_TIME_LIMIT``, seconds; default 150):
+    a kernel whose tiles make the compiler unroll without end fails as a build instead of stalling the
+    selection that builds it beside others."""
+    value = os.environ.get("MIRAGE_COMPILE_TIME_LIMIT", "150")
+    try:
+        limit = float(value)
+    except ValueError:
+        raise ConfigError(f"MIRAGE_COMPILE_TIME_LIMIT={value!r} is not a number of seconds") from None
+    if not limit > 0:
+        raise ConfigError(f"MIRAGE_COMPILE_TIME_LIMIT={value!r} must be a positive number of seconds")
+    return limit
 
 
 # ---- the caches' two warnings (search entries, result caches, checkpoints, compiled kernels) --------

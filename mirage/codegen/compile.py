@@ -52,7 +52,7 @@ from mirage.codegen.toolchain import (
     read_environment,
     tool_version,
 )
-from mirage.config import warn_corrupt
+from mirage.config import compile_time_limit_s, warn_corrupt
 from mirage.errors import MirageError
 from mirage.mugraph.target import Target, detect_target
 
@@ -200,22 +200,8 @@ def nvcc_command(
     return command
 
 
-def time_limit_s() -> float:
-    """How long one compiler or tool run may take (``MIRAGE_COMPILE_TIME_LIMIT``, seconds; default 150):
-    a kernel whose tiles make the compiler unroll without end fails as a build instead of stalling the
-    selection that builds it beside others."""
-    value = os.environ.get("MIRAGE_COMPILE_TIME_LIMIT", "150")
-    try:
-        limit = float(value)
-    except ValueError:
-        raise MirageError(f"MIRAGE_COMPILE_TIME_LIMIT={value!r} is not a number of seconds") from None
-    if limit <= 0:
-        raise MirageError(f"MIRAGE_COMPILE_TIME_LIMIT={value!r} must be a positive number of seconds")
-    return limit
-
-
 def _run(stage: Stage, command: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    limit = time_limit_s()
+    limit = compile_time_limit_s()
     # a session of its own, so that a run past the limit is stopped with the compilers it started
     with subprocess.Popen(list(command), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True) as process:

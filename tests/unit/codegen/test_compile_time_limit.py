@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from mirage import config
 from mirage.codegen import compile as compiling
 from mirage.codegen.compile import CompileError, Stage
 from mirage.errors import MirageError
@@ -36,7 +37,7 @@ def test_a_run_within_the_limit_returns_its_output(monkeypatch, tmp_path):
 def test_a_limit_that_is_not_a_positive_number_is_refused(monkeypatch, value):
     monkeypatch.setenv("MIRAGE_COMPILE_TIME_LIMIT", value)
     with pytest.raises(MirageError, match="MIRAGE_COMPILE_TIME_LIMIT"):
-        compiling.time_limit_s()
+        config.compile_time_limit_s()
 
 
 def _gemm(m: int, n: int, k: int):
