@@ -250,3 +250,33 @@ def test_grouped_query_folds_are_declared_views_and_match_float64(gpu_like, batc
     with torch.no_grad():
         want = copy.deepcopy(model).double()(x.double())
         torch.testing.assert_close(fast(x).double(), want, rtol=1e-4, atol=1e-4)
+
+
+class ViTAttention(torch.nn.Module):
+    """timm's ViT attention: one qkv product split by ``reshape(b, n, 3, h, d).permute(2, 0, 3, 1, 4)``."""
+
+    def __init__(self, dim: int = 384, heads: int = 6):
+        super().__init__()
+        self.heads, self.qkv, self.proj = heads, torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.proj(o.transpose(1, 2).reshape(b, n, c))
+
+
+def test_vit_attention_at_batch_two_declares_its_split_heads_and_matches_float64(gpu_like):
+    """197 tokens, 6 heads: q, kᵀ and v are (b·h) rows of 64 and 197 · 1152 apart, the head merge after
+    the attention 64 and 197 · 384 apart."""
+    model = ViTAttention().eval()
+    x = torch.randn(2, 197, 384)
+    subs = partition(capture(model, (x,), {})).subprograms
+    attention = next(s for s in subs if s.ops == ("scaled_dot_product_attention",))
+    splits = {n.attrs.name: n.attrs.split_strides for n in attention.graph.nodes if n.op.value == "input"}
+    assert set(splits.values()) == {(0, 6, 197 * 1152)}
+    assert attention.graph.output_strides == ((64, 384, 1, 0, 6, 197 * 384),)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(x.double())
+        torch.testing.assert_close(fast(x).double(), want, rtol=1e-4, atol=1e-4)
