@@ -280,3 +280,20 @@ def test_vit_attention_at_batch_two_declares_its_split_heads_and_matches_float64
     with torch.no_grad():
         want = copy.deepcopy(model).double()(x.double())
         torch.testing.assert_close(fast(x).double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_key_padding_mask_broadcast_over_heads_is_a_split_view(gpu_like):
+    """A (4, 1, 1, 256) additive mask broadcast to the scores of 4 · 12 heads: the merged dim steps 0
+    within a batch row's heads and 256 between rows, the queries' dim 0: read as it is, not expanded."""
+    from benchmarks.unseen import PaddedAttention
+
+    model = PaddedAttention().eval()
+    xs = tuple(torch.randn(4, 12, 256, 64) for _ in range(3))
+    (sub,) = partition(capture(model, xs, {})).subprograms
+    mask = next(sub.graph.nodes[n].attrs for n in sub.graph.input_nodes
+                if sub.graph.nodes[n].attrs.name == "additive_mask")
+    assert mask.strides == (0, 0, 1) and mask.splits() == {0: (12, 256)}
+    fast = mi.superoptimize(model, xs, search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(*(x.double() for x in xs))
+        torch.testing.assert_close(fast(*xs).double(), want, rtol=1e-4, atol=1e-4)
