@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from mirage.mugraph.graph import DType, KernelGraph, KernelInput, Ref, same_strides
+from mirage.mugraph.graph import DType, KernelGraph, KernelInput, Ref, rank4_split, same_strides
 from mirage.mugraph.ops import Op
 from mirage.optimizer.tma import MAX_BOX
 
@@ -133,7 +133,8 @@ def split_reads(graph: KernelGraph, contexts: dict,
     for node in graph.nodes:  # an op run through torch would take the view for the graph's shape
         if node.op is not Op.CUSTOMIZED:
             for ref in node.inputs:
-                legal[positions.get(ref.node, -1)] = False
+                if positions.get(ref.node) in legal:
+                    legal[positions[ref.node]] = False
     for k, context in contexts.items():
         for it in context.iterators:
             p = kernel_inputs[k][int(it.parameter.removeprefix("input"))]
@@ -163,12 +164,9 @@ def with_strides(context, kernel_inputs: Sequence[int], strides: dict[int, tuple
             padded = (given[0] * it.source_dims[4 - len(given)],) * (4 - len(given)) + tuple(given)
             if it.view is not None:
                 padded = (*padded[:2], padded[3], padded[2])
-            split = (splits or {}).get(position)
-            outer, inner = [0] * 4, [0] * 4
-            for d, (n, o) in (split or {}).items():  # never a transposed tile's stored dims: no swap
-                inner[d + 4 - len(given)], outer[d + 4 - len(given)] = n, o
+            split = (splits or {}).get(position)  # never a transposed tile's stored dims: no swap
             it = dataclasses.replace(it, source_strides=padded,
-                                     source_split=(tuple(outer), tuple(inner)) if split else None)
+                                     source_split=rank4_split(split, len(given)) if split else None)
         iterators.append(it)
     return dataclasses.replace(context, iterators=tuple(iterators))
 

@@ -33,7 +33,7 @@ from mirage.codegen.lower import KernelLowering
 from mirage.codegen.lower_context import FoldedKernel, KernelContext
 from mirage.codegen.lower_ops import LoweringError, element_type
 from mirage.codegen.tensor_maps import SWIZZLE_BYTES, TensorMapSpec
-from mirage.mugraph.graph import KernelGraph, KernelInput, Ref, split_view
+from mirage.mugraph.graph import KernelGraph, KernelInput, Ref, rank4_split, split_dims, split_view
 from mirage.mugraph.target import TARGETS, Target, detect_target
 from mirage.optimizer.cluster_fold import ClusterFold
 from mirage.optimizer.pipeline import OptimizerOptions, PreparedProgram, prepare
@@ -267,13 +267,10 @@ def _output_strides(graph: KernelGraph, node: int) -> tuple[tuple[int, ...] | No
         if not entry:
             out.append(None)
             continue
-        rank, pad = len(t.shape), 4 - len(t.shape)
-        strides = (entry[0] * t.shape[0],) * pad + tuple(entry[:rank])
-        outer, inner = [0] * 4, [0] * 4
-        triples = entry[rank:]
-        for d, n, o in zip(triples[::3], triples[1::3], triples[2::3], strict=True):
-            inner[d + pad], outer[d + pad] = n, o
-        out.append(strides + (tuple(outer) + tuple(inner) if triples else ()))
+        rank = len(t.shape)
+        strides = (entry[0] * t.shape[0],) * (4 - rank) + tuple(entry[:rank])
+        splits = split_dims(entry[rank:])
+        out.append(strides + (sum(rank4_split(splits, rank), ()) if splits else ()))
     return tuple(out)
 
 

@@ -51,6 +51,8 @@ from mirage.mugraph.graph import (
     dense_strides,
     input_layout,
     output_strides,
+    split_pairs,
+    split_triples,
     split_view,
 )
 from mirage.mugraph.ops import Op
@@ -261,27 +263,7 @@ def declared_strides(shape: tuple[int, ...], strides) -> tuple[str, tuple[int, .
     they are not ints, or pairs ((outer size, outer stride), (inner size, inner stride)) for a dim that
     two strides step (not the last, nor in a column-major view the second-to-last), or not a view the
     kernels can read."""
-    given = None if isinstance(strides, (str, bytes)) or not isinstance(strides, Iterable) else tuple(strides)
-    if given is None or len(given) != len(shape):
-        raise ValueError(f"strides must be a sequence of {len(shape)} entries, got {strides!r}")
-    splits: dict[int, tuple[int, int]] = {}
-    flat: list[int] = []
-    for d, (n, s) in enumerate(zip(shape, given, strict=True)):
-        if isinstance(s, int) and not isinstance(s, bool):
-            flat.append(s)
-            continue
-        try:
-            (outer_n, outer), (inner_n, inner) = s
-            if not all(type(v) is int for v in (outer_n, outer, inner_n, inner)):
-                raise TypeError
-        except (TypeError, ValueError):
-            raise ValueError(f"stride {s!r} of dim {d} is neither an int nor ((outer size, outer stride), "
-                             "(inner size, inner stride))") from None
-        if outer_n * inner_n != n or inner_n < 2 or outer_n < 2 or d >= len(shape) - 1:
-            raise ValueError(f"dim {d} of {n} elements cannot split as {outer_n} × {inner_n} (a split dim "
-                             "comes before the last, its sizes ≥ 2 and their product its size)")
-        splits[d] = (inner_n, outer)
-        flat.append(inner)
+    flat, splits = split_pairs(shape, strides)
     view_shape, view_strides = split_view(shape, flat, splits)
     layout, viewed = input_layout(view_shape, view_strides)
     if not splits:
@@ -289,8 +271,7 @@ def declared_strides(shape: tuple[int, ...], strides) -> tuple[str, tuple[int, .
     if layout == "col" and len(shape) - 2 in splits:
         raise ValueError(f"dim {len(shape) - 2} cannot split in a column-major view: its rows are stored "
                          "along it")
-    return layout, tuple(s if n > 1 else 1 for s, n in zip(flat, shape, strict=True)), tuple(
-        v for d in sorted(splits) for v in (d, *splits[d]))
+    return layout, tuple(s if n > 1 else 1 for s, n in zip(flat, shape, strict=True)), split_triples(splits)
 
 
 class KNGraph(_Builder):

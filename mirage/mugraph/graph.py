@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
@@ -148,8 +148,7 @@ class KernelInput:
 
     def splits(self) -> dict[int, tuple[int, int]]:
         """The split dims: dim → (inner extent, outer stride)."""
-        s = self.split_strides
-        return {d: (inner, outer) for d, inner, outer in zip(s[::3], s[1::3], s[2::3], strict=True)}
+        return split_dims(self.split_strides)
 
 
 INPUT_LAYOUTS = frozenset({"", "col"})
@@ -183,6 +182,56 @@ def split_view(shape: Sequence[int], strides: Sequence[int],
             view_shape.append(n)
             view_strides.append(s)
     return tuple(view_shape), tuple(view_strides)
+
+
+def split_dims(triples: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """Split dims written as (dim, inner size, outer stride) triples (``KernelInput.split_strides``, the
+    tail of a ``KernelGraph.output_strides`` entry) as dim → (inner size, outer stride)."""
+    return {d: (inner, outer)
+            for d, inner, outer in zip(triples[::3], triples[1::3], triples[2::3], strict=True)}
+
+
+def split_triples(splits: dict[int, tuple[int, int]]) -> tuple[int, ...]:
+    """:func:`split_dims` backwards."""
+    return tuple(v for d in sorted(splits) for v in (d, *splits[d]))
+
+
+def rank4_split(splits: dict[int, tuple[int, int]], rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``dev::Strides``'s ``outer`` and ``inner`` for split dims of a tensor of ``rank`` dims (four, the
+    leading ones of one element added; 0 where a dim is not split)."""
+    outer, inner = [0] * 4, [0] * 4
+    for d, (n, o) in splits.items():
+        inner[d + 4 - rank], outer[d + 4 - rank] = n, o
+    return tuple(outer), tuple(inner)
+
+
+def split_pairs(shape: Sequence[int], strides: Sequence) -> tuple[list[int], dict[int, tuple[int, int]]]:
+    """``new_input``'s or ``mark_output``'s strides, where a dim before the last may be a pair
+    ((outer size, outer stride), (inner size, inner stride)), as the inner stride of each dim and the
+    split dims (dim → (inner size, outer stride)); ValueError for any other entry or a pair that does
+    not split its dim."""
+    given = None if isinstance(strides, (str, bytes)) or not isinstance(strides, Iterable) else tuple(strides)
+    if given is None or len(given) != len(shape):
+        raise ValueError(f"strides must be a sequence of {len(shape)} entries, got {strides!r}")
+    flat: list[int] = []
+    splits: dict[int, tuple[int, int]] = {}
+    for d, (n, s) in enumerate(zip(shape, given, strict=True)):
+        if type(s) is int:
+            flat.append(s)
+            continue
+        try:
+            (outer_n, outer), (inner_n, inner) = s
+            if not all(type(v) is int for v in (outer_n, outer, inner_n, inner)):
+                raise TypeError
+        except (TypeError, ValueError):
+            raise ValueError(f"stride {s!r} of dim {d} is neither an int nor ((outer size, outer stride), "
+                             "(inner size, inner stride))") from None
+        if outer_n * inner_n != n or min(outer_n, inner_n) < 2 or d >= len(shape) - 1:
+            raise ValueError(f"dim {d} of {n} elements cannot split as {outer_n} × {inner_n} (a split dim "
+                             "comes before the last, its sizes ≥ 2 and their product its size)")
+        splits[d] = (inner_n, outer)
+        flat.append(inner)
+    return flat, splits
 
 
 def merged_strides(shape: Sequence[int], view_shape: Sequence[int],
@@ -266,25 +315,13 @@ def output_strides(shape: Sequence[int], strides: Sequence) -> tuple[int, ...]:
     if len(strides) != len(shape):
         raise ValueError(f"{len(strides)} strides for a tensor of rank {len(shape)}")
     if any(isinstance(s, (tuple, list)) for s in strides):
-        splits: dict[int, tuple[int, int]] = {}
-        inner_strides = []
-        for d, (n, s) in enumerate(zip(shape, strides, strict=True)):
-            if isinstance(s, (tuple, list)):
-                (outer_n, outer), (inner_n, inner) = s
-                if outer_n * inner_n != n or min(outer_n, inner_n) < 2 or d >= len(shape) - 1:
-                    raise ValueError(f"dim {d} of {n} elements cannot split as {outer_n} × {inner_n} (a "
-                                     "split dim comes before the last, its sizes ≥ 2 and their "
-                                     "product its size)")
-                splits[d] = (int(inner_n), int(outer))
-                inner_strides.append(int(inner))
-            else:
-                inner_strides.append(int(s))
+        inner_strides, splits = split_pairs(shape, strides)
         view_shape, view_strides = split_view(shape, inner_strides, splits)
         if not output_strides(view_shape, view_strides):
             raise ValueError(f"strides {tuple(strides)} lay out a tensor of shape {list(shape)} row-major: "
                              "declare them as one stride a dim")
-        return tuple(s if n > 1 else 1 for s, n in zip(inner_strides, shape, strict=True)) + tuple(
-            v for d in sorted(splits) for v in (d, *splits[d]))
+        unit = tuple(s if n > 1 else 1 for s, n in zip(inner_strides, shape, strict=True))
+        return unit + split_triples(splits)
     strides = tuple(int(s) for s in strides)
     if same_strides(shape, strides, dense_strides(shape)):
         return ()
@@ -306,10 +343,7 @@ def output_view(shape: Sequence[int], declared: Sequence[int]) -> tuple[tuple[in
     rank = len(shape)
     if not declared:
         return tuple(shape), dense_strides(shape)
-    triples = declared[rank:]
-    splits = {d: (inner, outer) for d, inner, outer in zip(triples[::3], triples[1::3], triples[2::3],
-                                                           strict=True)}
-    return split_view(shape, declared[:rank], splits)
+    return split_view(shape, declared[:rank], split_dims(declared[rank:]))
 
 
 @dataclass(frozen=True)
@@ -494,8 +528,7 @@ class KernelGraph(_GraphBase):
             return False  # run through torch: laid out afterwards
         saver = node.attrs.nodes[node.attrs.output_nodes[ref.index]]
         tile = node.attrs.type_of(saver.inputs[0]).shape
-        triples = declared[rank:]
-        return all(inner % tile[d] == 0 for d, inner in zip(triples[::3], triples[1::3], strict=True))
+        return all(inner % tile[d] == 0 for d, (inner, _) in split_dims(declared[rank:]).items())
 
     def block_graphs(self) -> list[BlockGraph]:
         return [n.attrs for n in self.nodes if isinstance(n.attrs, BlockGraph)]
