@@ -350,6 +350,20 @@ class BertSelfAttention(nn.Module):
         return context.permute(0, 2, 1, 3).reshape(x.shape)
 
 
+class ViTAttention(nn.Module):
+    """timm's ViT attention: one qkv product split by ``reshape(b, n, 3, h, d).permute(2, 0, 3, 1, 4)``."""
+
+    def __init__(self, dim: int = 384, heads: int = 6):
+        super().__init__()
+        self.heads, self.qkv, self.proj = heads, nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        o = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(o.transpose(1, 2).reshape(b, n, c))
+
+
 class LlamaAttention(nn.Module):
     """Llama's self-attention as Hugging Face writes it, without rotary embeddings (``rotary_attention``
     has them): q, k and v projections of one input (grouped-query heads: 16 query heads, 4 key
@@ -399,6 +413,7 @@ PROGRAMS = {
     "bert_mlp": (BertMLP, [(8, 384)]),
     "bert_attention": (BertSelfAttention, [(1, 128, 768)]),
     "bert_attention_b2": (BertSelfAttention, [(2, 128, 768)]),  # (batch · heads) of two strides
+    "vit_attention_b2": (ViTAttention, [(2, 197, 384)]),  # timm's ViT-S: 197 tokens, 6 heads, one qkv
     "llama_attention": (LlamaAttention, [(1, 256, 1024)]),
     "prefill_projection": (functools.partial(nn.Linear, 768, 768), [(1, 128, 768)]),  # BERT's, alone
     "heads_attention": (HeadsAttention, [(2, 8, 128, 64)] * 3),

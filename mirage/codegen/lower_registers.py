@@ -14,6 +14,7 @@ from mirage.codegen import lower_context as ctx
 from mirage.codegen.lower_ops import LoweringError
 from mirage.mugraph.graph import AccumKind, BlockGraph, Ref
 from mirage.mugraph.ops import Op
+from mirage.mugraph.tensor_cores import MAX_SIMT_ROUNDS, takes_tensor_cores
 from mirage.optimizer.schedule import Action, Phase, Step
 
 if TYPE_CHECKING:
@@ -62,18 +63,10 @@ def tensor_core_operands(lowering: KernelLowering, a: Ref, b: Ref) -> bool:
     return (
         la.dims[0] * la.dims[1] == 1
         and lb.dims[0] * lb.dims[1] == 1
-        and la.dims[3] % 16 == 0
-        and lb.dims[3] % 8 == 0
+        and takes_tensor_cores(la.dims[3], lb.dims[3], lowering.threads)
         and (2 * la.pitch) % 16 == 0
         and (2 * lb.pitch) % 16 == 0
-        and lowering.threads % 32 == 0
     )
-
-
-# outputs a thread computes by the CUDA cores' matmul (dev::SimtMatmul) at most: each is an accumulator
-# and an unrolled round of loads and FMAs; at 72 rounds nvcc took 51 s for one small GEMM kernel, at 144
-# more than 100 s (K of 12, 128 threads), for a kernel no faster than its tensor-core tiles
-MAX_SIMT_ROUNDS = 64
 
 
 def check_simt_size(lowering: KernelLowering, i: int, refs) -> None:

@@ -201,6 +201,7 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, merge_products: bool =
     _stable_softmaxes(gm)
     _slice_concats_as_products(gm)
     _drop_value_asserts(gm)
+    _softmax_round_trips(gm)
     _scalar_fulls(gm)
     products.split_products(gm)
     if merge_products:
@@ -301,6 +302,56 @@ def _dtype_arguments_as_casts(gm: fx.GraphModule) -> None:
             args[position] = None
         node.args = tuple(args)
         node.kwargs = {k: v for k, v in node.kwargs.items() if k != "dtype"}
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+
+
+_CAST_TARGETS = (torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default, torch.ops.aten.type_as.default)
+_NARROW_FLOATS = (torch.float16, torch.bfloat16)
+
+
+def _float_cast(node: object, before: torch.dtype | None, after: torch.dtype) -> fx.Node | None:
+    """The operand of ``node`` when ``node`` is a cast from ``before`` (any dtype when None) to
+    ``after`` that keeps shape and device; else None."""
+    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target not in _CAST_TARGETS:
+        return None
+    source, val = node.args[0], node.meta.get("val")
+    held = source.meta.get("val") if isinstance(source, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or not isinstance(held, torch.Tensor):
+        return None
+    same = held.shape == val.shape and held.device == val.device
+    return source if same and val.dtype == after and before in (None, held.dtype) else None
+
+
+def _softmax_round_trips(gm: fx.GraphModule) -> None:
+    """Write ``softmax(x.float(), d).to(x.dtype)`` of a float16 or bfloat16 ``x`` (Hugging Face's
+    ``softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)``, T5's ``softmax(s.float()).type_as(s)``)
+    as ``softmax(x, d)``: PyTorch computes a half-precision softmax in float32 and rounds its result
+    once, so both are the same function (at most one unit in the last place apart, where the two
+    kernels sum in another order; a test checks it on the CPU and on the GPU).
+    Without this the float32 island stays in PyTorch (``upcasts="exact"``) and splits the attention."""
+    aten = torch.ops.aten
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.softmax.int or len(node.args) < 2:
+            continue
+        wide = node.args[0]
+        x = _float_cast(wide, None, torch.float32)
+        narrow = x.meta["val"].dtype if x is not None else None
+        if narrow not in _NARROW_FLOATS or len(wide.users) != 1 or not node.users:
+            continue
+        if not all(_float_cast(user, torch.float32, narrow) is node for user in node.users):
+            continue
+        with gm.graph.inserting_before(node):
+            softmax = gm.graph.call_function(aten.softmax.int, (x, node.args[1]))
+        softmax.meta["val"] = next(iter(node.users)).meta["val"]
+        for user in list(node.users):
+            user.replace_all_uses_with(softmax)
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+        gm.graph.erase_node(wide)
         changed = True
     if changed:
         gm.graph.lint()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -96,7 +97,8 @@ class SearchContext:
     @property
     def evaluator(self) -> OpEvaluator:
         if self._evaluator is None:
-            self._evaluator = OpEvaluator(self.rules, self.space.reduction_dimx)
+            threads = max(math.prod(b) for b in self.space.block_dims)
+            self._evaluator = OpEvaluator(self.rules, self.space.reduction_dimx, threads=threads)
         return self._evaluator
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mirage as mi
-from benchmarks.unseen import BertSelfAttention
+from benchmarks.unseen import BertSelfAttention, ViTAttention
 from mirage.errors import GraphError
 from mirage.frontend import capture, partition
 
@@ -250,20 +250,6 @@ def test_grouped_query_folds_are_declared_views_and_match_float64(gpu_like, batc
     with torch.no_grad():
         want = copy.deepcopy(model).double()(x.double())
         torch.testing.assert_close(fast(x).double(), want, rtol=1e-4, atol=1e-4)
-
-
-class ViTAttention(torch.nn.Module):
-    """timm's ViT attention: one qkv product split by ``reshape(b, n, 3, h, d).permute(2, 0, 3, 1, 4)``."""
-
-    def __init__(self, dim: int = 384, heads: int = 6):
-        super().__init__()
-        self.heads, self.qkv, self.proj = heads, torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
-
-    def forward(self, x):
-        b, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-        return self.proj(o.transpose(1, 2).reshape(b, n, c))
 
 
 def test_vit_attention_at_batch_two_declares_its_split_heads_and_matches_float64(gpu_like):

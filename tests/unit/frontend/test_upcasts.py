@@ -167,3 +167,66 @@ def test_a_dtype_argument_is_an_upcast_of_the_operand(function):
     out = _superoptimize(function, (x,))(x)
     assert out.dtype == torch.float32
     assert _relative_error(out, function(x.double())) < 1e-6
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_pytorch_computes_a_half_precision_softmax_as_its_float32_round_trip(dtype, device):
+    """The premise of the capture rewrite below: both compute in float32 and round once, so they
+    differ at most in the last bit (where the two kernels sum in another order)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    for shape in [(64, 1000), (8, 64), (3, 17), (4, 4096)]:
+        (x,) = _inputs(shape, dtype=dtype)
+        x = (x * 8).to(device)
+        for dim in (-1, 0):
+            half, wide = torch.softmax(x, dim), torch.softmax(x.float(), dim).to(dtype)
+            steps = (half.view(torch.int16).int() - wide.view(torch.int16).int()).abs().max()
+            assert steps <= 1, (shape, dim)  # non-negative floats order as their bit patterns
+
+
+def hugging_face_attention(q, k, v):  # softmax(dtype=float32), then back to the inputs' dtype
+    scores = q @ k.transpose(-1, -2) / 8.0
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def t5_attention(q, k, v):  # scores.float() and type_as
+    scores = q @ k.transpose(-1, -2)
+    return torch.softmax(scores.float(), dim=-1).type_as(scores) @ v
+
+
+@pytest.mark.parametrize("function", [hugging_face_attention, t5_attention])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_float32_softmax_cast_back_is_the_half_precision_softmax(function, dtype):
+    """The float32 island of attention's probabilities becomes the softmax of the scores as they are:
+    one subprogram, the attention, instead of three around casts kept in PyTorch."""
+    q, k, v = _inputs((1, 2, 64, 32), (1, 2, 64, 32), (1, 2, 64, 32), dtype=dtype)
+    gm = capture(as_module(function), (q, k, v), {})
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert not [n for n in calls if n.target in (torch.ops.aten.to.dtype, torch.ops.aten.type_as.default)]
+    (softmax,) = [n for n in calls if n.target is torch.ops.aten.softmax.int]
+    assert softmax.meta["val"].dtype == dtype and softmax.args[0].meta["val"].dtype == dtype
+    torch.testing.assert_close(gm(q, k, v), function(q, k, v), rtol=0, atol=0)
+    fast = _superoptimize(function, (q, k, v))
+    (spec,) = fast.specializations
+    assert len(spec.partition.subprograms) == 1 and not spec.partition.kept_upcasts, str(spec.partition)
+    out = fast(q, k, v)
+    assert out.dtype == dtype
+    assert _relative_error(out, function(*(t.double() for t in (q, k, v)))) < 1e-2
+
+
+def widened_elsewhere(x):  # the float32 scores are read again: the island stays
+    wide = x.float()
+    return torch.softmax(wide, -1).to(x.dtype), wide.sum(-1)
+
+
+def narrowed_to_another_dtype(x):  # float16 in, bfloat16 out: not a round trip
+    return torch.softmax(x.float(), -1).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("function", [widened_elsewhere, narrowed_to_another_dtype, softmax_in_float32])
+def test_a_float32_softmax_stays_float32_unless_it_is_only_cast_back(function):
+    (x,) = _inputs((8, 64))
+    gm = capture(as_module(function), (x,), {})
+    (softmax,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.softmax.int]
+    assert softmax.args[0].meta["val"].dtype == torch.float32
