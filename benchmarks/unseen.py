@@ -364,6 +364,17 @@ class ViTAttention(nn.Module):
         return self.proj(o.transpose(1, 2).reshape(b, n, c))
 
 
+class BertOutput(nn.Module):
+    """BERT's output block: the down projection, then a residual and a LayerNorm of its rows."""
+
+    def __init__(self, inner: int = 3072, hidden: int = 768):
+        super().__init__()
+        self.dense, self.norm = nn.Linear(inner, hidden), nn.LayerNorm(hidden, eps=1e-12)
+
+    def forward(self, h, x):
+        return self.norm(self.dense(h) + x)
+
+
 class LlamaAttention(nn.Module):
     """Llama's self-attention as Hugging Face writes it, without rotary embeddings (``rotary_attention``
     has them): q, k and v projections of one input (grouped-query heads: 16 query heads, 4 key
@@ -413,6 +424,7 @@ PROGRAMS = {
     "bert_mlp": (BertMLP, [(8, 384)]),
     "bert_attention": (BertSelfAttention, [(1, 128, 768)]),
     "bert_attention_b2": (BertSelfAttention, [(2, 128, 768)]),  # (batch · heads) of two strides
+    "bert_output": (BertOutput, [(128, 3072), (128, 768)]),
     "vit_attention_b2": (ViTAttention, [(2, 197, 384)]),  # timm's ViT-S: 197 tokens, 6 heads, one qkv
     "llama_attention": (LlamaAttention, [(1, 256, 1024)]),
     "prefill_projection": (functools.partial(nn.Linear, 768, 768), [(1, 128, 768)]),  # BERT's, alone

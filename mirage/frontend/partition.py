@@ -273,11 +273,26 @@ PRODUCTS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "scal
 def product_cuts(gm: fx.GraphModule, subprogram: Subprogram) -> frozenset[str]:
     """Where to split a subprogram that no µGraph beat: before each matrix product that reads a value
     computed in the same subprogram (the next layer: a down projection after a gated product, a
-    linear after a norm).  Each part is a smaller search."""
-    members = set(subprogram.nodes)
+    linear after a norm).  Where there is none, after its products: each op that reads a product's
+    result (through views) starts the product's epilogue as a subprogram of its own (a residual and a
+    LayerNorm after a projection, BERT's output block, whose norm needs whole rows of the product).
+    Each part is a smaller search."""
+    members = dict(zip(subprogram.nodes, subprogram.ops, strict=True))
     nodes = {n.name: n for n in gm.graph.nodes}
-    return frozenset(name for name, op in zip(subprogram.nodes, subprogram.ops, strict=True)
-                     if op in PRODUCTS and any(p.name in members for p in nodes[name].all_input_nodes))
+    next_layers = frozenset(name for name, op in members.items()
+                            if op in PRODUCTS and any(p.name in members for p in nodes[name].all_input_nodes))
+    if next_layers:
+        return next_layers
+
+    def reads_a_product(node: fx.Node) -> bool:
+        for p in node.all_input_nodes:
+            if p.name in members and (members[p.name] in PRODUCTS or (
+                    lowering_of(p).kind is Kind.LAYOUT and reads_a_product(p))):
+                return True
+        return False
+
+    return frozenset(name for name, op in members.items() if op not in PRODUCTS
+                     and lowering_of(nodes[name]).kind is Kind.COMPUTE and reads_a_product(nodes[name]))
 
 
 def partition(gm: fx.GraphModule, budget: Budget | None = None, cuts: frozenset[str] = frozenset()

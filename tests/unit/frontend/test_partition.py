@@ -181,3 +181,26 @@ def test_attention_is_a_product_cut():
     (only,) = partition(gm).subprograms
     (cut,) = product_cuts(gm, only)
     assert only.ops[only.nodes.index(cut)] == "scaled_dot_product_attention"
+
+
+def test_a_product_without_a_next_layer_is_cut_from_its_epilogue():
+    """BERT's output block, LayerNorm(h·Wᵀ + b + x): no product reads a computed value, so a fruitless
+    subprogram splits after the projection, through the views between them, and the residual and the
+    norm become a search of their own."""
+    from benchmarks.unseen import BertOutput
+    from mirage.frontend.partition import product_cuts
+
+    model = BertOutput(inner=64, hidden=32).eval()
+
+    def viewed(h, x):  # the projection's rows reshaped before the residual
+        return model.norm(model.dense(h).view(2, 4, 32) + x)
+
+    cases = [(model, (torch.randn(8, 64), torch.randn(8, 32)), ("linear",)),
+             (viewed, (torch.randn(8, 64), torch.randn(2, 4, 32)), ("linear", "view"))]
+    for program, inputs, product in cases:
+        gm = capture(as_module(program), inputs, {})
+        (only,) = partition(gm).subprograms
+        (cut,) = product_cuts(gm, only)
+        assert only.ops[only.nodes.index(cut)] == "add"
+        parts = partition(gm, cuts=frozenset({cut})).subprograms
+        assert [p.ops for p in parts] == [product, ("add", "layer_norm")]
