@@ -413,6 +413,79 @@ class Block(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
+class LlamaRMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm: the mean of squares in float32, the weight after the cast back."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x):
+        wide = x.to(torch.float32)
+        variance = wide.pow(2).mean(-1, keepdim=True)
+        return self.weight * (wide * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+
+class LlamaLayer(nn.Module):
+    """A whole Llama decoder layer as Hugging Face writes it: RMSNorm, q/k/v projections, rotary
+    embedding (``rotate_half`` by slices, tables as buffers), grouped-query heads repeated, causal SDPA,
+    the output projection and residual, RMSNorm, the SwiGLU MLP and its residual."""
+
+    def __init__(self, dim: int = 512, heads: int = 8, kv_heads: int = 2, inner: int = 1376,
+                 tokens: int = 128):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.ln1, self.ln2 = LlamaRMSNorm(dim), LlamaRMSNorm(dim)
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.k, self.v = (nn.Linear(dim, kv_heads * self.head_dim, bias=False) for _ in range(2))
+        self.o = nn.Linear(dim, dim, bias=False)
+        self.gate, self.up = (nn.Linear(dim, inner, bias=False) for _ in range(2))
+        self.down = nn.Linear(inner, dim, bias=False)
+        inverse = 1.0 / (10000 ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
+        angles = torch.outer(torch.arange(tokens).float(), inverse)
+        angles = torch.cat((angles, angles), -1)[None, None]
+        self.register_buffer("cos", angles.cos())
+        self.register_buffer("sin", angles.sin())
+
+    def heads_of(self, x, heads):
+        return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.ln1(x)
+        q, k, v = self.heads_of(self.q(h), self.heads), self.heads_of(self.k(h), self.kv_heads), \
+            self.heads_of(self.v(h), self.kv_heads)
+        cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
+        q = q * cos + RotaryAttention.rotate_half(q) * sin
+        k = k * cos + RotaryAttention.rotate_half(k) * sin
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+        h = self.ln2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+class GPT2Block(nn.Module):
+    """A whole GPT-2 block as nanoGPT writes it: LayerNorm, one qkv product split by ``split``, causal
+    SDPA, heads merged by ``contiguous().view``, the projection and residual, LayerNorm, the tanh-GELU
+    MLP and its residual."""
+
+    def __init__(self, dim: int = 384, heads: int = 6):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc, self.out = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.attn(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(b, t, d)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
 PROGRAMS = {
     "gate": (Gate, [(8, 1024), (8, 1024), (8, 1024)]),
     "softmax_projection": (SoftmaxProjection, [(16, 256)]),
@@ -425,6 +498,8 @@ PROGRAMS = {
     "bert_attention": (BertSelfAttention, [(1, 128, 768)]),
     "bert_attention_b2": (BertSelfAttention, [(2, 128, 768)]),  # (batch · heads) of two strides
     "bert_output": (BertOutput, [(128, 3072), (128, 768)]),
+    "llama_layer": (LlamaLayer, [(1, 128, 512)]),  # a whole decoder layer: 35 torch ops
+    "gpt2_block": (GPT2Block, [(1, 128, 384)]),
     "vit_attention_b2": (ViTAttention, [(2, 197, 384)]),  # timm's ViT-S: 197 tokens, 6 heads, one qkv
     "llama_attention": (LlamaAttention, [(1, 256, 1024)]),
     "prefill_projection": (functools.partial(nn.Linear, 768, 768), [(1, 128, 768)]),  # BERT's, alone

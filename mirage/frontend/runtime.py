@@ -53,6 +53,10 @@ from mirage.mugraph.graph import same_strides
 logger = logging.getLogger("mirage.frontend")
 
 
+# rounds of splitting fruitless subprograms (``_split_fruitless``): each searches only the new parts
+SPLIT_ROUNDS = 3
+
+
 class SubprogramModule(nn.Module):
     """Runs one subprogram: views the torch inputs as the graph's inputs, runs the chosen µGraph,
     views the graph's outputs as the torch values."""
@@ -409,27 +413,34 @@ class MirageModule(nn.Module):
 
     def _split_fruitless(self, gm: fx.GraphModule, part: Partition, choices: dict[str, Choice],
                          device: str | None) -> tuple[Partition, dict[str, Choice], tuple[str, ...]]:
-        """Once: split each subprogram whose search found nothing before the products that start its
-        next layer (``partition.product_cuts``), and search the parts; subprograms left as they were
-        keep their choices.  The split is kept only where it changes the partition; then also what
-        the split subprograms' searches gave, one line each, for the report."""
-        fruitless = [s for s in part.subprograms if runs_in_pytorch(choices[s.name], self.options)]
-        cuts = frozenset().union(*(product_cuts(gm, s) for s in fruitless))
-        if not cuts:
-            return part, choices, ()
-        split = partition(gm, self.options.budget, cuts)
-        before = {s.nodes: choices[s.name] for s in part.subprograms}
-        if {s.nodes for s in split.subprograms} == set(before):
-            return part, choices, ()
-        logger.info("mirage: %s: splitting subprograms that no µGraph beat before %s", self.name,
-                    ", ".join(sorted(cuts)))
-        kept = {s.nodes for s in split.subprograms}
-        notes = tuple(f"{len(s.nodes)} torch ops ({', '.join(s.ops)}): {choices[s.name].detail}"
-                      for s in fruitless if s.nodes not in kept)
-        new = [s for s in split.subprograms if s.nodes not in before]
-        fresh = choose_all(gm, new, self.options, device)
-        return split, {s.name: before[s.nodes] if s.nodes in before else fresh[s.name]
-                       for s in split.subprograms}, notes
+        """Split each subprogram whose search found nothing where ``partition.product_cuts`` says
+        (before the products that start its next layer, else after its products), and search the
+        parts; subprograms left as they were keep their choices.  Parts that are fruitless in turn
+        split again, for at most :data:`SPLIT_ROUNDS` rounds (a projection, then its residual and
+        norm).  A split is kept only where it changes the partition; then also what the split
+        subprograms' searches gave, one line each, for the report."""
+        cuts: frozenset[str] = frozenset()
+        notes: tuple[str, ...] = ()
+        for _ in range(SPLIT_ROUNDS):
+            fruitless = [s for s in part.subprograms if runs_in_pytorch(choices[s.name], self.options)]
+            wider = cuts.union(*(product_cuts(gm, s) for s in fruitless))
+            if wider == cuts:
+                break
+            split = partition(gm, self.options.budget, wider)
+            before = {s.nodes: choices[s.name] for s in part.subprograms}
+            if {s.nodes for s in split.subprograms} == set(before):
+                break
+            logger.info("mirage: %s: splitting subprograms that no µGraph beat before %s", self.name,
+                        ", ".join(sorted(wider - cuts)))
+            cuts = wider
+            kept = {s.nodes for s in split.subprograms}
+            notes += tuple(f"{len(s.nodes)} torch ops ({', '.join(s.ops)}): {choices[s.name].detail}"
+                           for s in fruitless if s.nodes not in kept)
+            new = [s for s in split.subprograms if s.nodes not in before]
+            fresh = choose_all(gm, new, self.options, device)
+            part, choices = split, {s.name: before[s.nodes] if s.nodes in before else fresh[s.name]
+                                    for s in split.subprograms}
+        return part, choices, notes
 
     def forward(self, *args, **kwargs):
         if self._snapshot is not None:

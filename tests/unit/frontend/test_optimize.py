@@ -700,3 +700,30 @@ def test_the_rotary_product_finds_a_mugraph_with_the_finer_grids():
     assert found is not None, note
     (block,) = [n.attrs for n in found.nodes if n.op is Op.CUSTOMIZED]
     assert block.grid_dim[0] > 32  # a grid only the finer tiles give
+
+
+def test_a_fruitless_part_splits_again_after_its_product(monkeypatch):
+    """LayerNorm(relu(h·Wa)·Wb + x): the whole splits before the second product, then that part, a
+    product with a residual and a norm, splits after its product: the residual and the norm become
+    a search of their own (a second round)."""
+    searched = []
+
+    def small_only(reference, settings, progress=True):
+        ops = sum(1 for n in reference.nodes if n.op is not Op.INPUT)
+        searched.append(ops)
+        return (None if ops > 7 else reference), "test", [], False
+
+    monkeypatch.setattr(optimize, "run_search", small_only)
+    norm = torch.nn.LayerNorm(8)
+
+    def block(h, x, wa, wb):
+        return norm(torch.relu(h @ wa) @ wb + x)
+
+    inputs = (torch.randn(16, 12), torch.randn(16, 8), torch.randn(12, 12), torch.randn(12, 8))
+    fast = mi.superoptimize(block, inputs, use_cache=False, progress=False)
+    spec = fast.specializations[0]
+    assert searched == [10, 2, 8, 1, 7]
+    parts = [s.ops for s in spec.partition.subprograms]
+    assert parts == [("matmul", "relu"), ("matmul",), ("add", "layer_norm")]
+    assert len(spec.split) == 2 and spec.split[1].startswith("3 torch ops (matmul, add, layer_norm)")
+    torch.testing.assert_close(fast(*inputs), block(*inputs), rtol=1e-4, atol=1e-4)
