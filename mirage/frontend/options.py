@@ -29,6 +29,9 @@ class Options:
     max_results: int | None = None  # stop a search after this many verified µGraphs
     search_overrides: tuple[tuple[str, str], ...] = ()  # passed to mirage.generator.search
     max_subprogram_ops: int = 16  # kernel-graph ops per subprogram
+    # rounds of splitting subprograms that no µGraph beat, each searching the new parts (frontend.runtime):
+    # a second splits a fruitless part again (a projection from its residual and norm), at its search cost
+    split_rounds: int = 1
     executor: str = "auto"  # "auto", "interpret" or "cuda"
     use_cache: bool = True  # read and write the on-disk search cache
     cache_dir: Path | None = None  # default: $MIRAGE_CACHE_DIR/search
@@ -67,9 +70,10 @@ class Options:
         return options_
 
     def validate(self) -> None:
-        if not isinstance(self.max_subprogram_ops, int) or self.max_subprogram_ops < 1:
-            raise OptionError(
-                f"max_subprogram_ops must be a positive integer, got {self.max_subprogram_ops!r}")
+        for name, least in (("max_subprogram_ops", 1), ("split_rounds", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise OptionError(f"{name} must be an integer of at least {least}, got {value!r}")
         if (isinstance(self.time_limit_s, bool) or not isinstance(self.time_limit_s, (int, float))
                 or not math.isfinite(self.time_limit_s) or self.time_limit_s <= 0):
             raise OptionError(f"time_limit_s must be a finite positive number of seconds (such as 30), got "

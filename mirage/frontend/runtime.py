@@ -53,10 +53,6 @@ from mirage.mugraph.graph import same_strides
 logger = logging.getLogger("mirage.frontend")
 
 
-# rounds of splitting fruitless subprograms (``_split_fruitless``): each searches only the new parts
-SPLIT_ROUNDS = 3
-
-
 class SubprogramModule(nn.Module):
     """Runs one subprogram: views the torch inputs as the graph's inputs, runs the chosen µGraph,
     views the graph's outputs as the torch values."""
@@ -415,13 +411,14 @@ class MirageModule(nn.Module):
                          device: str | None) -> tuple[Partition, dict[str, Choice], tuple[str, ...]]:
         """Split each subprogram whose search found nothing where ``partition.product_cuts`` says
         (before the products that start its next layer, else after its products), and search the
-        parts; subprograms left as they were keep their choices.  Parts that are fruitless in turn
-        split again, for at most :data:`SPLIT_ROUNDS` rounds (a projection, then its residual and
-        norm).  A split is kept only where it changes the partition; then also what the split
-        subprograms' searches gave, one line each, for the report."""
+        parts; subprograms left as they were keep their choices.  With ``Options.split_rounds`` above
+        1, parts that are fruitless in turn split again (a projection, then its residual and norm),
+        each round searching only its new parts; 0 splits nothing.  A split is kept only where it
+        changes the partition; then also what the split subprograms' searches gave, one line each, for
+        the report."""
         cuts: frozenset[str] = frozenset()
         notes: tuple[str, ...] = ()
-        for _ in range(SPLIT_ROUNDS):
+        for _ in range(self.options.split_rounds):
             fruitless = [s for s in part.subprograms if runs_in_pytorch(choices[s.name], self.options)]
             wider = cuts.union(*(product_cuts(gm, s) for s in fruitless))
             if wider == cuts:

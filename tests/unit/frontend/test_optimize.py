@@ -705,7 +705,7 @@ def test_the_rotary_product_finds_a_mugraph_with_the_finer_grids():
 def test_a_fruitless_part_splits_again_after_its_product(monkeypatch):
     """LayerNorm(relu(h·Wa)·Wb + x): the whole splits before the second product, then that part, a
     product with a residual and a norm, splits after its product: the residual and the norm become
-    a search of their own (a second round)."""
+    a search of their own (a second round, with ``split_rounds=2``)."""
     searched = []
 
     def small_only(reference, settings, progress=True):
@@ -720,7 +720,10 @@ def test_a_fruitless_part_splits_again_after_its_product(monkeypatch):
         return norm(torch.relu(h @ wa) @ wb + x)
 
     inputs = (torch.randn(16, 12), torch.randn(16, 8), torch.randn(12, 12), torch.randn(12, 8))
-    fast = mi.superoptimize(block, inputs, use_cache=False, progress=False)
+    one = mi.superoptimize(block, inputs, use_cache=False, progress=False).specializations[0]
+    assert searched == [10, 2, 8] and len(one.partition.subprograms) == 2  # the default: one round
+    searched.clear()
+    fast = mi.superoptimize(block, inputs, use_cache=False, progress=False, split_rounds=2)
     spec = fast.specializations[0]
     assert searched == [10, 2, 8, 1, 7]
     parts = [s.ops for s in spec.partition.subprograms]
