@@ -406,11 +406,13 @@ def _drop_unstable(reference: KernelGraph, found: KernelGraph | None, note: str,
 PROFILE_CANDIDATES = 16  # verified µGraphs timed on the GPU per subprogram (best by the cost model first)
 
 
-def profile_choice(reference: KernelGraph,
-                   candidates: list[KernelGraph]) -> tuple[KernelGraph, str, dict, float]:
+def profile_choice(reference: KernelGraph, candidates: list[KernelGraph]
+                   ) -> tuple[KernelGraph, str, dict, float, frozenset[int] | None]:
     """Profile-guided selection on the current GPU: compile, time and float-check the candidates
     (mirage.codegen.select) and return the fastest that matches the reference, a note, how it was
-    built (``BuildChoice.as_dict``: pipeline depth and launch mode) and its time (µs a call)."""
+    built (``BuildChoice.as_dict``: pipeline depth and launch mode), its time (µs a call) and the
+    inputs (positions) its kernels read in place where they are declared as views (transposed, or
+    through strides: the others it copies, which the guard charges to it)."""
     from mirage.codegen.select import select_fastest
 
     given = candidates[:PROFILE_CANDIDATES]
@@ -420,9 +422,11 @@ def profile_choice(reference: KernelGraph,
     built = best.variant.graph
     picked = next((g for g, r in zip(given, renamed, strict=True) if r is built), built)
     launch = ("on, one block per SM" if best.spread_blocks else "on") if best.dependent_launch else "off"
+    cuda = getattr(selection.program, "cuda", None)  # None: every declared view counts as read in place
+    in_place = None if cuda is None else frozenset(cuda.transposed_inputs) | frozenset(cuda.input_strides)
     return picked, (f"fastest of {len(selection.trials)} GPU builds: {best.median_us:.2f} µs "
                                 f"(pipeline stages {best.variant.stages}, dependent launch {launch})"), \
-        best.build.as_dict(), best.median_us
+        best.build.as_dict(), best.median_us, in_place
 
 
 def pytorch_us(reference: KernelGraph, runner: Callable[[], Callable[[], Any]] | None) -> float | None:
@@ -474,7 +478,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
            cache_dir: Path | None = None, progress: bool = True, profile_on: str | None = None,
            candidates: Sequence[KernelGraph] = (),
            pytorch_runner: Callable[[], Callable[[], Any]] | None = None,
-           boundary_runner: Callable[[], Callable[[], Any] | None] | None = None) -> Choice:
+           boundary_runner: Callable[[frozenset[int] | None], Callable[[], Any] | None] | None = None,
+           ) -> Choice:
     """The µGraph to run for ``reference``: from the cache, from a new search, or the reference.
     Without a named search space, the one that suits ``reference`` (:func:`auto_config`).
     ``profile_on``: the name of the current GPU; the verified µGraphs are then timed on it and the
@@ -482,8 +487,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     against ``reference`` and then ranked with the search's (those of another signature are skipped).
     ``pytorch_runner``: builds what runs where no build is kept, for the guard that keeps PyTorch
     where it is faster than the fastest build (:func:`pytorch_us`); ``boundary_runner``: builds the
-    copies a kept build adds around its kernels (``frontend.runners.boundary_runner``), charged to
-    the build in that comparison."""
+    copies a kept build adds around its kernels (``frontend.runners.boundary_runner``), given the
+    inputs the build reads in place, charged to the build in that comparison."""
     if settings.config is None:
         settings = dataclasses.replace(settings, config=auto_config(reference))
     for widen in (with_block_budget, with_kernel_budget, with_attention_layout, with_element_grids,
@@ -550,10 +555,10 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         from mirage.codegen.select import SelectionError
 
         try:
-            found, profiled, build, fastest_us = profile_choice(reference, ranked)
+            found, profiled, build, fastest_us, in_place = profile_choice(reference, ranked)
             note = f"{note}; {profiled}"
             eager_us = pytorch_us(reference, pytorch_runner)
-            copies_us = (pytorch_us(reference, boundary_runner) or 0.0) if (
+            copies_us = (pytorch_us(reference, lambda: boundary_runner(in_place)) or 0.0) if (
                 eager_us is not None and boundary_runner is not None) else 0.0
             if copies_us:
                 note = f"{note}; its copies around the kernels: {copies_us:.2f} µs"

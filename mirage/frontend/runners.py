@@ -5,7 +5,7 @@ them). A build is kept only where its time and its copies' beat the torch ops.""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 import torch.fx as fx
@@ -57,12 +57,16 @@ def torch_ops_runner(gm: fx.GraphModule, subprogram: Subprogram, device: str = "
     return lambda: module(*inputs)
 
 
-def boundary_runner(gm: fx.GraphModule, subprogram: Subprogram, device: str = "cuda") -> Callable | None:
+def boundary_runner(gm: fx.GraphModule, subprogram: Subprogram, device: str = "cuda",
+                    in_place: Collection[int] | None = None) -> Callable | None:
     """A function of no arguments that makes the copies a kept build adds around ``subprogram``'s
     kernels, or None where it adds none: each input that arrives as a view its graph input does not
     declare (no strides, not column-major) bound by a copy, and each output that the PyTorch ops after
     it need in eager's layout where the graph does not write it so (``runtime.restrided``). Inputs
-    declared as views count as read in place."""
+    declared as views count as read in place where ``in_place`` (positions among the graph's inputs:
+    those the build reads so, ``optimize.profile_choice``) has them, or always when it is None; the
+    others are charged the copy the build makes of them (a split view the chosen kernels cannot read
+    in place, a column-major input read row-major)."""
     from mirage.frontend.runtime import restrided
 
     nodes = {n.name: n for n in gm.graph.nodes}
@@ -73,7 +77,8 @@ def boundary_runner(gm: fx.GraphModule, subprogram: Subprogram, device: str = "c
         source = nodes[binding.source]
         value = source.meta.get("val")
         declared = isinstance(attrs, KernelInput) and (attrs.strides or attrs.layout == "col")
-        if declared or source.op == "get_attr" or not isinstance(value, torch.Tensor):
+        read = declared and (in_place is None or k in in_place)
+        if read or source.op == "get_attr" or not isinstance(value, torch.Tensor):
             continue  # read in place, or a parameter's copy kept from call to call
         t = sample(value, device)
         bound = binding.apply(t)

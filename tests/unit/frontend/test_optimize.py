@@ -266,7 +266,7 @@ def test_profiling_picks_among_all_verified_graphs_and_keys_the_cache_per_gpu(mo
     def timed(ref, candidates):
         seen.append(candidates)
         build = {"stages": 3, "dependent_launch": False}
-        return candidates[-1], "fastest of 2 GPU builds: 1.00 µs", build, 1.0
+        return candidates[-1], "fastest of 2 GPU builds: 1.00 µs", build, 1.0, frozenset()
 
     monkeypatch.setattr(optimize, "run_search", search)
     monkeypatch.setattr(optimize, "profile_choice", timed)
@@ -503,7 +503,7 @@ def _one_profiled_build(monkeypatch, us: float) -> mi.KernelGraph:
                         lambda ref, settings, progress=True: (other, "1 verified µGraph(s)", [other], False))
     monkeypatch.setattr(optimize, "profile_choice",
                         lambda ref, candidates: (other, f"fastest of 1 GPU builds: {us:.2f} µs",
-                                                 {"stages": 2}, us))
+                                                 {"stages": 2}, us, frozenset()))
     return reference
 
 
@@ -522,11 +522,19 @@ def test_a_pick_slower_than_pytorch_leaves_the_subprogram_to_pytorch(monkeypatch
     assert kept.source == "search" and kept.build == {"stages": 2}
     monkeypatch.setattr(optimize, "pytorch_us", lambda ref, runner=None: 20.0)
     assert optimize.choose(reference, settings, profile_on="Some GPU").source == "search"
-    # the copies a build adds around its kernels are charged to it: 14.48 + 6 µs against 20
-    copies = lambda: None  # noqa: E731
-    monkeypatch.setattr(optimize, "pytorch_us", lambda ref, runner=None: 6.0 if runner is copies else 20.0)
+    # the copies a build adds around its kernels are charged to it: 14.48 + 6 µs against 20; the
+    # runner of those copies learns which inputs the kept build reads in place (none here)
+    asked = []
+
+    def copies(in_place):
+        asked.append(in_place)
+        return "copies"
+
+    monkeypatch.setattr(optimize, "pytorch_us",
+                        lambda ref, runner=None: 6.0 if runner is not None and runner() == "copies" else 20.0)
     charged = optimize.choose(reference, settings, profile_on="Some GPU", boundary_runner=copies)
     assert charged.source == "reference" and "its copies around the kernels: 6.00 µs" in charged.detail
+    assert asked == [frozenset()]
 
 
 def test_a_failed_pytorch_timing_skips_the_guard(caplog):

@@ -43,6 +43,19 @@ def test_bert_attention_adds_no_copies_at_batch_one_or_two():
         assert boundary_runner(gm, _attention(gm), "cpu") is None
 
 
+def test_declared_views_a_build_copies_are_charged():
+    """BERT at batch 2: q, kᵀ and v are declared as split views; a build whose kernels read them in
+    place adds no copies, one that reads only kᵀ so is charged the copies of q and v."""
+    gm = capture(BertSelfAttention().eval(), (torch.randn(2, 128, 768),), {})
+    attention = _attention(gm)
+    every = frozenset(range(len(attention.inputs)))
+    assert boundary_runner(gm, attention, "cpu", in_place=every) is None
+    key = next(k for k, b in enumerate(attention.inputs) if "transpose" in b.source)
+    copies = boundary_runner(gm, attention, "cpu", in_place={key})
+    assert copies is not None and len(copies()) == len(attention.inputs) - 1
+    assert all(t.is_contiguous() for t in copies())
+
+
 def test_pytorchs_ops_run_on_inputs_laid_out_as_traced():
     """The head splits reach PyTorch's attention as the views they are, as in the program."""
     gm = capture(BertSelfAttention().eval(), (torch.randn(1, 128, 768),), {})
