@@ -372,6 +372,20 @@ def test_a_fruitless_search_leaves_the_subprogram_in_pytorch(monkeypatch, isolat
     assert [m for m in plain.specializations[0].module.modules() if isinstance(m, SubprogramModule)]
 
 
+def _small_searches_only(monkeypatch, most_ops: int) -> list[int]:
+    """Searches that find the reference itself for graphs of at most ``most_ops`` ops and nothing for
+    larger ones; returns the list the op counts of the searched graphs go into, in order."""
+    searched: list[int] = []
+
+    def small_only(reference, settings, progress=True):
+        ops = sum(1 for n in reference.nodes if n.op is not Op.INPUT)
+        searched.append(ops)
+        return (None if ops > most_ops else reference), "test", [], False
+
+    monkeypatch.setattr(optimize, "run_search", small_only)
+    return searched
+
+
 def test_a_fruitless_subprogram_is_split_before_its_next_layer_and_the_parts_searched(monkeypatch):
     """x + (silu(x·Wg) · (x·Wu))·Wd: no µGraph for all six ops, so the subprogram is split before
     the down projection (a product of a value computed inside it) and each part is searched."""
@@ -380,14 +394,7 @@ def test_a_fruitless_subprogram_is_split_before_its_next_layer_and_the_parts_sea
     from mirage.frontend.capture import as_module, capture
     from mirage.frontend.partition import PRODUCTS, partition, product_cuts
 
-    searched = []
-
-    def small_only(reference, settings, progress=True):
-        ops = sum(1 for n in reference.nodes if n.op is not Op.INPUT)
-        searched.append(ops)
-        return (None if ops > 4 else reference), "test", [], False
-
-    monkeypatch.setattr(optimize, "run_search", small_only)
+    searched = _small_searches_only(monkeypatch, 4)
 
     def block(x, wg, wu, wd):
         return x + (F.silu(x @ wg) * (x @ wu)) @ wd
@@ -714,14 +721,7 @@ def test_a_fruitless_part_splits_again_after_its_product(monkeypatch):
     """LayerNorm(relu(h·Wa)·Wb + x): the whole splits before the second product, then that part, a
     product with a residual and a norm, splits after its product: the residual and the norm become
     a search of their own (a second round, with ``split_rounds=2``)."""
-    searched = []
-
-    def small_only(reference, settings, progress=True):
-        ops = sum(1 for n in reference.nodes if n.op is not Op.INPUT)
-        searched.append(ops)
-        return (None if ops > 7 else reference), "test", [], False
-
-    monkeypatch.setattr(optimize, "run_search", small_only)
+    searched = _small_searches_only(monkeypatch, 7)
     norm = torch.nn.LayerNorm(8)
 
     def block(h, x, wa, wb):
