@@ -65,3 +65,28 @@ def test_pytorchs_ops_run_on_inputs_laid_out_as_traced():
     (out,) = torch_ops_runner(gm, _attention(gm), "cpu")()
     assert out.shape == (1, 12, 128, 64) and torch.isfinite(out).all()
     assert pytorch_us(None, lambda: None) is None  # nothing to time
+
+
+def test_selection_tells_the_guard_which_views_its_winner_copies(monkeypatch):
+    """BERT's attention at batch 2 built as its reference graph (its products run through torch, so
+    no declared view is read in place): profile selection reports no input read in place, and the
+    guard is charged the copies of q, kᵀ and v."""
+    from types import SimpleNamespace
+
+    from mirage.codegen import select
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.frontend import optimize
+
+    gm = capture(BertSelfAttention().eval(), (torch.randn(2, 128, 768),), {})
+    attention = _attention(gm)
+
+    def built_as_given(reference, candidates, stages):
+        trial = select.Trial(select.Variant(candidates[0]), median_us=4.0)
+        program = SimpleNamespace(cuda=generate_cuda_program(candidates[0], None))
+        return select.Selection(trial, [trial], program)
+
+    monkeypatch.setattr(select, "select_fastest", built_as_given)
+    *_, in_place = optimize.profile_choice(attention.graph, [attention.graph])
+    assert in_place == frozenset()
+    copies = boundary_runner(gm, attention, "cpu", in_place=in_place)
+    assert copies is not None and len(copies()) == 3
