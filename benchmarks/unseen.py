@@ -486,6 +486,45 @@ class GPT2Block(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
+class AlibiAttention(nn.Module):
+    """Bloom's attention: ``baddbmm(alibi, q, kᵀ, beta=1, alpha=1/√d)`` adds the ALiBi bias while it
+    scales the scores, on 3-D (batch · heads, tokens, dim) tensors."""
+
+    def forward(self, q, k, v, alibi):
+        scores = torch.baddbmm(alibi, q, k.transpose(1, 2), beta=1.0, alpha=1 / math.sqrt(q.shape[-1]))
+        return torch.bmm(torch.softmax(scores, -1), v)
+
+
+class CosineSimilarity(nn.Module):
+    """CLIP's logits: both sides L2-normalized by ``F.normalize``, then one product."""
+
+    def forward(self, x, y):
+        return F.normalize(x, dim=-1) @ F.normalize(y, dim=-1).t()
+
+
+class ChunkedGLU(nn.Module):
+    """A gated linear unit whose gate and value are the halves of one projection (``chunk(2, -1)``)."""
+
+    def __init__(self, dim: int = 512, inner: int = 1024):
+        super().__init__()
+        self.proj = nn.Linear(dim, 2 * inner)
+
+    def forward(self, x):
+        value, gate = self.proj(x).chunk(2, -1)
+        return value * F.silu(gate)
+
+
+class ConvBlock(nn.Module):
+    """A convolution, BatchNorm in eval mode and ReLU: ops with no µGraph lowering but the last."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32)
+
+    def forward(self, x):
+        return F.relu(self.norm(self.conv(x)))
+
+
 PROGRAMS = {
     "gate": (Gate, [(8, 1024), (8, 1024), (8, 1024)]),
     "softmax_projection": (SoftmaxProjection, [(16, 256)]),
@@ -500,6 +539,10 @@ PROGRAMS = {
     "bert_output": (BertOutput, [(128, 3072), (128, 768)]),
     "llama_layer": (LlamaLayer, [(1, 128, 512)]),  # a whole decoder layer: 35 torch ops
     "gpt2_block": (GPT2Block, [(1, 128, 384)]),
+    "alibi_attention": (AlibiAttention, [(16, 128, 64)] * 3 + [(16, 128, 128)]),
+    "cosine_similarity": (CosineSimilarity, [(64, 512), (256, 512)]),
+    "chunked_glu": (ChunkedGLU, [(8, 512)]),
+    "conv_block": (ConvBlock, [(2, 16, 32, 32)]),
     "vit_attention_b2": (ViTAttention, [(2, 197, 384)]),  # timm's ViT-S: 197 tokens, 6 heads, one qkv
     "llama_attention": (LlamaAttention, [(1, 256, 1024)]),
     "prefill_projection": (functools.partial(nn.Linear, 768, 768), [(1, 128, 768)]),  # BERT's, alone
