@@ -26,7 +26,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from mirage.frontend import fill_masks, products
+from mirage.frontend import fill_masks, hidden_rows, products
 from mirage.frontend.errors import (
     CaptureError,
     ExampleInputsError,
@@ -211,6 +211,7 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, merge_products: bool =
     fill_masks.where_fills(gm)
     fill_masks.additive_fills(gm)
     fill_masks.causal_buffers(gm)
+    hidden_rows.safe_attention_rows(gm)
     return gm
 
 

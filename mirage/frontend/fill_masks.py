@@ -295,7 +295,7 @@ def _real(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
     nodes, buffers = _ancestors(node)
     if nodes is None or not (buffers or nodes):
         return None
-    env = {b: _attribute(gm, str(b.target)) for b in buffers}
+    env = {b: attribute(gm, str(b.target)) for b in buffers}
     with torch.no_grad():
         for n in gm.graph.nodes:
             if n in nodes:
@@ -350,7 +350,7 @@ def _fold(gm: fx.GraphModule, mask: fx.Node, name: str, pattern: str = "",
     graph.output(env[mask])
     module = FoldedConstant(fx.GraphModule(gm, graph), pattern)
     gm.add_submodule(name, module)
-    values = [_attribute(gm, str(b.target)) for b in buffers]
+    values = [attribute(gm, str(b.target)) for b in buffers]
     with torch.no_grad():
         value = module(*values)
     module.visible_rows = visible_rows  # checked from the next computation on (the caller checks this one)
@@ -360,7 +360,8 @@ def _fold(gm: fx.GraphModule, mask: fx.Node, name: str, pattern: str = "",
     return folded
 
 
-def _attribute(gm: fx.GraphModule, target: str) -> torch.Tensor:
+def attribute(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    """The module attribute ``target`` (a dotted path) of ``gm``: a buffer or parameter."""
     owner = gm
     *path, last = target.split(".")
     for part in path:
