@@ -267,11 +267,15 @@ def _linear(b: RegionBuilder, node, p):
 
 
 def _add_product(first: str, second: str) -> Rule:
-    """beta·self + alpha·(first @ second): ``addmm`` (mat1, mat2) and ``baddbmm`` (batch1, batch2)."""
+    """beta·self + alpha·(first @ second): ``addmm`` (mat1, mat2) and ``baddbmm`` (batch1, batch2).
+    With beta 0, PyTorch ignores ``self``, whose NaN and inf then do not propagate (Hugging Face's
+    GPT-2 passes ``torch.empty(...)`` so): the product alone."""
 
     def rule(b: RegionBuilder, node, p):
         out = b.scale(b.matmul(b.tensor_operand(p[first]), b.tensor_operand(p[second])),
                       float(p.get("alpha", 1)))
+        if float(p.get("beta", 1)) == 0.0:
+            return out
         bias = b.tensor_operand(p["self"])
         if float(p.get("beta", 1)) != 1.0:
             bias = b.scale(bias, float(p["beta"]))

@@ -429,3 +429,23 @@ def test_sdpa_on_batch_and_heads_holds_them_merged(kv_heads, shapes):
     assert [b.shape for b in sub.inputs] == shapes
     with torch.no_grad():
         torch.testing.assert_close(fast(q, k, v), attention(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("fill", [float("nan"), float("inf")])
+def test_a_product_with_beta_zero_ignores_its_input(fill):
+    """``addmm``/``baddbmm`` with beta 0 ignore ``self`` (PyTorch's documented rule; Hugging Face's
+    GPT-2 passes an uninitialized ``torch.empty`` so): its NaN or inf must not reach the result."""
+
+    def batched(b, q, k):
+        return torch.baddbmm(b, q, k, beta=0, alpha=0.5)
+
+    def flat(b, x, w):
+        return torch.addmm(b, x, w, beta=0.0)
+
+    cases = [(batched, (torch.full((4, 8, 8), fill), torch.randn(4, 8, 16), torch.randn(4, 16, 8))),
+             (flat, (torch.full((8,), fill), torch.randn(4, 16), torch.randn(16, 8)))]
+    for program, inputs in cases:
+        fast = mi.superoptimize(program, inputs, search=False, use_cache=False, progress=False)
+        (sub,) = fast.partition.subprograms
+        assert Op.ADD not in {n.op for n in sub.graph.nodes}
+        torch.testing.assert_close(fast(*inputs), program(*inputs), rtol=1e-5, atol=1e-5)
