@@ -46,3 +46,25 @@ def test_tanh_program_through_superoptimize():
     assert "µGraph from search" in report or "PyTorch runs the subprogram in" in report, report
     expected = program(x.double(), w.double())
     torch.testing.assert_close(fast(x, w).double(), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("op", ["relu", "clamp"])
+def test_nan_stays_nan_through_relu_and_clamp(op):
+    """torch.relu and torch.clamp keep NaN; the device's Relu and Clamp do too (a comparison or
+    fmaxf alone would give 0 or a bound): rows of X holding a NaN give NaN rows, the others match."""
+    from tests.unit.optimizer.optimizer_graphs import _blocked_matmul
+
+    g, x, w, tb, product = _blocked_matmul(f"nan_{op}", 16, 256, 512, 8)
+    out = tb.relu(product) if op == "relu" else tb.clamp(product, -1.0, 1.0)
+    tb.new_output(out, output_map=(1, -1, -1))
+    (result,) = g.customized([x, w], tb)
+    g.mark_output(result)
+    (program,) = build_many([generate_cuda_program(g.freeze())])
+    xs = torch.randn(16, 256, device="cuda", dtype=torch.float16)
+    xs[3, 7] = float("nan")
+    ws = torch.randn(256, 512, device="cuda", dtype=torch.float16) / 16
+    (got,) = program(xs, ws)
+    product = xs.float() @ ws.float()
+    want = torch.relu(product) if op == "relu" else product.clamp(-1.0, 1.0)
+    assert torch.equal(got.isnan(), want.isnan()) and got[3].isnan().all()
+    torch.testing.assert_close(got.float().nan_to_num(), want.nan_to_num(), rtol=2e-2, atol=2e-2)

@@ -43,8 +43,9 @@ struct Silu {
 struct Gelu {
   MIRAGE_DEVICE float operator()(float x) const { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 };
+// NaN stays NaN, as in torch.relu and torch.clamp (fmaxf and a comparison alone would give 0 or a bound).
 struct Relu {
-  MIRAGE_DEVICE float operator()(float x) const { return x > 0.0f ? x : 0.0f; }
+  MIRAGE_DEVICE float operator()(float x) const { return x > 0.0f || x != x ? x : 0.0f; }
 };
 struct MulScalar {
   float scalar;
@@ -53,7 +54,7 @@ struct MulScalar {
 struct Clamp {
   float low;
   float high;
-  MIRAGE_DEVICE float operator()(float x) const { return fminf(fmaxf(x, low), high); }
+  MIRAGE_DEVICE float operator()(float x) const { return x != x ? x : fminf(fmaxf(x, low), high); }
 };
 
 // ---- binary operators ---------------------------------------------------------------------
