@@ -309,21 +309,20 @@ def _dtype_arguments_as_casts(gm: fx.GraphModule) -> None:
         gm.recompile()
 
 
-_CAST_TARGETS = (torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default, torch.ops.aten.type_as.default)
 _NARROW_FLOATS = (torch.float16, torch.bfloat16)
 
 
 def _float_cast(node: object, before: torch.dtype | None, after: torch.dtype) -> fx.Node | None:
-    """The operand of ``node`` when ``node`` is a cast from ``before`` (any dtype when None) to
-    ``after`` that keeps shape and device; else None."""
-    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target not in _CAST_TARGETS:
+    """The operand of ``node`` when ``node`` is a cast (as the lowering reads one) from ``before`` (any
+    dtype when None) to ``after`` that keeps shape and device; else None."""
+    from mirage.frontend.lowering import cast_values  # (the lowering imports this module)
+
+    values = cast_values(node) if isinstance(node, fx.Node) else None
+    if values is None:
         return None
-    source, val = node.args[0], node.meta.get("val")
-    held = source.meta.get("val") if isinstance(source, fx.Node) else None
-    if not isinstance(val, torch.Tensor) or not isinstance(held, torch.Tensor):
-        return None
+    held, val = values
     same = held.shape == val.shape and held.device == val.device
-    return source if same and val.dtype == after and before in (None, held.dtype) else None
+    return node.args[0] if same and val.dtype == after and before in (None, held.dtype) else None
 
 
 def _softmax_round_trips(gm: fx.GraphModule) -> None:

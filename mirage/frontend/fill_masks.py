@@ -274,7 +274,7 @@ def causal_buffers(gm: fx.GraphModule) -> None:
         for operand in operands:
             if operand.meta.get(PATTERN):  # a mask capture built itself (is_causal=True): kept as it is
                 continue
-            value = _real(gm, operand)
+            value = buffer_value(gm, operand)
             if value is None or not value.is_floating_point() or value.dim() < 2:
                 continue
             pattern = patterns.causal(int(value.shape[-2]))
@@ -290,7 +290,7 @@ def causal_buffers(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
-def _real(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
+def buffer_value(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
     """The value of ``node`` where it is computed from buffers alone through foldable ops (else None)."""
     nodes, buffers = _ancestors(node)
     if nodes is None or not (buffers or nodes):

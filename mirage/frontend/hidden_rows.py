@@ -61,8 +61,9 @@ def zero_hidden_rows(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def safe_attention_rows(gm: fx.GraphModule) -> None:
     """Put :func:`zero_hidden_rows` after each ``scaled_dot_product_attention`` with an ``attn_mask``,
-    unless the mask is a buffer that hides no whole row at capture (a causal, windowed or padding
-    mask of non-empty prompts; a buffer changed in place later to hide one is not seen)."""
+    unless the mask is computed from buffers alone (``fill_masks.buffer_value``) and hides no whole row
+    at capture (a causal, windowed or padding mask of non-empty prompts; a buffer changed in place later
+    to hide one is not seen)."""
     sdpa = torch.ops.aten.scaled_dot_product_attention.default
     changed = False
     for node in list(gm.graph.nodes):
@@ -71,7 +72,9 @@ def safe_attention_rows(gm: fx.GraphModule) -> None:
         mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
         if not isinstance(mask, fx.Node):
             continue
-        value = _constant(gm, mask)
+        if mask.op == "call_function" and mask.target is fill_masks.additive_mask:
+            mask = mask.args[0]  # SDPA's boolean mask (True: the key takes part), which hides the same rows
+        value = fill_masks.buffer_value(gm, mask)
         if value is not None and not bool(hidden_rows(value).any()):
             continue
         with gm.graph.inserting_after(node):
@@ -82,14 +85,3 @@ def safe_attention_rows(gm: fx.GraphModule) -> None:
     if changed:
         gm.graph.lint()
         gm.recompile()
-
-
-
-def _constant(gm: fx.GraphModule, mask: fx.Node) -> torch.Tensor | None:
-    """The value of ``mask`` where it is a buffer, or SDPA's boolean buffer made additive
-    (``fill_masks.additive_mask``), as it is at capture; else None."""
-    if mask.op == "call_function" and mask.target is fill_masks.additive_mask:
-        mask = mask.args[0]
-    if not isinstance(mask, fx.Node) or mask.op != "get_attr":
-        return None
-    return fill_masks.attribute(gm, str(mask.target))

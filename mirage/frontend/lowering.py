@@ -427,7 +427,7 @@ def _cast(b: RegionBuilder, node, p):
 UPCASTS = frozenset({(torch.float16, torch.float32), (torch.bfloat16, torch.float32)})
 
 
-def _cast_values(node: fx.Node) -> tuple[torch.Tensor, torch.Tensor] | None:
+def cast_values(node: fx.Node) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The example values before and after ``node`` when it is a float cast of a tensor."""
     row = lowering_of(node)
     source = node.args[0] if node.args else None
@@ -441,14 +441,14 @@ def _cast_values(node: fx.Node) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 def is_upcast(node: fx.Node) -> bool:
     """Is ``node`` a widening float cast (float16 or bfloat16 to float32, on the same device)?"""
-    values = _cast_values(node)
+    values = cast_values(node)
     return values is not None and (values[0].dtype, values[1].dtype) in UPCASTS and \
         values[0].device == values[1].device
 
 
 def _is_narrowing_cast(node: fx.Node) -> bool:
     """Is ``node`` a float cast to a dtype of fewer bytes (float32 to float16 or bfloat16)?"""
-    values = _cast_values(node)
+    values = cast_values(node)
     return values is not None and values[1].dtype.itemsize < values[0].dtype.itemsize
 
 

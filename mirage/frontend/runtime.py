@@ -271,12 +271,12 @@ def choose_all(gm: fx.GraphModule, subprograms: Sequence[Subprogram], options: O
                disable=not options.progress or len(subprograms) == 0, leave=False)
     for s in bar:
         bar.set_postfix_str(s.name)
-        copies = functools.partial(boundary_runner, gm, s)  # given the inputs a kept build reads in place
         choices[s.name] = choose(s.graph, options.search_settings, search=options.search,
                                  cache_dir=options.search_cache_dir, progress=options.progress,
                                  profile_on=profile_on, candidates=options.candidates,
                                  pytorch_runner=lambda s=s: torch_ops_runner(gm, s),
-                                 boundary_runner=lambda in_place, copies=copies: copies(in_place=in_place))
+                                 # called with the inputs a kept build reads in place
+                                 boundary_runner=functools.partial(boundary_runner, gm, s, "cuda"))
         c = choices[s.name]
         logger.info("mirage: %s (%d ops): µGraph from %s: %s", s.name, s.num_ops, c.source, c.detail)
     return choices

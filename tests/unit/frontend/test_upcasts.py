@@ -7,6 +7,7 @@ import torch
 
 import mirage as mi
 from benchmarks import suite
+from benchmarks.unseen import Float32Softmax
 from benchmarks.variants import variants
 from mirage.frontend import OptionError
 from mirage.frontend.capture import as_module, capture
@@ -185,17 +186,12 @@ def test_pytorch_computes_a_half_precision_softmax_as_its_float32_round_trip(dty
             assert steps <= 1, (shape, dim)  # non-negative floats order as their bit patterns
 
 
-def hugging_face_attention(q, k, v):  # softmax(dtype=float32), then back to the inputs' dtype
-    scores = q @ k.transpose(-1, -2) / 8.0
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
-
-
 def t5_attention(q, k, v):  # scores.float() and type_as
     scores = q @ k.transpose(-1, -2)
     return torch.softmax(scores.float(), dim=-1).type_as(scores) @ v
 
 
-@pytest.mark.parametrize("function", [hugging_face_attention, t5_attention])
+@pytest.mark.parametrize("function", [Float32Softmax(), t5_attention], ids=["hugging_face", "t5"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_a_float32_softmax_cast_back_is_the_half_precision_softmax(function, dtype):
     """The float32 island of attention's probabilities becomes the softmax of the scores as they are:
