@@ -48,7 +48,7 @@ def _replay_kernels(fn, inputs, replays: int = 10) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us_per_call"] * r["calls_per_replay"])
 
 
-def profile(name: str, time_limit: float) -> dict:
+def profile(name: str, time_limit: float, split_rounds: int = 1) -> dict:
     from benchmarks.unseen import PROGRAMS
     from mirage.frontend.runtime import SubprogramModule
 
@@ -57,7 +57,7 @@ def profile(name: str, time_limit: float) -> dict:
     model = cls().cuda().half().eval()
     inputs = tuple(torch.randn(s, device="cuda").half() for s in shapes)
     fast = mi.superoptimize(model, inputs, time_limit_s=time_limit, use_cache=False, progress=False,
-                            whole_program_check=False)
+                            whole_program_check=False, split_rounds=split_rounds)
     gm = fast.specializations[0].module
     row = {"program": name, "report": fast.report(), "eager_us": _time(model, *inputs),
            "stitched_us": _time(gm, *inputs)}
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
 
     rows = []
     for name in sorted(args.wanted):
-        rows.append(profile(name, args.time_limit))
+        rows.append(profile(name, args.time_limit, args.split_rounds))
         print({k: v for k, v in rows[-1].items() if k not in ("report", "replay_kernels")}, flush=True)
         write_record(args.out, "stitched", device_facts(), rows)
 

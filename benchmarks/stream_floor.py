@@ -286,9 +286,10 @@ def print_times(times: dict[str, float], by_time: bool = False) -> None:
 def program_arguments(doc: str, argv=None, programs: str = "", time_limit: float | None = None):
     """The command line of a benchmark over named programs: ``--out`` (the folder of its JSON record),
     ``--programs`` (comma-separated; ``programs`` by default, "" for all) and, with a default
-    ``time_limit``, ``--time-limit`` (the search budget per subprogram).  ``doc``: the module's
-    docstring, whose first line describes the command.  Returns the parsed arguments, ``wanted``
-    added: the set of programs asked for (empty: all)."""
+    ``time_limit``, ``--time-limit`` (the search budget per subprogram) and ``--split-rounds`` (the
+    frontend's ``split_rounds``: how often fruitless subprograms are split and searched again).
+    ``doc``: the module's docstring, whose first line describes the command.  Returns the parsed
+    arguments, ``wanted`` added: the set of programs asked for (empty: all)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -297,6 +298,8 @@ def program_arguments(doc: str, argv=None, programs: str = "", time_limit: float
     if time_limit is not None:
         parser.add_argument("--time-limit", type=float, default=time_limit,
                             help="search budget per subprogram, s")
+        parser.add_argument("--split-rounds", type=int, default=1,
+                            help="rounds of splitting fruitless subprograms (Options.split_rounds)")
     args = parser.parse_args(argv)
     args.wanted = set(filter(None, args.programs.split(",")))
     return args

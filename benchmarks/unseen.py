@@ -624,10 +624,10 @@ def main(argv=None) -> None:
         model = cls().to(device).half().eval()
         inputs = tuple(torch.randn(s, device=device).half() for s in shapes)
         start = time.time()
-        row = {"program": name}
+        row = {"program": name, "time_limit_s": args.time_limit, "split_rounds": args.split_rounds}
         try:
             fast = mi.superoptimize(model, inputs, time_limit_s=args.time_limit, use_cache=False,
-                                    progress=False)
+                                    progress=False, split_rounds=args.split_rounds)
             row["relative_error"] = _relative_error(fast, model, inputs)
             row["seconds"] = time.time() - start
             row["report"] = fast.report()
