@@ -213,13 +213,19 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
 
     progress = Progress(len(units), len(checkpoint.done), enabled=options.progress)
     workers = options.workers or os.cpu_count() or 1
+    started = time.time()
     executor = make_executor(
         context, _backend(options, workers), workers, progress.refresh_soon, options.ray_address
     )
+    stop: StopReason | None = committer.stop if listed else StopReason.TIME
+    # starting workers (a fork server's imports, a Ray connection) is not search time
+    startup_s = time.time() - started + (executor.start() if stop is None and pending else 0.0)
+    stats.phase_seconds["workers"] = startup_s
+    if deadline is not None:
+        deadline += startup_s
     stats.workers, stats.backend = workers, executor.name
     progress.bind(executor, committer, stats)
     last_checkpoint = time.time()
-    stop: StopReason | None = committer.stop if listed else StopReason.TIME
     try:
         if stop is None:
             for record in executor.results(pending, deadline, committer.remaining_states):

@@ -69,6 +69,9 @@ class RayExecutor:
         self._in_flight: dict[Any, WorkUnit] = {}
         self.live_states = 0
 
+    def start(self) -> float:
+        return 0.0  # Ray's workers start as tasks arrive; connecting to the cluster happened in __init__
+
     def results(self, units: Sequence[WorkUnit], deadline: float | None, cap) -> Iterator[dict | None]:
         ray = self._ray
         pending = iter(units)

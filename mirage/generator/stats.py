@@ -25,7 +25,8 @@ class SearchStatistics:
     pruned: dict[str, int] = field(default_factory=dict)  # per rule
     verify_calls: int = 0  # complete candidates checked against the reference
     verified: int = 0  # µGraphs found
-    phase_seconds: dict[str, float] = field(default_factory=dict)  # setup, search, verify, rank
+    # setup, search (the workers' start-up included), workers (their start-up), verify, rank
+    phase_seconds: dict[str, float] = field(default_factory=dict)
     units_total: int = 0
     units_done: int = 0
     units_resumed: int = 0  # taken from a checkpoint

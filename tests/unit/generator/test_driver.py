@@ -134,10 +134,17 @@ class _LateExecutor:
     name = "late"
     live_states = 0
 
-    def __init__(self, found_graph) -> None:
+    def __init__(self, found_graph, startup_s: float = 0.0) -> None:
         self.found_graph = found_graph
+        self.startup_s = startup_s
+        self.deadline: float | None = None
+
+    def start(self) -> float:
+        time.sleep(self.startup_s)
+        return self.startup_s
 
     def results(self, units, deadline, cap):
+        self.deadline = deadline
         time.sleep(max(0.0, deadline - time.time()) + 0.05)
         yield None  # a tick past the deadline, before the unit's record
         found = [{"graph": dumps(self.found_graph), "position": 3, "elapsed_s": 0.1}]
@@ -154,6 +161,32 @@ def test_what_the_units_in_flight_found_by_the_deadline_is_kept(monkeypatch):
     result = search(graph, progress=False, cache=False, checkpoint=False, budget=Budget(time_s=0.2), **SPACE)
     assert result.stop_reason is StopReason.TIME
     assert [f.graph.content_hash() for f in result.found] == [graph.content_hash()]
+
+
+def test_the_workers_start_up_is_not_counted_against_the_budget(monkeypatch):
+    """A fork server's imports took most of an 8 s budget on a 16-core host (2 states visited): the
+    time the executor takes to ready its workers moves the deadline by as much."""
+    graph = reference()
+    executor = _LateExecutor(graph, startup_s=0.6)
+    monkeypatch.setattr(driver, "make_executor", lambda *args: executor)
+    begun = time.time()
+    result = search(graph, progress=False, cache=False, checkpoint=False, budget=Budget(time_s=0.3), **SPACE)
+    assert result.stats.phase_seconds["workers"] >= 0.6
+    assert executor.deadline is not None and executor.deadline >= begun + 0.3 + 0.6
+    assert [f.graph.content_hash() for f in result.found] == [graph.content_hash()]
+
+
+def test_a_process_pool_starts_every_worker_before_its_first_unit():
+    from mirage.generator import executors
+
+    executor = executors.ProcessExecutor(context=None, workers=2)
+    try:
+        waited = executor.start()
+        assert waited > 0.0
+        assert len(executor._pool._processes) == 2
+        assert all(p.is_alive() for p in executor._pool._processes.values())
+    finally:
+        executor.close()
 
 
 def test_no_unit_starts_past_the_deadline():
