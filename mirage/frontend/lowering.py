@@ -155,7 +155,8 @@ def _gelu(b: RegionBuilder, node, p):
 
 
 def _clamp(b: RegionBuilder, node, p):
-    """clamp, hardtanh, clamp_min and clamp_max; a missing bound is ± the dtype's largest value."""
+    """clamp, hardtanh, clamp_min and clamp_max; a missing bound is ±inf (± the dtype's largest value
+    would turn ±inf into it)."""
     low, high = p.get("min", p.get("min_val")), p.get("max", p.get("max_val"))
     x = b.tensor_operand(p["self"])
     if any(bound is not None and not isinstance(bound, (int, float)) for bound in (low, high)):
@@ -164,9 +165,8 @@ def _clamp(b: RegionBuilder, node, p):
         raise Unlowerable("clamp without bounds")
     if low == 0 and high is None:
         return b.unary("relu", x)
-    largest = float(torch.finfo(node.meta["val"].dtype).max)
-    low = -largest if low is None else float(low)
-    return b.unary("clamp", x, low, largest if high is None else float(high))
+    low = -math.inf if low is None else float(low)
+    return b.unary("clamp", x, low, math.inf if high is None else float(high))
 
 
 def _relu_parts(b: RegionBuilder, x: Value, negative_slope: float) -> Value:
@@ -183,13 +183,11 @@ def _leaky_relu(b: RegionBuilder, node, p):
     return _relu_parts(b, b.tensor_operand(p["self"]), float(p.get("negative_slope", 0.01)))
 
 
-def _extremum(sign: float) -> Rule:
-    """maximum (sign 1): x + relu(y − x); minimum (sign −1): x − relu(x − y)."""
-    def rule(b: RegionBuilder, node, p):
-        x, y = b.tensor_operand(p["self"]), b.tensor_operand(p["other"])
-        return b.add(x, b.unary("relu", b.add(y, x, -1.0) if sign > 0 else b.add(x, y, -1.0)), sign)
-
-    return rule
+def _extremum(b: RegionBuilder, node, p):
+    """maximum and minimum of two tensors stay in PyTorch: the µGraph ops have no exact form of them
+    (``x + relu(y − x)`` is NaN where both are inf of one sign, and ``max(−1e20, 3.3)`` comes out 0)."""
+    raise Unlowerable(f"{node.target.__name__.split('.')[0]} of two tensors (no exact form among the "
+                      "µGraph ops: x + relu(y − x) gives NaN at inf and loses the smaller operand)")
 
 
 def _exp2(b: RegionBuilder, node, p):
@@ -485,14 +483,14 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("relu", C, _unary("relu"), "max(x, 0)"),
         Lowering("sigmoid", C, _unary("sigmoid"), "1/(1+e⁻ˣ)"),
         Lowering("tanh", C, _unary("tanh"), "tanh(x)"),
+        Lowering("maximum", C, _extremum, "runs in PyTorch: no exact form (x + relu(y − x) is NaN at inf)"),
+        Lowering("minimum", C, _extremum, "runs in PyTorch: no exact form (x − relu(x − y) is NaN at inf)"),
         Lowering("clamp", C, _clamp, "min(max(x, lo), hi)"),
         Lowering("clamp_min", C, _clamp, "max(x, lo): relu, or clamp to [lo, dtype max]"),
         Lowering("clamp_max", C, _clamp, "min(x, hi): clamp to [−dtype max, hi]"),
         Lowering("abs", C, _abs, "relu(x) + relu(−x)"),
         Lowering("leaky_relu", C, _leaky_relu, "relu(x) − slope·relu(−x)"),
         Lowering("hardtanh", C, _clamp, "clamp to [min_val, max_val]"),
-        Lowering("maximum", C, _extremum(1.0), "x + relu(y − x)"),
-        Lowering("minimum", C, _extremum(-1.0), "x − relu(x − y)"),
         Lowering("hardsigmoid", C, _hard(gated=False), "clamp(x + 3, 0, 6) / 6"),
         Lowering("hardswish", C, _hard(gated=True), "x · clamp(x + 3, 0, 6) / 6"),
         Lowering("exp2", C, _exp2, "e^(x·ln 2)"),

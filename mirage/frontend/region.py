@@ -406,13 +406,10 @@ class RegionBuilder:
         return self.builder.graph.nodes[t.ref.node]
 
     def reciprocal(self, t: DTensor) -> DTensor:
-        """``1/t``: ``sqrt(z)/z`` when t is ``sqrt(z)``, else ``(0·t + 1)/t``."""
-        node = self.node_of(t)
-        if node.op is Op.SQRT:
-            (z,) = node.inputs
-            return self.emit("div", t, DTensor(self.builder, z))
-        ones = self.emit("add_scalar", self.emit("mul_scalar", t, 0.0), 1.0)
-        return self.emit("div", ones, t)
+        """``1/t`` as ``clamp(t, 1, 1) / t``: the numerator is 1 wherever t is a number, ±inf
+        included, so 1/±0 is ±inf and 1/±inf is 0 as in PyTorch (``sqrt(z)/z`` and ``(0·t + 1)/t``
+        gave NaN at z = 0 or inf)."""
+        return self.emit("div", self.emit("clamp", t, 1.0, 1.0), t)
 
     # ---- building blocks of the lowering rules ----------------------------------------------
 

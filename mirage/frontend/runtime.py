@@ -240,8 +240,10 @@ class Specialization:
         if count:
             lines.append(f"  kept copies: {count} parameter(s) read as strided views (a transposed "
                          f"weight), {size / 1024:,.0f} KiB, made again when a parameter changes")
+        # a stack is None once a parameter was given a tensor of its own (`.data = ...`)
         stacks = [m.names for m in self.module.modules() if isinstance(m, StackedParameters)
-                  and m._stack.dim() == 2] if isinstance(self.module, nn.Module) else []
+                  and m._stack is not None and m._stack.dim() == 2] \
+            if isinstance(self.module, nn.Module) else []
         for names in stacks:
             lines.append(f"  one product of {len(names)} stacked weights ({', '.join(names)}): sibling "
                          "products only reshaped, the parameters now rows of one tensor")

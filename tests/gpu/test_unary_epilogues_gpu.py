@@ -68,3 +68,29 @@ def test_nan_stays_nan_through_relu_and_clamp(op):
     want = torch.relu(product) if op == "relu" else product.clamp(-1.0, 1.0)
     assert torch.equal(got.isnan(), want.isnan()) and got[3].isnan().all()
     torch.testing.assert_close(got.float().nan_to_num(), want.nan_to_num(), rtol=2e-2, atol=2e-2)
+
+
+def test_one_sided_clamps_and_reciprocals_keep_infinities():
+    """The lowering's forms on the device: a missing clamp bound is ±inf (so -inf stays -inf) and a
+    reciprocal is clamp(t, 1, 1)/t (so 1/±0 is ±inf and 1/inf is 0), as torch gives them."""
+    import mirage as mi
+
+    inf = float("inf")
+    g = mi.new_kernel_graph("infinities")
+    x = g.new_input(dims=(16, 256), dtype=mi.float16, name="X")
+    tb = mi.new_threadblock_graph(grid_dim=(16, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
+    bx = tb.new_input(x, input_map=(0, -1, -1), forloop_dim=-1)
+    below = tb.clamp(bx, -inf, 1.0)
+    above = tb.clamp(bx, 0.5, inf)
+    reciprocal = tb.div(tb.clamp(bx, 1.0, 1.0), bx)
+    for value in (below, above, reciprocal):
+        tb.new_output(tb.forloop_accum(value), output_map=(0, -1, -1))
+    for out in g.customized([x], tb):
+        g.mark_output(out)
+    (program,) = build_many([generate_cuda_program(g.freeze())])
+    xs = torch.randn(16, 256, device="cuda", dtype=torch.float16)
+    xs[0, :6] = torch.tensor([-inf, inf, 0.0, -0.0, float("nan"), 4.0])
+    got = program(xs)
+    want = (torch.clamp_max(xs, 1.0), torch.clamp_min(xs, 0.5), torch.reciprocal(xs.float()).half())
+    for g_, w_ in zip(got, want, strict=True):
+        torch.testing.assert_close(g_, w_, equal_nan=True, rtol=1e-3, atol=1e-3)
