@@ -141,9 +141,17 @@ def _options(args) -> dict:
     return options
 
 
+def _writable_target(output: str | None) -> None:
+    """Fail before a long search, not after it, where ``output``'s folder does not exist."""
+    if output and not Path(output).expanduser().resolve().parent.is_dir():
+        raise UsageError(f"cannot save to {output}: its folder {Path(output).parent} does not exist; make "
+                         "it first or name another path")
+
+
 def cmd_search(args) -> int:
     import mirage
 
+    _writable_target(args.output)
     if args.target.endswith(".json"):
         graph = load_graph(args.target)
         module = mirage.superoptimize(graph, **_options(args))
@@ -225,6 +233,11 @@ def cmd_cache(args) -> int:
     from mirage.frontend.optimize import clear_entries, list_entries
 
     directory = Path(args.dir).expanduser() if args.dir else config.settings().search_cache_dir
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{directory} is a file, not a cache folder; pass the folder given as "
+                         "MIRAGE_CACHE_DIR or --dir (its search/ folder holds the entries)")
+    if args.dir and not directory.exists():
+        raise UsageError(f"no cache folder {directory}: nothing to {args.action}")
     if args.action == "clear":
         _out(f"removed {clear_entries(directory)} entries from {directory}")
         return 0

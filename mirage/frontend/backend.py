@@ -11,11 +11,12 @@ forward-only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
 
+from mirage.frontend.errors import OptionError
 from mirage.frontend.options import Options
 from mirage.frontend.runtime import MirageModule
 
@@ -27,6 +28,12 @@ BACKEND_NAME = "mirage"
 def mirage_backend(gm: fx.GraphModule, example_inputs: Sequence, options: dict | None = None,
                    mode: str | None = None) -> Callable:
     """Dynamo backend entry point (see the module docstring)."""
+    if options is not None and not isinstance(options, Mapping):
+        raise OptionError(f"torch.compile(..., backend='mirage', options=...) takes a dict of "
+                          f"superoptimize's options, got a {type(options).__name__}")
+    if mode not in (None, "default"):  # dynamo passes mode=None when options are given
+        logger.warning("mirage: torch.compile's mode=%r has no meaning for the mirage backend; ignoring it "
+                       "(pass options={...} instead)", mode)
     module = MirageModule(gm, Options.parse(**(options or {})))
     noticed: list[bool] = []
 

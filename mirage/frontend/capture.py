@@ -178,6 +178,14 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, merge_products: bool =
             f"{name}'s {made_in_inference[0]} (and {len(made_in_inference) - 1} more) was created under "
             "torch.inference_mode(), and torch.export cannot trace such tensors: build or load the model "
             "outside inference mode (torch.no_grad() is fine), then superoptimize it under either")
+    on_meta = [n for n, t in tensors if t.device.type == "meta"] + [
+        f"input {k}" for k, x in enumerate(pytree.tree_leaves((args, kwargs)))
+        if isinstance(x, torch.Tensor) and x.device.type == "meta"]
+    if on_meta:
+        raise InputDeviceError(
+            f"{name}'s {on_meta[0]} (and {len(on_meta) - 1} more) is on the 'meta' device, which holds "
+            "shapes but no values: mirage runs and checks programs on their values, so pass tensors on "
+            "'cpu' or 'cuda' (a model built on 'meta' needs its weights loaded first)")
     args, kwargs = _unaliased(args, kwargs)
     try:
         with torch.inference_mode(False):

@@ -511,7 +511,6 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     if not search and not given:
         return Choice(reference, "reference", key, "search disabled (search=False)")
     found, note, graphs = None, "search disabled (search=False)", []
-    interrupted = False
     if search:
         if cache_dir is None and "cache" not in dict(settings.overrides):
             # no search cache (use_cache=False): the generator's store of finished searches is off too
@@ -519,6 +518,9 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
             settings = dataclasses.replace(settings, overrides=overrides)
         try:
             found, note, graphs, interrupted = run_search(reference, settings, progress)
+            if interrupted:  # Ctrl-C stops superoptimize; the search's checkpoint keeps its units
+                raise KeyboardInterrupt(f"the search for {reference.name or 'a subprogram'} was interrupted; "
+                                        "the next run resumes it from its checkpoint")
             found, note, graphs = _drop_unstable(reference, found, note, graphs)
         except SearchUnavailable as error:
             if not given:
@@ -577,7 +579,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     else:
         source = "candidate" if any(found is g for g in given) else "search"
         choice = Choice(_rename(found, reference), source, key, note, seconds, build)
-    if cache_dir is not None and not interrupted:  # an interrupted search resumes from its checkpoint
+    if cache_dir is not None:
         _write_entry_or_warn(cache_dir, key, reference, choice, settings)
     return choice
 

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,9 @@ class Options:
         values["search_overrides"] = _search_overrides(values.pop("search_overrides", ()))
         values["candidates"] = _candidate_graphs(values.get("candidates", ()))
         if values.get("cache_dir") is not None:
+            if not isinstance(values["cache_dir"], (str, os.PathLike)):
+                raise OptionError(f"cache_dir must be a folder's path (a str or Path), got "
+                                  f"{values['cache_dir']!r}")
             values["cache_dir"] = Path(values["cache_dir"]).expanduser()
         options_ = cls(**values)
         options_.validate()
@@ -78,7 +82,8 @@ class Options:
                 or not math.isfinite(self.time_limit_s) or self.time_limit_s <= 0):
             raise OptionError(f"time_limit_s must be a finite positive number of seconds (such as 30), got "
                               f"{self.time_limit_s!r}")
-        if self.max_results is not None and (not isinstance(self.max_results, int) or self.max_results < 1):
+        results = self.max_results
+        if results is not None and (isinstance(results, bool) or not isinstance(results, int) or results < 1):
             raise OptionError(f"max_results must be None or a positive integer, got {self.max_results!r}")
         if self.executor not in config.EXECUTORS:
             raise OptionError(f"executor must be one of {', '.join(config.EXECUTORS)}, got {self.executor!r}")
@@ -144,6 +149,11 @@ def _candidate_graphs(candidates: Any) -> tuple:
     from mirage.mugraph.builder import KNGraph
     from mirage.mugraph.graph import KernelGraph
 
+    if isinstance(candidates, (KernelGraph, KNGraph)):
+        candidates = (candidates,)
+    if not isinstance(candidates, (list, tuple)) and candidates is not None:
+        raise OptionError(f"candidates must be a list of kernel graphs, got {candidates!r} "
+                          f"({type(candidates).__name__})")
     graphs = []
     for k, candidate in enumerate(candidates or ()):
         if isinstance(candidate, KNGraph):

@@ -27,6 +27,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -87,7 +88,22 @@ class SerialExecutor:
 _WORKER: dict[str, Any] = {}
 
 
+def _exit_with_parent() -> None:
+    """End this worker when the process that started the search is gone (killed, out of memory): a
+    worker waiting on its task queue would otherwise outlive it, and hold the fork server too."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mirage-parent-watch", daemon=True).start()
+
+
 def _init_worker(context: SearchContext, counter, stop_flag, threads: int) -> None:
+    _exit_with_parent()
     _WORKER.update(context=context, counter=counter, stop=stop_flag)
     try:
         from threadpoolctl import threadpool_limits

@@ -82,10 +82,16 @@ def render(graph: KernelGraph, path: str | Path, format: str | None = None) -> s
     return write_dot(to_dot(graph), path, format)
 
 
+DRAW_FORMATS = ("dot", "png", "svg", "pdf")
+
+
 def write_dot(dot: str, path: str | Path, format: str | None = None) -> str:
     """Write DOT text to ``path`` (.dot, .png, .svg or .pdf, through Graphviz); returns the path."""
     path = Path(path)
     format = format or (path.suffix.lstrip(".") or "dot")
+    if format not in DRAW_FORMATS:
+        raise MirageError(f"cannot draw to {path.name}: unknown format {format!r}; name a file ending in "
+                          f"{', '.join('.' + f for f in DRAW_FORMATS)}")
     if format == "dot":
         path.write_text(dot)
         return str(path)

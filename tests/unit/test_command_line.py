@@ -139,9 +139,13 @@ def factories(tmp_path):
      "--time-limit must be a finite positive number of seconds (such as 30), got nan"),
     (["search", "{graph_file}", "--time-limit", "inf"], "--time-limit must be a finite positive number"),
     (["search", "{factories}:make", "--time-limit", "-1"], "of seconds (such as 30), got -1"),
+    (["search", "{graph_file}", "-o", "{tmp_path}/missing/best.json"], "its folder"),  # before searching
+    (["draw", "{graph_file}", "-o", "{tmp_path}/g.xyz"], "unknown format 'xyz'; name a file ending in .dot"),
+    (["cache", "list", "--dir", "{graph_file}"], "is a file, not a cache folder"),
+    (["cache", "clear", "--dir", "{tmp_path}/no_such_dir"], "no cache folder"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, message, factories, graph_file, tmp_path, capsys):
-    argv = [a.format(factories=factories, graph_file=graph_file) for a in argv]
+    argv = [a.format(factories=factories, graph_file=graph_file, tmp_path=tmp_path) for a in argv]
     if argv[0] == "demo":
         argv += ["--output-dir", str(tmp_path / "demo")]
     assert main(argv) == 2

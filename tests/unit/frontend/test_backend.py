@@ -68,3 +68,13 @@ def test_bad_backend_option_is_reported():
     while chain[-1].__cause__ is not None:
         chain.append(chain[-1].__cause__)
     assert any(isinstance(e, OptionError) for e in chain) or "max_subprogram_ops" in str(info.value)
+
+
+def test_backend_options_of_a_wrong_kind_are_reported(caplog):
+    module, inputs = EXAMPLES["rmsnorm_linear"]()
+    gm = torch.fx.symbolic_trace(module)
+    with pytest.raises(OptionError, match="takes a dict of superoptimize's options, got a list"):
+        mirage_backend(gm, inputs, options=["search"])
+    with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
+        mirage_backend(gm, inputs, mode="bogus")
+    assert any("mode='bogus' has no meaning" in r.getMessage() for r in caplog.records)

@@ -212,14 +212,17 @@ def test_an_equivalent_cached_graph_is_used(fake_search, tmp_path):
 # ---- bug 5: an interrupted search is not cached as final --------------------------------------------
 
 
-def test_an_interrupted_search_is_not_cached(monkeypatch, tmp_path):
+def test_an_interrupted_search_stops_superoptimize_and_is_not_cached(monkeypatch, tmp_path):
+    """Ctrl-C in a search (which the driver turns into a partial result, its checkpoint saved) stops
+    the whole call: before, the partial result ran, or, where it held nothing, the subprogram was
+    split and each part searched again with a full budget, one Ctrl-C a search."""
     def interrupted(reference, settings, progress=True):
         return reference, "0 verified µGraph(s); search stopped: interrupted", [], True
 
     monkeypatch.setattr(optimize, "run_search", interrupted)
     cache = tmp_path / "search"
-    choice = choose(matmul_graph(), SETTINGS, cache_dir=cache)
-    assert choice.source == "search"  # the partial result still runs, it is only not kept
+    with pytest.raises(KeyboardInterrupt, match="resumes it from its checkpoint"):
+        choose(matmul_graph(), SETTINGS, cache_dir=cache)
     assert _entries(cache) == []
 
 

@@ -189,6 +189,49 @@ def test_a_process_pool_starts_every_worker_before_its_first_unit():
         executor.close()
 
 
+def test_workers_end_when_the_searching_process_is_killed(tmp_path):
+    """A killed search (out of memory, a scheduler's timeout, SIGKILL) used to leave its workers and
+    the fork server waiting for more units, for good; they now end with it."""
+    import os
+    import signal
+    import subprocess
+
+    script = tmp_path / "searching.py"
+    script.write_text(
+        "import time\n"
+        "from mirage.generator import executors\n"
+        "if __name__ == '__main__':\n"
+        "    executor = executors.ProcessExecutor(context=None, workers=2)\n"
+        "    executor.start()\n"
+        "    print(*executor._pool._processes, flush=True)\n"
+        "    time.sleep(120)\n")
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[3])
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": root})
+    workers = [int(pid) for pid in process.stdout.readline().split()]
+    assert len(workers) == 2
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+    def alive(pid: int) -> bool:  # an exited process no one reaps (a zombie) counts as ended
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+        except OSError:  # no /proc: ask the kernel
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            return True
+
+    deadline = time.time() + 20
+    while any(alive(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in workers)
+
+
 def test_no_unit_starts_past_the_deadline():
     ran = SerialExecutor(context=None).results(["a unit"], time.time() - 1.0, lambda: None)
     assert list(ran) == []
