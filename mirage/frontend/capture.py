@@ -143,9 +143,12 @@ def conform_call(program: nn.Module, first: tuple[int, tuple[str, ...]], args: t
 def check_call(captured: Signature, call: Signature, name: str) -> None:
     """Raise the InputError that explains how ``call`` differs from ``captured`` (shapes may differ)."""
     if len(captured.leaves) != len(call.leaves):
+        described = call.describe()
+        described = described if len(described) <= 300 else described[:300] + " ..."
         raise InputCountError(
             f"{name} was captured with {len(captured.leaves)} input(s) ({captured.describe()}) but is "
-            f"called with {len(call.leaves)} ({call.describe()}); pass the same inputs")
+            f"called with {len(call.leaves)} ({described}); pass the same inputs (a list or tuple "
+            "passed where a tensor was counts as its elements: pass a tensor)")
     if captured.tree != call.tree:
         raise InputCountError(
             f"{name} was captured with its {len(captured.leaves)} input(s) in another structure than "

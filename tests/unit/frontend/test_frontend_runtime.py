@@ -167,6 +167,8 @@ BAD_INPUTS = [
      InputDTypeError, ["has dtype torch.float64", "captured with torch.float32", ".to(torch.float32)"]),
     ("wrong device", lambda: mi.superoptimize(_linear_function, (X, W), search=False)(X.to("meta"), W),
      InputDeviceError, ["is on meta", "captured on cpu", ".to('cpu')"]),
+    ("list for a tensor", lambda: mi.superoptimize(_linear_function, (X, W), search=False)(X.tolist(), W),
+     InputCountError, ["captured with 2 input(s)", "called with 7", "counts as its elements"]),
     ("number for a tensor", lambda: mi.superoptimize(_linear_function, (X, W), search=False)(X, 1.0),
      InputTypeError, ["input 1", "captured as a tensor", "now a float 1.0"]),
     ("input that needs grad", lambda: mi.superoptimize(_linear_function, (X, W), search=False)(
