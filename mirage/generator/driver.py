@@ -326,10 +326,17 @@ def _checkpoint_file(options: SearchOptions, key: str) -> Path | None:
 
 
 def _covers(document: dict[str, Any], budget: Budget) -> bool:
-    """A finished search answers any budget; one stopped by its budget answers the same budget."""
+    """A finished search answers any budget; one stopped by its budget answers the same budget, and
+    one stopped by its time answers a shorter time under the same other limits (it searched at least
+    as far: `mirage search --time-limit 120` answers a later call's default 30 s)."""
     if document.get("stop_reason") == StopReason.COMPLETE.value:
         return True
-    return Budget.from_dict(document.get("budget", {})) == budget
+    cached = Budget.from_dict(document.get("budget", {}))
+    if cached == budget:
+        return True
+    return (document.get("stop_reason") == StopReason.TIME.value
+            and (cached.states, cached.results) == (budget.states, budget.results)
+            and cached.time_s is not None and budget.time_s is not None and budget.time_s <= cached.time_s)
 
 
 __all__ = ["SearchOptions", "StopSearch", "run_search"]

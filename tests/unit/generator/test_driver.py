@@ -97,6 +97,21 @@ def test_cached_result_of_a_budgeted_search_answers_only_the_same_budget(isolate
     assert whole.stop_reason is StopReason.COMPLETE and len(whole) > len(first)
 
 
+def test_a_search_stopped_by_its_time_answers_shorter_times():
+    """A longer search's result answers a later, shorter request (it searched at least as far); not a
+    longer one, nor one with other limits; a complete search answers any budget."""
+    stopped = {"stop_reason": StopReason.TIME.value, "budget": BudgetRecord(time_s=8.0).to_dict()}
+    assert driver._covers(stopped, BudgetRecord(time_s=8.0))
+    assert driver._covers(stopped, BudgetRecord(time_s=3.0))
+    assert not driver._covers(stopped, BudgetRecord(time_s=12.0))
+    assert not driver._covers(stopped, BudgetRecord())  # no limit: only a complete search answers
+    assert not driver._covers(stopped, BudgetRecord(time_s=3.0, results=1))
+    by_results = {"stop_reason": StopReason.RESULTS.value,
+                  "budget": BudgetRecord(time_s=8.0, results=2).to_dict()}
+    assert not driver._covers(by_results, BudgetRecord(time_s=3.0, results=2))
+    assert driver._covers({"stop_reason": StopReason.COMPLETE.value, "budget": {}}, BudgetRecord(time_s=1.0))
+
+
 def test_search_takes_a_builder_graph_and_checks_it():
     g = mi.new_kernel_graph()
     x = g.new_input(dims=(8, 64), dtype=mi.float16)
