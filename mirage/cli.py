@@ -239,7 +239,8 @@ def cmd_cache(args) -> int:
     if args.dir and not directory.exists():
         raise UsageError(f"no cache folder {directory}: nothing to {args.action}")
     if args.action == "clear":
-        _out(f"removed {clear_entries(directory)} entries from {directory}")
+        _out(f"removed {clear_entries(directory)} cached item(s) (entries, and the searches' stored "
+             f"results) from {directory}")
         return 0
     rows = list_entries(directory)
     _out(f"{len(rows)} entries in {directory}")

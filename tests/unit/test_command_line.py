@@ -221,7 +221,7 @@ def test_cache_list_and_clear(graph_file, quick_search, isolated_cache, capsys):
     listing = capsys.readouterr().out
     assert listing.startswith(f"1 entries in {isolated_cache / 'search'}") and "small" in listing
     assert main(["cache", "clear"]) == 0
-    assert "removed 1 entries" in capsys.readouterr().out
+    assert "removed 1 cached item(s)" in capsys.readouterr().out
     assert not list((isolated_cache / "search").glob("*.json"))
 
 
