@@ -18,12 +18,13 @@ The search adds its own checks, counted and switchable by name like the rules (:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
 from mirage.generator import pruning
 from mirage.generator.abstract_expr import Term
-from mirage.generator.pruning import Candidate, PruningContext, PruningTable, UnknownRuleError
+from mirage.generator.pruning import RULES, Candidate, PruningContext, PruningTable, UnknownRuleError
 from mirage.generator.space import SearchSpace, SearchSpaceError
 
 #: Rules whose verdict depends only on the op, its operand types and its term (memoized per op).
@@ -96,13 +97,27 @@ class SearchRules:
         return all(any((root, 1) in oracle.pairs(term) for root in self._roots) for term in terms)
 
     def __getstate__(self) -> dict[str, Any]:
-        # rules pickle by name: the table is rebuilt from the registry in the receiving process
+        # rules pickle by name: the table is rebuilt from the registry in the receiving process, which
+        # imports the modules of the rules it lacks (a rule module imported after start-up)
         disabled = [name for name in self.table.rules if not self.table.is_enabled(name)]
-        return {"context": self.context, "disabled": disabled, "disabled_checks": self.disabled_checks}
+        modules = {name: rule.predicate.__module__ for name, rule in self.table.rules.items()
+                   if self.table.is_enabled(name)}
+        return {"context": self.context, "disabled": disabled, "disabled_checks": self.disabled_checks,
+                "modules": modules}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        modules = state.get("modules", {})
+        for name, module in modules.items():
+            if name not in RULES and module not in ("__main__", "__mp_main__"):
+                importlib.import_module(module)
+        missing = sorted(set(modules) - set(RULES))
+        if missing:  # never search with fewer rules than asked: the results would depend on the workers
+            raise SearchSpaceError(
+                f"pruning rule(s) {missing} are not registered in this worker process: define rules at "
+                "the top level of an importable module (not under `if __name__ == \"__main__\":`)")
+        disabled = [name for name in state["disabled"] if name in RULES]
         self.__init__(  # type: ignore[misc]
-            PruningTable(state["context"], disabled=state["disabled"]), state["disabled_checks"]
+            PruningTable(state["context"], disabled=disabled), state["disabled_checks"]
         )
 
 

@@ -247,6 +247,31 @@ def test_workers_end_when_the_searching_process_is_killed(tmp_path):
     assert not any(alive(pid) for pid in workers)
 
 
+def test_a_rule_module_imported_after_start_up_rules_the_workers_too(tmp_path, monkeypatch):
+    """Worker processes rebuild the rule table from their own registry: a rule whose module the
+    program imported late was missing there, so 2 workers found 12 µGraphs that 1 worker's rule cut."""
+    import importlib
+    import os
+
+    from mirage.generator.pruning import RULES
+
+    (tmp_path / "late_rule_module.py").write_text(
+        "from mirage.generator.pruning import pruning_rule\n"
+        "@pruning_rule('late_cut_all', 'cuts every candidate')\n"
+        "def late_cut_all(candidate, context):\n"
+        "    return False\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    try:
+        importlib.import_module("late_rule_module")
+        found = {w: len(search(reference(), workers=w, progress=False, cache=False, checkpoint=False,
+                               **SPACE)) for w in (1, 2)}
+    finally:
+        RULES.pop("late_cut_all", None)
+        sys.modules.pop("late_rule_module", None)
+    assert found == {1: 0, 2: 0}
+
+
 def test_no_unit_starts_past_the_deadline():
     ran = SerialExecutor(context=None).results(["a unit"], time.time() - 1.0, lambda: None)
     assert list(ran) == []
