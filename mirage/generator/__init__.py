@@ -51,7 +51,8 @@ def search(
     option_fields = {f.name for f in dataclasses.fields(SearchOptions)}
     search_options = {k: overrides.pop(k) for k in list(overrides) if k in option_fields}
     if "disabled_rules" in search_options:
-        search_options["disabled_rules"] = tuple(search_options["disabled_rules"])
+        rules = search_options["disabled_rules"]
+        search_options["disabled_rules"] = (rules,) if isinstance(rules, str) else tuple(rules)  # one name
     if budget is None:
         budget = Budget(time_s=time_limit_s)
     elif time_limit_s is not None:

@@ -38,7 +38,11 @@ def _type(t: TensorType) -> dict:
 
 
 def _untype(d: dict) -> TensorType:
-    return TensorType(tuple(d["shape"]), DType(d["dtype"]), bool(d["after_accum"]), Layout(d["layout"]))
+    shape = d["shape"]
+    if not isinstance(shape, list) or not shape or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape):
+        raise SerializationError(f"a tensor's shape must be a list of positive integers, got {shape!r}")
+    return TensorType(tuple(shape), DType(d["dtype"]), bool(d["after_accum"]), Layout(d["layout"]))
 
 
 def _value(v: Any) -> Any:
@@ -138,9 +142,15 @@ def loads(text: str):
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise SerializationError(f"corrupt graph file: {type(error).__name__}: {error}") from None
+    from mirage.errors import GraphError
     from mirage.mugraph.check import check
 
-    check(graph)
+    try:
+        check(graph)
+    except GraphError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as error:  # edited by hand
+        raise SerializationError(f"corrupt graph file: {type(error).__name__}: {error}") from None
     return graph
 
 

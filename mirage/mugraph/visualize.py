@@ -18,6 +18,11 @@ from mirage.mugraph.text import attrs_text, type_text
 _COLORS = {"kernel": "#e8f5e9", "block": "#e3f2fd", "thread": "#fffde7"}
 
 
+def _dot_text(text: str) -> str:
+    """``text`` inside a quoted DOT string: quotes and backslashes escaped, line breaks as \\n."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _label(node, with_attrs: bool = True) -> str:
     attrs = "" if isinstance(node.attrs, (BlockGraph, ThreadGraph)) else attrs_text(node.attrs).strip()
     attrs = attrs.replace('name=""', "").replace(" eps=0.0", "").strip()
@@ -67,7 +72,7 @@ def _emit(graph, prefix: str, lines: list[str], indent: str) -> dict[tuple[int, 
 
 def to_dot(graph: KernelGraph) -> str:
     lines = ["digraph mugraph {", "  rankdir=TB; node [fontname=Helvetica, fontsize=10];",
-             f'  subgraph cluster_kernel {{ label="kernel graph {graph.name}"; style=filled; '
+             f'  subgraph cluster_kernel {{ label="kernel graph {_dot_text(graph.name)}"; style=filled; '
              f'fillcolor="{_COLORS["kernel"]}";']
     ids = _emit(graph, "", lines, "    ")
     for k, r in enumerate(graph.outputs):

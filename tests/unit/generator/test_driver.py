@@ -345,3 +345,11 @@ def test_a_listing_past_its_share_of_the_budget_searches_what_it_listed(isolated
     unlimited = search(reference(), workers=1, progress=False, cache=False, **SPACE)  # no deadline: no cut
     assert unlimited.stop_reason is StopReason.COMPLETE
     assert unlimited.stats.units_total == whole.stats.units_total
+
+
+def test_one_rule_name_as_a_string_switches_that_rule_off():
+    """`disabled_rules="abstract_expression"` was read letter by letter ("unknown rules ['_', 'a', ...]")."""
+    whole = search(reference(), workers=1, progress=False, cache=False, checkpoint=False, **SPACE)
+    off = search(reference(), workers=1, progress=False, cache=False, checkpoint=False,
+                 disabled_rules="abstract_expression", **SPACE)
+    assert off.hashes == whole.hashes and off.stats.states > whole.stats.states
