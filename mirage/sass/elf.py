@@ -97,14 +97,21 @@ class Cubin:
 
     @classmethod
     def read(cls, path: str | Path) -> Cubin:
-        return cls.from_bytes(Path(path).read_bytes())
+        try:
+            data = Path(path).read_bytes()
+        except OSError as error:
+            raise CubinFormatError(f"cannot read the cubin {path}: {error.strerror or error}") from None
+        return cls.from_bytes(data)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Cubin:
         data = bytes(data)
-        if len(data) < _HEADER.size or data[:4] != ELF_MAGIC:
+        if data[:4] != ELF_MAGIC:
             raise CubinFormatError(
                 "not an ELF file (no \\x7fELF magic); pass a .cubin produced by nvcc -cubin")
+        if len(data) < _HEADER.size:
+            raise CubinFormatError(f"a truncated ELF file ({len(data)} bytes, shorter than its "
+                                   f"{_HEADER.size}-byte header); pass the whole .cubin")
         if data[4] != ELF_CLASS_64 or data[5] != ELF_DATA_LITTLE:
             raise CubinFormatError("only 64-bit little-endian ELF cubins are supported")
         header = _HEADER.unpack_from(data, 0)

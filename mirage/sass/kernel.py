@@ -16,7 +16,7 @@ from mirage.sass import isa, nvinfo
 from mirage.sass.control import ControlBits
 from mirage.sass.disasm import Disassembly, disassemble
 from mirage.sass.elf import Cubin
-from mirage.sass.errors import InstructionAddressError
+from mirage.sass.errors import IllegalMoveError, InstructionAddressError
 from mirage.sass.instruction import Instruction
 
 INSTRUCTION_BYTES = 16
@@ -75,6 +75,10 @@ class Kernel:
         before them are cleared, since their successors change; ``stall_raises`` lists
         ``(position, new_stall)`` pairs, positions counted after the swap."""
         instructions = list(self.instructions)
+        if not 0 <= position < len(instructions) - 1:
+            count = len(instructions)
+            raise IllegalMoveError(f"cannot swap position {position} with the next: the kernel has {count} "
+                                   f"instructions (positions 0 to {count - 1})", reason="out of range")
         above, below = instructions[position], instructions[position + 1]
         instructions[position], instructions[position + 1] = below, above
         block = self.block(position)

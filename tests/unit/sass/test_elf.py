@@ -57,6 +57,7 @@ def test_length_changing_edit_is_refused():
 @pytest.mark.parametrize("data, message", [
     (b"not an elf file at all" * 4, "no \\\\x7fELF"),
     (b"\x7fELF\x01\x01" + bytes(58), "64-bit"),
+    (b"\x7fELF\x02\x01" + bytes(10), "truncated ELF file \\(16 bytes"),
 ])
 def test_bad_input_raises_specific_errors(data, message):
     with pytest.raises(CubinFormatError, match=message):
@@ -79,3 +80,8 @@ def test_relocations_of_fixtures_are_empty_and_symbols_are_read():
     cubin = fixture_cubin("cute_gemm.cubin")
     assert cubin.relocations("cute_gemm_tn") == ()
     assert any(symbol.name == "cute_gemm_tn" for symbol in cubin.symbols)
+
+
+def test_a_missing_cubin_is_a_format_error(tmp_path):
+    with pytest.raises(CubinFormatError, match="cannot read the cubin"):
+        Cubin.read(tmp_path / "missing.cubin")

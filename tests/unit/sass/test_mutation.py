@@ -65,3 +65,10 @@ def test_reuse_flags_are_cleared_around_a_swap(cute_gemm):
         block = cute_gemm.block(move.swap_position)
         for position in range(max(block.start, move.swap_position - 1), move.swap_position + 2):
             assert edited.instructions[position].control.reuse == 0
+
+
+@pytest.mark.parametrize("position", [-1, "last"])
+def test_a_swap_past_either_end_is_refused(cute_gemm, position):
+    position = len(cute_gemm.instructions) - 1 if position == "last" else position
+    with pytest.raises(IllegalMoveError, match="cannot swap position"):
+        cute_gemm.swapped(position)
