@@ -8,6 +8,7 @@ does not fit its operands.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from mirage.errors import (
@@ -27,6 +28,7 @@ from mirage.mugraph.graph import (
     Node,
     OutputSaver,
     Ref,
+    Scalar,
     TensorType,
 )
 from mirage.mugraph.ops import REGISTRY, Op, ShapeContext
@@ -52,6 +54,13 @@ def infer(graph, op: Op, inputs: tuple[Ref, ...], attrs: Any) -> tuple[TensorTyp
 
         raise AttributeValueError(f"op {op.value} needs attributes of type {row.attrs_type.__name__}, "
                                   f"got {type(attrs).__name__}")
+    if isinstance(attrs, Scalar) and not math.isfinite(attrs.value):
+        # inf · 0 and inf − inf have no value in the verifier's exact arithmetic, and a NaN scalar
+        # equals nothing, not even its own graph read back (builder and graph files alike)
+        from mirage.errors import AttributeValueError
+
+        raise AttributeValueError(f"{op.value}'s scalar must be finite, got {attrs.value!r}: keep such a "
+                                  "constant in PyTorch, or use clamp for a bound")
     for r in inputs:
         if not (0 <= r.node < len(graph.nodes) and 0 <= r.index < len(graph.nodes[r.node].outputs)):
             from mirage.errors import BindingError

@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -177,10 +176,10 @@ class _Builder:
         return self._add(Op.CLAMP, (a,), Clamp(float(min_value), float(max_value)))
 
     def mul_scalar(self, a, scalar: float):
-        return self._add(Op.MUL_SCALAR, (a,), Scalar(_finite(scalar, "mul_scalar")))
+        return self._add(Op.MUL_SCALAR, (a,), Scalar(_real(scalar, "mul_scalar's scalar")))
 
     def add_scalar(self, a, scalar: float):
-        return self._add(Op.ADD_SCALAR, (a,), Scalar(_finite(scalar, "add_scalar")))
+        return self._add(Op.ADD_SCALAR, (a,), Scalar(_real(scalar, "add_scalar's scalar")))
 
     def add(self, a, b):
         return self._add(Op.ADD, (a, b))
@@ -252,16 +251,6 @@ def _real(value, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise AttributeValueError(f"{what} must be a number, got {value!r}")
     return float(value)
-
-
-def _finite(value, op: str) -> float:
-    """A scalar operand: a finite number (inf · 0 and inf − inf have no meaning the verifier's exact
-    arithmetic can give, and NaN equals nothing, not even its own graph read back)."""
-    number = _real(value, f"{op}'s scalar")
-    if not math.isfinite(number):
-        raise AttributeValueError(f"{op}'s scalar must be finite, got {number!r}: keep such a constant in "
-                                  "PyTorch, or use clamp for a bound")
-    return number
 
 
 def _pending_line(op: Op, refs, attrs) -> str:

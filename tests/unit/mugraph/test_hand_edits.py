@@ -45,6 +45,15 @@ def test_scalar_operands_are_finite(value):
         g.add_scalar(x, value)
 
 
+def test_a_graph_file_with_an_infinite_scalar_is_refused_when_loaded():
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(8, 64), dtype=mi.float32)
+    g.mark_output(g.mul_scalar(x, 2.0))
+    text = g.to_json().replace("2.0", "Infinity")
+    with pytest.raises(AttributeValueError, match="scalar must be finite"):
+        loads(text)
+
+
 def test_the_graph_name_is_escaped_in_dot(tmp_path):
     path = tmp_path / "g.dot"
     _exp_graph('my "fused"\ngraph').visualize(str(path))
