@@ -61,6 +61,10 @@ def load_factory(spec: str):
         sys.path.insert(0, str(path.parent.resolve()))
         try:
             module_spec.loader.exec_module(module)
+        except MirageError:
+            raise
+        except Exception as error:  # the user's file fails to run: say where, in one line
+            raise UsageError(f"cannot import {where}: {_raised(error)}") from error
         finally:
             sys.path.pop(0)
     else:
@@ -68,6 +72,10 @@ def load_factory(spec: str):
             module = importlib.import_module(where)
         except ImportError as error:
             raise UsageError(f"cannot import module {where!r}: {error}") from None
+        except MirageError:
+            raise
+        except Exception as error:
+            raise UsageError(f"cannot import module {where!r}: {_raised(error)}") from error
     if not hasattr(module, name):
         raise UsageError(f"{where} has no {name!r}")
     return getattr(module, name)
@@ -92,13 +100,34 @@ def load_program(spec: str) -> tuple[Any, Any]:
         except TypeError as error:
             raise UsageError(f"{spec} cannot be called without arguments ({error}): name a factory that "
                              "takes no arguments, or wrap this one in one that does") from None
-    made = factory()
+    try:
+        made = factory()
+    except MirageError:
+        raise
+    except Exception as error:
+        raise UsageError(f"{spec} failed: {_raised(error)}") from error
     if isinstance(made, (KernelGraph, KNGraph)):
         return made, None
     if isinstance(made, tuple) and len(made) == 2:
         return made
     raise UsageError(f"{spec} returned a {type(made).__name__}; a factory returns (module, example_inputs) "
                      "or a kernel graph")
+
+
+def _raised(error: BaseException) -> str:
+    """``error`` in one line, with the place in the user's code where it was raised (the whole
+    traceback is logged at debug level: ``mirage -v``)."""
+    import traceback
+
+    logger.debug("".join(traceback.format_exception(error)).rstrip())
+    if isinstance(error, SyntaxError) and error.filename:
+        where = f"{error.filename}:{error.lineno}"
+    else:
+        frames = traceback.extract_tb(error.__traceback__)
+        user = [f for f in frames if "importlib" not in f.filename and f.filename != __file__]
+        where = f"{user[-1].filename}:{user[-1].lineno}" if user else ""
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return f"{text}" + (f" (at {where})" if where else "") + " (mirage -v shows the traceback)"
 
 
 def load_graph(path: str):
@@ -141,9 +170,18 @@ def _options(args) -> dict:
     return options
 
 
+def _not_a_folder(output: str) -> None:
+    if Path(output).expanduser().is_dir():
+        raise UsageError(f"cannot save to {output}: it is a folder; name a file (in it, or elsewhere)")
+
+
 def _writable_target(output: str | None) -> None:
-    """Fail before a long search, not after it, where ``output``'s folder does not exist."""
-    if output and not Path(output).expanduser().resolve().parent.is_dir():
+    """Fail before a long search, not after it, where ``output``'s folder does not exist or ``output``
+    is a folder."""
+    if not output:
+        return
+    _not_a_folder(output)
+    if not Path(output).expanduser().resolve().parent.is_dir():
         raise UsageError(f"cannot save to {output}: its folder {Path(output).parent} does not exist; make "
                          "it first or name another path")
 
@@ -202,6 +240,7 @@ def cmd_show(args) -> int:
 def cmd_draw(args) -> int:
     from mirage.mugraph.visualize import render
 
+    _not_a_folder(args.output)
     graph = load_graph(args.graph)
     _out(f"wrote {render(graph, args.output, _draw_format(args.output))}")
     return 0
@@ -216,6 +255,7 @@ def cmd_partition(args) -> int:
     if args.max_ops < 1:
         raise UsageError(f"--max-ops must be a positive number of kernel-graph ops per subprogram, got "
                          f"{args.max_ops} (the default is 16)")
+    _writable_target(args.output)
     program, example_inputs = load_program(args.program)
     if example_inputs is None:
         raise UsageError(f"{args.program} returned a kernel graph; `mirage partition` takes PyTorch programs")
@@ -254,6 +294,9 @@ def cmd_demo(args) -> int:
     from mirage import config
     from mirage.frontend.demo import run_demo
 
+    output_dir = Path(args.output_dir).expanduser()
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(f"--output-dir {args.output_dir} is a file; name a folder for the generated code")
     result = run_demo(scale=args.scale, search=not args.no_search, time_limit_s=_time_limit(args),
                       use_cache=not args.no_cache, output_dir=Path(args.output_dir),
                       progress=config.settings().progress, config=args.config)

@@ -9,6 +9,8 @@ True
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 from dataclasses import dataclass
 
 
@@ -33,6 +35,21 @@ class Budget:
     time_s: float | None = None
     states: int | None = None
     results: int | None = None
+
+    def __post_init__(self) -> None:
+        from mirage.generator.space import SearchSpaceError
+
+        time_s = self.time_s
+        if time_s is not None and (isinstance(time_s, bool) or not isinstance(time_s, numbers.Real)
+                                   or math.isnan(time_s) or time_s < 0):
+            raise SearchSpaceError(f"the time budget (time_s, time_limit_s) must be None or a number of "
+                                   f"seconds ≥ 0, such as 30, got {time_s!r}")
+        for name, least in (("states", 0), ("results", 1)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+                                      or value < least):
+                raise SearchSpaceError(f"the budget's {name} must be None (no limit) or an integer "
+                                       f"≥ {least}, got {value!r}")
 
     def exhausted_by(self, elapsed_s: float, states: int, results: int) -> StopReason | None:
         if self.time_s is not None and elapsed_s >= self.time_s:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -34,8 +35,11 @@ VERSION = 2  # 2: headers that fit the reference's dim classes first (unit indic
 
 
 def cache_dir() -> Path:
-    """``$MIRAGE_CACHE_DIR`` or ``~/.cache/mirage``."""
-    return Path(os.environ.get("MIRAGE_CACHE_DIR") or Path.home() / ".cache" / "mirage")
+    """The cache folder of :func:`mirage.config.cache_dir` (``$MIRAGE_CACHE_DIR`` with ``~`` expanded,
+    else ``$XDG_CACHE_HOME/mirage`` or ``~/.cache/mirage``): the folder ``mirage cache`` lists and clears."""
+    from mirage import config
+
+    return config.cache_dir()
 
 
 def library_version() -> str:
@@ -133,14 +137,19 @@ def _checked_units(done: Any, units_total: int) -> dict[int, dict[str, Any]]:
             raise ValueError(f"unit {name}: not a unit record")
         if record.get("stop") is not None:
             StopReason(record["stop"])
-        if not isinstance(record.get("states"), int) or not isinstance(record.get("stats"), dict):
+            # only units that ran to their end are kept: a stop here would end the resumed search
+            raise ValueError(f"unit {name}: stopped early ({record['stop']!r}), so not a finished unit")
+        if not _count(record.get("states")) or not isinstance(record.get("stats"), dict):
             raise ValueError(f"unit {name}: no state count or statistics")
+        _check_unit_stats(name, record["stats"])
         if not isinstance(record.get("found"), list):
             raise ValueError(f"unit {name}: 'found' is not a list")
         for found in record["found"]:
             if not isinstance(found, dict):
                 raise ValueError(f"unit {name}: a found µGraph is not an object")
-            int(found["position"]), float(found["elapsed_s"])
+            if not _count(found["position"]) or not _seconds(found["elapsed_s"]):
+                raise ValueError(f"unit {name}: a found µGraph's position {found['position']!r} or time "
+                                 f"{found['elapsed_s']!r} is not a count and a number of seconds")
             if not isinstance(found["graph"], str):
                 raise ValueError(f"unit {name}: a found µGraph is not a serialized graph")
             try:
@@ -149,6 +158,33 @@ def _checked_units(done: Any, units_total: int) -> dict[int, dict[str, Any]]:
                 raise ValueError(f"unit {name}: unreadable µGraph ({error})") from None
         units[index] = record
     return units
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _seconds(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value >= 0)
+
+
+_UNIT_COUNTS = ("kernel_states", "block_states", "block_states_searched", "verify_calls")
+_UNIT_TABLES = ("states_per_depth", "pruned")
+
+
+def _check_unit_stats(name: str, stats: dict[str, Any]) -> None:
+    """ValueError unless a unit's statistics hold what ``SearchStatistics.add_unit`` adds up."""
+    for key in _UNIT_COUNTS:
+        if key in stats and not _count(stats[key]):
+            raise ValueError(f"unit {name}: statistic {key!r} is {stats[key]!r}, not a count")
+    for key in ("verify_s", "seconds"):
+        if key in stats and not _seconds(stats[key]):
+            raise ValueError(f"unit {name}: statistic {key!r} is {stats[key]!r}, not a number of seconds")
+    for key in _UNIT_TABLES:
+        table = stats.get(key, {})
+        if not isinstance(table, dict) or not all(isinstance(k, str) and _count(v) for k, v in table.items()):
+            raise ValueError(f"unit {name}: statistic {key!r} is not a table of counts")
 
 
 def checkpoint_path(key: str) -> Path:
@@ -202,6 +238,13 @@ def _result_problem(document: dict[str, Any]) -> str:
     for name in ("budget", "stats", "space"):
         if name in document and not isinstance(document[name], dict):
             return f"{name!r} is not an object"
+    from mirage.generator.budget import Budget
+    from mirage.generator.space import SearchSpaceError
+
+    try:
+        Budget.from_dict(document.get("budget", {}))
+    except SearchSpaceError as error:
+        return f"its budget is unusable ({error})"
     found = document.get("found")
     if not isinstance(found, list):
         return "'found' is not a list"

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import platform
 import time
@@ -86,6 +87,22 @@ class SearchOptions:
             if getattr(self, name) not in allowed:
                 raise SearchSpaceError(f"{name} must be one of {', '.join(allowed)}, "
                                        f"got {getattr(self, name)!r}")
+        if not isinstance(self.budget, Budget):
+            raise SearchSpaceError(f"budget must be a mirage.generator.Budget, such as Budget(time_s=30), "
+                                   f"got {self.budget!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
+            raise SearchSpaceError(f"seed must be an integer ≥ 0, got {self.seed!r}")
+        delta = self.verify_delta
+        if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0.0 < delta < 1.0:
+            raise SearchSpaceError(f"verify_delta must be a probability strictly between 0 and 1, such as "
+                                   f"1e-9, got {delta!r}")
+        every = self.checkpoint_every_s
+        if isinstance(every, bool) or not isinstance(every, numbers.Real) or not every >= 0:
+            raise SearchSpaceError(f"checkpoint_every_s must be a number of seconds ≥ 0 (0: after every "
+                                   f"unit), got {every!r}")
+        if self.checkpoint is not None and not isinstance(self.checkpoint, (bool, str, os.PathLike)):
+            raise SearchSpaceError(f"checkpoint must be a file's path, True (under the cache folder), False "
+                                   f"(none) or None (the default), got {self.checkpoint!r}")
 
     def key_options(self, checker_name: str) -> dict[str, Any]:
         return {"seed": self.seed, "checker": checker_name, "disabled_rules": sorted(self.disabled_rules)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any
 
 from mirage.errors import (
@@ -21,13 +22,16 @@ from mirage.errors import (
     OutputMapError,
 )
 from mirage.mugraph.graph import (
+    Accum,
     BlockGraph,
+    Clamp,
     Dim3,
     InputIterator,
     Level,
     Node,
     OutputSaver,
     Ref,
+    RmsNorm,
     Scalar,
     TensorType,
 )
@@ -61,6 +65,7 @@ def infer(graph, op: Op, inputs: tuple[Ref, ...], attrs: Any) -> tuple[TensorTyp
 
         raise AttributeValueError(f"{op.value}'s scalar must be finite, got {attrs.value!r}: keep such a "
                                   "constant in PyTorch, or use clamp for a bound")
+    _check_numbers(op, attrs)
     for r in inputs:
         if not (0 <= r.node < len(graph.nodes) and 0 <= r.index < len(graph.nodes[r.node].outputs)):
             from mirage.errors import BindingError
@@ -68,6 +73,27 @@ def infer(graph, op: Op, inputs: tuple[Ref, ...], attrs: Any) -> tuple[TensorTyp
             raise BindingError(f"op {op.value} refers to a tensor %{r.node}.{r.index} that does not exist")
     types = tuple(graph.type_of(r) for r in inputs)
     return row.shape(shape_context(graph), types, attrs)
+
+
+def _real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_numbers(op: Op, attrs: Any) -> None:
+    """The numbers of an op's attributes, wherever the graph comes from (builder, text, JSON): an
+    epsilon is a finite number (its exact value enters the verifier's arithmetic, which has no inf or
+    NaN), a clamp bound a number that is not NaN (±inf leaves that side open)."""
+    from mirage.errors import AttributeValueError
+
+    if isinstance(attrs, (RmsNorm, Accum)) and not (_real(attrs.eps) and math.isfinite(attrs.eps)):
+        raise AttributeValueError(f"{op.value}'s eps must be a finite number, got {attrs.eps!r}; use a small "
+                                  "positive value such as 1e-6, or 0.0 for none")
+    if isinstance(attrs, Clamp):
+        for side in ("min", "max"):
+            value = getattr(attrs, side)
+            if not _real(value) or math.isnan(value):
+                raise AttributeValueError(f"clamp's {side} must be a number (±inf for no bound on that "
+                                          f"side), got {value!r}")
 
 
 def append(graph, op: Op, inputs: tuple[Ref, ...] = (), attrs: Any = None,

@@ -173,7 +173,8 @@ class _Builder:
         return self._add(Op.TANH, (a,))
 
     def clamp(self, a, min_value: float, max_value: float):
-        return self._add(Op.CLAMP, (a,), Clamp(float(min_value), float(max_value)))
+        return self._add(Op.CLAMP, (a,), Clamp(_real(min_value, "clamp's min_value"),
+                                               _real(max_value, "clamp's max_value")))
 
     def mul_scalar(self, a, scalar: float):
         return self._add(Op.MUL_SCALAR, (a,), Scalar(_real(scalar, "mul_scalar's scalar")))
@@ -212,11 +213,17 @@ class _Builder:
                           "  <-- this op")
         return int(dim) + rank if dim < 0 else int(dim)
 
-    def rms_norm(self, a, normalized_shape: Sequence[int] | None = None, eps: float = 0.0):
-        if normalized_shape is not None and tuple(normalized_shape) != a.dims[-1:]:
-            raise GraphError(f"rms_norm normalizes the last dim only; normalized_shape "
-                             f"{tuple(normalized_shape)} must be {a.dims[-1:]}")
-        return self._add(Op.RMS_NORM, (a,), RmsNorm(float(eps)))
+    def rms_norm(self, a, normalized_shape: Sequence[int] | int | None = None, eps: float = 0.0):
+        """``a / sqrt(mean(a², last dim) + eps)``; ``normalized_shape`` (an int or a 1-tuple, as in
+        ``torch.nn.RMSNorm``) must name the last dim."""
+        self._ref(a)
+        if normalized_shape is not None:
+            shape = (normalized_shape,) if _is_int(normalized_shape) else normalized_shape
+            if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable) \
+                    or tuple(shape) != a.dims[-1:]:
+                raise GraphError(f"rms_norm normalizes the last dim only; normalized_shape "
+                                 f"{normalized_shape!r} must be {a.dims[-1]} or {a.dims[-1:]}")
+        return self._add(Op.RMS_NORM, (a,), RmsNorm(_real(eps, "rms_norm's eps")))
 
     def __str__(self) -> str:
         from mirage.mugraph.text import to_text
@@ -313,6 +320,9 @@ class KNGraph(_Builder):
                     "first") from None
         if not isinstance(name, str):
             raise GraphError(f"an input's name must be a str, got {name!r}")
+        if not isinstance(pattern, str):
+            raise GraphError(f"an input's pattern must be a str such as 'causal:128' (or '' for none), got "
+                             f"{pattern!r}")
         if pattern:
             patterns.check_shape(pattern, shape)
         t = TensorType(shape, _parse_dtype(dtype))

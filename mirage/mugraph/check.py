@@ -7,6 +7,8 @@ neighbouring lines of the text form.
 
 from __future__ import annotations
 
+import numbers
+
 from mirage.errors import (
     BindingError,
     DanglingTensorError,
@@ -37,8 +39,12 @@ def _check_nodes(graph, target: Target) -> None:
     for i, node in enumerate(graph.nodes):
         try:
             for r in node.inputs:
-                if r.node >= i:
+                _check_ref(r)
+                if not 0 <= r.node < i:
                     raise BindingError(f"input %{r.node} is not defined before this node")
+                if not 0 <= r.index < len(graph.nodes[r.node].outputs):
+                    raise BindingError(f"input %{r.node}.{r.index}: node %{r.node} has "
+                                       f"{len(graph.nodes[r.node].outputs)} output(s)")
             if node.op is Op.INPUT:
                 _check_input(graph, node)
             elif node.op is Op.CUSTOMIZED:
@@ -63,6 +69,17 @@ def _check_nodes(graph, target: Target) -> None:
                 _expect(node.outputs, build.infer(prefix, node.op, node.inputs, node.attrs))
         except GraphError as error:
             build.rethrow(error, graph, i)
+
+
+def _is_index(value) -> bool:
+    """An integer (Python or numpy), not a bool nor a float such as 2.0 (a graph file's NaN grid)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_ref(r) -> None:
+    """A TypeError (a corrupt file, for a graph read from one) unless ``r`` is a pair of ints."""
+    if not (_is_index(r.node) and _is_index(r.index)):
+        raise TypeError(f"tensor reference ({r.node!r}, {r.index!r}) is not a pair of ints")
 
 
 def _fields(graph) -> dict:
@@ -97,8 +114,11 @@ def _check_input(graph, node) -> None:
 
 def check_block_header(graph: BlockGraph, target: Target = DEFAULT_TARGET) -> None:
     for name, dims in (("grid_dim", graph.grid_dim), ("block_dim", graph.block_dim)):
-        if len(dims) != 3 or any(d < 1 for d in dims):
+        if len(dims) != 3 or not all(_is_index(d) and d >= 1 for d in dims):
             raise GridError(f"{name} must be three positive ints, got {dims}")
+    for name, value in (("forloop_range", graph.forloop_range), ("reduction_dimx", graph.reduction_dimx)):
+        if not _is_index(value) or value < 1:
+            raise GridError(f"{name} must be a positive int, got {value!r}")
     if graph.num_blocks > target.max_blocks_per_kernel:
         raise GridError(f"grid {graph.grid_dim} has {graph.num_blocks} blocks, more than "
                         f"{target.max_blocks_per_kernel}")
@@ -106,10 +126,6 @@ def check_block_header(graph: BlockGraph, target: Target = DEFAULT_TARGET) -> No
     if threads > target.max_threads_per_block or threads % 32:
         raise GridError(f"block_dim {graph.block_dim} has {threads} threads; use a multiple of 32 up "
                         f"to {target.max_threads_per_block}")
-    if graph.forloop_range < 1:
-        raise GridError(f"forloop_range must be ≥ 1, got {graph.forloop_range}")
-    if graph.reduction_dimx < 1:
-        raise GridError(f"reduction_dimx must be ≥ 1, got {graph.reduction_dimx}")
 
 
 def shared_memory_bytes(graph: BlockGraph) -> int:
@@ -166,5 +182,6 @@ def _check_kernel(graph: KernelGraph, target: Target) -> None:
     if not graph.outputs:
         raise GraphError("the kernel graph has no outputs (call g.mark_output)")
     for r in graph.outputs:
-        if not (0 <= r.node < len(graph.nodes) and r.index < len(graph.nodes[r.node].outputs)):
+        _check_ref(r)
+        if not (0 <= r.node < len(graph.nodes) and 0 <= r.index < len(graph.nodes[r.node].outputs)):
             raise BindingError(f"output %{r.node}.{r.index} does not exist")

@@ -222,10 +222,36 @@ def interpret(graph, inputs: Sequence[Any], dtype: type = np.float64) -> list[np
     from mirage.mugraph.builder import as_graph
 
     graph = as_graph(graph)
+    if not _float_dtype(dtype):
+        raise InterpretError(f"interpret runs in a floating-point dtype (np.float64, the default, or "
+                             f"np.float32), got dtype={dtype!r}")
+    if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__iter__"):
+        raise InterpretError(f"interpret takes a list of the graph's inputs (numpy arrays or torch tensors), "
+                             f"got {type(inputs).__name__}")
     arrays = []
-    for x in inputs:
+    for i, x in enumerate(inputs):
         if hasattr(x, "detach"):
+            if x.is_complex():
+                raise InterpretError(f"input {i} is a complex tensor ({x.dtype}); the graph computes on real "
+                                     "numbers: pass its real part (x.real) if that is what you mean")
             x = x.detach().cpu().double().numpy()
-        arrays.append(np.asarray(x, dtype=dtype))
+        try:
+            array = np.asarray(x)
+        except (ValueError, TypeError) as error:  # a ragged nested list
+            raise InterpretError(f"input {i} is not an array: {error}") from None
+        if array.dtype.kind == "c":
+            raise InterpretError(f"input {i} is a complex array ({array.dtype}); the graph computes on real "
+                                 "numbers: pass its real part (x.real) if that is what you mean")
+        if array.dtype.kind not in "biuf":
+            raise InterpretError(f"input {i} holds {array.dtype} values, not numbers; pass a numpy array or "
+                                 "torch tensor of floats")
+        arrays.append(array.astype(dtype, copy=False))
     outs = Interpreter(FloatAlgebra(dtype)).run(graph, arrays)
     return [np.asarray(o, dtype=dtype) for o in outs]
+
+
+def _float_dtype(dtype) -> bool:
+    try:
+        return np.dtype(dtype).kind == "f"
+    except TypeError:
+        return False

@@ -127,6 +127,9 @@ def loads(text: str):
     """Parse and check a saved graph; corrupt input raises SerializationError."""
     try:
         doc = json.loads(text)
+        if not isinstance(doc, dict):
+            raise SerializationError(f"not a mirage graph file (a JSON {type(doc).__name__}, not an object); "
+                                     "pass a file written by g.to_json(path)")
         if doc.get("format") != FORMAT:
             raise SerializationError(f"not a mirage graph file (format {doc.get('format')!r})")
         version = doc.get("version")

@@ -341,6 +341,8 @@ def _parse_body(lines: list[str], at: int, closing: bool = False, strides: list 
             nodes.append(Node(op, inputs, inner, types))
             at = end
             continue
+        if m["types"] is None:
+            raise ParseError(f"line {line!r} gives no output type (it ends in ' : f16[4,8]' or the like)")
         nodes.append(Node(op, inputs, _parse_attrs(op, m["attrs"], strings), _parse_types(m["types"])))
         at += 1
     raise ParseError("unexpected end of text (missing '}')")

@@ -55,6 +55,9 @@ class LaxInfo:
 
 
 def classify(graph: KernelGraph) -> LaxInfo:
+    from mirage.mugraph.builder import as_graph
+
+    graph = as_graph(graph)  # a builder is frozen (checked); anything else is a GraphError
     ops: set[Op] = set()
     order_based: set[Op] = set()
     depth = _exp_depths(graph, ops, order_based)

@@ -25,6 +25,7 @@ from mirage.mugraph.builder import as_graph
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.interpret import interpret
 from mirage.verifier.classify import Guarantee
+from mirage.verifier.errors import check_options
 from mirage.verifier.result import (
     VerificationResult,
     check_same_inputs,
@@ -66,6 +67,7 @@ class FloatChecker:
 
     def __init__(self, reference, trials: int = 2, seed: int | None = None, rtol: float | None = None,
                  atol: float | None = None, run_reference: Runner | None = None) -> None:
+        check_options(trials=trials, seed=seed, rtol=rtol, atol=atol)
         self.reference = as_graph(reference)
         self.trials = trials
         self.tolerances = [(rtol if rtol is not None else r, atol if atol is not None else a)

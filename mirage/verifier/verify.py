@@ -42,7 +42,7 @@ from mirage.verifier.bounds import (
     tests_needed,
 )
 from mirage.verifier.classify import Guarantee, classify
-from mirage.verifier.errors import NotVerifiableError
+from mirage.verifier.errors import NotVerifiableError, VerifierOptionError, check_options
 from mirage.verifier.field import DEFAULT_FIELDS, FieldAlgebra, FieldArray, FieldPair
 from mirage.verifier.result import (
     VerificationResult,
@@ -87,8 +87,10 @@ class Verifier:
     def __init__(self, reference, delta: float = 1e-9, seed: int | None = None,
                  fields: FieldPair = DEFAULT_FIELDS, max_tests: int = 64, heuristic_tests: int = 4,
                  input_cache_bytes: int = INPUT_CACHE_BYTES) -> None:
-        if not 0.0 < delta < 1.0:
-            raise ValueError(f"delta must lie in (0, 1), got {delta}")
+        check_options(delta=delta, seed=seed, max_tests=max_tests, heuristic_tests=heuristic_tests)
+        if not isinstance(fields, FieldPair):
+            raise VerifierOptionError(f"fields must be a mirage.verifier.FieldPair (such as DEFAULT_FIELDS), "
+                                      f"got {fields!r}")
         self.reference = as_graph(reference)
         self.delta, self.fields = delta, fields
         self.max_tests, self.heuristic_tests = max_tests, heuristic_tests
