@@ -6,7 +6,8 @@ in a CUDA graph (the device time alone), and where the host time goes (cProfile,
 
 Programs: the demo's RMSNorm + Linear (float16 on the GPU) and the suite's gqa_b1 through
 ``mi.superoptimize`` with the first members of its family as candidates (no search; the host time
-does not depend on which member runs).  ``--breakdown`` also times, one by one, the steps of a call
+does not depend on which member runs); each with and without ``cuda_graphs`` (calls replayed from a
+CUDA graph of the module's own).  ``--breakdown`` also times, one by one, the steps of a call
 of gqa_b1 (each step alone in a loop: the module, its stitched graph, the program's launch, each
 kernel's launch, an output's allocation, the stream and device look-ups, the driver's launch itself).
 """
@@ -17,6 +18,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import tempfile
 from functools import partial
 
 import torch
@@ -82,7 +84,7 @@ def breakdown(fast, inputs) -> dict[str, float]:
         for kind, ref, launch in program._steps()[1]:
             if kind != "kernel":
                 continue
-            outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, _ in ref]
+            outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype, *_ in ref]
             args = [values.get(r) for r in launch.inputs]
             if any(a is None for a in args):  # reads another kernel's output: allocate a stand-in
                 args = [a if a is not None else torch.empty(
@@ -92,7 +94,7 @@ def breakdown(fast, inputs) -> dict[str, float]:
             name = f"{launch.name} ({len(launch.tensor_maps)} tensor maps)"
             steps[f"{name}: Program._launch"] = step_us(partial(program._launch, launch, outs, args))
             steps[f"{name}: torch.empty of its outputs"] = step_us(
-                lambda ref=ref: [torch.empty(s, dtype=d, device=device) for s, d, _ in ref])
+                lambda ref=ref: [torch.empty(s, dtype=d, device=device) for s, d, *_ in ref])
             pointers = [t.data_ptr() for t in outs + args]
             maps = []
             if launch.tensor_maps:
@@ -152,13 +154,18 @@ def main(argv=None) -> int:
     from mirage.codegen.profile import device_facts, host_times, time_graph
 
     rows = []
+    cache = tempfile.TemporaryDirectory()  # the second superoptimize (cuda_graphs) is answered from it
     for name, program, inputs, options in programs():
-        fast = mi.superoptimize(program, inputs, use_cache=False, progress=False, **options)
+        fast, graphed = (mi.superoptimize(program, inputs, cache_dir=cache.name, progress=False,
+                                          cuda_graphs=graphs, **options) for graphs in (False, True))
         with torch.no_grad():
             eager = lambda program=program, xs=inputs: program(*xs)  # noqa: E731
             ours = lambda fast=fast, xs=inputs: fast(*xs)  # noqa: E731
-            host = host_times({"eager": eager, "mirage": ours}, rounds=9)
+            replayed = lambda fast=graphed, xs=inputs: fast(*xs)  # noqa: E731
+            torch.testing.assert_close(replayed(), eager(), rtol=2e-2, atol=2e-2)
+            host = host_times({"eager": eager, "mirage": ours, "mirage_cuda_graphs": replayed}, rounds=9)
             row = {"program": name, "eager_host_us": host["eager"], "mirage_host_us": host["mirage"],
+                   "mirage_cuda_graphs_host_us": host["mirage_cuda_graphs"],
                    "eager_graph_us": time_graph(eager).median_us,
                    "mirage_graph_us": time_graph(ours).median_us}
             print(row, flush=True)

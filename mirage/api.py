@@ -83,6 +83,10 @@ def superoptimize(program: Any, example_inputs: Any = None, **options: Any) -> n
             f"cannot superoptimize {program!r} ({type(program).__name__}): pass a torch.nn.Module "
             "instance, a function of tensors, a torch.fx.GraphModule, or a kernel graph built with "
             "mirage.new_kernel_graph()")
+    if isinstance(program, MirageModule):  # superoptimized before: again, from the program it was made of
+        logger.info("mirage.superoptimize: %s is superoptimized already; superoptimizing the program it was "
+                    "made from with these options", program.name)
+        program = program.program
     module = MirageModule(program, opts)
     if example_inputs is not None:
         args, kwargs = _split_inputs(example_inputs)
@@ -105,6 +109,11 @@ def _split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
     if isinstance(example_inputs, torch.Tensor):
         return (example_inputs,), {}
     if isinstance(example_inputs, Mapping):
+        names = [k for k in example_inputs if not isinstance(k, str)]
+        if names:
+            raise ExampleInputsError(
+                f"example_inputs given as a dict name the program's parameters, so its keys must be "
+                f"strings; got the key {names[0]!r}. Pass positional inputs as a tuple or list")
         return (), dict(example_inputs)
     if isinstance(example_inputs, (tuple, list)):
         return tuple(example_inputs), {}

@@ -364,7 +364,7 @@ def _extras(program, inputs) -> dict:
     """CUDA-graph capture (replayed output equals the eager one) and the time of one call."""
     import torch
 
-    from mirage.codegen.profile import time_graph
+    from mirage.codegen.profile import graph_capture, time_graph
 
     eager = [o.clone() for o in program.launch(inputs)]
     static: list = []
@@ -374,7 +374,7 @@ def _extras(program, inputs) -> dict:
         program.launch(inputs)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with graph_capture(graph):
         static = program.launch(inputs)
     graph.replay()
     torch.cuda.synchronize()

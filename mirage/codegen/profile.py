@@ -10,9 +10,10 @@ another without a graph (a user's loop), for several functions with their rounds
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,28 @@ class Timing:
         }
 
 
+@contextlib.contextmanager
+def graph_capture(graph, **options) -> Iterator[None]:
+    """``torch.cuda.graph(graph, **options)`` that leaves the process usable when the capture fails
+    (a host synchronization or a CPU tensor inside it): torch's CUDA random-number state then still
+    believes a capture runs, and every later random op on the device raises "Offset increment outside
+    graph capture". An empty capture that ends sets it right (measured on torch 2.11)."""
+    import torch
+
+    device = torch.cuda.current_device()
+    try:
+        with torch.cuda.graph(graph, **options):
+            yield
+    except BaseException:
+        try:
+            with torch.cuda.device(device):
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                    pass
+        except Exception:  # noqa: BLE001 - the first failure is the one to report
+            pass
+        raise
+
+
 def captured(fn: Callable[[], object], calls: int = 1, warmup: int = 1) -> tuple[Any, object]:
     """A CUDA graph of ``calls`` calls of ``fn``, after ``warmup`` calls on a side stream (what a
     capture needs), and what the last captured call returned (rewritten by every replay)."""
@@ -48,7 +71,7 @@ def captured(fn: Callable[[], object], calls: int = 1, warmup: int = 1) -> tuple
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with graph_capture(graph):
         for _ in range(calls - 1):
             fn()  # each result freed at once, so that the next call may reuse its memory
         out = fn()

@@ -3,7 +3,8 @@
 Dynamo hands over each captured graph with example inputs; the backend wraps it in a
 :class:`~mirage.frontend.runtime.MirageModule`, which captures it at aten level on the first call
 for each input signature and runs its subprograms through their µGraphs.  Backend options come from
-``torch.compile(..., options={...})`` and are those of ``superoptimize``.  When gradients are
+``torch.compile(..., options={...})`` and are those of ``superoptimize``; ``mode="reduce-overhead"``
+stands for ``options={"cuda_graphs": True}``.  When gradients are
 needed (training), the graph runs in PyTorch instead, with a one-time notice: mirage kernels are
 forward-only.
 """
@@ -31,10 +32,13 @@ def mirage_backend(gm: fx.GraphModule, example_inputs: Sequence, options: dict |
     if options is not None and not isinstance(options, Mapping):
         raise OptionError(f"torch.compile(..., backend='mirage', options=...) takes a dict of "
                           f"superoptimize's options, got a {type(options).__name__}")
-    if mode not in (None, "default"):  # dynamo passes mode=None when options are given
+    options = dict(options or {})
+    if mode == "reduce-overhead":  # as inductor's: calls replayed from CUDA graphs
+        options.setdefault("cuda_graphs", True)
+    elif mode not in (None, "default"):  # dynamo passes mode=None when options are given
         logger.warning("mirage: torch.compile's mode=%r has no meaning for the mirage backend; ignoring it "
-                       "(pass options={...} instead)", mode)
-    module = MirageModule(gm, Options.parse(**(options or {})))
+                       "(pass options={...} instead; mode='reduce-overhead' means cuda_graphs=True)", mode)
+    module = MirageModule(gm, Options.parse(**options))
     noticed: list[bool] = []
 
     def run(*args):

@@ -13,6 +13,7 @@ number and the kinds of inputs must match the first capture (:func:`check_call`)
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import operator
@@ -42,14 +43,47 @@ logger = logging.getLogger("mirage.frontend")
 
 
 class FunctionModule(nn.Module):
-    """Wraps a plain function so that torch.export can trace it."""
+    """Wraps a plain function so that torch.export can trace it.  The modules it calls are held as
+    submodules (:func:`held_modules`: the owner of a bound method such as ``model.forward``, and those
+    the function reads from its closure or by a global name), so that their parameters and buffers
+    are the captured program's own: replacing or converting one, ``model.eval()`` or a changed
+    attribute is noticed at the next call (``frontend.state``), as for a module passed itself."""
 
     def __init__(self, function: Callable) -> None:
         super().__init__()
         self.function = function
+        for name, module in held_modules(function).items():
+            if not hasattr(self, name):  # a name nn.Module uses itself (``train``) is left out
+                self.add_module(name, module)
 
     def forward(self, *args, **kwargs):
         return self.function(*args, **kwargs)
+
+
+def held_modules(function: Callable) -> dict[str, nn.Module]:
+    """The modules that ``function`` runs, by a name for each: the owner of a bound method
+    (``"self"``), and the modules it reads from its closure or its globals (by their variable names)."""
+    if isinstance(function, functools.partial):
+        return held_modules(function.func)
+    held: dict[str, nn.Module] = {}
+    owner = getattr(function, "__self__", None)
+    if inspect.ismethod(function) and isinstance(owner, nn.Module):
+        held["self"] = owner
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return held
+    for name, cell in zip(code.co_freevars, getattr(function, "__closure__", None) or (), strict=False):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # a cell not yet filled
+            continue
+        if isinstance(value, nn.Module):
+            held.setdefault(name, value)
+    scope = getattr(function, "__globals__", None) or {}
+    for name in code.co_names:
+        if isinstance(scope.get(name), nn.Module):
+            held.setdefault(name, scope[name])
+    return held
 
 
 def program_name(program: Any) -> str:
@@ -94,6 +128,8 @@ LeafSpec = TensorSpec | ValueSpec
 class Signature:
     tree: str  # the pytree structure of (args, kwargs)
     leaves: tuple[LeafSpec, ...]
+    keywords: tuple[str, ...] = ()  # the names of the inputs passed by keyword, sorted
+    positional: int = 0  # how many inputs were passed by position
 
     def describe(self) -> str:
         return ", ".join(leaf.describe() for leaf in self.leaves) or "no inputs"
@@ -112,9 +148,11 @@ def signature_of(args: tuple, kwargs: dict) -> Signature:
             specs.append(ValueSpec(type(leaf).__name__, repr(leaf)))
         else:
             raise ExampleInputsError(
-                f"input of type {type(leaf).__name__} is not supported: pass tensors, numbers, strings "
-                "or None (in tuples, lists or dicts)")
-    return Signature(str(tree), tuple(specs))
+                f"input of type {type(leaf).__name__} is not supported ({leaf!r:.60}): pass tensors, "
+                "numbers, strings or None (in tuples, lists or dicts), and fix other values in the "
+                "program itself (superoptimize functools.partial(f, dtype=torch.float16), or a module "
+                "that holds the value as an attribute)")
+    return Signature(str(tree), tuple(specs), tuple(sorted(kwargs)), len(args))
 
 
 def conform_call(program: nn.Module, first: tuple[int, tuple[str, ...]], args: tuple,
@@ -142,18 +180,27 @@ def conform_call(program: nn.Module, first: tuple[int, tuple[str, ...]], args: t
 
 def check_call(captured: Signature, call: Signature, name: str) -> None:
     """Raise the InputError that explains how ``call`` differs from ``captured`` (shapes may differ)."""
+    def passed(s: Signature) -> str:
+        return f"{s.positional} input(s) by position and {', '.join(s.keywords) or 'none'} by keyword"
+
+    # inputs passed by keyword where the first call passed others (an optional input given or left out)
+    keywords = "" if captured.keywords == call.keywords else (
+        f"; it was captured with {passed(captured)}, and is called with {passed(call)}: pass the same "
+        "inputs as the first call (None where it passed None), or superoptimize the program again for "
+        "calls like this one")
     if len(captured.leaves) != len(call.leaves):
         described = call.describe()
         described = described if len(described) <= 300 else described[:300] + " ..."
         raise InputCountError(
             f"{name} was captured with {len(captured.leaves)} input(s) ({captured.describe()}) but is "
-            f"called with {len(call.leaves)} ({described}); pass the same inputs (a list or tuple "
-            "passed where a tensor was counts as its elements: pass a tensor)")
+            f"called with {len(call.leaves)} ({described})" + (keywords or "; pass the same inputs (a list "
+                                                               "or tuple passed where a tensor was counts "
+                                                               "as its elements: pass a tensor)"))
     if captured.tree != call.tree:
         raise InputCountError(
             f"{name} was captured with its {len(captured.leaves)} input(s) in another structure than "
             "this call's (nested in other tuples, lists or dicts, or keywords that are not its "
-            "parameters' names); pass them as in the first call")
+            "parameters' names)" + (keywords or "; pass them as in the first call"))
     for i, (was, now) in enumerate(zip(captured.leaves, call.leaves, strict=True)):
         if type(was) is not type(now):
             raise InputTypeError(f"input {i} of {name} was captured as a {was.describe()} but is now a "
@@ -163,6 +210,10 @@ def check_call(captured: Signature, call: Signature, name: str) -> None:
                 raise InputDTypeError(
                     f"input {i} of {name} has dtype {now.dtype}, but it was captured with {was.dtype}; "
                     f"convert it with .to({was.dtype}) or superoptimize again with inputs of {now.dtype}")
+            if was.device != now.device and now.device.type == "meta":
+                raise InputDeviceError(
+                    f"input {i} of {name} is on meta, but it was captured on {was.device}; move it with "
+                    f".to('{was.device}') (the 'meta' device holds shapes but no values to compute with)")
             if was.device != now.device:
                 raise InputDeviceError(
                     f"input {i} of {name} is on {now.device}, but it was captured on {was.device}; move it "
@@ -255,6 +306,13 @@ def updates_state(gm: fx.GraphModule) -> bool:
     running statistics): running it changes the module, so nothing may run it but the caller."""
     return any(_mutates(n) and n.args and isinstance(n.args[0], fx.Node) and n.args[0].op == "get_attr"
                for n in gm.graph.nodes)
+
+
+def updates_inputs(graph: fx.Graph) -> bool:
+    """Whether the captured program writes into one of its inputs (``x.add_(1)`` in forward, run as a
+    copy back into the input): a call must then run on the caller's tensors themselves."""
+    return any(_mutates(n) and n.args and isinstance(n.args[0], fx.Node) and n.args[0].op == "placeholder"
+               for n in graph.nodes)
 
 
 # composite ops that export keeps whole and the lowering has no row for, decomposed at capture into

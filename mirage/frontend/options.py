@@ -44,6 +44,9 @@ class Options:
     # a CUDA graph captured around the module reads the copies of transposed parameters that calls made,
     # instead of copying in every replay; a parameter updated in place is seen after the next call
     reuse_copies_in_graphs: bool = False
+    # on CUDA: repeated calls of positional tensors replay a CUDA graph of their own, their inputs copied
+    # into its buffers and its outputs copied out (frontend.graphs.GraphedCall): less host time a call
+    cuda_graphs: bool = False
     # sibling products only reshaped (q, k, v) run as one product of their stacked weights, whose rows
     # the parameters become (one storage: frontend.products); False keeps them apart
     merge_products: bool = True
@@ -95,7 +98,7 @@ class Options:
                 "keeps values the program widens to float32 in float32 (cutting subprograms where they "
                 "would be stored narrower), 'input_precision' holds them at the inputs' precision")
         for name in ("search", "use_cache", "progress", "sass_tune", "whole_program_check",
-                     "reuse_copies_in_graphs", "merge_products"):
+                     "reuse_copies_in_graphs", "cuda_graphs", "merge_products"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.cache_dir is not None and self.cache_dir.exists() and not self.cache_dir.is_dir():

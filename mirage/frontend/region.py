@@ -30,7 +30,7 @@ from mirage.errors import GraphError
 from mirage.frontend import shapes
 from mirage.frontend.capture import PATTERN
 from mirage.mugraph import patterns
-from mirage.mugraph.builder import DTensor
+from mirage.mugraph.builder import DTensor, declared_strides
 from mirage.mugraph.graph import dense_strides, input_layout, merged_strides, output_strides
 from mirage.mugraph.ops import Op
 
@@ -194,8 +194,12 @@ def _strides(x: Boundary, binding: InputBinding) -> tuple[tuple | None, Shape | 
                 return None, None  # a row's own dim takes one stride: copied
             split = tuple(n for entry, d in zip(strides, binding.shape, strict=True)
                           for n in ((entry[0][0], entry[1][0]) if isinstance(entry, tuple) else (d,)))
-            input_layout(split, tuple(unshaped.view(split).stride()))
-            return (strides, split) if split != tuple(binding.shape) else (None, None)
+            if split == tuple(binding.shape):
+                return None, None
+            # as new_input checks them: a column-major view's rows cannot be split (a 3-D input's
+            # transpose(1, 2) merged to 2-D), which then is copied row-major
+            declared_strides(tuple(binding.shape), strides)
+            return strides, split
         input_layout(tuple(view.shape), tuple(view.stride()))
     except (RuntimeError, TypeError, ValueError):
         return None, None

@@ -18,6 +18,7 @@ import functools
 import heapq
 import logging
 import operator
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,9 +38,10 @@ from mirage.frontend.capture import (
     program_name,
     restore_causal,
     signature_of,
+    updates_inputs,
     updates_state,
 )
-from mirage.frontend.errors import InputError, InputGradError
+from mirage.frontend.errors import CaptureError, InputError, InputGradError
 from mirage.frontend.executor import make_executor
 from mirage.frontend.guard import OURS, Verdict, check
 from mirage.frontend.optimize import Choice, choose
@@ -52,6 +54,8 @@ from mirage.frontend.state import Snapshot
 from mirage.mugraph.graph import same_strides
 
 logger = logging.getLogger("mirage.frontend")
+
+_CAPTURING = threading.RLock()  # held while a program is captured, partitioned and its µGraphs chosen
 
 
 class SubprogramModule(nn.Module):
@@ -202,6 +206,14 @@ class Specialization:
     # check found the stitched module slower in a graph, whose replays copy strided parameters)
     graph_module: Any = None
     _flat: Any = None  # flat_runner's result, made on first use
+    graphed: Any = None  # graphs.GraphedCall: its calls replayed from a CUDA graph (Options.cuda_graphs)
+
+    def run_positional(self, args: tuple):
+        """A checked call of positional tensors: the stitched graph run flat, or, inside a caller's CUDA
+        graph capture, ``graph_module`` where the whole-program check chose it for graphs."""
+        if self.graph_module is not None and graphs.recording_constants(args):
+            return self.graph_module(*args)
+        return self.run_flat(args)
 
     def run_flat(self, args: tuple):
         """``module(*args)`` for positional tensors already checked against this specialization: the
@@ -360,6 +372,14 @@ class MirageModule(nn.Module):
         return render(self.specializations[-1].partition_dot(), path, format)
 
     def specialize(self, args: tuple, kwargs: dict) -> Specialization:
+        """The specialization for a call of ``args`` and ``kwargs``: captured, partitioned and chosen
+        now unless an earlier call made it. One capture runs at a time, in any thread: torch.export
+        swaps fake tensors into the module it traces, which a second trace running beside it would
+        read (a first call from several threads at once)."""
+        with _CAPTURING:
+            return self._specialize(args, kwargs)
+
+    def _specialize(self, args: tuple, kwargs: dict) -> Specialization:
         if self._style is not None:
             args, kwargs = conform_call(self.program, self._style, args, kwargs)
         signature = signature_of(args, kwargs)
@@ -444,6 +464,11 @@ class MirageModule(nn.Module):
         return part, choices, notes
 
     def forward(self, *args, **kwargs):
+        if torch.compiler.is_compiling():  # traced (torch.compile, torch.export): see _untraced
+            return _untraced(self, args, kwargs)
+        return self._forward(args, kwargs)
+
+    def _forward(self, args: tuple, kwargs: dict):
         if self._snapshot is not None:
             self._check_state()
         key = None if kwargs else _tensor_key(args)
@@ -455,9 +480,12 @@ class MirageModule(nn.Module):
             self._refuse_grad()
         torch._C._set_grad_enabled(False)  # torch.no_grad() without the context object
         try:
-            if spec.graph_module is not None and graphs.recording_constants(args):
-                return spec.graph_module(*args)
-            return spec.run_flat(args)
+            if self.options.cuda_graphs and graphs.graphable(args):
+                if spec.graphed is None:
+                    unfit = "it writes into its inputs" if updates_inputs(spec.captured) else None
+                    spec.graphed = graphs.GraphedCall(spec.run_positional, self.name, unfit)
+                return spec.graphed(args)
+            return spec.run_positional(args)
         finally:
             torch._C._set_grad_enabled(grad)
 
@@ -493,10 +521,32 @@ class MirageModule(nn.Module):
         self._fast.clear()
         self._first = self._style = self._snapshot = None
 
+    def __getstate__(self) -> dict:
+        """What pickling keeps (``torch.save(module)``, ``copy.deepcopy``): the program and the options.
+        The specializations hold stitched graph modules that do not pickle; the module captures again
+        at its first call, its µGraphs answered from the search cache."""
+        state = dict(self.__dict__)
+        state.update(_specializations={}, _fast={}, _first=None, _style=None, _snapshot=None)
+        return state
+
     def _refuse_grad(self):
         raise InputGradError(
             f"an input of {self.name} requires grad, but mirage modules compute forward passes "
             "only: call it under torch.no_grad() or torch.inference_mode(), or pass x.detach()")
+
+
+@torch.compiler.disable
+def _untraced(module: MirageModule, args: tuple, kwargs: dict):
+    """``module(*args, **kwargs)`` run as it is, outside the trace: torch.compile of a model that holds
+    a superoptimized module breaks its graph there (the µGraphs run outside PyTorch's ops). torch.export
+    cannot trace them at all: its fake tensors have no values to compute with."""
+    traced = (torch._subclasses.FakeTensor, fx.Proxy)  # (torch.export's flag alone is global to threads)
+    if any(isinstance(x, traced) for x in torch.utils._pytree.tree_leaves((args, kwargs))):
+        raise CaptureError(
+            f"{module.name} is a superoptimized module, which torch.export and other tracers cannot trace "
+            "(its µGraphs run outside PyTorch's ops); trace the program it was made from "
+            "(module.program) instead")
+    return module._forward(args, kwargs)
 
 
 def _autocast_state() -> tuple:
