@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,8 @@ def graph_capture(graph, **options) -> Iterator[None]:
             yield
     except BaseException:
         try:
-            with torch.cuda.device(device):
+            with torch.cuda.device(device), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch's notice that the graph is empty
                 with torch.cuda.graph(torch.cuda.CUDAGraph()):
                     pass
         except Exception:  # noqa: BLE001 - the first failure is the one to report
