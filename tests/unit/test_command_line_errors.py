@@ -9,7 +9,6 @@ import logging
 
 import pytest
 
-import mirage as mi
 from mirage.cli import main
 from mirage.frontend import optimize
 
@@ -21,15 +20,6 @@ def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-@pytest.fixture
-def graph_file(tmp_path):
-    g = mi.new_kernel_graph("small")
-    x = g.new_input(dims=(2, 8), dtype=mi.float32)
-    w = g.new_input(dims=(8, 4), dtype=mi.float32)
-    g.mark_output(g.exp(g.matmul(x, w)))
-    path = tmp_path / "small.json"
-    g.to_json(path)
-    return path
 
 
 @pytest.fixture

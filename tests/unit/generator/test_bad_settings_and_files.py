@@ -11,27 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import mirage as mi
 from mirage import config
 from mirage.generator import Budget, SearchSpaceError, StopReason, check_settings, search
 from mirage.generator.checkpoint import Checkpoint, ResultCache, cache_dir
-
-SPACE = {"griddims": [(4, 1, 1)], "franges": [4], "kernel_ops": ["matmul", "exp"],
-         "block_ops": ["matmul", "exp", "accum", "accum_sum"], "max_block_ops": 5, "max_kernel_ops": 5}
-
-
-def tiny():
-    g = mi.new_kernel_graph("tiny")
-    x = g.new_input(dims=(8, 64), dtype=mi.float16)
-    w = g.new_input(dims=(64, 32), dtype=mi.float16)
-    g.mark_output(g.exp(g.matmul(x, w)))
-    return g.freeze()
-
-
-def _search(**options):
-    options.setdefault("budget", Budget(time_s=60))
-    return search(tiny(), workers=1, progress=False, checkpoint_every_s=0, **SPACE, **options)
-
+from tests.unit.frontend.test_cache_robustness import SPACE, _search, tiny  # a small search of one
 
 # ---- options and budgets ---------------------------------------------------------------------------------
 
