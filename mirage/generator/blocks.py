@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from mirage.generator.candidates import first_order, input_tuples, order_head
 from mirage.generator.state import BlockState, Body, BodyList
-from mirage.mugraph.graph import AccumKind, Node, Ref, TensorType
+from mirage.mugraph.graph import AccumKind, Level, Node, Ref, TensorType
 from mirage.mugraph.ops import COMMUTATIVE, REGISTRY, UNARY, Op
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class _BlockSearch:
         self.order = rules.enabled("canonical_order")
         self.memory = rules.enabled("memory")
         self.lookahead = rules.enabled("block_lookahead")
-        self.extra_rules = bool(rules.extra)
+        self.extra_rules = bool(rules.extra_at[Level.BLOCK])
         self.complete = self.space.order == "complete"
         # with the complete order, a commutative op may take its operands in one order only
         commutative = self.complete and rules.enabled("commutative_operands")

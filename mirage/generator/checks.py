@@ -25,7 +25,9 @@ from typing import Any
 from mirage.generator import pruning
 from mirage.generator.abstract_expr import Term
 from mirage.generator.pruning import RULES, Candidate, PruningContext, PruningTable, UnknownRuleError
+from mirage.generator.pruning.rules import BUILT_IN_RULES, judge
 from mirage.generator.space import SearchSpace, SearchSpaceError
+from mirage.mugraph.graph import Level
 
 #: Rules whose verdict depends only on the op, its operand types and its term (memoized per op).
 MEMOIZED = ("shape", "single_exp", "identity_reduction", "abstract_expression")
@@ -61,6 +63,9 @@ class SearchRules:
         self.extra = tuple(
             r for n, r in table.rules.items() if n in enabled and n not in MEMOIZED and n not in STRUCTURAL
         )
+        # a rule judges the candidates of the levels it names only
+        self.extra_at = {level: tuple(r for r in self.extra if level in r.levels) for level in Level}
+        self.missing: tuple[str, ...] = ()  # rules a worker process could not register (__setstate__)
         self._roots: list | None = None  # e-classes of the targets (per process)
 
     def enabled(self, name: str) -> bool:
@@ -71,15 +76,24 @@ class SearchRules:
     def op_verdict(self, candidate: Candidate) -> str | None:
         """The memoizable rules: the name of the first that cuts ``candidate``, or ``None``."""
         for rule in self.memoized:
-            if not rule.predicate(candidate, self.context):
+            if not judge(rule, candidate, self.context):
                 return rule.name
         return None
 
     def extra_verdict(self, candidate: Candidate) -> str | None:
-        for rule in self.extra:
-            if not rule.predicate(candidate, self.context):
+        for rule in self.extra_at[candidate.level]:
+            if not judge(rule, candidate, self.context):
                 return rule.name
         return None
+
+    def require_registered(self) -> None:
+        """Raise where this process (a worker) lacks some of the rules in force: never search with
+        fewer rules than asked, or the results would depend on the workers."""
+        if self.missing:
+            raise SearchSpaceError(
+                f"pruning rule(s) {list(self.missing)} are not registered in the search's worker processes: "
+                "define rules at the top level of an importable module (not under "
+                "`if __name__ == \"__main__\":`), or search with workers=1")
 
     @property
     def oracle_report(self) -> str:
@@ -110,15 +124,28 @@ class SearchRules:
         for name, module in modules.items():
             if name not in RULES and module not in ("__main__", "__mp_main__"):
                 importlib.import_module(module)
-        missing = sorted(set(modules) - set(RULES))
-        if missing:  # never search with fewer rules than asked: the results would depend on the workers
-            raise SearchSpaceError(
-                f"pruning rule(s) {missing} are not registered in this worker process: define rules at "
-                "the top level of an importable module (not under `if __name__ == \"__main__\":`)")
+        # a rule the worker lacks is reported when the worker is asked to search (require_registered),
+        # not raised here: an error while a worker process unpickles its start-up arguments can leave
+        # it hanging, and the search with it
+        missing = tuple(sorted(set(modules) - set(RULES)))
         disabled = [name for name in state["disabled"] if name in RULES]
+        enabled = [name for name in modules if name in RULES]
         self.__init__(  # type: ignore[misc]
-            PruningTable(state["context"], disabled=disabled), state["disabled_checks"]
+            PruningTable(state["context"], disabled=disabled, enabled=enabled), state["disabled_checks"]
         )
+        self.missing = missing
+
+
+def registered_rules(disabled: Sequence[str] = ()) -> list[str]:
+    """The rules in force beyond the built-in ones (``name=module.function``), for the keys of the
+    result cache and of checkpoints: a rule registered (or switched off) since a search was cached
+    changes what the search finds and counts, so it is a different search."""
+    disabled = set(disabled)
+    return sorted(
+        f"{name}={getattr(rule.predicate, '__module__', '?')}.{getattr(rule.predicate, '__qualname__', '?')}"
+        for name, rule in RULES.items()
+        if rule.enabled_by_default and name not in disabled and name not in BUILT_IN_RULES
+    )
 
 
 def make_rules(

@@ -31,7 +31,7 @@ from mirage.generator.checkpoint import (
     checkpoint_path,
     search_key,
 )
-from mirage.generator.checks import make_rules
+from mirage.generator.checks import make_rules, registered_rules
 from mirage.generator.executors import make_executor
 from mirage.generator.explore import Explorer, SearchContext, StopSearch, root_state
 from mirage.generator.expressions import output_terms
@@ -41,6 +41,7 @@ from mirage.generator.space import SearchSpace, SearchSpaceError
 from mirage.generator.stats import SearchStatistics
 from mirage.generator.units import split
 from mirage.generator.verification import make_checker
+from mirage.mugraph.algebra import NotInterpretable
 from mirage.mugraph.graph import KernelGraph
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,11 @@ class SearchOptions:
                                    f"(none) or None (the default), got {self.checkpoint!r}")
 
     def key_options(self, checker_name: str) -> dict[str, Any]:
-        return {"seed": self.seed, "checker": checker_name, "disabled_rules": sorted(self.disabled_rules)}
+        options = {"seed": self.seed, "checker": checker_name, "disabled_rules": sorted(self.disabled_rules)}
+        extra = registered_rules(self.disabled_rules)
+        if extra:  # rules registered with pruning_rule: keys of searches without them stay as they were
+            options["rules"] = extra
+        return options
 
 
 def machine_description() -> dict[str, Any]:
@@ -178,7 +183,16 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
             logger.info("search %s answered from the result cache", key)
             return answer
 
-    rules = make_rules(output_terms(reference), space, options.disabled_rules, options.oracle_config)
+    try:
+        targets = output_terms(reference)
+    except NotInterpretable as error:  # a max: no abstract expression, so no target to prune against
+        logger.warning("the reference has no abstract expression (%s): the search runs without the "
+                       "abstract-expression rule", error)
+        targets = None
+    disabled = options.disabled_rules
+    if targets is None and "abstract_expression" not in disabled:
+        disabled = (*disabled, "abstract_expression")
+    rules = make_rules(targets or (), space, disabled, options.oracle_config)
     stats.oracle = rules.oracle_report
     context = SearchContext(reference, space, rules, checker, started_at, options.stop_when,
                             options.keep_when, max_results=options.budget.results)
@@ -236,7 +250,12 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
     )
     stop: StopReason | None = committer.stop if listed else StopReason.TIME
     # starting workers (a fork server's imports, a Ray connection) is not search time
-    startup_s = time.time() - started + (executor.start() if stop is None and pending else 0.0)
+    try:
+        startup_s = time.time() - started + (executor.start() if stop is None and pending else 0.0)
+    except BaseException:  # workers that cannot search (rules they lack): stop them, then say why
+        executor.close()
+        progress.close()
+        raise
     stats.phase_seconds["workers"] = startup_s
     if deadline is not None:
         deadline += startup_s

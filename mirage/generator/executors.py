@@ -33,8 +33,10 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
+from mirage.errors import MirageError
 from mirage.generator.budget import StopReason
 from mirage.generator.explore import SearchContext, StopSearch
+from mirage.generator.space import SearchSpaceError
 from mirage.generator.units import WorkUnit, run_unit
 
 logger = logging.getLogger(__name__)
@@ -126,8 +128,15 @@ def _worker_progress(states: int) -> None:
         raise StopSearch(StopReason.INTERRUPTED)
 
 
-def _ready() -> int:
-    return os.getpid()
+def _ready() -> str | None:
+    """Run in each worker as it starts: what keeps it from searching (rules it lacks), or None."""
+    rules = getattr(_WORKER.get("context"), "rules", None)
+    try:
+        if rules is not None:
+            rules.require_registered()
+    except MirageError as error:
+        return str(error)
+    return None
 
 
 def _run_in_worker(unit: WorkUnit, deadline: float | None, cap: int | None) -> dict[str, Any]:
@@ -166,7 +175,11 @@ class ProcessExecutor:
         search context (about a second)."""
         begun = time.time()
         # each submission finding no idle worker starts one, so this starts them all
-        wait([self._pool.submit(_ready) for _ in range(self.workers)])
+        ready = [self._pool.submit(_ready) for _ in range(self.workers)]
+        wait(ready)
+        problem = next((f.result() for f in ready if f.result() is not None), None)
+        if problem is not None:
+            raise SearchSpaceError(problem)
         return time.time() - begun
 
     def results(

@@ -318,7 +318,7 @@ class Explorer:
                 if self._memory and memory > self.space.device_memory_bytes:
                     pruned["memory"] += 1
                     continue
-                if self.rules.extra:
+                if self.rules.extra_at[Level.KERNEL]:
                     failed = self.extra_verdict(
                         choice, rank, inputs, state.types, term, state.last, state.memory_bytes, KERNEL
                     )

@@ -55,6 +55,7 @@ def run_unit(
     """Search one unit; the record is JSON-serializable (graphs in their JSON form)."""
     from mirage.mugraph.serialize import dumps
 
+    context.rules.require_registered()
     start = time.perf_counter()
     explorer = Explorer(context, deadline, state_cap, progress)
     stop = None

@@ -50,33 +50,61 @@ class FloatChecker:
 
     def __init__(self, reference: KernelGraph, seed: int = 0, tolerance: float = 1e-7) -> None:
         from mirage.mugraph.interpret import interpret
+        from mirage.verifier.floating_point import edge_inputs, piecewise
 
         rng = np.random.default_rng(seed)
         self.reference = reference
         self.tolerance = tolerance
         self.inputs = [rng.standard_normal(t.shape) * 0.5 for t in reference.input_types]
-        self.expected = interpret(reference, self.inputs)
+        # graphs with a max, a ReLU or a clamp can agree on these inputs and differ elsewhere
+        # (``max`` and ``relu(max)`` over rows of 64): they are also run on all-negative and wide inputs
+        self.trials = [(self.inputs, interpret(reference, self.inputs))]
+        self.edge_inputs = edge_inputs(reference, rng)
+        self._edge_trials: list | None = None  # run on the reference when first needed
+        self.piecewise = piecewise(reference)
+        self.expected = self.trials[0][1]
         self.scales = [float(np.max(np.abs(e))) or 1.0 for e in self.expected]
+
+    @property
+    def edge_trials(self) -> list:
+        """The edge inputs with the reference's outputs, where those are finite (an overflow there
+        tells nothing apart)."""
+        from mirage.mugraph.interpret import interpret
+
+        if self._edge_trials is None:
+            self._edge_trials = []
+            for inputs in self.edge_inputs:
+                with np.errstate(all="ignore"):
+                    expected = interpret(self.reference, inputs)
+                if all(np.isfinite(e).all() for e in expected):
+                    self._edge_trials.append((inputs, expected))
+        return self._edge_trials
 
     def match(self, candidate: KernelGraph, sinks: Sequence[Ref]) -> tuple[Ref, ...] | None:
         from mirage.mugraph.interpret import interpret
+        from mirage.verifier.floating_point import piecewise
 
         orders = list(_orders(self.reference, candidate, sinks))
         if not orders:
             return None
+        graph = dataclasses.replace(candidate, outputs=tuple(sinks))
+        trials = self.trials + (self.edge_trials if self.piecewise or piecewise(graph) else [])
         try:
             with np.errstate(all="ignore"):
-                values = interpret(dataclasses.replace(candidate, outputs=tuple(sinks)), self.inputs)
+                runs = [(interpret(graph, inputs), expected) for inputs, expected in trials]
         except (ValueError, FloatingPointError, ZeroDivisionError) as error:  # a candidate that cannot run
             logger.debug("candidate failed to interpret: %s", error)
             return None
         for perm in orders:
-            if all(
-                np.isfinite(values[i]).all() and float(np.max(np.abs(values[i] - e))) <= self.tolerance * s
-                for i, e, s in zip(perm, self.expected, self.scales, strict=True)
-            ):
+            if all(_close(values[i], e, self.tolerance) for values, expected in runs
+                   for i, e in zip(perm, expected, strict=True)):
                 return tuple(sinks[i] for i in perm)
         return None
+
+
+def _close(value: np.ndarray, expected: np.ndarray, tolerance: float) -> bool:
+    scale = float(np.max(np.abs(expected))) or 1.0
+    return bool(np.isfinite(value).all() and float(np.max(np.abs(value - expected))) <= tolerance * scale)
 
 
 class VerifierChecker:

@@ -24,7 +24,8 @@ import numpy as np
 from mirage.mugraph.builder import as_graph
 from mirage.mugraph.dtypes import DType
 from mirage.mugraph.interpret import interpret
-from mirage.verifier.classify import Guarantee
+from mirage.mugraph.ops import Op
+from mirage.verifier.classify import ORDER_BASED, Guarantee, classify
 from mirage.verifier.errors import check_options
 from mirage.verifier.result import (
     VerificationResult,
@@ -42,6 +43,23 @@ TOLERANCES: dict[DType, tuple[float, float]] = {
 }
 
 Runner = Callable[[object, Sequence[np.ndarray]], list[np.ndarray]]
+
+#: Ops whose value turns on the order or the sign of their operands (a max, a ReLU's kink, a clamp's
+#: bounds): graphs with them can agree on standard-normal inputs and differ elsewhere (the max of a
+#: row of 64 is positive on almost every such input, so ``max`` and ``relu(max)`` agree there).
+PIECEWISE = ORDER_BASED | {Op.RELU, Op.CLAMP}
+
+
+def piecewise(graph) -> bool:
+    """Whether ``graph`` (its block graphs included) has an op of :data:`PIECEWISE`."""
+    return bool(classify(graph).ops & PIECEWISE)
+
+
+def edge_inputs(graph, rng: np.random.Generator) -> list[list[np.ndarray]]:
+    """Two more sets of inputs for graphs with piecewise ops: all negative, and four times as wide."""
+    types = as_graph(graph).input_types
+    return [[-np.abs(rng.standard_normal(t.shape)) for t in types],
+            [4.0 * rng.standard_normal(t.shape) for t in types]]
 
 
 def scaled_error(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> float:
@@ -73,11 +91,25 @@ class FloatChecker:
         self.tolerances = [(rtol if rtol is not None else r, atol if atol is not None else a)
                            for r, a in (TOLERANCES[t.dtype] for t in self.reference.output_types)]
         rng = np.random.default_rng(seed)
-        run = run_reference or interpret
+        self._run = run = run_reference or interpret
         self._inputs = [[rng.standard_normal(t.shape) for t in self.reference.input_types]
                         for _ in range(trials)]
         self._outputs = [[np.asarray(o, dtype=np.float64) for o in run(self.reference, inputs)]
                          for inputs in self._inputs]
+        self._rng = rng
+        self._piecewise = piecewise(self.reference)
+        self._edge: list[tuple[list[np.ndarray], list[np.ndarray]]] | None = None
+
+    def _edge_trials(self) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+        """The trials of :func:`edge_inputs` (drawn once) where the reference's outputs are finite."""
+        if self._edge is None:
+            self._edge = []
+            for inputs in edge_inputs(self.reference, self._rng):
+                with np.errstate(all="ignore"):
+                    want = [np.asarray(o, dtype=np.float64) for o in self._run(self.reference, inputs)]
+                if all(np.isfinite(w).all() for w in want):  # an overflow there tells nothing apart
+                    self._edge.append((inputs, want))
+        return self._edge
 
     def check(self, candidate, run_candidate: Runner | None = None) -> VerificationResult:
         """``max_error`` of the result: the worst ratio of difference to allowed difference (≤ 1: equal)."""
@@ -91,7 +123,10 @@ class FloatChecker:
             return VerificationResult(False, None, 0, None, Guarantee.FLOAT, time.perf_counter() - start,
                                       reason="output shapes differ")
         errors = [[0.0] * len(row) for row in alive]
-        for trial, (inputs, want) in enumerate(zip(self._inputs, self._outputs, strict=True)):
+        trials = list(zip(self._inputs, self._outputs, strict=True))
+        if self._piecewise or piecewise(candidate):
+            trials += self._edge_trials()
+        for trial, (inputs, want) in enumerate(trials):
             got = [np.asarray(o, dtype=np.float64) for o in run_candidate(candidate, inputs)]
             for i, row in enumerate(alive):
                 for j, ok in enumerate(row):
@@ -106,7 +141,7 @@ class FloatChecker:
                                           reason=f"outputs differ on trial {trial + 1}")
         matching = first_matching(alive)
         max_error = max((errors[i][j] for i, j in enumerate(matching)), default=0.0) if matching else 0.0
-        return VerificationResult(True, matching, self.trials, None, Guarantee.FLOAT,
+        return VerificationResult(True, matching, len(trials), None, Guarantee.FLOAT,
                                   time.perf_counter() - start, max_error=max_error)
 
 
@@ -114,7 +149,8 @@ def float_check(reference, candidate, trials: int = 2, seed: int | None = None,
                 rtol: float | None = None, atol: float | None = None,
                 run_reference: Runner | None = None,
                 run_candidate: Runner | None = None) -> VerificationResult:
-    """Compare two graphs in floating point on ``trials`` sets of standard-normal inputs.
+    """Compare two graphs in floating point on ``trials`` sets of standard-normal inputs, and two more
+    (:func:`edge_inputs`) when either graph has a piecewise op (:data:`PIECEWISE`).
 
     Tolerances default to the reference output's data type (:data:`TOLERANCES`).
     """

@@ -40,6 +40,27 @@ class UnknownRuleError(MirageError, KeyError):
     """A rule name that no registered rule has."""
 
 
+class PruningRuleError(MirageError):
+    """A rule's predicate raised: ``rule`` names it, the original exception is the cause."""
+
+    def __init__(self, rule: str, candidate: Candidate, error: BaseException) -> None:
+        self.rule = rule
+        operands = ", ".join(str(t.shape) for t in candidate.input_types)
+        super().__init__(
+            f"pruning rule {rule!r} raised {type(error).__name__}: {error} (judging {candidate.op.value} "
+            f"at the {candidate.level.value} level on operands of shapes {operands or 'none'}); fix the "
+            f"rule, or switch it off with disabled_rules=[{rule!r}]")
+
+
+def judge(rule: PruningRule, candidate: Candidate, context: PruningContext) -> bool:
+    """``rule``'s verdict on ``candidate`` (True: kept); an exception it raises becomes a
+    :class:`PruningRuleError` that names it."""
+    try:
+        return bool(rule.predicate(candidate, context))
+    except Exception as error:
+        raise PruningRuleError(rule.name, candidate, error) from error
+
+
 @dataclass(frozen=True)
 class PruningRule:
     """One row of the table: ``predicate(candidate, context)`` is True when the candidate is kept."""
@@ -154,6 +175,10 @@ def abstract_expression(candidate: Candidate, context: PruningContext) -> bool:
     return context.oracle.contains(candidate.term)
 
 
+#: The rules that ship with the table, in table order (whatever registers rules later comes after).
+BUILT_IN_RULES: tuple[str, ...] = tuple(RULES)
+
+
 # ---- the table -------------------------------------------------------------------------------------
 
 
@@ -250,7 +275,7 @@ class PruningTable:
         for rule in self._by_level[candidate.level]:
             counters = stats.rules[rule.name]
             start = time.perf_counter()
-            keep = rule.predicate(candidate, context)
+            keep = judge(rule, candidate, context)
             counters.seconds += time.perf_counter() - start
             counters.checked += 1
             if not keep:
@@ -270,12 +295,15 @@ class PruningTable:
 
 __all__ = [
     "BOTH_LEVELS",
+    "BUILT_IN_RULES",
     "PruningContext",
     "PruningRule",
+    "PruningRuleError",
     "PruningStats",
     "PruningTable",
     "RULES",
     "RuleStats",
     "UnknownRuleError",
+    "judge",
     "pruning_rule",
 ]
