@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from mirage.mugraph.dtypes import DType
 from mirage.mugraph.graph import BlockGraph, KernelGraph, KernelInput, Ref
 from mirage.mugraph.ops import Op
 from mirage.mugraph.target import DEFAULT_TARGET, Target
-from mirage.optimizer.cluster_fold import ClusterFold, find_folds
+from mirage.optimizer.cluster_fold import MAX_CLUSTER, ClusterFold, find_folds
 from mirage.optimizer.fusion import FusionResult, fuse_thread_graphs
 from mirage.optimizer.graphs import customized_nodes
 from mirage.optimizer.layout import LayoutCosts, LayoutPlan, TensorLayout, select_layouts
@@ -138,6 +139,13 @@ class OptimizerOptions:
     # wait (codegen.early_loads)
 
     def __post_init__(self) -> None:
+        for name in ("max_cluster", "multicast_cluster"):
+            value = getattr(self, name)
+            integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            if not integral or not 0 <= value <= MAX_CLUSTER:
+                raise ValueError(f"OptimizerOptions.{name}={value!r}: a thread-block cluster has at most "
+                                 f"{MAX_CLUSTER} blocks on sm_90 (its non-portable size), so use an int "
+                                 f"from 0 to {MAX_CLUSTER}; larger clusters compile but cannot launch")
         if type(self.softmax_pingpong) is not int or self.softmax_pingpong not in (0, 1, 2):
             raise ValueError(f"OptimizerOptions.softmax_pingpong={self.softmax_pingpong!r}: use 0 (no "
                              "turns), 1 (a turn around each Q·K issue) or 2 (from a Q·K's issue to its "

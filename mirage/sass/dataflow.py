@@ -7,22 +7,36 @@ analysis runs forward over the control-flow graph, joining by union, so a regist
 nothing, since they let *n* operations stay in flight.  A variable-latency instruction with no write
 barrier of its own (the compiler relies on in-order completion behind a later instruction's
 scoreboard) owes its destinations to every scoreboard.  An unconditional write of a register ends
-what was owed on it.
+what was owed on it; an instruction whose operand layout is unknown (its registers count as both
+written and read) ends nothing, since it may only read them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mirage.sass import isa
 from mirage.sass.control import SCOREBOARD_COUNT
 from mirage.sass.isa import VARIABLE_LATENCY_OPCODES
 
 if TYPE_CHECKING:
+    from mirage.sass.instruction import Instruction
     from mirage.sass.kernel import Kernel
 
 ANY_REGISTER = "*"
 State = dict[int, frozenset[str]]
 _TOP: State = {s: frozenset({ANY_REGISTER}) for s in range(SCOREBOARD_COUNT)}
+
+
+def surely_written(instruction: Instruction) -> frozenset[str]:
+    """The registers ``instruction`` certainly writes: its destinations, unless their layout is
+    unknown (an opcode outside the tables, a memory instruction without a memory operand), whose
+    registers count as written *and* read and so may only be read."""
+    if isa.destination_rule(instruction.opcode) is isa.DestinationRule.ALL:
+        return frozenset()
+    if instruction.memory is not None and not any("[" in operand for operand in instruction.operands):
+        return frozenset()
+    return instruction.defs
 
 
 def _join(states: list[State]) -> State:
@@ -48,9 +62,10 @@ def _transfer(kernel: Kernel, start: int, end: int, state: State,
             current = dict(current)
             for scoreboard in control.waits:
                 current.pop(scoreboard, None)
-            if instruction.predicate is None and instruction.defs:
+            written = surely_written(instruction) if instruction.predicate is None else frozenset()
+            if written:
                 # an unconditional write ends whatever was owed on its destinations
-                current = {s: r - instruction.defs for s, r in current.items() if r - instruction.defs}
+                current = {s: r - written for s, r in current.items() if r - written}
             if untracked:
                 for scoreboard in range(SCOREBOARD_COUNT):
                     current[scoreboard] = current.get(scoreboard, frozenset()) | instruction.defs

@@ -242,6 +242,10 @@ def _read_symbols(data: bytes, sections: tuple[Section, ...]) -> tuple[Symbol, .
     for section in sections:
         if section.type != SHT_SYMTAB:
             continue
+        if section.link >= len(sections):
+            raise CubinFormatError(f"symbol table {section.name!r} names string table section "
+                                   f"{section.link}, but the cubin has {len(sections)} sections; the file "
+                                   "is damaged, pass the .cubin nvcc wrote")
         strings = sections[section.link]
         string_bytes = data[strings.offset: strings.offset + strings.size]
         body = data[section.offset: section.offset + section.size]

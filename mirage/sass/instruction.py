@@ -131,6 +131,8 @@ def _destination_indices(rule: isa.DestinationRule, operands: list[str]) -> set[
     match rule:
         case isa.DestinationRule.ALL:
             return set(range(len(operands)))
+        case isa.DestinationRule.ONLY_FIRST:
+            return {0} if operands else set()
         case isa.DestinationRule.FIRST_TWO:
             return set(range(min(2, len(operands))))
         case isa.DestinationRule.BEFORE_MEMORY:

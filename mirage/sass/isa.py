@@ -119,6 +119,9 @@ TWO_DESTINATION_OPCODES = frozenset({
     "ISETP", "FSETP", "DSETP", "HSETP2", "PSETP", "UISETP", "UPSETP", "PLOP3", "UPLOP3", "SHFL", "VOTE",
     "VOTEU",
 })
+# Opcodes that write only their first operand, a predicate, and read every register after it
+# (``FCHK P0, R0, R11``: the division range check reads both R0 and R11).
+SINGLE_DESTINATION_OPCODES = frozenset({"FCHK"})
 FP64_OPCODES = frozenset({"DADD", "DMUL", "DFMA", "DSETP", "DSET", "DMNMX"})
 # Opcodes whose latency may vary (memory, special registers, transcendental, conversions, warp
 # exchange, fp64).  One of these *without* a write barrier still delivers its result late: the
@@ -136,7 +139,10 @@ SIXTY_FOUR_BIT_MODIFIERS = frozenset({"64", "U64", "S64", "F64", "WIDE"})
 MATRIX_OPCODES = frozenset({"HMMA", "IMMA", "DMMA", "BMMA"})
 MATRIX_FALLBACK_WIDTH = 8
 
-# Register widths of (destination, a, b, c) for known matrix shapes: (opcode, shape, accumulator).
+# Register widths of (destination, a, b, c) for known matrix shapes: (opcode, shape, accumulator), for
+# 16-bit (or 8-bit integer) operands.  TF32 operands take a register per element, twice the registers of
+# 16-bit ones at the same shape (PTX ISA: mma.m16n8k8 .tf32 has four A and two B registers), so they
+# have their own table.
 MATRIX_WIDTHS: dict[tuple[str, str, str], tuple[int, int, int, int]] = {
     ("HMMA", "16816", "F32"): (4, 4, 2, 4),
     ("HMMA", "16816", "F16"): (2, 4, 2, 2),
@@ -145,10 +151,15 @@ MATRIX_WIDTHS: dict[tuple[str, str, str], tuple[int, int, int, int]] = {
     ("IMMA", "16832", "S32"): (4, 4, 2, 4),
     ("IMMA", "8816", "S32"): (2, 1, 1, 2),
 }
+TF32_MATRIX_WIDTHS: dict[tuple[str, str, str], tuple[int, int, int, int]] = {
+    ("HMMA", "1688", "F32"): (4, 4, 2, 4),
+    ("HMMA", "1684", "F32"): (4, 2, 1, 4),
+}
 
 
 class DestinationRule(enum.Enum):
     FIRST = "first"  # operand 0 and the predicates right after it
+    ONLY_FIRST = "only-first"  # operand 0 alone
     FIRST_TWO = "first-two"  # operands 0 and 1
     BEFORE_MEMORY = "before-memory"  # every operand before the first memory operand
     ALL = "all"  # unknown layout: every register operand is written and read
@@ -159,6 +170,8 @@ def destination_rule(opcode: str) -> DestinationRule:
         return DestinationRule.BEFORE_MEMORY
     if opcode in TWO_DESTINATION_OPCODES:
         return DestinationRule.FIRST_TWO
+    if opcode in SINGLE_DESTINATION_OPCODES:
+        return DestinationRule.ONLY_FIRST
     if opcode in ALU_OPCODES:
         return DestinationRule.FIRST
     return DestinationRule.ALL
@@ -212,7 +225,8 @@ def operand_widths(opcode: str, modifiers: tuple[str, ...], operand_count: int) 
     if opcode in MATRIX_OPCODES:
         shape = next((m for m in modifiers if m.isdigit()), "")
         accumulator = next((m for m in modifiers if m in ("F32", "F16", "S32")), "")
-        widths = MATRIX_WIDTHS.get((opcode, shape, accumulator))
+        table = TF32_MATRIX_WIDTHS if "TF32" in modifiers else MATRIX_WIDTHS
+        widths = table.get((opcode, shape, accumulator))
         if widths is None or "SP" in modifiers:
             return (MATRIX_FALLBACK_WIDTH,) * operand_count
         return widths + (1,) * max(0, operand_count - 4)

@@ -69,15 +69,35 @@ def tensor_name(graph: KernelGraph, ref: Ref) -> str:
     return f"%{ref.node}.{ref.index}"
 
 
+def _strided_extent(cuda: CudaProgram, ref: Ref) -> int:
+    """Elements a kernel may address in program input ``ref`` when it reads it in place through
+    declared strides (a slice of a wider tensor spans more than its own elements), else 0."""
+    graph = cuda.graph
+    if ref.index != 0 or ref.node not in graph.input_nodes:
+        return 0
+    position = graph.input_nodes.index(ref.node)
+    view = cuda.input_views.get(position)
+    shape, strides = view if view is not None else (graph.type_of(ref).shape,
+                                                    cuda.input_strides.get(position))
+    if strides is None or len(strides) != len(shape) or 0 in shape:
+        return 0
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(shape, strides, strict=True))
+
+
 def launch_spec(cuda: CudaProgram, launch: KernelLaunch, scale: float = 1.0) -> LaunchSpec:
     """The tuner's launch description of one generated kernel: a buffer per tensor argument with
-    the graph's shape and dtype, outputs flagged, inputs drawn from N(0, ``scale``²).  Outputs are
-    compared bit for bit: reordering instructions changes no arithmetic."""
+    the graph's shape and dtype, outputs flagged, inputs drawn from N(0, ``scale``²).  An input read
+    in place through declared strides gets a flat buffer of every element those strides reach.
+    Outputs are compared bit for bit: reordering instructions changes no arithmetic."""
     graph = cuda.graph
     arguments = []
     for ref in launch.arguments:
         tensor = graph.type_of(ref)
-        arguments.append(BufferArgument(tensor_name(graph, ref), tensor.shape, tensor.dtype.value,
+        shape = tensor.shape
+        extent = 0 if ref in launch.outputs else _strided_extent(cuda, ref)
+        if extent > tensor.numel:
+            shape = (extent,)
+        arguments.append(BufferArgument(tensor_name(graph, ref), shape, tensor.dtype.value,
                                         output=ref in launch.outputs, scale=scale))
     return LaunchSpec(kernel=launch.name, grid=launch.grid, block=launch.block, arguments=tuple(arguments),
                       shared_memory_bytes=launch.smem_bytes, exact=True,
