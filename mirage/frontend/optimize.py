@@ -365,6 +365,12 @@ class SearchUnavailable(Exception):
     """mirage.generator has no search driver in this installation."""
 
 
+def _with_override(settings: SearchSettings, name: str, value: Any) -> SearchSettings:
+    """``settings`` with the generator setting ``name`` set to ``value`` (after the cache key is made)."""
+    return dataclasses.replace(settings, overrides=tuple(sorted((*settings.overrides,
+                                                                 (name, json.dumps(value))))))
+
+
 def run_search(reference: KernelGraph, settings: SearchSettings,
                progress: bool = True) -> tuple[KernelGraph | None, str, list[KernelGraph], bool]:
     """Search µGraphs equivalent to ``reference``; returns the best verified one (or None), a note,
@@ -512,10 +518,13 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         return Choice(reference, "reference", key, "search disabled (search=False)")
     found, note, graphs = None, "search disabled (search=False)", []
     if search:
-        if cache_dir is None and "cache" not in dict(settings.overrides):
+        named = dict(settings.overrides)
+        if cache_dir is None and "cache" not in named:
             # no search cache (use_cache=False): the generator's store of finished searches is off too
-            overrides = tuple(sorted((*settings.overrides, ("cache", "false"))))
-            settings = dataclasses.replace(settings, overrides=overrides)
+            settings = _with_override(settings, "cache", False)
+        elif cache_dir is not None and "cache_dir" not in named:
+            # and its finished searches and checkpoints go where the entries go (a cache_dir option too)
+            settings = _with_override(settings, "cache_dir", str(cache_dir))
         try:
             found, note, graphs, interrupted = run_search(reference, settings, progress)
             if interrupted:  # Ctrl-C stops superoptimize; the search's checkpoint keeps its units

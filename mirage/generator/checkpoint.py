@@ -187,15 +187,20 @@ def _check_unit_stats(name: str, stats: dict[str, Any]) -> None:
             raise ValueError(f"unit {name}: statistic {key!r} is not a table of counts")
 
 
-def checkpoint_path(key: str) -> Path:
-    return cache_dir() / "checkpoints" / f"{key}.json"
+def checkpoint_path(key: str, results: str | os.PathLike | None = None) -> Path:
+    """Where search ``key``'s checkpoint lives: beside the configured cache's finished searches, or in
+    the ``checkpoints`` folder of ``results`` (a search's own folder of finished searches)."""
+    root = cache_dir() if results is None else Path(results).expanduser()
+    return root / "checkpoints" / f"{key}.json"
 
 
 class ResultCache:
     """Finished searches under ``<cache>/search/<key>/``: ``result.json`` and ``stats.json``."""
 
-    def __init__(self, root: Path | None = None) -> None:
-        self.root = (root or cache_dir()) / "search"
+    def __init__(self, root: Path | None = None, directory: str | os.PathLike | None = None) -> None:
+        """Under ``<root>/search`` (default root: the configured cache), or in ``directory`` itself."""
+        self.root = (Path(directory).expanduser() if directory is not None
+                     else (root or cache_dir()) / "search")
 
     def directory(self, key: str) -> Path:
         return self.root / key

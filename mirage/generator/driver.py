@@ -71,6 +71,9 @@ class SearchOptions:
     checkpoint_every_s: float = 30.0
     resume: bool = True
     cache: bool = True
+    # the folder of finished searches (checkpoints in its "checkpoints" folder); None: the configured
+    # cache's (<cache>/search, <cache>/checkpoints), the folder of superoptimize's entries too
+    cache_dir: str | Path | None = None
     progress: bool = True
     machine: dict[str, Any] = field(default_factory=dict)
     # stop once a found µGraph satisfies it (a picklable callable when workers are processes)
@@ -101,6 +104,9 @@ class SearchOptions:
         if isinstance(every, bool) or not isinstance(every, numbers.Real) or not every >= 0:
             raise SearchSpaceError(f"checkpoint_every_s must be a number of seconds ≥ 0 (0: after every "
                                    f"unit), got {every!r}")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise SearchSpaceError(f"cache_dir must be a folder's path or None (the configured cache), got "
+                                   f"{self.cache_dir!r}")
         if self.checkpoint is not None and not isinstance(self.checkpoint, (bool, str, os.PathLike)):
             raise SearchSpaceError(f"checkpoint must be a file's path, True (under the cache folder), False "
                                    f"(none) or None (the default), got {self.checkpoint!r}")
@@ -172,7 +178,7 @@ def run_search(reference: KernelGraph, space: SearchSpace, options: SearchOption
         reference.content_hash(),
         checker.name,
     )
-    cache = ResultCache() if options.cache else None
+    cache = ResultCache(directory=options.cache_dir) if options.cache else None
     cached = cache.load(key) if cache is not None else None
     if cached is not None and _covers(cached, options.budget):
         try:
@@ -357,7 +363,7 @@ def _checkpoint_file(options: SearchOptions, key: str) -> Path | None:
     if options.checkpoint is None and not options.cache:
         return None  # no on-disk cache (use_cache=False, MIRAGE_NO_CACHE=1): no checkpoints under it either
     if options.checkpoint is None or options.checkpoint is True:
-        return checkpoint_path(key)
+        return checkpoint_path(key, options.cache_dir)
     return Path(options.checkpoint)
 
 

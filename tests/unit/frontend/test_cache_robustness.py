@@ -292,3 +292,16 @@ def test_search_false_never_uses_a_cached_result(monkeypatch, tmp_path):
     assert choose(reference, SETTINGS, cache_dir=cache).source == "cache"
     choice = choose(reference, SETTINGS, search=False, cache_dir=cache)
     assert choice.source == "reference" and choice.graph == reference
+
+
+def test_a_cache_dir_holds_the_generators_finished_searches_too(tmp_path, monkeypatch):
+    """superoptimize(cache_dir=X): the generator's finished search lands in X beside the entry (where
+    ``mirage cache clear --dir X`` removes it), none in the configured cache."""
+    configured, chosen = tmp_path / "configured", tmp_path / "chosen"
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(configured))
+    choose(matmul_graph(), SearchSettings(config="mlp", time_limit_s=1.0,
+                                          overrides=(("workers", "1"),)), cache_dir=chosen, progress=False)
+    finished = [d for d in chosen.iterdir() if (d / "result.json").is_file()]
+    assert len(finished) == 1 and len(list(chosen.glob("*.json"))) == 1  # and the frontend's entry
+    assert not list(configured.rglob("result.json")) and not list(configured.rglob("checkpoints/*.json"))
+    assert optimize.clear_entries(chosen) == 2
