@@ -29,12 +29,18 @@ def test_docstring_examples(module):
     assert result.attempted > 0 and result.failed == 0
 
 
-@pytest.mark.parametrize("page", ["codegen-lowering", "codegen", "optimizer", "verifier", "search"])
-def test_the_pages_examples_run(page, monkeypatch, tmp_path):
-    """Each page's examples run as written, in order and in one namespace (blocks marked as needing a
-    GPU only where CUDA is); the search page's 600 s budget is cut to 3 s."""
+def _gpu_param():
     import torch
 
+    return pytest.param(True, id="gpu", marks=[
+        pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")])
+
+
+@pytest.mark.parametrize("on_gpu", [pytest.param(False, id="cpu"), _gpu_param()])
+@pytest.mark.parametrize("page", ["codegen-lowering", "codegen", "optimizer", "verifier", "search"])
+def test_the_pages_examples_run(page, on_gpu, monkeypatch, tmp_path):
+    """Each page's examples run as written, in order and in one namespace (the blocks marked as
+    needing a GPU in the run marked ``gpu``); the search page's 600 s budget is cut to 3 s."""
     monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))  # a search that runs, not one answered from a cache
     monkeypatch.setenv("MIRAGE_NO_PROGRESS", "1")
     text = (ROOT / "docs" / f"{page}.md").read_text()
@@ -45,6 +51,6 @@ def test_the_pages_examples_run(page, monkeypatch, tmp_path):
     assert blocks
     namespace: dict = {"__name__": "__main__"}
     for block in blocks:
-        if block.startswith("# needs a GPU") and not torch.cuda.is_available():
+        if block.startswith("# needs a GPU") and not on_gpu:
             continue
         exec(compile(block, f"docs/{page}.md", "exec"), namespace)

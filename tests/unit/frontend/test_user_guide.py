@@ -15,7 +15,12 @@ from mirage.frontend import optimize
 GUIDE = Path(__file__).resolve().parents[3] / "docs" / "user-guide.md"
 
 
-def test_user_guide_examples_run(monkeypatch, tmp_path, caplog):
+ON_GPU = pytest.param(True, id="gpu", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")])
+
+
+@pytest.mark.parametrize("on_gpu", [pytest.param(False, id="cpu"), ON_GPU])
+def test_user_guide_examples_run(on_gpu, monkeypatch, tmp_path, caplog):
     searches = []
 
     def quick_search(reference, settings, progress=True):  # the guide is about the API, not the search
@@ -30,7 +35,7 @@ def test_user_guide_examples_run(monkeypatch, tmp_path, caplog):
     namespace: dict = {"__name__": "__main__"}  # as a script runs them
     with caplog.at_level(logging.WARNING, logger="mirage.frontend"):
         for block in blocks:
-            if block.startswith("# needs a GPU") and not torch.cuda.is_available():
+            if block.startswith("# needs a GPU") and not on_gpu:
                 continue
             exec(compile(block, str(GUIDE), "exec"), namespace)
     assert 10 in searches  # the guide's time_limit_s reached the search
