@@ -11,12 +11,15 @@ another without a graph (a user's loop), for several functions with their rounds
 from __future__ import annotations
 
 import contextlib
+import logging
 import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,19 +53,31 @@ def graph_capture(graph, **options) -> Iterator[None]:
         with torch.cuda.graph(graph, **options):
             yield
     except BaseException:
-        try:
-            with torch.cuda.device(device), warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # torch's notice that the graph is empty
-                with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                    pass
-        except Exception:  # noqa: BLE001 - the first failure is the one to report
-            pass
+        _end_failed_capture(device)
         raise
 
 
-def captured(fn: Callable[[], object], calls: int = 1, warmup: int = 1) -> tuple[Any, object]:
+def _end_failed_capture(device: int) -> None:
+    """After a failed capture on ``device``: an empty capture, whose end resets torch's random state.
+    Should that fail too, a warning says so (the capture's own error is the one raised)."""
+    import torch
+
+    try:
+        with torch.cuda.device(device), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch's notice that the graph is empty
+            empty = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(empty):
+                pass  # nothing to capture: ending the capture is the repair
+    except Exception as error:  # noqa: BLE001 - reported, and the capture's failure is raised after
+        logger.warning("mirage: a CUDA-graph capture failed, and resetting torch's random state after it "
+                       "failed too (%s: %s); random ops on GPU %d may raise until the process restarts",
+                       type(error).__name__, error, device)
+
+
+def captured(fn: Callable[[], object], calls: int = 1, warmup: int = 1, **options) -> tuple[Any, object]:
     """A CUDA graph of ``calls`` calls of ``fn``, after ``warmup`` calls on a side stream (what a
-    capture needs), and what the last captured call returned (rewritten by every replay)."""
+    capture needs), and what the last captured call returned (rewritten by every replay);
+    ``options`` go to ``torch.cuda.graph`` (``capture_error_mode``)."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -73,7 +88,7 @@ def captured(fn: Callable[[], object], calls: int = 1, warmup: int = 1) -> tuple
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with graph_capture(graph):
+    with graph_capture(graph, **options):
         for _ in range(calls - 1):
             fn()  # each result freed at once, so that the next call may reuse its memory
         out = fn()

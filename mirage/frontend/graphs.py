@@ -109,7 +109,7 @@ class GraphedCall:
                    for a, kept in zip(args, self._in_place, strict=True))
 
     def _capture(self, args: tuple) -> None:
-        from mirage.codegen.profile import graph_capture
+        from mirage.codegen.profile import captured
 
         self.captures += 1
         self._graph = None
@@ -120,15 +120,8 @@ class GraphedCall:
         self._inputs = [a if keep else torch.empty_like(a).copy_(a) for a, keep in zip(args, in_place,
                                                                                       strict=True)]
         inputs = tuple(self._inputs)
-        with torch.cuda.device(device):
-            side = torch.cuda.Stream(device)  # a warm-up outside capture: lazily made library state
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                self.run(inputs)
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with graph_capture(graph, capture_error_mode="thread_local"):
-                outputs = self.run(inputs)
+        with torch.cuda.device(device):  # one warm-up call on a side stream, then the capture
+            graph, outputs = captured(lambda: self.run(inputs), capture_error_mode="thread_local")
         self._outputs, self._spec = torch.utils._pytree.tree_flatten(outputs)
         self._graph = graph
 

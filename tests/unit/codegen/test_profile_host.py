@@ -43,3 +43,20 @@ def test_the_demo_times_eager_and_ours_on_both_sides(monkeypatch):
     device, host = demo._time_cuda(lambda: 4.0, lambda: 2.0, lambda: 3.0)
     assert device == {"eager": 4.0, "mirage": 2.0}  # a graph replaying module is timed on the host only
     assert set(host) == {"eager", "mirage", "replayed"} and all(us >= 0 for us in host.values())
+
+
+def test_a_repair_after_a_failed_capture_that_fails_too_is_reported(monkeypatch, caplog):
+    import logging
+
+    import torch
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no capture here")
+
+    monkeypatch.setattr(torch.cuda, "graph", broken)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: __import__("contextlib").nullcontext())
+    with caplog.at_level(logging.WARNING, logger="mirage.codegen.profile"):
+        profile._end_failed_capture(0)  # does not raise: the capture's own error is the one to raise
+    (record,) = [r for r in caplog.records if "resetting torch's random state" in r.getMessage()]
+    assert "no capture here" in record.getMessage() and "GPU 0" in record.getMessage()
