@@ -14,7 +14,7 @@ from mirage.codegen import lower_context as ctx
 from mirage.codegen.lower_ops import LoweringError
 from mirage.mugraph.graph import AccumKind, BlockGraph, Ref
 from mirage.mugraph.ops import Op
-from mirage.mugraph.tensor_cores import MAX_SIMT_ROUNDS, takes_tensor_cores
+from mirage.mugraph.tensor_cores import MAX_SIMT_ROUNDS, exact_shape, takes_tensor_cores
 from mirage.optimizer.schedule import Action, Phase, Step
 
 if TYPE_CHECKING:
@@ -49,21 +49,23 @@ def scaled_operands(lowering: KernelLowering) -> dict[int, tuple[int, Ref, Ref]]
         for full, vector in (factors, factors[::-1]):
             f, v = lowering.graph.type_of(full).shape, lowering.graph.type_of(vector).shape
             if f == shape and len(v) == len(f) and v[-1] == f[-1] and all(d == 1 for d in v[:-1]):
-                if tensor_core_operands(lowering, full, b_ref):
+                if tensor_core_operands(lowering, full, b_ref, exact=True):
                     out[i] = (a_ref.node, full, vector)
                 break
     return out
 
 
-def tensor_core_operands(lowering: KernelLowering, a: Ref, b: Ref) -> bool:
+def tensor_core_operands(lowering: KernelLowering, a: Ref, b: Ref, exact: bool = False) -> bool:
     """Whether ``A · B`` of these shared tiles runs on tensor cores (``TensorCoreMatmul::kSupported``
-    for 16-bit types, one batch): rows of whole 16-byte vectors, K a multiple of 16, N of 8, whole
-    warps."""
+    for 16-bit types, one batch): rows of whole 16-byte vectors, whole warps, and a shape the atoms
+    take (with ``exact``, without padding: K a multiple of 16, N of 8)."""
     la, lb = lowering.operand(a).layout, lowering.operand(b).layout
+    m, k, n = la.dims[2], la.dims[3], lb.dims[3]
     return (
         la.dims[0] * la.dims[1] == 1
         and lb.dims[0] * lb.dims[1] == 1
-        and takes_tensor_cores(la.dims[3], lb.dims[3], lowering.threads)
+        and takes_tensor_cores(m, k, n, lowering.threads)
+        and (not exact or exact_shape(k, n))
         and (2 * la.pitch) % 16 == 0
         and (2 * lb.pitch) % 16 == 0
     )
@@ -80,8 +82,9 @@ def check_simt_size(lowering: KernelLowering, i: int, refs) -> None:
         k = lowering.operand(refs[0]).layout.dims[3]
         raise LoweringError(
             f"matmul %{i} of {lowering.name} ({list(shape)} outputs) runs on the CUDA cores, {rounds} "
-            f"outputs a thread (at most {MAX_SIMT_ROUNDS}): its K ({k}) is not a multiple of 16 or its N "
-            "not of 8; use tiles that tensor cores take, or more blocks")
+            f"outputs a thread (at most {MAX_SIMT_ROUNDS}), since its tiles are not 16-bit, not of whole "
+            f"16-byte rows or not of whole warps (K {k}, {lowering.threads} threads); use such tiles, "
+            "or more blocks")
 
 
 def row_sums(lowering: KernelLowering) -> dict[int, ctx.RowSums]:

@@ -37,8 +37,6 @@ STRUCTURAL = ("canonical_order", "memory")
 #: The search's own checks (not in the pruning table), each counted under its name.
 SEARCH_CHECKS = {
     "block_matmul_batch": "block-level matmuls need leading dims of 1 (as Mirage's)",
-    "simt_size": "a block-level matmul that tensor cores cannot take (K not a multiple of 16 or N not of "
-    "8) computes at most tensor_cores.MAX_SIMT_ROUNDS outputs a thread (larger ones take nvcc minutes)",
     "block_lookahead": "the block graph can still be closed within the block-op budget",
     "kernel_lookahead": "the kernel graph can still end with as many sinks as the reference has outputs",
     "input_maps": "every input iterator fits its tensor (tile divisibility)",

@@ -23,11 +23,9 @@ from mirage.generator.space import OpChoice
 from mirage.mugraph.algebra import NotInterpretable
 from mirage.mugraph.graph import Level, TensorType
 from mirage.mugraph.ops import REGISTRY, Op, ShapeContext
-from mirage.mugraph.tensor_cores import MAX_SIMT_ROUNDS, simt_rounds
 
 SHAPE = "shape"
 BATCH = "block_matmul_batch"
-SIMT = "simt_size"
 KERNEL = 0  # the "for-loop range" key of kernel-level ops
 
 _MATMULS = frozenset({Op.MATMUL, Op.CONCAT_MATMUL})
@@ -36,13 +34,10 @@ _MATMULS = frozenset({Op.MATMUL, Op.CONCAT_MATMUL})
 class OpEvaluator:
     """``rules`` is a :class:`~mirage.generator.checks.SearchRules`; its memoizable verdicts are cached."""
 
-    def __init__(self, rules, reduction_dimx: int, limit: int = 2_000_000, threads: int = 128) -> None:
+    def __init__(self, rules, reduction_dimx: int, limit: int = 2_000_000) -> None:
         self.rules = rules
         self.reduction_dimx = reduction_dimx
         self.batch_rule = rules.enabled(BATCH)
-        # the most threads a block of the space has: a product too large for the CUDA cores of such
-        # a block is too large for every block (``tensor_cores.MAX_SIMT_ROUNDS``)
-        self.simt_threads = threads if rules.enabled(SIMT) else 0
         self.limit = limit
         self.types: list[TensorType] = []
         self._ids: dict[TensorType, int] = {}
@@ -96,18 +91,10 @@ class OpEvaluator:
             batched = any(d != 1 for t in in_types for d in t.shape[:-2])
             if forloop_range != KERNEL and self.batch_rule and choice.op in _MATMULS and batched:
                 found = (BATCH, None, None)
-            elif forloop_range != KERNEL and choice.op is Op.MATMUL and self._too_large_for_simt(in_types):
-                found = (SIMT, None, None)
             else:
                 found = (None, out, self.intern(out))
         self._shapes[key] = found
         return found
-
-    def _too_large_for_simt(self, in_types: Sequence[TensorType]) -> bool:
-        if not self.simt_threads:
-            return False
-        (*_, m, k), (*_, n) = in_types[0].shape, in_types[1].shape
-        return simt_rounds(m, k, n, self.simt_threads) > MAX_SIMT_ROUNDS
 
     def _judge(
         self,

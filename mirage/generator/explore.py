@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -97,8 +96,7 @@ class SearchContext:
     @property
     def evaluator(self) -> OpEvaluator:
         if self._evaluator is None:
-            threads = max(math.prod(b) for b in self.space.block_dims)
-            self._evaluator = OpEvaluator(self.rules, self.space.reduction_dimx, threads=threads)
+            self._evaluator = OpEvaluator(self.rules, self.space.reduction_dimx)
         return self._evaluator
 
 

@@ -217,6 +217,11 @@ MATMUL_CASES = [
     ("mm_tc_bf16_20x16x16", "bf16", "bf16", 20, 16, 16, 128, (2, 2), 2, 1.6e-2),
     ("mm_simt_f16_10x12x6", "f16", "f32", 10, 12, 6, 64, (2, 3), 3, 1e-5),
     ("mm_simt_bf16_32x32x32", "bf16", "bf16", 32, 32, 32, 128, (1, 1), 2, 1.6e-2),
+    # padded products: N or K no whole atom (the padding columns unwritten, the elements past K zeroed)
+    ("mm_pad_f16_48x197x24", "f16", "f16", 48, 197, 24, 128, (2, 2), 3, 4e-3),
+    ("mm_pad_f16_64x72x37", "f16", "f16", 64, 72, 37, 64, (2, 1), 3, 4e-3),
+    ("mm_pad_bf16_32x150x26", "bf16", "f32", 32, 150, 26, 64, (1, 2), 2, 1e-4),
+    ("mm_pad_f32_80x110x5", "f32", "f32", 80, 110, 5, 128, (2, 1), 3, 3e-3),
 ]
 # B given transposed (dev::Transposed: Bᵀ row-major, copied as it lies)
 MATMUL_BT_CASES = [
@@ -225,6 +230,8 @@ MATMUL_BT_CASES = [
     ("mmt_tc_bf16_8x128x64", "bf16", "f32", 8, 128, 64, 128, (3, 2), 2, 1e-4),
     ("mmt_tc_f16_16x32x32", "f16", "f32", 16, 32, 32, 128, (2, 2), 3, 1e-4),
     ("mmt_simt_f16_10x12x8", "f16", "f32", 10, 12, 8, 64, (2, 3), 3, 1e-5),
+    ("mmt_pad_f16_48x197x21", "f16", "f16", 48, 197, 21, 128, (2, 2), 3, 4e-3),
+    ("mmt_pad_f16_48x100x32", "f16", "f16", 48, 100, 32, 64, (2, 1), 2, 4e-3),
 ]
 
 

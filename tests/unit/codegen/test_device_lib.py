@@ -85,6 +85,13 @@ KERNEL_EXPECTATIONS = [
     ("mmt_tc_bf16_8x128x64", {"HMMA.16816.F32.BF16", "LDSM.16.M88.4", CP_ASYNC_128}, {"LDSM.16.MT88"}),
     ("mmt_tc_f16_16x32x32", {"HMMA.16816.F32", "LDSM.16.M88.4"}, {"LDSM.16.MT88"}),
     ("mmt_simt_f16_10x12x8", {"FFMA", CP_ASYNC_128}, {"HMMA", "LDSM"}),
+    # padded products (K or N no whole atom): tensor cores, no CUDA-core product
+    ("mm_pad_f16_48x197x24", {"HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4"}, {"FFMA"}),
+    ("mm_pad_f16_64x72x37", {"HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4"}, {"FFMA"}),
+    ("mm_pad_bf16_32x150x26", {"HMMA.16816.F32.BF16"}, {"FFMA"}),
+    ("mm_pad_f32_80x110x5", {"HMMA.1688.F32.TF32"}, {"LDSM"}),
+    ("mmt_pad_f16_48x197x21", {"HMMA.16816.F32", "LDSM.16.M88.4"}, {"FFMA", "LDSM.16.MT88"}),
+    ("mmt_pad_f16_48x100x32", {"HMMA.16816.F32", "LDSM.16.M88.4"}, {"FFMA", "LDSM.16.MT88"}),
     (
         "attention_f16_d64_kb32",
         {"HMMA.16816.F32", "LDSM.16.M88.4", CP_ASYNC_128, "SHFL.BFLY", STORE_128},

@@ -8,14 +8,15 @@ using namespace mirage::dev;
 // C[M gy, N gx] = A[M gy, K R] · B[K R, N gx]: block (bx, by) computes C tile (by, bx), the
 // forloop walks K, and the accumulator stays in registers across the forloop. With BStored, B is
 // given transposed (Bᵀ [N gx, K R] row-major, i.e. B column-major, as nn.Linear's weight): its tiles
-// are copied as they lie, BStored [N, K], and read as Transposed<BStored> [K, N].
+// are copied as they lie, BStored [N, K], and read as Transposed<BStored> [K, N]. APitch and BPitch:
+// the pitches of A's and (not transposed) B's tiles.
 template <class T, class Out, int M, int N, int K, int NumThreads, int Stages, template <class, class, class, int> class Mm,
-          class BStored = void>
+          class BStored = void, int APitch = padded_pitch<T>(K), int BPitch = padded_pitch<T>(N)>
 __device__ void matmul_forloop(Out* c, const T* a, const T* b, int forloop_range) {
   extern __shared__ __align__(128) char shared[];
   constexpr bool kTransposed = !std::is_same_v<BStored, void>;
-  using ALayout = WithPitch<RowMajor<M, K>, padded_pitch<T>(K)>;
-  using BCopied = std::conditional_t<kTransposed, BStored, WithPitch<RowMajor<K, N>, padded_pitch<T>(N)>>;
+  using ALayout = WithPitch<RowMajor<M, K>, APitch>;
+  using BCopied = std::conditional_t<kTransposed, BStored, WithPitch<RowMajor<K, N>, BPitch>>;
   using BLayout = std::conditional_t<kTransposed, Transposed<BCopied>, BCopied>;
   using CLayout = RowMajor<M, N>;
   using Matmul = Mm<T, ALayout, BLayout, NumThreads>;
@@ -83,6 +84,34 @@ MATMUL_BT(mmt_tc_f16_16x32x32, __half, float, 16, 32, 32, 128, StoredDense, Tens
 using StoredSimt = RowMajor<12, 8>;
 MATMUL_BT(mmt_simt_f16_10x12x8, __half, float, 10, 12, 8, 64, StoredSimt, SimtMatmul)
 
+// Padded products (K or N no whole atom, too large for the CUDA cores): rows rounded up to whole
+// 16-byte vectors, as the generated tiles' are.
+template <class T>
+constexpr int vector_pitch(int cols) {
+  return round_up(cols, kVectorElements<T>);
+}
+#define MATMUL_PADDED(NAME, T, OUT, M, N, K, THREADS)                                                           \
+  extern "C" __global__ void __launch_bounds__(THREADS) NAME(OUT* c, const T* a, const T* b, int forloop_range) { \
+    matmul_forloop<T, OUT, M, N, K, THREADS, 2, TensorCoreMatmul, void, vector_pitch<T>(K), vector_pitch<T>(N)>(    \
+        c, a, b, forloop_range);                                                                                 \
+  }
+// N of 197: 25 n8 atoms would keep three of the four warps (over three row tiles) busy; 224 keeps four
+MATMUL_PADDED(mm_pad_f16_48x197x24, __half, __half, 48, 197, 24, 128)
+// K of 37: the last step keeps one element of a pair, and its second chunk lies past the row
+MATMUL_PADDED(mm_pad_f16_64x72x37, __half, __half, 64, 72, 37, 64)
+MATMUL_PADDED(mm_pad_bf16_32x150x26, __nv_bfloat16, float, 32, 150, 26, 64)
+MATMUL_PADDED(mm_pad_f32_80x110x5, float, float, 80, 110, 5, 128)  // TF32: K of 5, one step of 8
+using StoredOddK = WithPitch<RowMajor<197, 21>, 24>;
+using StoredOddN = WithPitch<RowMajor<100, 32>, 40>;
+#define MATMUL_BT_PADDED(NAME, T, OUT, M, N, K, THREADS, STORED)                                                \
+  extern "C" __global__ void __launch_bounds__(THREADS) NAME(OUT* c, const T* a, const T* bt, int forloop_range) { \
+    matmul_forloop<T, OUT, M, N, K, THREADS, 2, TensorCoreMatmul, STORED, vector_pitch<T>(K)>(c, a, bt, forloop_range); \
+  }
+MATMUL_BT_PADDED(mmt_pad_f16_48x197x21, __half, __half, 48, 197, 21, 128, StoredOddK)
+MATMUL_BT_PADDED(mmt_pad_f16_48x100x32, __half, __half, 48, 100, 32, 64, StoredOddN)
+static_assert(TensorCoreMatmul<__half, WithPitch<RowMajor<48, 24>, 24>, WithPitch<RowMajor<24, 197>, 200>, 128>::kCols == 224);
+static_assert(TensorCoreMatmul<__half, WithPitch<RowMajor<48, 24>, 24>, WithPitch<RowMajor<24, 197>, 200>, 128>::kGrid.n == 4);
+
 static_assert(Transposed<WithPitch<RowMajor<24, 32>, 40>>::offset(0, 0, 5, 7) == 7 * 40 + 5);
 static_assert(!TensorCoreMatmul<float, RowMajor<16, 32>, Transposed<RowMajor<32, 32>>, 128>::kSupported,
               "TF32 fragments of a transposed B are not loaded by ldmatrix: SIMT");
@@ -96,6 +125,11 @@ static_assert(std::is_same_v<Matmul<__half, RowMajor<1, 64>, WithPitch<RowMajor<
                              TensorCoreMatmul<__half, RowMajor<1, 64>, WithPitch<RowMajor<64, 64>, 72>, 128>>);
 // Rows of 36 halves are not 16-byte aligned for ldmatrix.
 static_assert(!TensorCoreMatmul<__half, RowMajor<16, 36>, RowMajor<36, 8>, 128>::kSupported);
+// K of 12: small products stay on the CUDA cores (16 outputs a thread), large ones are padded (128).
+static_assert(std::is_same_v<Matmul<__half, WithPitch<RowMajor<32, 12>, 16>, WithPitch<RowMajor<12, 64>, 72>, 128>,
+                             SimtMatmul<__half, WithPitch<RowMajor<32, 12>, 16>, WithPitch<RowMajor<12, 64>, 72>, 128>>);
+static_assert(std::is_same_v<Matmul<__half, WithPitch<RowMajor<256, 12>, 16>, WithPitch<RowMajor<12, 64>, 72>, 128>,
+                             TensorCoreMatmul<__half, WithPitch<RowMajor<256, 12>, 16>, WithPitch<RowMajor<12, 64>, 72>, 128>>);
 
 // O[16 gy, D] = softmax(scale · Q Kᵀ) V with Kᵀ given as [D, KB R] and V as [KB R, D]; the
 // forloop walks the keys with the online-softmax accumulators; O stays in registers.

@@ -62,6 +62,25 @@ constexpr WarpGrid choose_warp_grid(int rows, int cols, int warps, int atom_m, i
   return best;
 }
 
+// N as a padded product computes it (TensorCoreMatmul: N not a multiple of 8): rounded up to whole
+// n8 atoms, or further where that lets more warps share the output (a prime number of n8 atoms
+// would leave all but one warp of a row of warps idle).
+constexpr int padded_cols(int rows, int cols, int warps) {
+  if (cols % 8 == 0) return cols;
+  int best = round_up(cols, 8);
+  WarpGrid grid = choose_warp_grid(rows, best, warps, 16, 8);
+  int best_used = grid.m * grid.n;
+  for (int w = 2; w <= warps; w *= 2) {
+    const int padded = round_up(cols, 8 * w);
+    grid = choose_warp_grid(rows, padded, warps, 16, 8);
+    if (grid.m * grid.n > best_used) {
+      best = padded;
+      best_used = grid.m * grid.n;
+    }
+  }
+  return best;
+}
+
 // A model of one run() of an m16n8 tensor-core matmul on one SM, in cycles, to decide on a K
 // split. Three bounds: a warp's HMMAs into one accumulator tile form a dependent chain (one link
 // per k-step; the tiles a warp owns are independent chains); the warps of one sub-partition share
@@ -199,11 +218,18 @@ struct MmaAtom<float> {
 // k … k + 15 from a tile stored transposed (dev::Transposed: stored rows are B's columns, K
 // contiguous): ldmatrix .x4 without .trans, lanes 0-7 at columns n … n + 7 from k, 8-15 from k + 8,
 // 16-31 the next 8 columns.
-template <class Stored, class T>
+// With Rows and Length (a padded product: B's columns beyond Rows, its K beyond Length), each lane's
+// stored row is clamped to the last real one and its 16-byte chunk to the last that starts in the
+// row, so that no address leaves the tile; what those lanes read is masked or never written.
+template <class Stored, class T, int Rows = 0, int Length = 0>
 MIRAGE_DEVICE void load_stored_b(const T* data, int n, int k, uint32_t& b0, uint32_t& b1, uint32_t& b2,
                                  uint32_t& b3) {
   const int lane = thread_index() % kWarpSize;
-  const T* address = data + Stored::element_offset(n + (lane / 16) * 8 + lane % 8, k + ((lane / 8) % 2) * 8);
+  int row = n + (lane / 16) * 8 + lane % 8;
+  int col = k + ((lane / 8) % 2) * 8;
+  if constexpr (Rows > 0) row = min(row, Rows - 1);
+  if constexpr (Length > 0) col = min(col, round_up(Length, 8) - 8);
+  const T* address = data + Stored::element_offset(row, col);
   cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), b0, b1, b2, b3);
 }
 
@@ -246,6 +272,10 @@ struct ResolveWarpGrid<FixedWarpGrid<WarpsM, WarpsN, WarpsK>> {
 // [g·S/kWarpsK, (g+1)·S/kWarpsK) of every run() and holds a partial sum; group 0's fragments hold
 // the result once sum_partials has added the others (write_back does it). Linear updates
 // (rescale_rows, scale_rows) apply to every partial; for_each and for_each_pair see group 0 only.
+// Outputs a thread computes at most on the CUDA cores (SimtMatmul; the search's
+// tensor_cores.MAX_SIMT_ROUNDS): a product beyond it runs on tensor cores, padded where its shape needs.
+inline constexpr int kMaxSimtRounds = 64;
+
 template <class T, class ALayout, class BLayout, int NumThreads, class Grid = DefaultWarpGrid>
 struct TensorCoreMatmul {
   // B is read by pitch, or transposed (dev::Transposed: its stored rows are B's columns)
@@ -257,21 +287,28 @@ struct TensorCoreMatmul {
   static constexpr int kWarps = NumThreads / kWarpSize;
   // M rounded up to whole 16-row atoms.
   static constexpr int kRows = round_up(M, 16);
-  static constexpr int kSteps = K / Atom::kK;
+  // A shape the atoms take exactly; otherwise a padded product (only where the CUDA cores' product
+  // would be too large): N rounded up (detail::padded_cols; the extra columns read real columns and
+  // are never written) and K rounded up to whole atoms, the last step's fragments past K zeroed in
+  // both operands (0 · 0, whatever the tiles hold there).
+  static constexpr bool kExact = K % Atom::kK == 0 && N % 8 == 0;
+  static constexpr bool kPadded = !kExact && ceil_div(M * N, NumThreads) > kMaxSimtRounds;
+  static constexpr int kCols = detail::padded_cols(kRows, N, kWarps);
+  static constexpr int kSteps = ceil_div(K, Atom::kK);
   static constexpr detail::WarpGrid kGrid = detail::ResolveWarpGrid<Grid>::grid(detail::SplitQuery{
-      kRows, N, kSteps, kWarps, 1, Atom::kK * static_cast<int>(sizeof(T)),
+      kRows, kCols, kSteps, kWarps, 1, Atom::kK * static_cast<int>(sizeof(T)),
       ceil_div((ALayout::storage + BLayout::storage) * static_cast<int>(sizeof(T)), kVectorBytes * NumThreads)});
   static constexpr bool kAlignedRows = !Atom::kLdmatrix || ((ALayout::pitch * sizeof(T)) % kVectorBytes == 0 &&
                                                             (BLayout::pitch * sizeof(T)) % kVectorBytes == 0);
   static constexpr bool kSupported =
-      BLayout::rows == K && kGrid.m > 0 && K % Atom::kK == 0 && kAlignedRows && NumThreads % kWarpSize == 0 &&
+      BLayout::rows == K && kGrid.m > 0 && (kExact || kPadded) && kAlignedRows && NumThreads % kWarpSize == 0 &&
       (!BLayout::transposed || Atom::kLdmatrix);
   static constexpr int kWarpsM = kGrid.m > 0 ? kGrid.m : 1;
   static constexpr int kWarpsN = kGrid.n > 0 ? kGrid.n : 1;
   static constexpr int kWarpsK = kGrid.m > 0 ? kGrid.k : 1;
   static constexpr int kGroupWarps = kWarpsM * kWarpsN;
   static constexpr int kTilesM = kRows / (16 * kWarpsM) > 0 ? kRows / (16 * kWarpsM) : 1;
-  static constexpr int kTilesN = N / (8 * kWarpsN) > 0 ? N / (8 * kWarpsN) : 1;
+  static constexpr int kTilesN = kCols / (8 * kWarpsN) > 0 ? kCols / (8 * kWarpsN) : 1;
   // k-steps of the busiest group, and how far to unroll them (a split's slices are short).
   static constexpr int kGroupSteps = ceil_div(kSteps, kWarpsK);
   static constexpr int kUnroll = kWarpsK > 1 && kGroupSteps <= 8 ? (kGroupSteps > 0 ? kGroupSteps : 1) : 2;
@@ -299,7 +336,9 @@ struct TensorCoreMatmul {
   static MIRAGE_DEVICE int warp_row() { return (group_warp() % kWarpsM) * (kRows / kWarpsM); }
   // A row of A to read: padding rows read the last real row.
   static MIRAGE_DEVICE int a_row(int row) { return M % 16 == 0 ? row : min(row, M - 1); }
-  static MIRAGE_DEVICE int warp_col() { return (group_warp() / kWarpsM) * (N / kWarpsN); }
+  static MIRAGE_DEVICE int warp_col() { return (group_warp() / kWarpsM) * (kCols / kWarpsN); }
+  // Whether an output element is real (not a padding row or column).
+  static MIRAGE_DEVICE bool real(int row, int col) { return (M % 16 == 0 || row < M) && (kCols == N || col < N); }
 
   // acc += A · B over this warp's K slice (all of K without a split). With Scaled, A's column k
   // is first multiplied by scale[k] (16-bit types: in its fragments, one rounding per product,
@@ -309,6 +348,7 @@ struct TensorCoreMatmul {
                                 const T* scale = nullptr) {
     static_assert(kSupported, "shape not supported by tensor cores: use SimtMatmul (or Matmul)");
     static_assert(!Scaled || Atom::kLdmatrix, "column-scaled A operands need 16-bit tensor-core fragments");
+    static_assert(!Scaled || kExact, "column-scaled A operands need a K of whole atoms");
     if (!active()) return;
     if constexpr (kWarpsK == 1) {
 #pragma unroll 2
@@ -349,6 +389,7 @@ struct TensorCoreMatmul {
   // this thread holds in group 0 (col even): a fragment's elements come in such pairs.
   template <class Function>
   static MIRAGE_DEVICE void for_each_pair(Accumulator& acc, Function function) {
+    static_assert(N % 2 == 0, "an odd N leaves the last pair half real: use for_each");
     if (!owner()) return;
     const int group = lane() / 4;
     const int pair = (lane() % 4) * 2;
@@ -360,7 +401,8 @@ struct TensorCoreMatmul {
         for (int half = 0; half < 2; ++half) {
           const int row = warp_row() + i * 16 + group + half * 8;
           float* values = acc.value[i][j] + 2 * half;
-          if (M % 16 == 0 || row < M) function(row, warp_col() + j * 8 + pair, values[0], values[1]);
+          const int col = warp_col() + j * 8 + pair;
+          if (real(row, col)) function(row, col, values[0], values[1]);
         }
   }
 
@@ -489,7 +531,8 @@ struct TensorCoreMatmul {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int row = warp_row() + i * 16 + group + (e / 2) * 8;
-          if (M % 16 == 0 || row < M) function(row, warp_col() + j * 8 + pair + e % 2, acc.value[i][j][e]);
+          const int col = warp_col() + j * 8 + pair + e % 2;
+          if (real(row, col)) function(row, col, acc.value[i][j][e]);
         }
   }
 
@@ -502,6 +545,9 @@ struct TensorCoreMatmul {
     load_a(a, k0, a_fragment);
     if constexpr (Scaled) scale_a(scale, k0, a_fragment);
     load_b(b, k0, b_fragment);
+    if constexpr (K % Atom::kK != 0) {
+      if (k0 + Atom::kK > K) mask_depth(k0, a_fragment, b_fragment);
+    }
 #pragma unroll
     for (int i = 0; i < kTilesM; ++i) {
 #pragma unroll
@@ -511,6 +557,57 @@ struct TensorCoreMatmul {
                              a_fragment[i][3], b_fragment[j][0], b_fragment[j][1], c[0], c[1], c[2], c[3]);
       }
     }
+  }
+
+  // The last (partial) k-step: the fragment elements of k >= K set to 0 in A and in B. 16-bit
+  // fragments hold pairs: A's registers 0, 1 columns k0 + 2·(lane % 4) + {0, 1}, registers 2, 3 the
+  // same + 8, B's registers 0 and 1 those rows; TF32 ones hold one k each, k0 + lane % 4 and + 4.
+  static MIRAGE_DEVICE void mask_depth(int k0, uint32_t (&a)[kTilesM][4], uint32_t (&b)[kTilesN][2]) {
+    if constexpr (Atom::kLdmatrix) {
+      const int low = k0 + (lane() % 4) * 2;
+      const auto keep = [](uint32_t pair, int k) -> uint32_t {
+        return k + 1 < K ? pair : (k < K ? (pair & 0xffffu) : 0u);
+      };
+      const uint32_t a_low = keep(0xffffffffu, low), a_high = keep(0xffffffffu, low + 8);
+#pragma unroll
+      for (int i = 0; i < kTilesM; ++i) {
+        a[i][0] &= a_low;
+        a[i][1] &= a_low;
+        a[i][2] &= a_high;
+        a[i][3] &= a_high;
+      }
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j) {
+        b[j][0] &= a_low;
+        b[j][1] &= a_high;
+      }
+    } else {
+      const int k = k0 + lane() % 4;
+      const uint32_t low = k < K ? 0xffffffffu : 0u, high = k + 4 < K ? 0xffffffffu : 0u;
+#pragma unroll
+      for (int i = 0; i < kTilesM; ++i) {
+        a[i][0] &= low;
+        a[i][1] &= low;
+        a[i][2] &= high;
+        a[i][3] &= high;
+      }
+#pragma unroll
+      for (int j = 0; j < kTilesN; ++j) {
+        b[j][0] &= low;
+        b[j][1] &= high;
+      }
+    }
+  }
+
+  // A 16-byte chunk's first column along K, or along B's columns, kept inside the tile's rows (a
+  // padded product's lanes past the end read the last chunk that starts in the row).
+  static MIRAGE_DEVICE int depth_chunk(int k) {
+    if constexpr (K % 16 != 0) k = min(k, round_up(K, 8) - 8);
+    return k;
+  }
+  static MIRAGE_DEVICE int col_chunk(int n) {
+    if constexpr (kCols != N) n = min(n, round_up(N, 8) - 8);
+    return n;
   }
 
   // Registers 0 and 1 of an A fragment hold columns k0 + 2·(lane % 4) + {0, 1} (rows r, r + 8),
@@ -531,7 +628,7 @@ struct TensorCoreMatmul {
   static MIRAGE_DEVICE void load_a(SharedTile<T, ALayout> a, int k0, uint32_t (&fragment)[kTilesM][4]) {
     if constexpr (Atom::kLdmatrix) {
       const int row = warp_row() + lane() % 16;
-      const int col = k0 + (lane() / 16) * 8;
+      const int col = depth_chunk(k0 + (lane() / 16) * 8);
 #pragma unroll
       for (int i = 0; i < kTilesM; ++i) {
         const T* address = a.data + a_row(row + i * 16) * ALayout::pitch + col;
@@ -541,14 +638,16 @@ struct TensorCoreMatmul {
     } else {
       const int row = warp_row() + lane() / 4;
       const int col = k0 + lane() % 4;
+      // a padded K's last step: columns past K are not read (mask_depth zeroes them)
+      const bool low = K % Atom::kK == 0 || col < K, high = K % Atom::kK == 0 || col + 4 < K;
 #pragma unroll
       for (int i = 0; i < kTilesM; ++i) {
         const float* upper = a.data + a_row(row + i * 16) * ALayout::pitch + col;
         const float* lower = a.data + a_row(row + i * 16 + 8) * ALayout::pitch + col;
-        fragment[i][0] = detail::to_tf32(upper[0]);
-        fragment[i][1] = detail::to_tf32(lower[0]);
-        fragment[i][2] = detail::to_tf32(upper[4]);
-        fragment[i][3] = detail::to_tf32(lower[4]);
+        fragment[i][0] = low ? detail::to_tf32(upper[0]) : 0u;
+        fragment[i][1] = low ? detail::to_tf32(lower[0]) : 0u;
+        fragment[i][2] = high ? detail::to_tf32(upper[4]) : 0u;
+        fragment[i][3] = high ? detail::to_tf32(lower[4]) : 0u;
       }
     }
   }
@@ -556,39 +655,46 @@ struct TensorCoreMatmul {
   static MIRAGE_DEVICE void load_b(SharedTile<T, BLayout> b, int k0, uint32_t (&fragment)[kTilesN][2]) {
     if constexpr (BLayout::transposed) {  // stored rows are B's columns (detail::load_stored_b)
       using Stored = typename BLayout::Stored;
-      const int k = k0 + ((lane() / 8) % 2) * 8;
+      const int k = depth_chunk(k0 + ((lane() / 8) % 2) * 8);
+      constexpr int kRowsRead = kCols == N ? 0 : N;             // clamp B's columns past N
+      constexpr int kLength = K % Atom::kK == 0 ? 0 : K;        // and its K past the last chunk
 #pragma unroll
       for (int j = 0; j + 1 < kTilesN; j += 2) {
-        detail::load_stored_b<Stored>(b.data, warp_col() + j * 8, k0, fragment[j][0], fragment[j][1],
-                                      fragment[j + 1][0], fragment[j + 1][1]);
+        detail::load_stored_b<Stored, T, kRowsRead, kLength>(b.data, warp_col() + j * 8, k0, fragment[j][0],
+                                                            fragment[j][1], fragment[j + 1][0], fragment[j + 1][1]);
       }
       if constexpr (kTilesN % 2 == 1) {
-        const T* address = b.data + Stored::element_offset(warp_col() + (kTilesN - 1) * 8 + lane() % 8, k);
+        int column = warp_col() + (kTilesN - 1) * 8 + lane() % 8;
+        if constexpr (kCols != N) column = min(column, N - 1);
+        const T* address = b.data + Stored::element_offset(column, k);
         cute::SM75_U32x2_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), fragment[kTilesN - 1][0],
                                       fragment[kTilesN - 1][1]);
       }
     } else if constexpr (Atom::kLdmatrix) {
-      const int row = k0 + lane() % 16;
+      int row = k0 + lane() % 16;
+      if constexpr (K % Atom::kK != 0) row = min(row, K - 1);  // masked (mask_depth)
       const int col = warp_col() + (lane() / 16) * 8;
 #pragma unroll
       for (int j = 0; j + 1 < kTilesN; j += 2) {
-        const T* address = b.data + row * BLayout::pitch + col + j * 8;
+        const T* address = b.data + row * BLayout::pitch + col_chunk(col + j * 8);
         cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(address), fragment[j][0],
                                       fragment[j][1], fragment[j + 1][0], fragment[j + 1][1]);
       }
       if constexpr (kTilesN % 2 == 1) {
-        const T* address = b.data + row * BLayout::pitch + warp_col() + (kTilesN - 1) * 8;
+        const T* address = b.data + row * BLayout::pitch + col_chunk(warp_col() + (kTilesN - 1) * 8);
         cute::SM75_U16x4_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(address), fragment[kTilesN - 1][0],
                                       fragment[kTilesN - 1][1]);
       }
     } else {
       const int row = k0 + lane() % 4;
-      const int col = warp_col() + lane() / 4;
+      const bool low = K % Atom::kK == 0 || row < K, high = K % Atom::kK == 0 || row + 4 < K;
 #pragma unroll
       for (int j = 0; j < kTilesN; ++j) {
-        const float* base = b.data + row * BLayout::pitch + col + j * 8;
-        fragment[j][0] = detail::to_tf32(base[0]);
-        fragment[j][1] = detail::to_tf32(base[4 * BLayout::pitch]);
+        int col = warp_col() + lane() / 4 + j * 8;
+        if constexpr (kCols != N) col = min(col, N - 1);
+        const float* base = b.data + row * BLayout::pitch + col;
+        fragment[j][0] = low ? detail::to_tf32(base[0]) : 0u;
+        fragment[j][1] = high ? detail::to_tf32(base[4 * BLayout::pitch]) : 0u;
       }
     }
   }

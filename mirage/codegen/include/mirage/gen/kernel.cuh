@@ -635,10 +635,11 @@ struct BlockMatmul {
   static constexpr int operand_bytes() {
     return kBatch * (P::ASlice::storage * int(sizeof(typename P::A)) + P::BSlice::storage * int(sizeof(typename P::B)));
   }
-  static constexpr int kSteps = ((Products::K / atom_k<Products>()) + ...);
+  static constexpr int kSteps = ((dev::ceil_div(Products::K, atom_k<Products>())) + ...);
   static constexpr dev::detail::WarpGrid kRegisterGrid =
       kTensorCores ? dev::detail::choose_split_warp_grid(dev::detail::SplitQuery{
-                         dev::round_up(M, 16), N, kSteps, NumThreads / dev::kWarpSize, kBatch,
+                         dev::round_up(M, 16), dev::detail::padded_cols(dev::round_up(M, 16), N, NumThreads / dev::kWarpSize),
+                         kSteps, NumThreads / dev::kWarpSize, kBatch,
                          atom_k<First>() * int(sizeof(typename First::A)),
                          dev::ceil_div((operand_bytes<Products>() + ...), dev::kVectorBytes * NumThreads)})
                    : dev::detail::WarpGrid{1, 1, 1};
@@ -692,7 +693,7 @@ struct BlockMatmul {
       Accumulator acc;
       acc.clear();
       multiply<Pass::kApply>(acc, batch, tiles...);
-      if constexpr (kTensorCores) {
+      if constexpr (kTensorCores && N % 2 == 0) {
         Engine<First>::for_each_pair(acc, [&](int row, int col, float& first, float& second) {
           float values[2] = {first, second};
           emit((batch * M + row) * N + col, values);

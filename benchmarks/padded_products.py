@@ -1,0 +1,51 @@
+"""Padded tensor-core products on the GPU (docs/codegen.md, "Padded products"): the µGraphs of
+tests/unit/codegen/padded_graphs.py timed (CUDA-graph replays, median µs a call) beside PyTorch on the
+same inputs: eager ``scaled_dot_product_attention`` for the attention graphs, ``torch.mm`` for the
+products. Writes padded_products_<date>.json into ``--out``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def _pytorch(name: str, inputs):
+    if name.endswith("attention"):
+        q, k, v = inputs  # (heads, tokens, dim), K stored transposed
+        q4, k4, v4 = q[None], k.transpose(1, 2)[None].contiguous(), v[None]
+        return lambda: F.scaled_dot_product_attention(q4, k4, v4)
+    x, w = inputs
+    return lambda: torch.mm(x, w)
+
+
+def main(argv=None) -> None:
+    from benchmarks.stream_floor import program_arguments, write_record
+    from mirage.codegen.gpu_check import check_on_gpu, random_inputs
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.codegen.profile import device_facts, time_graph
+    from mirage.codegen.runtime import build_many
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "unit" / "codegen"))
+    from padded_graphs import GRAPHS
+
+    args = program_arguments(__doc__, argv)
+    graphs = {name: build() for name, build in GRAPHS.items()}
+    programs = build_many([generate_cuda_program(g, None) for g in graphs.values()])
+    rows = []
+    for (name, graph), program in zip(graphs.items(), programs, strict=True):
+        inputs = random_inputs(graph, seed=1)
+        check = check_on_gpu(graph, program, inputs=inputs, name=name)
+        row = {"graph": name, "inputs": [list(t.shape) for t in graph.input_types],
+               "passed": check.passed, "worst_error": check.worst_error,
+               "mirage_us": time_graph(lambda p=program, xs=inputs: p.launch(xs)).median_us,
+               "pytorch_us": time_graph(_pytorch(name, inputs)).median_us}
+        rows.append(row)
+        print(row, flush=True)
+    write_record(args.out, "padded_products", device_facts(), rows)
+
+
+if __name__ == "__main__":
+    main()

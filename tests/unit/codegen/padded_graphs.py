@@ -1,0 +1,62 @@
+"""µGraphs whose block products have a K or an N that is no whole tensor-core atom and are too large
+for the CUDA cores, so that they run padded (``dev::TensorCoreMatmul``, docs/codegen.md): built by
+tests/unit/codegen/test_padded_products.py (compiled here) and tests/gpu/test_padded_products_gpu.py
+(run against float64)."""
+
+from __future__ import annotations
+
+import mirage as mi
+
+
+def whole_attention(heads: int = 12, tokens: int = 197, dim: int = 64, threads: int = 128) -> mi.KernelGraph:
+    """``softmax(Q @ K / sqrt(dim)) @ V`` with a block per head holding all of its tokens (ViT's 197:
+    a prime, so no grid or loop divides it): Q·K is [197, 64] · [64, 197] (N padded), P·V
+    [197, 197] · [197, 64] (K padded)."""
+    name = "whole_attention" if tokens == 197 else f"whole_attention_{tokens}"
+    g = mi.new_kernel_graph(name)
+    q = g.new_input(dims=(heads, tokens, dim), dtype=mi.float16, name="Q")
+    k = g.new_input(dims=(heads, dim, tokens), dtype=mi.float16, name="K")
+    v = g.new_input(dims=(heads, tokens, dim), dtype=mi.float16, name="V")
+    tb = mi.new_threadblock_graph(grid_dim=(heads, 1, 1), block_dim=(threads, 1, 1), forloop_range=1,
+                                  reduction_dimx=dim)
+    bq = tb.new_input(q, input_map=(0, -1, -1), forloop_dim=-1)
+    bk = tb.new_input(k, input_map=(0, -1, -1), forloop_dim=2)
+    bv = tb.new_input(v, input_map=(0, -1, -1), forloop_dim=1)
+    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5))
+    sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
+    tb.new_output(tb.div(numerators, sums), output_map=(0, -1, -1))
+    (out,) = g.customized([q, k, v], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
+def product(m: int, k: int, n: int, grid: int, iterations: int, dtype=mi.float16,
+            threads: int = 128) -> mi.KernelGraph:
+    """``X @ W`` ([m, k] · [k, n]): ``grid`` blocks split N, the loop walks K in ``iterations`` steps,
+    the sum kept in an accumulator."""
+    g = mi.new_kernel_graph(f"product_{m}x{k}x{n}")
+    x = g.new_input(dims=(m, k), dtype=dtype, name="X")
+    w = g.new_input(dims=(k, n), dtype=dtype, name="W")
+    tb = mi.new_threadblock_graph(grid_dim=(grid, 1, 1), block_dim=(threads, 1, 1), forloop_range=iterations,
+                                  reduction_dimx=k // iterations)
+    bx = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=1)
+    bw = tb.new_input(w, input_map=(1, -1, -1) if grid > 1 else (-1, -1, -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(bx, bw)), output_map=(1, -1, -1) if grid > 1 else (-1, -1, -1))
+    (out,) = g.customized([x, w], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
+GRAPHS = {
+    # ViT's 197 tokens: each warp holds 13 × 7 of the scores' 16 × 8 tiles at once (364 values a
+    # thread), which spills (the product runs whole, not in slabs of rows): correct, not fast
+    "vit_attention": whole_attention,
+    # CLIP's 77 tokens at 64 threads (93 scores a thread: padded, N and K of 77), no spill
+    "clip_attention": lambda: whole_attention(tokens=77, threads=64),
+    # N tile of 197 (M of 64: 99 outputs a thread), K in four steps of 128
+    "odd_n": lambda: product(64, 512, 394, grid=2, iterations=4),
+    # K of 111 in one step (odd: the last step keeps one element of a pair), N of 128
+    "odd_k": lambda: product(128, 111, 128, grid=1, iterations=1),
+    # both, in bf16: N tile of 100, K steps of 50
+    "odd_both_bf16": lambda: product(96, 150, 200, grid=2, iterations=3, dtype=mi.bfloat16),
+}

@@ -1,0 +1,48 @@
+"""Block products of a K or an N that is no whole tensor-core atom, too large for the CUDA cores, run
+padded on tensor cores: the µGraphs of padded_graphs.py compute what PyTorch does (float64, through the
+interpreter) and compile for sm_90a with their products as HMMAs (tests/gpu/test_padded_products_gpu.py
+runs them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from codegen_helpers import needs_nvcc
+from padded_graphs import GRAPHS
+
+from mirage.codegen.compile import CompileOptions, Stage, compile_sources
+from mirage.codegen.lower_program import generate_cuda_program
+from mirage.mugraph.interpret import interpret
+from mirage.mugraph.target import TARGETS
+
+
+def _torch_reference(name: str, inputs: list[np.ndarray]) -> np.ndarray:
+    tensors = [torch.from_numpy(x).double() for x in inputs]
+    if name.endswith("attention"):
+        q, k, v = tensors
+        return (torch.softmax(q @ k / 8, dim=-1) @ v).numpy()
+    x, w = tensors
+    return (x @ w).numpy()
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_the_graphs_compute_the_programs_function(name):
+    graph = GRAPHS[name]()
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(t.shape) for t in graph.input_types]
+    (got,) = interpret(graph, inputs, dtype=np.float64)
+    np.testing.assert_allclose(got, _torch_reference(name, inputs), rtol=1e-9, atol=1e-9)
+
+
+@needs_nvcc
+def test_padded_products_compile_to_tensor_core_instructions():
+    programs = {name: generate_cuda_program(build(), 90) for name, build in GRAPHS.items()}
+    results = compile_sources([p.code for p in programs.values()], CompileOptions(target=TARGETS["H100"]),
+                              dumps={Stage.SASS}, return_exceptions=True)
+    for name, result in zip(programs, results, strict=True):
+        assert not isinstance(result, Exception), f"{name}: {result}"
+        sass = result.sass()
+        assert "HMMA" in sass, name
+        if name != "vit_attention":  # (padded_graphs.py: its scores spill)
+            assert "LDL" not in sass and "STL" not in sass, f"{name} spills"
