@@ -223,7 +223,7 @@ def check_on_gpu(
 @dataclass(frozen=True)
 class SuiteCase:
     name: str
-    group: str  # benchmark, random, search
+    group: str  # benchmark, random, odd, search
     graph: KernelGraph
     seed: int = 0
     scale: float = 1.0  # inputs are N(0, scale²)
@@ -234,7 +234,7 @@ BENCHMARK_SCALE = 0.5  # keeps x @ W over 4096-long rows well inside fp16 in the
 
 
 def suite_cases(
-    random_count: int = 0, search_file: str | None = None, benchmarks: bool = True
+    random_count: int = 0, search_file: str | None = None, benchmarks: bool = True, odd_count: int = 0
 ) -> list[SuiteCase]:
     cases = []
     if benchmarks:
@@ -259,6 +259,10 @@ def suite_cases(
         from mirage.codegen.random_graphs import random_graph
 
         cases += [SuiteCase(f"random_{s}", "random", random_graph(s).graph, s) for s in range(random_count)]
+    if odd_count:
+        from mirage.codegen.random_graphs import random_graph
+
+        cases += [SuiteCase(f"odd_{s}", "odd", random_graph(s, odd=True).graph, s) for s in range(odd_count)]
     if search_file:
         import json
 
@@ -566,6 +570,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("compile", "gpu"):
         p = sub.add_parser(name)
         p.add_argument("--random", type=int, default=0, help="random µGraphs (seeds 0..N-1)")
+        p.add_argument("--odd", type=int, default=0,
+                       help="random µGraphs of odd tile dims (padded products; seeds 0..N-1)")
         p.add_argument("--search", default=None, help="JSON file of search results")
         p.add_argument("--no-benchmarks", action="store_true")
         p.add_argument("--out", default="benchmarks/results")
@@ -580,7 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "worker":
         _worker(args.bundle, args.results, args.start)
         return 0
-    cases = suite_cases(args.random, args.search, not args.no_benchmarks)
+    cases = suite_cases(args.random, args.search, not args.no_benchmarks, args.odd)
     today = datetime.date.today().isoformat()
     if args.command == "compile":
         rows = run_compile_suite(cases, args.workers)

@@ -56,19 +56,21 @@ def scaled_operands(lowering: KernelLowering) -> dict[int, tuple[int, Ref, Ref]]
 
 
 def tensor_core_operands(lowering: KernelLowering, a: Ref, b: Ref, exact: bool = False) -> bool:
-    """Whether ``A · B`` of these shared tiles runs on tensor cores (``TensorCoreMatmul::kSupported``
-    for 16-bit types, one batch): rows of whole 16-byte vectors, whole warps, and a shape the atoms
-    take (with ``exact``, without padding: K a multiple of 16, N of 8)."""
-    la, lb = lowering.operand(a).layout, lowering.operand(b).layout
+    """Whether ``A · B`` of these shared tiles runs on tensor cores, each batch slice
+    (``TensorCoreMatmul::kSupported``): one element type; for 16-bit types rows of whole 16-byte
+    vectors (ldmatrix), for fp32 (TF32) a B not read transposed; whole warps; and a shape the atoms
+    take (``tensor_cores.takes_tensor_cores``). With ``exact`` (A's columns scaled in its fragments):
+    16-bit, one batch, no padding."""
+    ta, tb = lowering.operand(a), lowering.operand(b)
+    la, lb = ta.layout, tb.layout
     m, k, n = la.dims[2], la.dims[3], lb.dims[3]
-    return (
-        la.dims[0] * la.dims[1] == 1
-        and lb.dims[0] * lb.dims[1] == 1
-        and takes_tensor_cores(m, k, n, lowering.threads)
-        and (not exact or exact_shape(k, n))
-        and (2 * la.pitch) % 16 == 0
-        and (2 * lb.pitch) % 16 == 0
-    )
+    if ta.element != tb.element or not takes_tensor_cores(m, k, n, lowering.threads):
+        return False
+    if ta.element == "float":
+        return not exact and not lb.transposed
+    one_batch = la.dims[0] * la.dims[1] == 1 and lb.dims[0] * lb.dims[1] == 1
+    aligned = (2 * la.pitch) % 16 == 0 and (2 * lb.pitch) % 16 == 0  # ldmatrix rows
+    return aligned and (not exact or (exact_shape(k, n) and one_batch))
 
 
 def check_simt_size(lowering: KernelLowering, i: int, refs) -> None:
@@ -77,14 +79,13 @@ def check_simt_size(lowering: KernelLowering, i: int, refs) -> None:
     if len(refs) != 2 or tensor_core_operands(lowering, refs[0], refs[1]):
         return
     shape = lowering.graph.nodes[i].outputs[0].shape
-    rounds = math.ceil(math.prod(shape) / lowering.threads)
+    rounds = math.ceil(shape[-2] * shape[-1] / lowering.threads)  # a batch slice at a time
     if rounds > MAX_SIMT_ROUNDS:
-        k = lowering.operand(refs[0]).layout.dims[3]
         raise LoweringError(
             f"matmul %{i} of {lowering.name} ({list(shape)} outputs) runs on the CUDA cores, {rounds} "
-            f"outputs a thread (at most {MAX_SIMT_ROUNDS}), since its tiles are not 16-bit, not of whole "
-            f"16-byte rows or not of whole warps (K {k}, {lowering.threads} threads); use such tiles, "
-            "or more blocks")
+            f"outputs a thread (at most {MAX_SIMT_ROUNDS}), since tensor cores cannot read its tiles "
+            "(operands of two element types, 16-bit rows that are not whole 16-byte vectors, or an fp32 B "
+            "read transposed); use such tiles, or more blocks")
 
 
 def row_sums(lowering: KernelLowering) -> dict[int, ctx.RowSums]:

@@ -1,6 +1,7 @@
 """Padded tensor-core products on a GPU (``dev::TensorCoreMatmul`` with K or N no whole atom): the
 µGraphs of tests/unit/codegen/padded_graphs.py (attention over ViT's 197 and CLIP's 77 tokens, one
-block per head; products whose N tile is 197 or 100, whose K step is 111 or 50, fp16 and bf16) match
+block per head; products whose N tile is 197, 100 or 136, whose K step is 111, 50 or 100, in fp16,
+bf16 and fp32 (TF32 atoms: a product that lowering refused before, as on the CUDA cores)) match
 their float64 reference, outputs poisoned first so that an unwritten element shows, at two input
 scales (the larger one makes garbage in the padding visible as NaN or a far-off sum)."""
 

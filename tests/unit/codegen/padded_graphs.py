@@ -59,4 +59,6 @@ GRAPHS = {
     "odd_k": lambda: product(128, 111, 128, grid=1, iterations=1),
     # both, in bf16: N tile of 100, K steps of 50
     "odd_both_bf16": lambda: product(96, 150, 200, grid=2, iterations=3, dtype=mi.bfloat16),
+    # fp32 (TF32 atoms, K steps of 8): K of 100, N of 136
+    "odd_k_fp32": lambda: product(64, 100, 136, grid=1, iterations=1, dtype=mi.float32),
 }

@@ -1,7 +1,7 @@
 """Block products of a K or an N that is no whole tensor-core atom, too large for the CUDA cores, run
 padded on tensor cores: the µGraphs of padded_graphs.py compute what PyTorch does (float64, through the
 interpreter) and compile for sm_90a with their products as HMMAs (tests/gpu/test_padded_products_gpu.py
-runs them)."""
+runs them), and so do random µGraphs of odd tile dims (``random_graph(seed, odd=True)``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from padded_graphs import GRAPHS
 
 from mirage.codegen.compile import CompileOptions, Stage, compile_sources
 from mirage.codegen.lower_program import generate_cuda_program
+from mirage.codegen.random_graphs import random_graph
 from mirage.mugraph.interpret import interpret
 from mirage.mugraph.target import TARGETS
 
@@ -46,3 +47,18 @@ def test_padded_products_compile_to_tensor_core_instructions():
         assert "HMMA" in sass, name
         if name != "vit_attention":  # (padded_graphs.py: its scores spill)
             assert "LDL" not in sass and "STL" not in sass, f"{name} spills"
+
+
+# random µGraphs of odd tile dims whose products run padded (fp16; 27 batched)
+ODD_SEEDS = [3, 13, 27, 47]
+
+
+@needs_nvcc
+def test_random_graphs_of_odd_dims_compile_with_padded_products():
+    graphs = [random_graph(seed, odd=True).graph for seed in ODD_SEEDS]
+    results = compile_sources([generate_cuda_program(g, 90).code for g in graphs],
+                              CompileOptions(target=TARGETS["H100"]), dumps={Stage.SASS},
+                              return_exceptions=True)
+    for graph, result in zip(graphs, results, strict=True):
+        assert not isinstance(result, Exception), f"{graph.name}: {result}"
+        assert "HMMA" in result.sass(), graph.name

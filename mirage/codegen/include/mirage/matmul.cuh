@@ -62,11 +62,10 @@ constexpr WarpGrid choose_warp_grid(int rows, int cols, int warps, int atom_m, i
   return best;
 }
 
-// N as a padded product computes it (TensorCoreMatmul: N not a multiple of 8): rounded up to whole
-// n8 atoms, or further where that lets more warps share the output (a prime number of n8 atoms
-// would leave all but one warp of a row of warps idle).
+// N as a padded product computes it (TensorCoreMatmul::kPadded): rounded up to whole n8 atoms, or
+// further where that lets more warps share the output (a prime number of n8 atoms, 25 for N = 200
+// over 80 rows, would leave all but one warp of a row of warps idle).
 constexpr int padded_cols(int rows, int cols, int warps) {
-  if (cols % 8 == 0) return cols;
   int best = round_up(cols, 8);
   WarpGrid grid = choose_warp_grid(rows, best, warps, 16, 8);
   int best_used = grid.m * grid.n;
@@ -293,7 +292,7 @@ struct TensorCoreMatmul {
   // both operands (0 · 0, whatever the tiles hold there).
   static constexpr bool kExact = K % Atom::kK == 0 && N % 8 == 0;
   static constexpr bool kPadded = !kExact && ceil_div(M * N, NumThreads) > kMaxSimtRounds;
-  static constexpr int kCols = detail::padded_cols(kRows, N, kWarps);
+  static constexpr int kCols = kPadded ? detail::padded_cols(kRows, N, kWarps) : N;
   static constexpr int kSteps = ceil_div(K, Atom::kK);
   static constexpr detail::WarpGrid kGrid = detail::ResolveWarpGrid<Grid>::grid(detail::SplitQuery{
       kRows, kCols, kSteps, kWarps, 1, Atom::kK * static_cast<int>(sizeof(T)),

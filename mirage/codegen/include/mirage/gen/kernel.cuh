@@ -638,7 +638,8 @@ struct BlockMatmul {
   static constexpr int kSteps = ((dev::ceil_div(Products::K, atom_k<Products>())) + ...);
   static constexpr dev::detail::WarpGrid kRegisterGrid =
       kTensorCores ? dev::detail::choose_split_warp_grid(dev::detail::SplitQuery{
-                         dev::round_up(M, 16), dev::detail::padded_cols(dev::round_up(M, 16), N, NumThreads / dev::kWarpSize),
+                         dev::round_up(M, 16),
+                         dev::TensorCoreMatmul<typename First::A, typename First::ASlice, typename First::BSlice, NumThreads>::kCols,
                          kSteps, NumThreads / dev::kWarpSize, kBatch,
                          atom_k<First>() * int(sizeof(typename First::A)),
                          dev::ceil_div((operand_bytes<Products>() + ...), dev::kVectorBytes * NumThreads)})
