@@ -55,37 +55,48 @@ def scaled_operands(lowering: KernelLowering) -> dict[int, tuple[int, Ref, Ref]]
     return out
 
 
-def tensor_core_operands(lowering: KernelLowering, a: Ref, b: Ref, exact: bool = False) -> bool:
-    """Whether ``A · B`` of these shared tiles runs on tensor cores, each batch slice
-    (``TensorCoreMatmul::kSupported``): one element type; for 16-bit types rows of whole 16-byte
-    vectors (ldmatrix), for fp32 (TF32) a B not read transposed; whole warps; and a shape the atoms
-    take (``tensor_cores.takes_tensor_cores``). With ``exact`` (A's columns scaled in its fragments):
-    16-bit, one batch, no padding."""
+def tensor_core_refusal(lowering: KernelLowering, a: Ref, b: Ref, exact: bool = False) -> str | None:
+    """Why ``A · B`` of these shared tiles does not run on tensor cores, each batch slice
+    (``TensorCoreMatmul::kSupported``), or None where it does: one element type; for 16-bit types rows
+    of whole 16-byte vectors (ldmatrix), for fp32 (TF32) a B not read transposed; whole warps; and a
+    shape the atoms take (``tensor_cores.takes_tensor_cores``). With ``exact`` (A's columns scaled in
+    its fragments): 16-bit, one batch, no padding."""
     ta, tb = lowering.operand(a), lowering.operand(b)
     la, lb = ta.layout, tb.layout
     m, k, n = la.dims[2], la.dims[3], lb.dims[3]
-    if ta.element != tb.element or not takes_tensor_cores(m, k, n, lowering.threads):
-        return False
+    if not takes_tensor_cores(m, k, n, lowering.threads):
+        return f"a [{m}, {k}] · [{k}, {n}] product small enough for the CUDA cores"
+    if ta.element != tb.element:
+        return f"operands of two element types ({ta.element} and {tb.element})"
     if ta.element == "float":
-        return not exact and not lb.transposed
-    one_batch = la.dims[0] * la.dims[1] == 1 and lb.dims[0] * lb.dims[1] == 1
-    aligned = (2 * la.pitch) % 16 == 0 and (2 * lb.pitch) % 16 == 0  # ldmatrix rows
-    return aligned and (not exact or (exact_shape(k, n) and one_batch))
+        if exact:
+            return "an fp32 A (its columns are scaled in 16-bit fragments only)"
+        return "an fp32 B read transposed (TF32 fragments do not come by ldmatrix)" if lb.transposed else None
+    if (2 * la.pitch) % 16 or (2 * lb.pitch) % 16:
+        return f"16-bit rows of {la.pitch} and {lb.pitch} elements, not whole 16-byte vectors"
+    if exact and not (exact_shape(k, n) and la.dims[0] * la.dims[1] == 1 and lb.dims[0] * lb.dims[1] == 1):
+        return "a padded or batched product (A's columns are scaled in whole atoms of one batch only)"
+    return None
+
+
+def tensor_core_operands(lowering: KernelLowering, a: Ref, b: Ref, exact: bool = False) -> bool:
+    """Whether ``A · B`` of these shared tiles runs on tensor cores (:func:`tensor_core_refusal`)."""
+    return tensor_core_refusal(lowering, a, b, exact) is None
 
 
 def check_simt_size(lowering: KernelLowering, i: int, refs) -> None:
     """LoweringError where matmul ``i`` (operands ``refs``) would run on the CUDA cores with more than
     :data:`MAX_SIMT_ROUNDS` outputs a thread."""
-    if len(refs) != 2 or tensor_core_operands(lowering, refs[0], refs[1]):
+    if len(refs) != 2:
         return
+    reason = tensor_core_refusal(lowering, refs[0], refs[1])
     shape = lowering.graph.nodes[i].outputs[0].shape
     rounds = math.ceil(shape[-2] * shape[-1] / lowering.threads)  # a batch slice at a time
-    if rounds > MAX_SIMT_ROUNDS:
+    if reason is not None and rounds > MAX_SIMT_ROUNDS:
         raise LoweringError(
             f"matmul %{i} of {lowering.name} ({list(shape)} outputs) runs on the CUDA cores, {rounds} "
-            f"outputs a thread (at most {MAX_SIMT_ROUNDS}), since tensor cores cannot read its tiles "
-            "(operands of two element types, 16-bit rows that are not whole 16-byte vectors, or an fp32 B "
-            "read transposed); use such tiles, or more blocks")
+            f"outputs a thread (at most {MAX_SIMT_ROUNDS}), since tensor cores cannot take {reason}; "
+            "use tiles that they take, or more blocks")
 
 
 def row_sums(lowering: KernelLowering) -> dict[int, ctx.RowSums]:
