@@ -562,39 +562,29 @@ struct TensorCoreMatmul {
   // fragments hold pairs: A's registers 0, 1 columns k0 + 2·(lane % 4) + {0, 1}, registers 2, 3 the
   // same + 8, B's registers 0 and 1 those rows; TF32 ones hold one k each, k0 + lane % 4 and + 4.
   static MIRAGE_DEVICE void mask_depth(int k0, uint32_t (&a)[kTilesM][4], uint32_t (&b)[kTilesN][2]) {
+    // the bits kept of registers 0, 1 (low) and 2, 3 (high) of A, and 0 (low) and 1 (high) of B
+    uint32_t low, high;
     if constexpr (Atom::kLdmatrix) {
-      const int low = k0 + (lane() % 4) * 2;
-      const auto keep = [](uint32_t pair, int k) -> uint32_t {
-        return k + 1 < K ? pair : (k < K ? (pair & 0xffffu) : 0u);
-      };
-      const uint32_t a_low = keep(0xffffffffu, low), a_high = keep(0xffffffffu, low + 8);
-#pragma unroll
-      for (int i = 0; i < kTilesM; ++i) {
-        a[i][0] &= a_low;
-        a[i][1] &= a_low;
-        a[i][2] &= a_high;
-        a[i][3] &= a_high;
-      }
-#pragma unroll
-      for (int j = 0; j < kTilesN; ++j) {
-        b[j][0] &= a_low;
-        b[j][1] &= a_high;
-      }
+      const int k = k0 + (lane() % 4) * 2;
+      const auto pair = [](int first) { return first + 1 < K ? 0xffffffffu : (first < K ? 0xffffu : 0u); };
+      low = pair(k);
+      high = pair(k + 8);
     } else {
       const int k = k0 + lane() % 4;
-      const uint32_t low = k < K ? 0xffffffffu : 0u, high = k + 4 < K ? 0xffffffffu : 0u;
+      low = k < K ? 0xffffffffu : 0u;
+      high = k + 4 < K ? 0xffffffffu : 0u;
+    }
 #pragma unroll
-      for (int i = 0; i < kTilesM; ++i) {
-        a[i][0] &= low;
-        a[i][1] &= low;
-        a[i][2] &= high;
-        a[i][3] &= high;
-      }
+    for (int i = 0; i < kTilesM; ++i) {
+      a[i][0] &= low;
+      a[i][1] &= low;
+      a[i][2] &= high;
+      a[i][3] &= high;
+    }
 #pragma unroll
-      for (int j = 0; j < kTilesN; ++j) {
-        b[j][0] &= low;
-        b[j][1] &= high;
-      }
+    for (int j = 0; j < kTilesN; ++j) {
+      b[j][0] &= low;
+      b[j][1] &= high;
     }
   }
 
