@@ -5,6 +5,8 @@ runs them), and so do random µGraphs of odd tile dims (``random_graph(seed, odd
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -14,8 +16,16 @@ from padded_graphs import GRAPHS
 from mirage.codegen.compile import CompileOptions, Stage, compile_sources
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.codegen.random_graphs import random_graph
+from mirage.codegen.toolchain import library_include_dir
+from mirage.mugraph.tensor_cores import MAX_SIMT_ROUNDS
 from mirage.mugraph.interpret import interpret
 from mirage.mugraph.target import TARGETS
+
+
+def test_the_search_and_the_device_library_share_the_cuda_core_limit():
+    header = (library_include_dir() / "mirage" / "matmul.cuh").read_text()
+    (value,) = re.findall(r"inline constexpr int kMaxSimtRounds = (\d+);", header)
+    assert int(value) == MAX_SIMT_ROUNDS
 
 
 def _torch_reference(name: str, inputs: list[np.ndarray]) -> np.ndarray:

@@ -15,10 +15,11 @@
 //
 // TensorCoreMatmul: warp-level mma.sync through CuTe's SM80 atoms (HMMA in SASS):
 // m16n8k16 for fp16/bf16 with ldmatrix (LDSM) fragment loads, m16n8k8 TF32 for fp32. Warps tile
-// the output as WarpsM x WarpsN (chosen at compile time); needs N % 8 == 0, K % 16 (fp16, bf16)
-// or % 8 (fp32), and 16-byte aligned rows for ldmatrix. M is padded to a multiple of 16: the
-// missing rows of A are read as copies of its last row and their results are never written, so
-// a GEMV-like tile (M = 1 ... 15) still runs on tensor cores. Its last template argument picks
+// the output as WarpsM x WarpsN (chosen at compile time); needs 16-byte aligned rows for ldmatrix,
+// and N % 8 == 0 and K % 16 (fp16, bf16) or % 8 (fp32), except where the CUDA cores would compute
+// more than kMaxSimtRounds outputs a thread: then N and K are padded (see kPadded). M is padded to
+// a multiple of 16: the missing rows of A are read as copies of its last row and their results are
+// never written, so a GEMV-like tile (M = 1 ... 15) still runs on tensor cores. Its last template argument picks
 // the warp grid: DefaultWarpGrid (the most warps), SplitKWarpGrid (warp groups also split K where
 // a cost model expects it to pay: weight-streaming tiles with few output tiles per warp and long
 // dependent HMMA chains; write_back then adds the groups' partial sums through C's memory, with
@@ -267,14 +268,14 @@ struct ResolveWarpGrid<FixedWarpGrid<WarpsM, WarpsN, WarpsK>> {
 
 }  // namespace detail
 
+// Outputs a thread computes at most on the CUDA cores (SimtMatmul; Python's
+// tensor_cores.MAX_SIMT_ROUNDS): a product beyond it runs on tensor cores, padded where its shape needs.
+inline constexpr int kMaxSimtRounds = 64;
+
 // With a K split (kWarpsK > 1), warp group g (warps g·WarpsM·WarpsN, ...) runs the k-steps
 // [g·S/kWarpsK, (g+1)·S/kWarpsK) of every run() and holds a partial sum; group 0's fragments hold
 // the result once sum_partials has added the others (write_back does it). Linear updates
 // (rescale_rows, scale_rows) apply to every partial; for_each and for_each_pair see group 0 only.
-// Outputs a thread computes at most on the CUDA cores (SimtMatmul; the search's
-// tensor_cores.MAX_SIMT_ROUNDS): a product beyond it runs on tensor cores, padded where its shape needs.
-inline constexpr int kMaxSimtRounds = 64;
-
 template <class T, class ALayout, class BLayout, int NumThreads, class Grid = DefaultWarpGrid>
 struct TensorCoreMatmul {
   // B is read by pitch, or transposed (dev::Transposed: its stored rows are B's columns)
