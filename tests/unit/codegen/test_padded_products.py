@@ -17,9 +17,9 @@ from mirage.codegen.compile import CompileOptions, Stage, compile_sources
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.codegen.random_graphs import random_graph
 from mirage.codegen.toolchain import library_include_dir
-from mirage.mugraph.tensor_cores import MAX_SIMT_ROUNDS
 from mirage.mugraph.interpret import interpret
 from mirage.mugraph.target import TARGETS
+from mirage.mugraph.tensor_cores import MAX_SIMT_ROUNDS
 
 
 def test_the_search_and_the_device_library_share_the_cuda_core_limit():
