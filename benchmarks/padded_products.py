@@ -1,12 +1,9 @@
 """Padded tensor-core products on the GPU (docs/codegen.md, "Padded products"): the µGraphs of
-tests/unit/codegen/padded_graphs.py timed (CUDA-graph replays, median µs a call) beside PyTorch on the
+benchmarks/mugraphs/padded.py timed (CUDA-graph replays, median µs a call) beside PyTorch on the
 same inputs: eager ``scaled_dot_product_attention`` for the attention graphs, ``torch.mm`` for the
 products. Writes padded_products_<date>.json into ``--out``."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,14 +19,12 @@ def _pytorch(name: str, inputs):
 
 
 def main(argv=None) -> None:
+    from benchmarks.mugraphs.padded import GRAPHS
     from benchmarks.stream_floor import program_arguments, write_record
     from mirage.codegen.gpu_check import check_on_gpu, random_inputs
     from mirage.codegen.lower_program import generate_cuda_program
     from mirage.codegen.profile import device_facts, time_graph
     from mirage.codegen.runtime import build_many
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "unit" / "codegen"))
-    from padded_graphs import GRAPHS
 
     args = program_arguments(__doc__, argv)
     graphs = {name: build() for name, build in GRAPHS.items()}

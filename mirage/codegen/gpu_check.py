@@ -255,13 +255,10 @@ def suite_cases(
                 mlp.lora_reference(16),
             )
         )
-    if random_count:
+    if random_count or odd_count:
         from mirage.codegen.random_graphs import random_graph
 
         cases += [SuiteCase(f"random_{s}", "random", random_graph(s).graph, s) for s in range(random_count)]
-    if odd_count:
-        from mirage.codegen.random_graphs import random_graph
-
         cases += [SuiteCase(f"odd_{s}", "odd", random_graph(s, odd=True).graph, s) for s in range(odd_count)]
     if search_file:
         import json

@@ -64,6 +64,8 @@ def tensor_core_refusal(lowering: KernelLowering, a: Ref, b: Ref, exact: bool = 
     ta, tb = lowering.operand(a), lowering.operand(b)
     la, lb = ta.layout, tb.layout
     m, k, n = la.dims[2], la.dims[3], lb.dims[3]
+    if lowering.threads % 32:
+        return f"blocks of {lowering.threads} threads (not whole warps)"
     if not takes_tensor_cores(m, k, n, lowering.threads):
         return f"a [{m}, {k}] · [{k}, {n}] product small enough for the CUDA cores"
     if ta.element != tb.element:

@@ -510,8 +510,9 @@ def _in_range(graph: KernelGraph, seed: int) -> bool:
 
 def _lowers(graph: KernelGraph) -> bool:
     """Whether code generation takes ``graph``: the odd family's larger tiles may need more shared
-    memory than a block has, or a product on the CUDA cores past its limit (operands of two element
-    types), which lowering refuses with a clear error (tested elsewhere); such draws are drawn again."""
+    memory than a block has, or put a product that tensor cores cannot read (an element-wise tile at a
+    dense pitch of 12 halves) past the CUDA cores' limit; lowering refuses both with a clear error
+    (tests/unit/codegen/test_compile_time_limit.py); such draws are drawn again."""
     from mirage.codegen.lower_ops import LoweringError
     from mirage.codegen.lower_program import generate_cuda_program
     from mirage.errors import SharedMemoryError

@@ -1,5 +1,5 @@
 """Padded tensor-core products on a GPU (``dev::TensorCoreMatmul`` with K or N no whole atom): the
-µGraphs of tests/unit/codegen/padded_graphs.py (attention over ViT's 197 and CLIP's 77 tokens, one
+µGraphs of benchmarks/mugraphs/padded.py (attention over ViT's 197 and CLIP's 77 tokens, one
 block per head; products whose N tile is 197, 100 or 136, whose K step is 111, 50 or 100, in fp16,
 bf16 and fp32 (TF32 atoms: a product that lowering refused before, as on the CUDA cores)) match
 their float64 reference, outputs poisoned first so that an unwritten element shows, at two input
@@ -7,20 +7,15 @@ scales (the larger one makes garbage in the padding visible as NaN or a far-off 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("cupy")
 
+from benchmarks.mugraphs.padded import GRAPHS  # noqa: E402
 from mirage.codegen.gpu_check import check_on_gpu  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "codegen"))
-from padded_graphs import GRAPHS  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -1,7 +1,8 @@
 """Block products of a K or an N that is no whole tensor-core atom, too large for the CUDA cores, run
-padded on tensor cores: the µGraphs of padded_graphs.py compute what PyTorch does (float64, through the
-interpreter) and compile for sm_90a with their products as HMMAs (tests/gpu/test_padded_products_gpu.py
-runs them), and so do random µGraphs of odd tile dims (``random_graph(seed, odd=True)``)."""
+padded on tensor cores: the µGraphs of benchmarks/mugraphs/padded.py compute what PyTorch does
+(float64, through the interpreter) and compile for sm_90a with their products as HMMAs
+(tests/gpu/test_padded_products_gpu.py runs them), and so do random µGraphs of odd tile dims
+(``random_graph(seed, odd=True)``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 from codegen_helpers import needs_nvcc
-from padded_graphs import GRAPHS
 
+from benchmarks.mugraphs.padded import GRAPHS
 from mirage.codegen.compile import CompileOptions, Stage, compile_sources
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.codegen.random_graphs import random_graph
@@ -55,7 +56,7 @@ def test_padded_products_compile_to_tensor_core_instructions():
         assert not isinstance(result, Exception), f"{name}: {result}"
         sass = result.sass()
         assert "HMMA" in sass, name
-        if name != "vit_attention":  # (padded_graphs.py: its scores spill)
+        if name != "vit_attention":  # (benchmarks/mugraphs/padded.py: its scores spill)
             assert "LDL" not in sass and "STL" not in sass, f"{name} spills"
 
 

@@ -1,33 +1,20 @@
 """µGraphs whose block products have a K or an N that is no whole tensor-core atom and are too large
-for the CUDA cores, so that they run padded (``dev::TensorCoreMatmul``, docs/codegen.md): built by
-tests/unit/codegen/test_padded_products.py (compiled here) and tests/gpu/test_padded_products_gpu.py
-(run against float64)."""
+for the CUDA cores, so that they run padded (``dev::TensorCoreMatmul``, docs/codegen.md): compiled by
+tests/unit/codegen/test_padded_products.py, run against float64 by tests/gpu/test_padded_products_gpu.py,
+timed by ``python -m benchmarks.padded_products``."""
 
 from __future__ import annotations
 
 import mirage as mi
+from benchmarks.mugraphs.attention import one_kernel
 
 
-def whole_attention(heads: int = 12, tokens: int = 197, dim: int = 64, threads: int = 128) -> mi.KernelGraph:
-    """``softmax(Q @ K / sqrt(dim)) @ V`` with a block per head holding all of its tokens (ViT's 197:
-    a prime, so no grid or loop divides it): Q·K is [197, 64] · [64, 197] (N padded), P·V
-    [197, 197] · [197, 64] (K padded)."""
-    name = "whole_attention" if tokens == 197 else f"whole_attention_{tokens}"
-    g = mi.new_kernel_graph(name)
-    q = g.new_input(dims=(heads, tokens, dim), dtype=mi.float16, name="Q")
-    k = g.new_input(dims=(heads, dim, tokens), dtype=mi.float16, name="K")
-    v = g.new_input(dims=(heads, tokens, dim), dtype=mi.float16, name="V")
-    tb = mi.new_threadblock_graph(grid_dim=(heads, 1, 1), block_dim=(threads, 1, 1), forloop_range=1,
-                                  reduction_dimx=dim)
-    bq = tb.new_input(q, input_map=(0, -1, -1), forloop_dim=-1)
-    bk = tb.new_input(k, input_map=(0, -1, -1), forloop_dim=2)
-    bv = tb.new_input(v, input_map=(0, -1, -1), forloop_dim=1)
-    e = tb.exp(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5))
-    sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
-    tb.new_output(tb.div(numerators, sums), output_map=(0, -1, -1))
-    (out,) = g.customized([q, k, v], tb)
-    g.mark_output(out)
-    return g.freeze()
+def whole_attention(tokens: int, threads: int) -> mi.KernelGraph:
+    """12 heads of 64 dims, a block per head holding all ``tokens`` queries and keys (ViT's 197: a prime,
+    so no grid or loop divides it): Q·K is [197, 64] · [64, 197] (N padded), P·V [197, 197] · [197, 64]
+    (K padded)."""
+    return one_kernel(12, tokens, tokens, 64, rows=tokens, key_tile=tokens, threads=threads)
+
 
 
 def product(m: int, k: int, n: int, grid: int, iterations: int, dtype=mi.float16,
@@ -50,9 +37,9 @@ def product(m: int, k: int, n: int, grid: int, iterations: int, dtype=mi.float16
 GRAPHS = {
     # ViT's 197 tokens: each warp holds 13 × 7 of the scores' 16 × 8 tiles at once (364 values a
     # thread), which spills (the product runs whole, not in slabs of rows): correct, not fast
-    "vit_attention": whole_attention,
+    "vit_attention": lambda: whole_attention(197, threads=128),
     # CLIP's 77 tokens at 64 threads (93 scores a thread: padded, N and K of 77), no spill
-    "clip_attention": lambda: whole_attention(tokens=77, threads=64),
+    "clip_attention": lambda: whole_attention(77, threads=64),
     # N tile of 197 (M of 64: 99 outputs a thread), K in four steps of 128
     "odd_n": lambda: product(64, 512, 394, grid=2, iterations=4),
     # K of 111 in one step (odd: the last step keeps one element of a pair), N of 128
