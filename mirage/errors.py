@@ -93,3 +93,8 @@ class SerializationError(MirageError):
 
 class InterpretError(MirageError):
     """The interpreter got inputs that do not match the graph."""
+
+
+class OverlapError(InterpretError, ValueError):
+    """Two blocks of an uneven grid axis (``BlockGraph.spans``) computed different values for the entries
+    their tiles share: the block graph mixes entries along that dim, which an uneven axis must not."""

@@ -108,12 +108,16 @@ def one_kernel(heads: int, queries: int, keys: int, dim: int, rows: int, key_til
     search finds): (heads, 1, queries / rows) blocks of ``rows`` query rows loop over the keys
     ``key_tile`` at a time; Q (heads, queries, dim), K (heads, dim, keys), V (heads, keys, dim).
     With ``cap``, the scores are Gemma 2's soft-capped ``cap · tanh(S / (sqrt(dim) · cap))``; with
-    ``output_strides``, the output is laid out so (``mark_output(strides=...)``, e.g. a head merge)."""
+    ``output_strides``, the output is laid out so (``mark_output(strides=...)``, e.g. a head merge).
+    Where ``rows`` does not divide ``queries`` (ViT's 197), ceil(queries / rows) blocks split them
+    unevenly (``spans``: tiles of ceil(queries / blocks) rows, the last one overlapping)."""
     g = mi.new_kernel_graph("attention")
     q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in
                zip(((heads, queries, dim), (heads, dim, keys), (heads, keys, dim)), "QKV", strict=True))
-    tb = mi.new_threadblock_graph(grid_dim=(heads, 1, queries // rows), block_dim=(threads, 1, 1),
-                                  forloop_range=keys // key_tile, reduction_dimx=dim)
+    groups = -(-queries // rows)
+    tb = mi.new_threadblock_graph(grid_dim=(heads, 1, groups), block_dim=(threads, 1, 1),
+                                  forloop_range=keys // key_tile, reduction_dimx=dim,
+                                  spans=(0, 0, queries if queries % rows else 0))
     bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
     bk = tb.new_input(k, input_map=(0, -1, -1), forloop_dim=2)
     bv = tb.new_input(v, input_map=(0, -1, -1), forloop_dim=1)
@@ -124,7 +128,7 @@ def one_kernel(heads: int, queries: int, keys: int, dim: int, rows: int, key_til
     e = tb.exp(scores)
     sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
     # one group of all the queries (a dim no smaller group divides, ViT's 197): z maps nothing
-    tb.new_output(tb.div(numerators, sums), output_map=(0, -1, 1 if queries > rows else -1))
+    tb.new_output(tb.div(numerators, sums), output_map=(0, -1, 1 if groups > 1 else -1))
     (out,) = g.customized([q, k, v], tb)
     g.mark_output(out, strides=output_strides)
     return g.freeze()

@@ -220,21 +220,27 @@ class KernelLowering:
                 stages=1,
                 pipelined=False,
                 generated=self.softmax.mask_rows,
+                tile_ends=self._ends(rank4(it.source.shape), rank4_map(it.source.rank, it.input_map,
+                                                                       self.graph.grid_dim),
+                                     self.generated_tile(i).layout.dims),
             )
         if self.row_loop is not None and i in self.row_loop.plan.direct:
             shape = node.outputs[0].shape
             element = self.element(i)
+            layout = tile_layout(shape, element, 1 << 30, False)  # dense
+            dim_map = rank4_map(it.source.rank, it.input_map, self.graph.grid_dim)
             return ctx.InputIteratorContext(
                 name=f"in{i}",
                 node=i,
                 parameter=f"input{k}",
-                tile=ctx.Tile(f"t{i}", element, tile_layout(shape, element, 1 << 30, False), -1),  # dense
+                tile=ctx.Tile(f"t{i}", element, layout, -1),
                 source_dims=rank4(it.source.shape),
-                input_map=rank4_map(it.source.rank, it.input_map, self.graph.grid_dim),
+                input_map=dim_map,
                 forloop_dim=rank4_dim(it.source.rank, it.forloop_dim),
                 stages=1,
                 pipelined=False,
                 direct=True,
+                tile_ends=self._ends(rank4(it.source.shape), dim_map, layout.dims),
             )
         buffer = self.kernel.memory.buffer_of(i)
         rank = it.source.rank
@@ -266,7 +272,11 @@ class KernelLowering:
             barriers=self.kernel.memory.barriers_of(i) if multicast or tma else -1,
             tma=tma,
             late=self.softmax is not None and i in self.softmax.late,
+            tile_ends=self._ends(source_dims, input_map, stored.dims),
         )
+
+    def _ends(self, dims, dim_map, tile) -> tuple[str, str, str, str] | None:
+        return ctx.tile_ends(self.graph.spans, dims, dim_map, tile)
 
     def direct_saver(self, i: int) -> ctx.OutputSaverContext:
         """Saver ``i``, for a result written from registers (no shared tile): its tile is the
@@ -279,15 +289,18 @@ class KernelLowering:
         node = self.graph.nodes[i]
         (src,) = node.inputs
         target = node.outputs[0]
+        tile = tile or self.operand(src)
+        output_map = rank4_map(target.rank, node.attrs.output_map, self.graph.grid_dim)
         return ctx.OutputSaverContext(
             name=f"out{i}",
             node=i,
             parameter=f"output{j}",
             element=element_type(target.dtype, f"output %{i}"),
-            tile=tile or self.operand(src),
+            tile=tile,
             target_dims=rank4(target.shape),
-            output_map=rank4_map(target.rank, node.attrs.output_map, self.graph.grid_dim),
+            output_map=output_map,
             **ctx.saver_layout(self.output_strides[j] if j < len(self.output_strides) else None),
+            tile_ends=self._ends(rank4(target.shape), output_map, tile.layout.dims),
         )
 
     def parameters(self) -> tuple[ctx.Parameter, ...]:

@@ -104,6 +104,9 @@ class InputIteratorContext:
     # > 0: never read; its values are the causal pattern of this period, computed where they are used
     # (gen/softmax_columns.cuh's CausalMasks)
     generated: int = 0
+    # rank-4, where an uneven grid axis splits a dim: the element index its last tile starts at (C++
+    # text, dev::TileEnds; "mirage::dev::kEven" elsewhere); None on even grids
+    tile_ends: tuple[str, str, str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,18 @@ class OutputSaverContext:
     target_strides: tuple[int, int, int, int] | None = None
     # its split dims, rank-4: (outer strides, inner sizes), 0 where unsplit (dev::Strides)
     target_split: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    tile_ends: tuple[str, str, str, str] | None = None  # as InputIteratorContext's
+
+
+def tile_ends(spans: tuple[int, int, int], dims: tuple[int, ...], dim_map: tuple[int, int, int],
+              tile: tuple[int, ...]) -> tuple[str, str, str, str] | None:
+    """``dev::TileEnds`` of a tensor (rank-4 ``dims``, grid map ``dim_map``, rank-4 ``tile``) in a block
+    graph of these ``spans``: where the last tile of each uneven axis's dim starts; None if none."""
+    ends = ["mirage::dev::kEven"] * 4
+    for axis, d in enumerate(dim_map):
+        if d >= 0 and spans[axis]:
+            ends[d] = str(dims[d] - tile[d])
+    return None if all(e == "mirage::dev::kEven" for e in ends) else (ends[0], ends[1], ends[2], ends[3])
 
 
 def saver_layout(declared: tuple[int, ...] | None) -> dict:

@@ -145,8 +145,8 @@ def with_kernel_budget(reference: KernelGraph, settings: SearchSettings) -> Sear
     return dataclasses.replace(settings, overrides=overrides)
 
 
-_LAYOUT_NAMES = ("griddims", "grid_dims", "imap_combos", "imaps", "fmap_combos", "fmaps", "franges",
-                 "omaps")
+_LAYOUT_NAMES = ("griddims", "grid_dims", "grid_spans", "imap_combos", "imaps", "fmap_combos", "fmaps",
+                 "franges", "omaps")
 
 
 def with_attention_layout(reference: KernelGraph, settings: SearchSettings) -> SearchSettings:

@@ -108,14 +108,16 @@ def block_headers(
     """Every (grid, block, input maps, for-loop dims, for-loop range) for these inputs, in Mirage's
     loop order.  Headers whose input iterators do not fit are counted in ``rejected[0]``."""
     types = tuple(types)
-    for grid in dims.grid_candidates(types, space):
+    for grid, spans in dims.grids(types, space):
         if grid[0] * grid[1] * grid[2] > space.max_grid_blocks:
             continue
         for block in dims.block_candidates(space):
-            for imaps in dims.imap_combinations(types, grid, space):
+            for imaps in dims.imap_combinations(types, grid, space, spans):
+                if any(spans) and not all(any(m[a] != -1 for m in imaps) for a in range(3) if spans[a]):
+                    continue
                 for fmaps in dims.fmap_combinations(types, space):
                     for forloop_range in dims.frange_candidates(types, imaps, fmaps, grid, space):
-                        tiles = _tiles(types, imaps, fmaps, grid, forloop_range)
+                        tiles = _tiles(types, imaps, fmaps, grid, forloop_range, spans)
                         if tiles is None:
                             rejected[0] += 1
                             continue
@@ -129,16 +131,18 @@ def block_headers(
                             tiles,
                             outputs or (1, space.max_block_outputs),
                             final,
+                            spans,
                         )
 
 
 def _tiles(
-    types: Sequence[TensorType], imaps: Sequence[Dim3], fmaps: Sequence[int], grid: Dim3, forloop_range: int
+    types: Sequence[TensorType], imaps: Sequence[Dim3], fmaps: Sequence[int], grid: Dim3, forloop_range: int,
+    spans: Dim3 = (0, 0, 0),
 ) -> tuple[TensorType, ...] | None:
     tiles = []
     for t, imap, fmap in zip(types, imaps, fmaps, strict=True):
         try:
-            shape = build.tile_shape(t, imap, fmap, grid, forloop_range)
+            shape = build.tile_shape(t, imap, fmap, grid, forloop_range, spans)
         except GraphError:
             return None
         tiles.append(TensorType(shape, t.dtype))

@@ -49,11 +49,48 @@ def grid_candidates(inputs: Sequence[TensorType], space: SearchSpace) -> list[Di
     return _dedupe(found)
 
 
+def grids(inputs: Sequence[TensorType], space: SearchSpace) -> list[tuple[Dim3, Dim3]]:
+    """Every grid to try with its spans (``(0, 0, 0)`` where it divides its dims): the user's
+    ``grid_dims`` (with ``grid_spans``), or Mirage's generated grids and then the uneven ones."""
+    if space.grid_dims is not None:
+        spans = space.grid_spans or ((0, 0, 0),) * len(space.grid_dims)
+        if len(spans) != len(space.grid_dims):
+            from mirage.generator.space import SearchSpaceError
+
+            raise SearchSpaceError(f"grid_spans has {len(spans)} entries for {len(space.grid_dims)} "
+                                   "grid_dims: give one per grid, (0, 0, 0) for a grid that divides its dims")
+        return [(g, s) for g, s in zip(space.grid_dims, spans, strict=True)
+                if g[0] * g[1] * g[2] <= space.max_grid_blocks]
+    return [(g, (0, 0, 0)) for g in grid_candidates(inputs, space)] + uneven_grid_candidates(inputs, space)
+
+
+def uneven_grid_candidates(inputs: Sequence[TensorType], space: SearchSpace) -> list[tuple[Dim3, Dim3]]:
+    """Grids whose blocks split a dim that no split of Mirage's lists divides (a size that is no
+    multiple of 8, ViT's 197 tokens), with their spans: ``ceil(d / x)`` blocks of the same splits, the
+    last tile overlapping the one before it (``BlockGraph.spans``).  Empty under user ``grid_dims``
+    or ``uneven_grids=False``."""
+    if space.grid_dims is not None or not space.uneven_grids:
+        return []
+    odd = [d for d in dict.fromkeys(d for t in inputs for d in t.shape) if d % 8 and d > 8]
+    batch = inputs[0].shape[0]
+    found: list[tuple[Dim3, Dim3]] = [((-(-d // x), 1, 1), (d, 0, 0))
+                                      for x in ONE_D_SPLITS for d in odd if d > x]
+    if space.attention_grids:
+        found += [((batch, -(-d // y), 1), (0, d, 0)) for y in TWO_D_SPLITS for d in odd if d > y]
+    return list(dict.fromkeys((g, s) for g, s in found if g[0] * g[1] * g[2] > 1 and _distinct_starts(g, s)
+                              and space.min_grid_blocks <= g[0] * g[1] * g[2] <= space.max_grid_blocks))
+
+
+def _distinct_starts(grid: Dim3, spans: Dim3) -> bool:
+    """Every block of an uneven axis starts at an entry of its own (``check_block_header``'s rule)."""
+    return all(not s or (-(-s // g)) * (g - 1) < s for g, s in zip(grid, spans, strict=True))
+
+
 def block_candidates(space: SearchSpace) -> list[Dim3]:
     return list(space.block_dims)
 
 
-def _imap_fits(t: TensorType, imap: Dim3, grid: Dim3) -> bool:
+def _imap_fits(t: TensorType, imap: Dim3, grid: Dim3, spans: Dim3 = (0, 0, 0)) -> bool:
     mapped = [d for d in imap if d != -1]
     if len(mapped) != len(set(mapped)):
         return False
@@ -62,22 +99,24 @@ def _imap_fits(t: TensorType, imap: Dim3, grid: Dim3) -> bool:
             return False
         if grid[axis] == 1 and d != -1:
             return False
-        if d != -1 and t.shape[d] % grid[axis]:
+        if d != -1 and (t.shape[d] != spans[axis] if spans[axis] else t.shape[d] % grid[axis]):
             return False
     return True
 
 
-def imap_combinations(inputs: Sequence[TensorType], grid: Dim3, space: SearchSpace) -> list[tuple[Dim3, ...]]:
+def imap_combinations(inputs: Sequence[TensorType], grid: Dim3, space: SearchSpace,
+                      spans: Dim3 = (0, 0, 0)) -> list[tuple[Dim3, ...]]:
     """One input map per input; combinations where every input replicates along a split grid axis
     are dropped (those blocks would all compute the same thing)."""
     if space.imap_combos is not None:
         candidates = [c for c in space.imap_combos if len(c) == len(inputs)]
         chosen = [
-            c for c in candidates if all(_imap_fits(t, m, grid) for t, m in zip(inputs, c, strict=True))
+            c for c in candidates
+            if all(_imap_fits(t, m, grid, spans) for t, m in zip(inputs, c, strict=True))
         ]
     else:
         chosen = list(
-            itertools.product(*[[m for m in space.imaps if _imap_fits(t, m, grid)] for t in inputs])
+            itertools.product(*[[m for m in space.imaps if _imap_fits(t, m, grid, spans)] for t in inputs])
         )
     combos = []
     for combo in chosen:

@@ -357,7 +357,9 @@ class Explorer:
                 if self.listing_deadline is not None and time.time() > self.listing_deadline:
                     self.listing_truncated = True
                     break
-            if not guided or self._fits(state, header):
+            if any(header.spans) and not self._uneven_fits(state, header):
+                self.stats.pruned["uneven_grids"] += 1  # its blocks would disagree where they overlap
+            elif not guided or self._fits(state, header):
                 yield header
             else:
                 later.append(header)
@@ -478,6 +480,13 @@ class Explorer:
         return not self.context.tiling.misfits([values[i] for i in header.inputs], header.input_maps,
                                                header.forloop_dims, header.grid_dim, header.forloop_range)
 
+    def _uneven_fits(self, state: KernelState, header: BlockHeader) -> bool:
+        """Whether each uneven grid axis of ``header`` splits a dim that indexes the reference's outputs
+        and that it never reduces (``tiling.py``): only there do overlapping tiles agree."""
+        values = state.values or (None,) * len(state.terms)
+        return all(self.context.tiling.axis_fits([values[i] for i in header.inputs], header.input_maps, axis)
+                   for axis in range(3) if header.spans[axis])
+
     def _needs_more(self, children: list[KernelState], first_new: int, fits: bool) -> bool:
         """Whether a closed body's states need more kernels although a body of the same header may
         complete the µGraph in one kernel fewer: the header tiles the reference as one kernel can
@@ -508,6 +517,7 @@ class Explorer:
             header.block_dim,
             header.forloop_range,
             self.space.reduction_dimx,
+            header.spans,
         )
         evaluator = self.context.evaluator
         for omap in output_maps(header.grid_dim, self.space):

@@ -179,7 +179,12 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     whole_maps = {"q": (0, -1, 1), "k": (0, -1, -1), "v": (0, -1, -1), "mask": (head, -1, 1)}
     split_maps = {"q": (0, -1, 1), "k": (0, 2, -1), "v": (0, 1, -1), "mask": (head, 2, 1)}
     loop_dims = [{"q": -1, "k": 2, "v": 1, "mask": 2}[role] for role in roles]
-    whole_grids = [(heads, 1, g) for g in whole]
+    # where no group of about those rows divides the queries (ViT's 197), also blocks of those rows
+    # with the last one overlapping (spans: BlockGraph.spans); the queries index the output, unreduced
+    uneven = [-(-queries // rows) for rows in WHOLE_ROWS_PER_GROUP if queries % rows and queries > rows]
+    uneven = [g for g in dict.fromkeys(uneven) if g not in whole and -(-queries // g) * (g - 1) < queries]
+    whole_grids = [(heads, 1, g) for g in whole] + [(heads, 1, g) for g in uneven if whole or not splits]
+    whole_spans = [(0, 0, 0)] * len(whole) + [(0, 0, queries)] * (len(whole_grids) - len(whole))
     split_grids = [(heads, s, groups) for s in splits]
     combine_grid = [(heads, groups, 1)] if splits else []
     imaps = [[_on(grid, whole_maps[role]) for role in roles] for grid in whole_grids]
@@ -190,6 +195,8 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     block_ops = WHOLE_BLOCK_OPS + MASK_BLOCK_OPS * ("mask" in roles) + _extra_score_ops(reference)
     return {
         "griddims": whole_grids + split_grids + combine_grid,
+        **({"grid_spans": whole_spans + [(0, 0, 0)] * (len(split_grids) + len(combine_grid))}
+           if any(map(any, whole_spans)) else {}),
         "imap_combos": list(map(list, dict.fromkeys(map(tuple, imaps)))),
         "fmap_combos": [loop_dims, [-1, -1]] if splits else [loop_dims],
         "franges": sorted(ranges),

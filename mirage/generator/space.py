@@ -141,7 +141,13 @@ class SearchSpace:
     kernel_ops: tuple[OpChoice, ...] = MIRAGE_KERNEL_OPS
     block_ops: tuple[OpChoice, ...] = MIRAGE_BLOCK_OPS
     grid_dims: tuple[Dim3, ...] | None = None
+    # per grid of ``grid_dims``, its spans (BlockGraph.spans: the dim sizes its axes split unevenly);
+    # None: every grid divides its dims
+    grid_spans: tuple[Dim3, ...] | None = None
     attention_grids: bool = False  # add Mirage's 2-D grids {batch, dim/y, 1} and {batch, 16, 4}
+    # also split dims that no split of the lists divides (no multiple of 8: ViT's 197 tokens) into
+    # ceil(dim / split) blocks, the last tile overlapping (BlockGraph.spans; dims.uneven_grid_candidates)
+    uneven_grids: bool = True
     block_dims: tuple[Dim3, ...] = ((128, 1, 1),)
     imaps: tuple[Dim3, ...] = DEFAULT_IMAPS
     omaps: tuple[Dim3, ...] = DEFAULT_OMAPS
@@ -400,7 +406,7 @@ def _normalize(name: str, value: Any, from_json: bool = False) -> Any:
                 if level not in REGISTRY[choice.op].levels:
                     raise SearchSpaceError(f"op {choice} does not exist at the {level.value} level")
             return choices
-        case "grid_dims":
+        case "grid_dims" | "grid_spans":
             return None if value is None else tuple(_dim3(v) for v in value)
         case "block_dims" | "imaps" | "omaps":
             return tuple(_dim3(v) for v in value)
@@ -421,6 +427,7 @@ def _normalize(name: str, value: Any, from_json: bool = False) -> Any:
             return str(value)
         case (
             "attention_grids"
+            | "uneven_grids"
             | "block_matmul_batch_one"
             | "add_reference_ops"
             | "graph_defined_first"

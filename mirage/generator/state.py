@@ -54,6 +54,7 @@ class BlockHeader:
     tiles: tuple[TensorType, ...]  # the tile each input iterator yields per block and iteration
     outputs: tuple[int, int] = (1, 2)  # how many outputs the block graph may have (least, most)
     final: bool = False  # nothing can follow the op: its outputs are the µGraph's outputs
+    spans: Dim3 = (0, 0, 0)  # per grid axis, the dim size it splits unevenly (BlockGraph.spans)
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,12 @@ class DimClasses:
             verdict = self._verdicts[key] = self._misfits(*key)
         return verdict
 
+    def axis_fits(self, values: Sequence[int | None], input_maps: Sequence[Dim3], axis: int) -> bool:
+        """Whether grid axis ``axis`` of a header maps one parallel class (condition 1 alone)."""
+        known = [(v, imap[axis]) for v, imap in zip(values, input_maps, strict=True)
+                 if v is not None and v in self.shapes]
+        return self._fits_memo(True, tuple(known))
+
     def _misfits(self, values, input_maps, forloop_dims, grid: Dim3, forloop_range: int) -> int:
         known = [
             (v, imap, fmap)

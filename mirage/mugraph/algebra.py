@@ -66,6 +66,8 @@ class NotInterpretable(Exception):
 class FloatAlgebra:
     """Reference semantics in numpy floating point (float32 or float64)."""
 
+    concrete = True  # values, not terms: the interpreter checks what two blocks compute twice
+
     def __init__(self, dtype: type = np.float64) -> None:
         self.dtype = np.dtype(dtype)
 

@@ -105,9 +105,25 @@ def append(graph, op: Op, inputs: tuple[Ref, ...] = (), attrs: Any = None,
     return dataclasses.replace(graph, nodes=graph.nodes + (node,)), len(graph.nodes)
 
 
+def tile_extent(size: int, blocks: int, span: int = 0) -> int:
+    """A tile's extent along a dim of ``size`` that ``blocks`` blocks partition: ``size / blocks``, or
+    ``ceil(span / blocks)`` on an uneven axis (``span``: the dim's size where the blocks do not divide it)."""
+    return -(-span // blocks) if span else size // blocks
+
+
+def tile_start(block: int, extent: int, span: int = 0) -> int:
+    """Where block ``block``'s tile starts along a partitioned dim: ``block · extent``, and on an uneven
+    axis at most ``span - extent``, so that the last tile ends at the dim's end and overlaps the one
+    before it (those blocks compute the overlapping entries twice, with the same values: the dim is
+    never reduced inside the block)."""
+    start = block * extent
+    return min(start, span - extent) if span else start
+
+
 def tile_shape(source: TensorType, input_map: Dim3, forloop_dim: int, grid: Dim3,
-               forloop_range: int) -> tuple[int, ...]:
-    """The shape each block sees of ``source`` in one iteration (mirage-notes §1.3)."""
+               forloop_range: int, spans: Dim3 = (0, 0, 0)) -> tuple[int, ...]:
+    """The shape each block sees of ``source`` in one iteration (mirage-notes §1.3); ``spans`` as in
+    :class:`~mirage.mugraph.graph.BlockGraph`."""
     shape = list(source.shape)
     seen: dict[int, int] = {}
     for axis, d in enumerate(input_map):
@@ -119,10 +135,19 @@ def tile_shape(source: TensorType, input_map: Dim3, forloop_dim: int, grid: Dim3
                 raise InputMapError(f"input_map {tuple(input_map)} maps grid axes "
                                     f"{'xyz'[seen[d]]} and {'xyz'[axis]} to the same dim {d}")
             seen[d] = axis
-            if shape[d] % grid[axis]:
+            span = spans[axis]
+            if span and shape[d] != span:
+                raise DivisibilityError(f"grid axis {'xyz'[axis]} spans {span} entries unevenly, but dim {d} "
+                                        f"it maps has size {shape[d]} (every tensor split along an uneven "
+                                        "axis has the span's size there)")
+            if not span and shape[d] % grid[axis]:
                 raise DivisibilityError(f"dim {d} of size {shape[d]} is not divisible by grid "
-                                        f"axis {'xyz'[axis]} = {grid[axis]}")
-            shape[d] //= grid[axis]
+                                        f"axis {'xyz'[axis]} = {grid[axis]} (give the block graph spans "
+                                        f"with {shape[d]} on that axis for tiles that overlap at the end)")
+            if d == forloop_dim and span:
+                raise ForloopDimError(f"dim {d} is split unevenly by grid axis {'xyz'[axis]}; the for-loop "
+                                      "cannot also step it")
+            shape[d] = tile_extent(shape[d], grid[axis], span)
     if forloop_dim != -1:
         if not 0 <= forloop_dim < len(shape):
             raise ForloopDimError(f"forloop_dim {forloop_dim} is out of range for a "
@@ -134,7 +159,8 @@ def tile_shape(source: TensorType, input_map: Dim3, forloop_dim: int, grid: Dim3
     return tuple(shape)
 
 
-def output_shape(tile: TensorType, output_map: Dim3, grid: Dim3) -> tuple[int, ...]:
+def output_shape(tile: TensorType, output_map: Dim3, grid: Dim3,
+                 spans: Dim3 = (0, 0, 0)) -> tuple[int, ...]:
     shape = list(tile.shape)
     used: set[int] = set()
     for axis, d in enumerate(output_map):
@@ -147,13 +173,18 @@ def output_shape(tile: TensorType, output_map: Dim3, grid: Dim3) -> tuple[int, .
                 raise OutputMapError(f"output_map {tuple(output_map)}: dim {d} is out of range or "
                                      "used twice")
             used.add(d)
-            shape[d] *= grid[axis]
+            span = spans[axis]
+            if span and shape[d] != tile_extent(span, grid[axis], span):
+                raise OutputMapError(f"output_map {tuple(output_map)}: grid axis {'xyz'[axis]} spans {span} "
+                                     f"entries unevenly in tiles of {tile_extent(span, grid[axis], span)}, "
+                                     f"but the saved tile has {shape[d]} along dim {d}")
+            shape[d] = span if span else shape[d] * grid[axis]
     return tuple(shape)
 
 
 def add_input_iterator(graph: BlockGraph, source: TensorType, input_map: Dim3 = (-1, -1, -1),
                        forloop_dim: int = -1):
-    tile = tile_shape(source, tuple(input_map), forloop_dim, graph.grid_dim, graph.forloop_range)
+    tile = tile_shape(source, tuple(input_map), forloop_dim, graph.grid_dim, graph.forloop_range, graph.spans)
     attrs = InputIterator(dataclasses.replace(source, after_accum=False), tuple(input_map), forloop_dim)
     return append(graph, Op.INPUT, (), attrs, (TensorType(tile, source.dtype),))
 
@@ -169,7 +200,7 @@ def add_output_saver(graph: BlockGraph, tensor: Ref, output_map: Dim3 = (-1, -1,
     if forloop_dim != -1:
         raise ForloopDimError("output savers take forloop_dim=-1 (outputs are written once, after the "
                               "loop)")
-    shape = output_shape(tile, tuple(output_map), graph.grid_dim)
+    shape = output_shape(tile, tuple(output_map), graph.grid_dim, graph.spans)
     saver = OutputSaver(tuple(output_map), forloop_dim)
     return append(graph, Op.OUTPUT, (tensor,), saver, (TensorType(shape, tile.dtype),))
 

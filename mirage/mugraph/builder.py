@@ -400,13 +400,15 @@ class TBGraph(_Builder):
     tensor_type = STensor
 
     def __init__(self, grid_dim, block_dim=(128, 1, 1), forloop_range: int = 1,
-                 reduction_dimx: int = 64) -> None:
+                 reduction_dimx: int = 64, spans=(0, 0, 0)) -> None:
         grid = _dim3(grid_dim, "grid_dim", GridError, positive=True)
+        given = len(spans) if isinstance(spans, (tuple, list)) else 1
+        spans = tuple(v if axis < given else 0 for axis, v in enumerate(_dim3(spans, "spans", GridError)))
         block = _dim3(block_dim, "block_dim", GridError, positive=True)
         for what, value in (("forloop_range", forloop_range), ("reduction_dimx", reduction_dimx)):
             if not _is_int(value) or value < 1:
                 raise GridError(f"{what} must be a positive int, got {value!r}")
-        super().__init__(BlockGraph((), grid, block, int(forloop_range), int(reduction_dimx)))
+        super().__init__(BlockGraph((), grid, block, int(forloop_range), int(reduction_dimx), spans))
         from mirage.mugraph.check import check_block_header
 
         check_block_header(self.graph)
@@ -498,8 +500,12 @@ def new_kernel_graph(name: str = "") -> KNGraph:
 
 
 def new_threadblock_graph(grid_dim, block_dim=(128, 1, 1), forloop_range: int = 1,
-                          reduction_dimx: int = 64) -> TBGraph:
-    return TBGraph(grid_dim, block_dim, forloop_range, reduction_dimx)
+                          reduction_dimx: int = 64, spans=(0, 0, 0)) -> TBGraph:
+    """A block graph of ``grid_dim`` blocks.  ``spans``: per grid axis, the size of a dim its blocks
+    split although they do not divide it (0 where they do): ``spans=(0, 197, 0)`` with 4 blocks along y
+    gives every tensor mapped there tiles of 50 entries, the last starting at 147.  Such a dim must
+    index the outputs and never be reduced in the block (the blocks write the overlap twice)."""
+    return TBGraph(grid_dim, block_dim, forloop_range, reduction_dimx, spans)
 
 
 def as_graph(graph) -> KernelGraph:

@@ -7,6 +7,7 @@ neighbouring lines of the text form.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 
 from mirage.errors import (
@@ -59,8 +60,7 @@ def _check_nodes(graph, target: Target) -> None:
                     raise LevelError("thread graphs live inside block graphs")
                 _check_thread(node.attrs)
             elif node.op is Op.OUTPUT:
-                prefix = BlockGraph(graph.nodes[:i], graph.grid_dim, graph.block_dim,
-                                    graph.forloop_range, graph.reduction_dimx)
+                prefix = dataclasses.replace(graph, nodes=graph.nodes[:i])
                 (src,) = node.inputs
                 new, j = build.add_output_saver(prefix, src, node.attrs.output_map, node.attrs.forloop_dim)
                 _expect(node.outputs, new.nodes[j].outputs)
@@ -83,8 +83,6 @@ def _check_ref(r) -> None:
 
 
 def _fields(graph) -> dict:
-    import dataclasses
-
     return {f.name: getattr(graph, f.name) for f in dataclasses.fields(graph)}
 
 
@@ -107,7 +105,7 @@ def _check_input(graph, node) -> None:
                          " attributes")
     if graph.level is Level.BLOCK:
         it = node.attrs
-        prefix = BlockGraph((), graph.grid_dim, graph.block_dim, graph.forloop_range, graph.reduction_dimx)
+        prefix = dataclasses.replace(graph, nodes=())
         new, _ = build.add_input_iterator(prefix, it.source, it.input_map, it.forloop_dim)
         _expect(node.outputs, new.nodes[0].outputs)
 
@@ -119,6 +117,15 @@ def check_block_header(graph: BlockGraph, target: Target = DEFAULT_TARGET) -> No
     for name, value in (("forloop_range", graph.forloop_range), ("reduction_dimx", graph.reduction_dimx)):
         if not _is_index(value) or value < 1:
             raise GridError(f"{name} must be a positive int, got {value!r}")
+    spans = graph.spans
+    if len(spans) != 3 or not all(_is_index(s) and s >= 0 for s in spans):
+        raise GridError(f"spans must be three non-negative ints (0 where the grid divides its dim), "
+                        f"got {spans}")
+    for axis, (span, blocks) in enumerate(zip(spans, graph.grid_dim, strict=True)):
+        if span and (blocks == 1 or -(-span // blocks) * (blocks - 1) >= span):
+            raise GridError(f"grid axis {'xyz'[axis]} has {blocks} block(s) over a span of {span}: an uneven "
+                            "axis needs at least two blocks, each starting at an entry of its own (use "
+                            "fewer blocks, or span 0)")
     if graph.num_blocks > target.max_blocks_per_kernel:
         raise GridError(f"grid {graph.grid_dim} has {graph.num_blocks} blocks, more than "
                         f"{target.max_blocks_per_kernel}")

@@ -450,6 +450,10 @@ class BlockGraph(_GraphBase):
     block_dim: Dim3 = (128, 1, 1)
     forloop_range: int = 1
     reduction_dimx: int = 64
+    # per grid axis, the size of the dim its blocks partition where they do not divide it (0: they do):
+    # each block's tile then has ceil(span / blocks) entries there and the last one starts at
+    # span - tile, overlapping the one before it (see :func:`mirage.mugraph.build.tile_start`)
+    spans: Dim3 = (0, 0, 0)
 
     level = Level.BLOCK
 

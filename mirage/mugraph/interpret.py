@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from mirage.errors import InterpretError
+from mirage.errors import InterpretError, OverlapError
 from mirage.mugraph.algebra import Algebra, FloatAlgebra
 from mirage.mugraph.graph import (
     Accum,
@@ -42,10 +42,22 @@ from mirage.mugraph.graph import (
 from mirage.mugraph.ops import REGISTRY, RUNNING_MAX_FLOOR, Op, reduce_to_dimx
 
 
-def tile_view(source: np.ndarray, iterator: InputIterator, grid: Dim3, forloop_range: int) -> np.ndarray:
+def _uneven_rows(span: int, blocks: int) -> np.ndarray:
+    """The entries each block of an uneven axis reads, block after block (``blocks · tile`` indices)."""
+    from mirage.mugraph.build import tile_extent, tile_start
+
+    extent = tile_extent(span, blocks, span)
+    return np.concatenate([np.arange(extent) + tile_start(b, extent, span) for b in range(blocks)])
+
+
+def tile_view(source: np.ndarray, iterator: InputIterator, grid: Dim3, forloop_range: int,
+              spans: Dim3 = (0, 0, 0)) -> np.ndarray:
     """All tiles of ``source`` as one array ``[gx, gy, gz, R, *tile]`` (size 1 where replicated)."""
-    shape = source.shape
     mapped = {d: a for a, d in enumerate(iterator.input_map) if d >= 0 and grid[a] > 1}
+    for d, a in mapped.items():
+        if spans[a]:  # the tiles of an uneven axis, the last one overlapping, side by side
+            source = np.take(source, _uneven_rows(spans[a], grid[a]), axis=d)
+    shape = source.shape
     split: list[int] = []
     for d, size in enumerate(shape):
         g = grid[mapped[d]] if d in mapped else 1
@@ -62,8 +74,12 @@ def tile_view(source: np.ndarray, iterator: InputIterator, grid: Dim3, forloop_r
     return view.transpose(used + unused).reshape(final)
 
 
-def assemble(tiles: np.ndarray, saver: OutputSaver, grid: Dim3) -> np.ndarray:
-    """Place each block's tile ``tiles[bx, by, bz]`` in the output tensor (mirage-notes §1.3)."""
+def assemble(tiles: np.ndarray, saver: OutputSaver, grid: Dim3, spans: Dim3 = (0, 0, 0),
+             check: bool = True) -> np.ndarray:
+    """Place each block's tile ``tiles[bx, by, bz]`` in the output tensor (mirage-notes §1.3).  Along an
+    uneven axis the last block's tile overlaps the one before it; both must hold the same values
+    there (with ``check``, else :class:`~mirage.errors.OverlapError`), and the result keeps the last
+    block's."""
     tiles = np.broadcast_to(tiles, tuple(grid) + tiles.shape[3:])
     rank = tiles.ndim - 3
     axis_of_dim = {d: a for a, d in enumerate(saver.output_map) if d >= 0}
@@ -77,7 +93,35 @@ def assemble(tiles: np.ndarray, saver: OutputSaver, grid: Dim3) -> np.ndarray:
         order.append(3 + d)
         out_shape.append(size)
     order += [a for a in range(3) if a not in order]
-    return tiles.transpose(order).reshape(out_shape)
+    full = tiles.transpose(order).reshape(out_shape)
+    for d, a in axis_of_dim.items():
+        if spans[a]:
+            full = _overlap(full, d, spans[a], grid[a], check)
+    return full
+
+
+def _overlap(full: np.ndarray, d: int, span: int, blocks: int, check: bool) -> np.ndarray:
+    """``full`` (the tiles of an uneven axis side by side along dim ``d``) as the ``span`` entries they
+    cover, after checking that the last two tiles agree where they overlap."""
+    extent = full.shape[d] // blocks
+    last = (blocks - 1) * extent  # where the last tile lies in ``full``
+    start = span - extent  # and where it starts in the output
+    shared = (blocks - 1) * extent - start
+    before = np.take(full, np.arange(start, start + shared), axis=d)
+    after = np.take(full, np.arange(last, last + shared), axis=d)
+    if check and not _same(before, after):
+        raise OverlapError(f"the last two blocks of an uneven axis (span {span}, {blocks} blocks) compute "
+                           f"different values for the {shared} entries they share along dim {d}: the block "
+                           "graph mixes entries along that dim (a reduction or a product over it)")
+    keep = np.concatenate([np.arange(start), np.arange(last, last + extent)])
+    return np.take(full, keep, axis=d)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype.kind != "f":
+        return bool(np.array_equal(a, b))
+    scale = float(np.nanmax(np.abs(a), initial=0.0)) if a.size else 0.0
+    return bool(np.allclose(a, b, rtol=1e-5, atol=1e-5 * scale, equal_nan=True))
 
 
 class Interpreter:
@@ -136,7 +180,7 @@ class Interpreter:
         tiles = {}
         for k, i in enumerate(graph.input_nodes):
             it = graph.nodes[i].attrs
-            tiles[i] = A.structural(lambda s, it=it: tile_view(s, it, grid, R), args[k])
+            tiles[i] = A.structural(lambda s, it=it: tile_view(s, it, grid, R, graph.spans), args[k])
         body = [i for i, n in enumerate(graph.nodes) if n.op is not Op.OUTPUT and
                 not n.outputs[0].after_accum]
         after = [i for i, n in enumerate(graph.nodes) if n.op is not Op.OUTPUT and
@@ -187,7 +231,10 @@ class Interpreter:
             node = graph.nodes[i]
             (src,) = node.inputs
             value = values[(src.node, src.index)]
-            outs.append(A.structural(lambda t, s=node.attrs: assemble(t, s, grid), value))
+            # algebras of values (not of terms or bounds) check that overlapping tiles agree
+            check = getattr(A, "concrete", False)
+            outs.append(A.structural(lambda t, s=node.attrs, c=check: assemble(t, s, grid, graph.spans, c),
+                                     value))
         return outs
 
     def _accum_term(self, attrs: Accum, x, dimx: int):

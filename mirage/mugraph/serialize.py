@@ -94,6 +94,8 @@ def graph_to_dict(g) -> dict:
     if isinstance(g, BlockGraph):
         out.update(grid_dim=list(g.grid_dim), block_dim=list(g.block_dim),
                    forloop_range=g.forloop_range, reduction_dimx=g.reduction_dimx)
+        if any(g.spans):  # absent on even grids: those graphs hash as before
+            out["spans"] = list(g.spans)
     out["nodes"] = [{"op": n.op.value, "inputs": [[r.node, r.index] for r in n.inputs],
                      "attrs": _attrs(n.attrs), "outputs": [_type(t) for t in n.outputs]} for n in g.nodes]
     if isinstance(g, (KernelGraph, ThreadGraph)):
@@ -114,7 +116,7 @@ def graph_from_dict(d: dict):
                            tuple(tuple(s) for s in d.get("output_strides", ())))
     if level == "block":
         return BlockGraph(nodes, tuple(d["grid_dim"]), tuple(d["block_dim"]), d["forloop_range"],
-                          d["reduction_dimx"])
+                          d["reduction_dimx"], tuple(d.get("spans", (0, 0, 0))))
     return ThreadGraph(nodes, tuple(Ref(*r) for r in d["outputs"]))
 
 

@@ -96,7 +96,8 @@ def attrs_text(attrs: Any) -> str:
     if attrs is None or isinstance(attrs, (BlockGraph, ThreadGraph)):
         if isinstance(attrs, BlockGraph):
             return (f" grid_dim={_value_text(attrs.grid_dim)} block_dim={_value_text(attrs.block_dim)}"
-                    f" forloop_range={attrs.forloop_range} reduction_dimx={attrs.reduction_dimx}")
+                    f" forloop_range={attrs.forloop_range} reduction_dimx={attrs.reduction_dimx}"
+                    + (f" spans={_value_text(attrs.spans)}" if any(attrs.spans) else ""))
         return ""
     parts = [f"{f.name}={_value_text(getattr(attrs, f.name))}" for f in dataclasses.fields(attrs)
              if f.name not in OMITTED_AT_DEFAULT or getattr(attrs, f.name) != f.default]
@@ -301,7 +302,8 @@ def _parse_graph(lines: list[str], at: int):
 def _block_header(text: str) -> BlockGraph:
     pairs = dict(_ATTR.findall(text))
     return BlockGraph((), _parse_value(pairs["grid_dim"], tuple), _parse_value(pairs["block_dim"], tuple),
-                      int(pairs["forloop_range"]), int(pairs["reduction_dimx"]))
+                      int(pairs["forloop_range"]), int(pairs["reduction_dimx"]),
+                      _parse_value(pairs["spans"], tuple) if "spans" in pairs else (0, 0, 0))
 
 
 def _parse_body(lines: list[str], at: int, closing: bool = False, strides: list | None = None):

@@ -42,7 +42,8 @@ def _emit(graph, prefix: str, lines: list[str], indent: str) -> dict[tuple[int, 
             title = _label(node).replace("\\n", "  ")
             if isinstance(inner, BlockGraph):
                 title = (f"{node.op.value} grid={inner.grid_dim} block={inner.block_dim} "
-                         f"forloop={inner.forloop_range}")
+                         f"forloop={inner.forloop_range}"
+                         + (f" spans={inner.spans}" if any(inner.spans) else ""))
             lines.append(f'{indent}subgraph cluster_{nid} {{ label="{title}"; style=filled; '
                          f'fillcolor="{_COLORS[level]}";')
             inner_ids = _emit(inner, nid + "_", lines, indent + "  ")

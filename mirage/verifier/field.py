@@ -287,6 +287,8 @@ class FieldAlgebra:
     x / 0 = 0 (inverse(0) = 0), so (x/y)/z = x/(y·z) and x/y·y/x agree even at zeros.
     """
 
+    concrete = True  # values, not terms: the interpreter checks what two blocks compute twice
+
     def __init__(self, fields: FieldPair = DEFAULT_FIELDS, omega_exponent: int = 1,
                  hash_key: int = 0) -> None:
         if not 1 <= omega_exponent < fields.q:

@@ -141,7 +141,7 @@ def _one_block_an_index(dim_map: tuple[int, int, int], forloop_dim: int) -> bool
 
 
 def _slice_block(graph: BlockGraph, batch: int) -> BlockGraph:
-    if graph.grid_dim[0] != batch:
+    if graph.grid_dim[0] != batch or graph.spans[0]:
         raise _Mixed
     nodes = []
     for node in graph.nodes:

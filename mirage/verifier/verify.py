@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mirage.errors import OverlapError
 from mirage.mugraph.algebra import NotInterpretable
 from mirage.mugraph.builder import as_graph
 from mirage.mugraph.graph import KernelGraph
@@ -113,17 +114,21 @@ class Verifier:
             return VerificationResult(False, None, 0, 0.0, guarantee, time.perf_counter() - start,
                                       reason=_shape_reason(self.reference, candidate))
         alive = [row[:] for row in compatible]
-        # the first test runs before the bound is computed: most wrong candidates stop here
-        if not self._run_test(candidate, 0, alive):
-            return self._rejected(0, guarantee, None, start)
-        bound = self.bound(candidate)
-        count = count_matchings(compatible)
-        tests = tests_needed(bound.epsilon, self.delta, count)
-        if tests is None or tests > self.max_tests:
-            guarantee, tests = Guarantee.HEURISTIC, self.heuristic_tests
-        for index in range(1, tests):
-            if not self._run_test(candidate, index, alive):
-                return self._rejected(index, guarantee, bound.epsilon, start)
+        try:
+            # the first test runs before the bound is computed: most wrong candidates stop here
+            if not self._run_test(candidate, 0, alive):
+                return self._rejected(0, guarantee, None, start)
+            bound = self.bound(candidate)
+            count = count_matchings(compatible)
+            tests = tests_needed(bound.epsilon, self.delta, count)
+            if tests is None or tests > self.max_tests:
+                guarantee, tests = Guarantee.HEURISTIC, self.heuristic_tests
+            for index in range(1, tests):
+                if not self._run_test(candidate, index, alive):
+                    return self._rejected(index, guarantee, bound.epsilon, start)
+        except OverlapError as error:  # not a function of each entry of an uneven axis alone
+            return VerificationResult(False, None, 0, 0.0, guarantee, time.perf_counter() - start,
+                                      reason=str(error))
         error_bound = 1.0 if guarantee is Guarantee.HEURISTIC else min(1.0, count * bound.epsilon**tests)
         elapsed = time.perf_counter() - start
         logger.debug("verified %s in %d tests (%.3f s, bound %.2g)", candidate.name, tests, elapsed,

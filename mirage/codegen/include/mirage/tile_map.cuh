@@ -13,6 +13,11 @@
 // If several grid axes name the same dim, the last of x, y, z wins (as in Mirage's loader).
 //
 // Output tile of block b (tile shape S): off[d] = b_a * S[d] for omap_a == d.
+//
+// A grid axis that does not divide its dim (an uneven axis, BlockGraph.spans) gives tiles of
+// ceil(span / blocks) entries; the last block's tile starts at span - T[d] instead of past the end,
+// overlapping the one before it (TileEnds: the element index min(off[d] * T[d], last[d]); EvenStarts elsewhere). Both blocks
+// write the shared entries with the same values: such a dim is never reduced inside a block.
 #pragma once
 
 #include "config.cuh"
@@ -45,6 +50,23 @@ MIRAGE_DEVICE int64_t strided_row_offset(const Strides& strides, int row) {
   const int i0 = row / (L::dim2 * L::dim1);
   return i0 * strides.stride[0] + i1 * strides.stride[1] + i2 * strides.stride[2];
 }
+
+// Where a block's tile starts along dim d (an element index): `offset` tiles of `extent`.
+struct EvenStarts {
+  MIRAGE_HOST_DEVICE int64_t operator()(int, int64_t offset, int64_t extent) const { return offset * extent; }
+};
+
+// The same on uneven grid axes: per (four-dim) dim, the element index where the last tile starts,
+// kEven where the grid divides the dim.
+constexpr int64_t kEven = INT64_MAX;
+struct TileEnds {
+  int64_t last[4] = {kEven, kEven, kEven, kEven};
+
+  MIRAGE_HOST_DEVICE int64_t operator()(int d, int64_t offset, int64_t extent) const {
+    const int64_t start = offset * extent;
+    return start < last[d] ? start : last[d];
+  }
+};
 
 // For each grid axis x, y, z: the (four-dim) data dim it partitions, or -1 (replica).
 struct DimMap {
@@ -97,9 +119,9 @@ MIRAGE_DEVICE uint3 reversed_along(uint3 block, dim3 grid, int axis) {
 
 // Tile of an input iterator with tile layout L, input map `imap`, forloop dim `forloop_dim`
 // (-1: the same tile at every iteration) and forloop range `forloop_range`.
-template <class L>
+template <class L, class Starts = EvenStarts>
 MIRAGE_HOST_DEVICE TileCoordinate locate_input_tile(const Strides& strides, DimMap imap, int forloop_dim,
-                                                    int forloop_range, uint3 block) {
+                                                    int forloop_range, uint3 block, const Starts& starts = {}) {
   TileCoordinate coordinate{0, 0};
 #pragma unroll
   for (int d = 0; d < 4; ++d) {
@@ -107,17 +129,18 @@ MIRAGE_HOST_DEVICE TileCoordinate locate_input_tile(const Strides& strides, DimM
     const bool looped = d == forloop_dim;
     const int64_t offset = detail::block_offset(imap, block, d) * (looped ? forloop_range : 1);
     coordinate.iteration_step = looped ? tile_stride : coordinate.iteration_step;
-    coordinate.base += dim_offset(strides, d, offset * L::dim(d));
+    coordinate.base += dim_offset(strides, d, starts(d, offset, L::dim(d)));
   }
   return coordinate;
 }
 
 // Element offset of the tile (layout L) that block `block` of an output saver writes.
-template <class L>
-MIRAGE_HOST_DEVICE int64_t locate_output_tile(const Strides& strides, DimMap omap, uint3 block) {
+template <class L, class Starts = EvenStarts>
+MIRAGE_HOST_DEVICE int64_t locate_output_tile(const Strides& strides, DimMap omap, uint3 block,
+                                              const Starts& starts = {}) {
   int64_t base = 0;
 #pragma unroll
-  for (int d = 0; d < 4; ++d) base += dim_offset(strides, d, detail::block_offset(omap, block, d) * L::dim(d));
+  for (int d = 0; d < 4; ++d) base += dim_offset(strides, d, starts(d, detail::block_offset(omap, block, d), L::dim(d)));
   return base;
 }
 

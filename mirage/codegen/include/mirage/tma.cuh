@@ -54,14 +54,17 @@ class TensorMapIterator {
 
   // `map`: the input's tensor map (a kernel parameter); `barriers`: kBarrierBytes of shared memory;
   // `iterations`: the loop's steps that run, when fewer than the range (no tile past them is copied).
+  // `starts`: where tiles start (TileEnds on uneven grid axes).
+  template <class Starts = EvenStarts>
   MIRAGE_DEVICE TensorMapIterator(const CUtensorMap* map, DimMap imap, int forloop_dim, int forloop_range,
-                                  uint3 block, T* shared, uint64_t* barriers, int iterations = -1)
+                                  uint3 block, T* shared, uint64_t* barriers, int iterations = -1,
+                                  const Starts& starts = {})
       : map_(map), forloop_dim_(forloop_dim), forloop_range_(iterations < 0 ? forloop_range : iterations),
         shared_(shared), barriers_(barriers) {
 #pragma unroll
     for (int d = 0; d < 4; ++d) {
       const int64_t blocks = detail::block_offset(imap, block, d) * (d == forloop_dim ? forloop_range : 1);
-      origin_[d] = static_cast<int>(blocks * L::dim(d));
+      origin_[d] = static_cast<int>(starts(d, blocks, L::dim(d)));
     }
   }
 

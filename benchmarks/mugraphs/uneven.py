@@ -1,0 +1,56 @@
+"""µGraphs whose grids split a dim that no block count divides (``BlockGraph.spans``: tiles of
+ceil(span / blocks) entries, the last one overlapping the one before it), at the shapes that need them:
+ViT's 197 tokens, CLIP's 77. Checked against float64 by tests/unit/mugraph/test_uneven_grids.py (the
+interpreter), compiled by tests/unit/codegen/test_uneven_codegen.py, run on the GPU by
+tests/gpu/test_uneven_grids_gpu.py and timed by ``python -m benchmarks.uneven_grids``."""
+
+from __future__ import annotations
+
+import mirage as mi
+from benchmarks.mugraphs.attention import one_kernel
+
+
+def rows_product(m: int, k: int, n: int, row_blocks: int, col_blocks: int, iterations: int) -> mi.KernelGraph:
+    """``X @ W`` ([m, k] · [k, n]) in ``row_blocks`` × ``col_blocks`` blocks, ``m`` split unevenly over
+    the first, the loop walking K in ``iterations`` steps."""
+    g = mi.new_kernel_graph(f"rows_product_{m}x{k}x{n}")
+    x = g.new_input(dims=(m, k), dtype=mi.float16, name="X")
+    w = g.new_input(dims=(k, n), dtype=mi.float16, name="W")
+    tb = mi.new_threadblock_graph(grid_dim=(row_blocks, col_blocks, 1), forloop_range=iterations,
+                                  reduction_dimx=k // iterations, spans=(m, 0, 0))
+    bx = tb.new_input(x, input_map=(0, -1, -1), forloop_dim=1)
+    bw = tb.new_input(w, input_map=(-1, 1, -1), forloop_dim=0)
+    tb.new_output(tb.forloop_accum(tb.matmul(bx, bw)), output_map=(0, 1, -1))
+    (out,) = g.customized([x, w], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
+def rms_rows(m: int, n: int, blocks: int, threads: int = 128) -> mi.KernelGraph:
+    """``rms_norm(X) · g`` over the rows of X [m, n] (a pre-norm over ViT's tokens), ``m`` split unevenly
+    over ``blocks`` blocks that each hold whole rows."""
+    g = mi.new_kernel_graph(f"rms_rows_{m}x{n}")
+    x = g.new_input(dims=(m, n), dtype=mi.float16, name="X")
+    gain = g.new_input(dims=(1, n), dtype=mi.float16, name="G")
+    tb = mi.new_threadblock_graph(grid_dim=(blocks, 1, 1), block_dim=(threads, 1, 1), spans=(m, 0, 0))
+    bx = tb.new_input(x, input_map=(0, -1, -1))
+    bg = tb.new_input(gain)
+    tb.new_output(tb.forloop_accum(tb.mul(tb.rms_norm(bx, eps=1e-6), bg)), output_map=(0, -1, -1))
+    (out,) = g.customized([x, gain], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
+GRAPHS = {
+    # ViT-B's attention (12 heads, 197 tokens): 4 blocks a head of 50 query rows (the last starts at
+    # 147), all 197 keys in one step
+    "vit_attention": lambda: one_kernel(12, 197, 197, 64, rows=64, key_tile=197),
+    # the same in 13 blocks a head of 16 rows (the last starts at 181): 156 blocks
+    "vit_attention_16": lambda: one_kernel(12, 197, 197, 64, rows=16, key_tile=197),
+    # CLIP's text tower (8 heads, 77 tokens): 5 blocks a head of 16 rows (the last starts at 61)
+    "clip_attention": lambda: one_kernel(8, 77, 77, 64, rows=16, key_tile=77),
+    # a projection of ViT's tokens: 4 row blocks of 50 rows × 4 column blocks of 128, K in 4 steps
+    "vit_projection": lambda: rows_product(197, 256, 512, row_blocks=4, col_blocks=4, iterations=4),
+    # an RMS norm of its tokens: 25 blocks of 8 whole rows (the last starts at 189)
+    "vit_rms_norm": lambda: rms_rows(197, 768, blocks=25),
+}

@@ -1,0 +1,36 @@
+"""Uneven grids in the generated code: every block's tile starts at ``min(block · tile, span - tile)``
+along an uneven axis (``dev::TileEnds``), for input iterators and output savers alike, and the µGraphs
+of benchmarks/mugraphs/uneven.py compile for sm_90a without local memory
+(tests/gpu/test_uneven_grids_gpu.py runs them). Even grids keep the code they had (no clamp)."""
+
+from __future__ import annotations
+
+from codegen_helpers import needs_nvcc
+
+from benchmarks.mugraphs.padded import GRAPHS as EVEN
+from benchmarks.mugraphs.uneven import GRAPHS
+from mirage.codegen.compile import CompileOptions, Stage, compile_sources
+from mirage.codegen.lower_program import generate_cuda_program
+from mirage.mugraph.target import TARGETS
+
+
+def test_the_tiles_of_an_uneven_axis_end_at_the_dim():
+    code = generate_cuda_program(GRAPHS["vit_attention"](), 90).code
+    # Q (12, 197, 64) in tiles of 50 rows, the last starting at row 147; the output likewise
+    ends = "mirage::dev::TileEnds{ {mirage::dev::kEven, mirage::dev::kEven, 147, mirage::dev::kEven} }"
+    assert code.count(ends) == 2
+    code = generate_cuda_program(GRAPHS["vit_projection"](), 90).code
+    assert code.count("TileEnds{ {mirage::dev::kEven, mirage::dev::kEven, 147, mirage::dev::kEven} }") == 2
+    assert "TileEnds" not in generate_cuda_program(EVEN["odd_n"](), 90).code
+
+
+@needs_nvcc
+def test_uneven_graphs_compile_without_local_memory():
+    programs = {name: generate_cuda_program(build(), 90) for name, build in GRAPHS.items()}
+    results = compile_sources([p.code for p in programs.values()], CompileOptions(target=TARGETS["H100"]),
+                              dumps={Stage.SASS}, return_exceptions=True)
+    for name, result in zip(programs, results, strict=True):
+        assert not isinstance(result, Exception), f"{name}: {result}"
+        sass = result.sass()
+        assert "LDL" not in sass and "STL" not in sass, f"{name} spills"
+    assert "HMMA" in results[list(programs).index("vit_attention")].sass()
