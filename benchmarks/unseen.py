@@ -548,6 +548,7 @@ PROGRAMS = {
     "prefill_projection": (functools.partial(nn.Linear, 768, 768), [(1, 128, 768)]),  # BERT's, alone
     "heads_attention": (HeadsAttention, [(2, 8, 128, 64)] * 3),
     "vit_heads_attention": (HeadsAttention, [(1, 12, 197, 64)] * 3),  # ViT-B's 197 tokens: uneven grids
+    "clip_heads_attention": (HeadsAttention, [(1, 8, 77, 64)] * 3),  # CLIP's text tower: 77 tokens
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
     "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),
     "biased_attention": (BiasedAttention, [(1, 12, 512, 64)] * 3 + [(512, 512)]),

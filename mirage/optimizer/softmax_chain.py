@@ -297,9 +297,18 @@ def warp_split(rows: int, keys: int, threads: int) -> int | None:
         if row_tiles % warps:
             return None
         groups = 1
-    if keys % groups or (keys // groups) % 16:
-        return None
     return groups
+
+
+def padded_keys(keys: int, groups: int) -> int:
+    """The keys the warp-form chain runs for ``keys`` real ones over ``groups`` key groups (as
+    gen/softmax_detail.cuh's ``padded_keys``): whole 16-key fragments a group, or whole 64-key
+    sub-tiles where a group's keys would have no multiple of 16 from 64 to 128 dividing them."""
+    whole = -(-keys // (16 * groups)) * 16 * groups
+    per_group = whole // groups
+    if whole == keys or per_group <= 64 or any(per_group % sub == 0 for sub in range(64, 129, 16)):
+        return whole
+    return -(-keys // (64 * groups)) * 64 * groups
 
 
 def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int],
@@ -376,6 +385,8 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
              "operand rows not 16-byte aligned")
     groups = warp_split(rows, keys, math.prod(graph.block_dim))
     require(groups is not None, f"{rows} rows × {keys} keys do not split over the warps")
+    if padded_keys(keys, groups) != keys:  # the chain pads the keys (gen/softmax.cuh): plain scores only
+        require(column is None and mask_scale is None, f"{keys} keys (padded) with per-key values or a mask")
     scratch = 4 * groups * rows * (width + 2) if groups > 1 else 0
     loaded = column is not None and graph.nodes[column].op is Op.INPUT
     return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch, column,

@@ -34,3 +34,32 @@ def test_uneven_graphs_compile_without_local_memory():
         sass = result.sass()
         assert "LDL" not in sass and "STL" not in sass, f"{name} spills"
     assert "HMMA" in results[list(programs).index("vit_attention")].sass()
+
+
+# (real keys, key groups) → the keys the warp-form chain runs (gen/softmax_detail.cuh, padded_keys)
+PADDED_KEYS = {(197, 1): 256, (197, 4): 256, (77, 1): 80, (77, 4): 128, (100, 1): 112, (208, 1): 208,
+               (64, 1): 64, (40, 2): 64}
+
+
+def test_the_chain_pads_the_keys_as_the_device_library_does():
+    from mirage.optimizer.softmax_chain import padded_keys
+
+    assert {key: padded_keys(*key) for key in PADDED_KEYS} == PADDED_KEYS
+
+
+@needs_nvcc
+def test_the_device_library_pads_the_keys_as_the_chain_does():
+    checks = "\n".join(f"static_assert(mirage::gen::softmax_detail::padded_keys({k}, {g}) == {n});"
+                       for (k, g), n in PADDED_KEYS.items())
+    source = f'#include "mirage/gen/softmax.cuh"\n{checks}\n__global__ void padded_keys_checked() {{}}\n'
+    (result,) = compile_sources([source], CompileOptions(target=TARGETS["H100"]), return_exceptions=True)
+    assert not isinstance(result, Exception), str(result)
+
+
+def test_attention_over_keys_that_no_fragment_divides_runs_the_chain():
+    """ViT's 197 keys (16-row blocks, four warps of 64 keys: 256 run), CLIP's 77, 100 a step."""
+    for name, build in (("vit_attention_16", GRAPHS["vit_attention_16"]),
+                        ("clip_attention", GRAPHS["clip_attention"]),
+                        ("keys_100_attention", EVEN["keys_100_attention"])):
+        code = generate_cuda_program(build(), 90).code
+        assert "mirage::gen::OnlineSoftmax<" in code, name

@@ -28,6 +28,12 @@
 // as warpgroup MMAs (gen/wgmma.cuh), B (K or V) from shared memory through descriptors, A from Q's
 // tile or fragments and from P; each warpgroup takes whole 64-row tiles and the same softmax code runs
 // between the products. docs/codegen.md §2.3a has the details.
+//
+// Keys that no 16 keys a warp divide (ViT's 197, CLIP's 77; warp form, plain scores): the chain runs
+// over N padded keys (kRealKeys rounded up, further to whole 64-key sub-tiles where that is all that
+// gives sub-tiles of 64 or more); the scores of the padded keys are −∞ before the row maxima, so their
+// P is 0, and the K columns and V rows that their fragments would read past the tiles are the last
+// real ones (finite values times 0).
 #pragma once
 
 #include <type_traits>
@@ -48,11 +54,13 @@ struct OnlineSoftmax {
   using Atom = dev::detail::MmaAtom<T>;
   static constexpr int R = QLayout::rows;
   static constexpr int D = QLayout::cols;
-  static constexpr int N = KLayout::cols;
+  static constexpr int kRealKeys = KLayout::cols;
   static constexpr int E = VLayout::cols;
   static constexpr int kWarps = NumThreads / dev::kWarpSize;
   static constexpr int kRowTiles = R / 16;
   static constexpr int kGroups = kWarps >= kRowTiles && kRowTiles > 0 ? kWarps / kRowTiles : 1;
+  static constexpr int N = softmax_detail::padded_keys(kRealKeys, kGroups);  // the keys the chain runs
+  static constexpr bool kPadded = N != kRealKeys;
   static constexpr int kTilesPerWarp = kWarps >= kRowTiles ? 1 : kRowTiles / kWarps;
   static constexpr int kKeys = N / kGroups;  // keys of every tile that one warp takes
   // Keys of one S sub-tile per warp: at most 128 scores a row, over all of the warp's row tiles
@@ -76,7 +84,7 @@ struct OnlineSoftmax {
   static_assert(kKeys % kSubKeys == 0, "a warp's keys must be whole sub-tiles");
   static_assert(kWarps % kRowTiles == 0 || kRowTiles % kWarps == 0,
                 "the warps must divide the row tiles or be a multiple of them (every warp works)");
-  static_assert(KLayout::rows == D && VLayout::rows == N, "Q [R, D], K [D, N], V [N, E]");
+  static_assert(KLayout::rows == D && VLayout::rows == kRealKeys, "Q [R, D], K [D, N], V [N, E]");
   static constexpr bool kKeyNorms = IsKeyNorms<Columns>::value;
   // the warpgroup form (see the top of the file): K and V in 128-byte swizzled tiles
   static constexpr bool kWarpgroup = KLayout::swizzled;
@@ -96,15 +104,22 @@ struct OnlineSoftmax {
     if constexpr (std::is_same_v<C, NoTile> || IsKeyNorms<C>::value || std::is_same_v<C, CausalMask>) {
       return true;
     } else if constexpr (IsMaskTile<C>::value) {
-      return C::TileLayout::size == R * N;
+      return C::TileLayout::size == R * kRealKeys;
     } else {
-      return C::TileLayout::size == N;
+      return C::TileLayout::size == kRealKeys;
     }
   }
   static_assert(covers_keys<Columns>(), "per-key factors: one value for each of the N keys (a mask: each score)");
   static_assert((QLayout::pitch * sizeof(T)) % 16 == 0 && (KLayout::pitch * sizeof(T)) % 16 == 0 &&
                     (VLayout::pitch * sizeof(T)) % 16 == 0,
                 "ldmatrix needs 16-byte aligned rows");
+
+  static_assert(!kPadded || (std::is_same_v<Columns, NoTile> && !KLayout::swizzled),
+                "padded keys: plain scores, the warp form (the lowering checks them first)");
+  static_assert(!kPadded || KLayout::transposed || KLayout::pitch >= (kRealKeys + 7) / 8 * 8,
+                "padded keys: K's rows hold the last 16-byte chunk of keys");
+  // The last K column chunk (8 keys) that holds a real key: padded keys' fragments read it instead.
+  static constexpr int kLastKeyChunk = (kRealKeys - 1) / 8 * 8;
 
   // Scratch floats for write_back's merge of the key groups (0 with one group).
   static constexpr int kScratchFloats = kGroups > 1 ? kGroups * R * (E + 2) : 0;
@@ -315,7 +330,7 @@ struct OnlineSoftmax {
     if constexpr (kMasked) {
       int rows[kTilesPerWarp];
       fragment_rows(rows);
-      const bool hidden = softmax_detail::add_mask<N>(columns, kInverseScale, rows, key0, score);
+      const bool hidden = softmax_detail::add_mask<kRealKeys>(columns, kInverseScale, rows, key0, score);
       if constexpr (!kDeferred && MIRAGE_SOFTMAX_SKIP_HIDDEN) {
         if (all_hidden(hidden)) return Turn::leave(warp() / 4);  // P = 0: m, l and O stay as they are
       }
@@ -325,7 +340,7 @@ struct OnlineSoftmax {
     float offset[kTilesPerWarp][2];
     float factor[kTilesPerWarp][2];
 #pragma unroll
-    for (int t = 0; t < kTilesPerWarp; ++t) rescale(state, t, score[t], offset[t], factor[t]);
+    for (int t = 0; t < kTilesPerWarp; ++t) rescale(state, t, score[t], offset[t], factor[t], key0);
     if constexpr (kDeferred) {
       // the exponentials while the last sub-tile's P·V runs; then O's rescale and P's fragments (in
       // the registers that P·V read), once that is done
@@ -397,7 +412,7 @@ struct OnlineSoftmax {
   // Row tile t's new running maxima from its scores, the rescale of its l by factor = 2^(m_prev − m)
   // (rescale_out: of its O), and offset = −m for the exponentials.
   static MIRAGE_DEVICE void rescale(State& state, int t, float (&score)[kKeyTiles][4], float (&offset)[2],
-                                    float (&factor)[2]) {
+                                    float (&factor)[2], int key0 = 0) {
     // S in log2 units: exp(S − m) = 2^(S·log2e − m·log2e). With kFoldScale, S = c · raw and the
     // maxima are over the raw products (c > 0 keeps their order); c · log2e is applied later.
     float row[2][2 * kKeyTiles];
@@ -406,8 +421,20 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if constexpr (!kFoldScale) score[j][e] = Score{}(score[j][e]) * softmax_detail::kLog2e;
-        row[e / 2][2 * j + e % 2] = score[j][e];
       }
+    if constexpr (kPadded) {  // the padded keys' scores −∞ (after the score's functor): P = 0 there
+      if (key0 + kSubKeys > kRealKeys) {
+#pragma unroll
+        for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (key0 + 8 * j + 2 * (lane() % 4) + e % 2 >= kRealKeys) score[j][e] = negative_infinity();
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) row[e / 2][2 * j + e % 2] = score[j][e];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float seen = softmax_detail::quad_max(row_max(row[h]));
@@ -512,8 +539,14 @@ struct OnlineSoftmax {
   // The B fragments of K[d : d + 16, key : key + 8] (b0, b1) and K[d : d + 16, key + 8 : key + 16] (b2, b3)
   // (a K read in place, stored [keys, D] as keys lie in a row-major K: dev::detail::load_stored_b).
   static MIRAGE_DEVICE void load_k(dev::SharedTile<T, KLayout> k, int d, int key, uint32_t (&b)[4]) {
-    if constexpr (KLayout::transposed) {
-      dev::detail::load_stored_b<typename KLayout::Stored>(k.data, key, d, b[0], b[1], b[2], b[3]);
+    if constexpr (KLayout::transposed) {  // padded keys read the last real key's stored row
+      dev::detail::load_stored_b<typename KLayout::Stored, T, kPadded ? kRealKeys : 0>(k.data, key, d, b[0], b[1],
+                                                                                      b[2], b[3]);
+    } else if constexpr (kPadded) {  // a chunk of padded keys reads the last real chunk (its scores are −∞)
+      const int column = key + (lane() / 16) * 8;
+      const T* address = k.data + KLayout::element_offset(d + lane() % 16, column < kLastKeyChunk ? column
+                                                                                                  : kLastKeyChunk);
+      cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(address), b[0], b[1], b[2], b[3]);
     } else {
       cute::SM75_U16x8_LDSM_T::copy(softmax_detail::fragment_row<KLayout>(k.data, d, key), b[0], b[1], b[2],
                                     b[3]);
@@ -777,8 +810,9 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int j = 0; j < kOutTiles; j += 2) {
         uint32_t b[4];
+        const int key = key0 + kk * 16 + lane() % 16;  // a padded key reads the last real row (P is 0)
         const T* b_address =
-            v.data + (key0 + kk * 16 + lane() % 16) * VLayout::pitch + j * 8 + (lane() / 16) * 8;
+            v.data + (kPadded && key >= kRealKeys ? kRealKeys - 1 : key) * VLayout::pitch + j * 8 + (lane() / 16) * 8;
         cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2],
                                       b[3]);
 #pragma unroll

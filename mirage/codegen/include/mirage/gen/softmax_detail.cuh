@@ -135,6 +135,18 @@ struct LinearScore<Score, std::void_t<decltype(Score::kLinearScale)>> {
   static constexpr float scale = Score::kLinearScale;
 };
 
+// The keys the warp-form chain runs for `keys` real ones over `groups` key groups: whole 16-key
+// fragments a group, and whole 64-key sub-tiles a group where a group's keys would otherwise have no
+// multiple of 16 from 64 to 128 dividing them (ViT's 197: 208 is 13 · 16, so 256). mirage's Python
+// side holds the same rule (optimizer/softmax_chain.py, padded_keys).
+constexpr int padded_keys(int keys, int groups) {
+  const int whole = (keys + 16 * groups - 1) / (16 * groups) * (16 * groups);
+  if (whole == keys || whole / groups <= 64) return whole;
+  for (int sub = 64; sub <= 128; sub += 16)
+    if ((whole / groups) % sub == 0) return whole;
+  return (keys + 64 * groups - 1) / (64 * groups) * (64 * groups);
+}
+
 // Σ_d K[d][n]² of 16 keys n from the tensor cores: K's B fragments b0..b3 of K[d : d + 16, 16 keys]
 // (ldmatrix.trans) are, as {b0, b2, b1, b3}, the A fragment of their transpose, so Kᵀ·K of those keys
 // (exact 16-bit products, fp32 sums) accumulates into squares[0] (keys 0..7 as columns) and
