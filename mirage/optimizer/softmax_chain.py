@@ -285,7 +285,8 @@ def _is_exp_of_difference(node: Node, s: int, m: int) -> bool:
 
 
 def warp_split(rows: int, keys: int, threads: int) -> int | None:
-    """Key groups per 16-row tile for ``threads`` (as gen/softmax.cuh), or None when not covered."""
+    """Key groups per 16-row tile for ``threads`` (as gen/softmax.cuh), or None when not covered: keys
+    of whole 16-key fragments must split into whole fragments a group; other counts run padded."""
     warps, row_tiles = threads // 32, rows // 16
     if threads % 32 or rows % 16 or row_tiles == 0:
         return None
@@ -297,6 +298,9 @@ def warp_split(rows: int, keys: int, threads: int) -> int | None:
         if row_tiles % warps:
             return None
         groups = 1
+    # keys of whole fragments split over the groups as they are; others are padded (padded_keys)
+    if keys % 16 == 0 and (keys % groups or (keys // groups) % 16):
+        return None
     return groups
 
 

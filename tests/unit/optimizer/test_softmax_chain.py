@@ -34,6 +34,8 @@ def _kernels(graph, **options):
         (16, 64, 256, None),  # 8 groups of 8 keys: below one k16 step of P·V
         (48, 64, 128, None),  # 3 row tiles over 4 warps
         (24, 64, 128, None),  # rows not whole 16-row tiles
+        (16, 197, 128, 4),  # ViT's keys: 4 groups of 64 (256 keys run, padded_keys)
+        (64, 77, 128, 1),  # CLIP's: 80 keys run
     ],
 )
 def test_warp_split(rows, keys, threads, groups):
