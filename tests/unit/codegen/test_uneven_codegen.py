@@ -59,7 +59,10 @@ def test_the_device_library_pads_the_keys_as_the_chain_does():
 def test_attention_over_keys_that_no_fragment_divides_runs_the_chain():
     """ViT's 197 keys (16-row blocks, four warps of 64 keys: 256 run), CLIP's 77, 100 a step."""
     for name, build in (("vit_attention_16", GRAPHS["vit_attention_16"]),
+                        ("vit_attention_16_rows", GRAPHS["vit_attention_16_rows"]),
                         ("clip_attention", GRAPHS["clip_attention"]),
                         ("keys_100_attention", EVEN["keys_100_attention"])):
         code = generate_cuda_program(build(), 90).code
         assert "mirage::gen::OnlineSoftmax<" in code, name
+        in_place = name in ("vit_attention_16", "clip_attention")  # K read in place: its stored rows are keys
+        assert ("mirage::dev::Transposed<" in code) == in_place, name
