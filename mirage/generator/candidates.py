@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from mirage.errors import GraphError
 from mirage.generator import dims
@@ -104,16 +104,20 @@ def block_headers(
     rejected: list[int],
     outputs: tuple[int, int] | None = None,
     final: bool = False,
+    uneven_fits: Callable[[tuple[Dim3, ...], Dim3], bool] | None = None,
 ) -> Iterator[BlockHeader]:
     """Every (grid, block, input maps, for-loop dims, for-loop range) for these inputs, in Mirage's
-    loop order.  Headers whose input iterators do not fit are counted in ``rejected[0]``."""
+    loop order.  Headers whose input iterators do not fit are counted in ``rejected[0]``; input maps of
+    an uneven grid that ``uneven_fits(maps, spans)`` refuses (their overlapping tiles would disagree)
+    in ``rejected[1]``, before any for-loop dim is tried."""
     types = tuple(types)
     for grid, spans in dims.grids(types, space):
         if grid[0] * grid[1] * grid[2] > space.max_grid_blocks:
             continue
         for block in dims.block_candidates(space):
             for imaps in dims.imap_combinations(types, grid, space, spans):
-                if any(spans) and not all(any(m[a] != -1 for m in imaps) for a in range(3) if spans[a]):
+                if any(spans) and uneven_fits is not None and not uneven_fits(imaps, spans):
+                    rejected[1] += 1
                     continue
                 for fmaps in dims.fmap_combinations(types, space):
                     for forloop_range in dims.frange_candidates(types, imaps, fmaps, grid, space):

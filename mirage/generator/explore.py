@@ -357,9 +357,7 @@ class Explorer:
                 if self.listing_deadline is not None and time.time() > self.listing_deadline:
                     self.listing_truncated = True
                     break
-            if any(header.spans) and not self._uneven_fits(state, header):
-                self.stats.pruned["uneven_grids"] += 1  # its blocks would disagree where they overlap
-            elif not guided or self._fits(state, header):
+            if not guided or self._fits(state, header):
                 yield header
             else:
                 later.append(header)
@@ -389,11 +387,16 @@ class Explorer:
                 pruned["kernel_lookahead"] += 1
                 continue
             final = ops_left == 0 and graph_defined_left == 0
-            rejected = [0]
+            rejected = [0, 0]
+            values = state.values or (None,) * len(state.terms)
+            known = [values[i] for i in inputs]
             yield from block_headers(
-                inputs, [types[i] for i in inputs], self.space, rejected, (min(counts), max(counts)), final
+                inputs, [types[i] for i in inputs], self.space, rejected, (min(counts), max(counts)), final,
+                lambda imaps, spans, known=known: self._uneven_fits(known, imaps, spans),
             )
             pruned["input_maps"] += rejected[0]
+            if rejected[1]:
+                pruned["uneven_grids"] += rejected[1]
 
     # ---- graph-defined ops ------------------------------------------------------------------------
 
@@ -480,12 +483,11 @@ class Explorer:
         return not self.context.tiling.misfits([values[i] for i in header.inputs], header.input_maps,
                                                header.forloop_dims, header.grid_dim, header.forloop_range)
 
-    def _uneven_fits(self, state: KernelState, header: BlockHeader) -> bool:
-        """Whether each uneven grid axis of ``header`` splits a dim that indexes the reference's outputs
-        and that it never reduces (``tiling.py``): only there do overlapping tiles agree."""
-        values = state.values or (None,) * len(state.terms)
-        return all(self.context.tiling.axis_fits([values[i] for i in header.inputs], header.input_maps, axis)
-                   for axis in range(3) if header.spans[axis])
+    def _uneven_fits(self, values: list, input_maps: tuple, spans: tuple) -> bool:
+        """Whether each uneven grid axis (``spans``) of input maps over inputs of these reference values
+        splits a dim that indexes the reference's outputs and that it never reduces (``tiling.py``):
+        only there do the blocks' overlapping tiles agree."""
+        return all(self.context.tiling.axis_fits(values, input_maps, axis) for axis in range(3) if spans[axis])
 
     def _needs_more(self, children: list[KernelState], first_new: int, fits: bool) -> bool:
         """Whether a closed body's states need more kernels although a body of the same header may
