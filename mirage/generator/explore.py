@@ -487,7 +487,8 @@ class Explorer:
         """Whether each uneven grid axis (``spans``) of input maps over inputs of these reference values
         splits a dim that indexes the reference's outputs and that it never reduces (``tiling.py``):
         only there do the blocks' overlapping tiles agree."""
-        return all(self.context.tiling.axis_fits(values, input_maps, axis) for axis in range(3) if spans[axis])
+        tiling = self.context.tiling
+        return all(tiling.axis_fits(values, input_maps, axis) for axis in range(3) if spans[axis])
 
     def _needs_more(self, children: list[KernelState], first_new: int, fits: bool) -> bool:
         """Whether a closed body's states need more kernels although a body of the same header may
