@@ -66,3 +66,61 @@ def test_attention_over_keys_that_no_fragment_divides_runs_the_chain():
         assert "mirage::gen::OnlineSoftmax<" in code, name
         in_place = name in ("vit_attention_16", "clip_attention")  # K read in place: its stored rows are keys
         assert ("mirage::dev::Transposed<" in code) == in_place, name
+
+
+# ---- dev::TileEnds on the host, against mirage.mugraph.build.tile_start ----------------------------
+
+TILE_ENDS_PROGRAM = r"""
+#include <cstdio>
+#include <mirage/tile_map.cuh>
+#include <mirage/layout.cuh>
+using namespace mirage::dev;
+using Tile = Layout<2, 3, 4, 5>;
+int main() {
+  long long s[4], last[4];
+  int map[3], block[3];
+  while (std::scanf("%lld %lld %lld %lld %d %d %d %d %d %d %lld %lld %lld %lld", &s[0], &s[1], &s[2], &s[3],
+                    &map[0], &map[1], &map[2], &block[0], &block[1], &block[2], &last[0], &last[1], &last[2],
+                    &last[3]) == 14) {
+    const Strides strides{{s[0], s[1], s[2], s[3]}};
+    const uint3 b{unsigned(block[0]), unsigned(block[1]), unsigned(block[2])};
+    TileEnds ends;
+    for (int d = 0; d < 4; ++d) ends.last[d] = last[d] < 0 ? kEven : last[d];
+    const DimMap dims{map[0], map[1], map[2]};
+    std::printf("%lld %lld\n", (long long)locate_input_tile<Tile>(strides, dims, -1, 1, b, ends).at(0),
+                (long long)locate_output_tile<Tile>(strides, dims, b, ends));
+  }
+}
+"""
+
+
+@needs_nvcc
+def test_tile_ends_start_each_tile_where_the_interpreter_does(tmp_path):
+    import itertools
+    import subprocess
+
+    from codegen_helpers import build_host_program
+
+    from mirage.mugraph.build import tile_extent, tile_start
+
+    tile = (2, 3, 4, 5)
+    shape = (2, 3, 10, 13)  # dims 2 and 3 split unevenly: 3 blocks of 4 over 10, 3 of 5 over 13
+    strides = (390, 130, 13, 1)
+    cases = []
+    for dim_map in ((-1, 2, 3), (3, -1, 2), (2, 3, -1)):
+        for block in itertools.product(range(3), repeat=3):
+            last = [-1] * 4
+            for d in dim_map:
+                if d >= 0:
+                    assert tile_extent(shape[d], 3, shape[d]) == tile[d]
+                    last[d] = shape[d] - tile[d]
+            want = sum(tile_start(block[a], tile[d], shape[d]) * strides[d]
+                       for a, d in enumerate(dim_map) if d >= 0)
+            cases.append((dim_map, block, last, want))
+    program = build_host_program(tmp_path, TILE_ENDS_PROGRAM, "tile_ends")
+    lines = [" ".join(map(str, (*strides, *m, *b, *last))) for m, b, last, _ in cases]
+    run = subprocess.run([str(program)], input="\n".join(lines), capture_output=True, text=True, check=True)
+    got = [tuple(int(v) for v in line.split()) for line in run.stdout.splitlines()]
+    assert len(got) == len(cases) == 81
+    assert all(g == (want, want) for g, (_, _, _, want) in zip(got, cases, strict=True))
+    assert {c[3] for c in cases} >= {6 * 13 + 8, 6 * 13}  # the last tiles start at 6 and 8, not 8 and 10
