@@ -2,7 +2,7 @@
 ceil(span / blocks) entries, the last one overlapping the one before it), at the shapes that need them:
 ViT's 197 tokens, CLIP's 77. Checked against float64 by tests/unit/mugraph/test_uneven_grids.py (the
 interpreter), compiled by tests/unit/codegen/test_uneven_codegen.py, run on the GPU by
-tests/gpu/test_uneven_grids_gpu.py and timed by ``python -m benchmarks.uneven_grids``."""
+tests/gpu/test_padded_products_gpu.py and timed by ``python -m benchmarks.uneven_grids``."""
 
 from __future__ import annotations
 

@@ -88,3 +88,24 @@ class LinearRelu(torch.nn.Module):
 
     def forward(self, x):
         return torch.relu(self.fc(x))
+
+
+def built_collection(builders: dict) -> dict:
+    """The µGraphs of ``builders`` (name → function building one), generated and built for this GPU
+    together: name → (graph, program)."""
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.codegen.runtime import build_many
+
+    graphs = {name: build() for name, build in builders.items()}
+    programs = build_many([generate_cuda_program(g, None) for g in graphs.values()])
+    return {name: (graphs[name], program) for name, program in zip(graphs, programs, strict=True)}
+
+
+def assert_matches_float64(graph, program, seed: int, name: str, scale: float = 1.0) -> None:
+    """``program`` (of ``graph``) passes the float check against float64, every output element written
+    (outputs poisoned first)."""
+    from mirage.codegen.gpu_check import check_on_gpu
+
+    result = check_on_gpu(graph, program, seed=seed, scale=scale, name=name)
+    assert result.passed, result.failure()
+    assert result.unwritten == 0

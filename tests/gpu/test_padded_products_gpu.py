@@ -1,9 +1,14 @@
-"""Padded tensor-core products on a GPU (``dev::TensorCoreMatmul`` with K or N no whole atom): the
-µGraphs of benchmarks/mugraphs/padded.py (attention over ViT's 197 and CLIP's 77 tokens, one
-block per head; products whose N tile is 197, 100 or 136, whose K step is 111, 50 or 100, in fp16,
-bf16 and fp32 (TF32 atoms: a product that lowering refused before, as on the CUDA cores)) match
-their float64 reference, outputs poisoned first so that an unwritten element shows, at two input
-scales (the larger one makes garbage in the padding visible as NaN or a far-off sum)."""
+"""Padded tensor-core products and uneven grids on a GPU, against float64 with outputs poisoned first so
+that an unwritten element shows:
+
+* the µGraphs of benchmarks/mugraphs/padded.py (``dev::TensorCoreMatmul`` with K or N no whole atom:
+  attention over ViT's 197 and CLIP's 77 tokens, one block per head; products whose N tile is 197, 100
+  or 136, whose K step is 111, 50 or 100, in fp16, bf16 and fp32 (TF32 atoms: a product that lowering
+  refused before, as on the CUDA cores); the online-softmax chain over 100 keys a step, 112 run), at
+  two input scales (the larger one makes garbage in the padding visible as NaN or a far-off sum);
+* the µGraphs of benchmarks/mugraphs/uneven.py (``BlockGraph.spans``: ViT's 197-token attention in
+  blocks of 50 and of 16 query rows, CLIP's 77 in blocks of 16, a projection and an RMS norm of 197
+  rows), the overlapping rows included (seed 11)."""
 
 from __future__ import annotations
 
@@ -13,18 +18,15 @@ pytest.importorskip("torch")
 pytest.importorskip("cupy")
 
 from benchmarks.mugraphs.padded import GRAPHS  # noqa: E402
-from mirage.codegen.gpu_check import check_on_gpu  # noqa: E402
-from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
-from mirage.codegen.runtime import build_many  # noqa: E402
+from benchmarks.mugraphs.uneven import GRAPHS as UNEVEN  # noqa: E402
+from tests.gpu.gpu_helpers import assert_matches_float64, built_collection  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def built():
-    graphs = {name: build() for name, build in GRAPHS.items()}
-    programs = build_many([generate_cuda_program(g, None) for g in graphs.values()])
-    return {name: (graphs[name], program) for name, program in zip(graphs, programs, strict=True)}
+    return built_collection({**GRAPHS, **{f"uneven_{name}": build for name, build in UNEVEN.items()}})
 
 
 # the attention µGraphs take exp of unshifted scores: at 4× the inputs those overflow fp16
@@ -34,6 +36,10 @@ CASES = [(name, 1.0) for name in GRAPHS] + [(name, 4.0) for name in GRAPHS if no
 @pytest.mark.parametrize(("name", "scale"), CASES)
 def test_padded_products_match_float64(built, name, scale):
     graph, program = built[name]
-    result = check_on_gpu(graph, program, seed=7, scale=scale, name=name)
-    assert result.passed, result.failure()
-    assert result.unwritten == 0
+    assert_matches_float64(graph, program, seed=7, name=name, scale=scale)
+
+
+@pytest.mark.parametrize("name", list(UNEVEN))
+def test_uneven_graphs_match_float64(built, name):
+    graph, program = built[f"uneven_{name}"]
+    assert_matches_float64(graph, program, seed=11, name=name)

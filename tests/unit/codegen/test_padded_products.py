@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from codegen_helpers import needs_nvcc
+from codegen_helpers import compile_collection, needs_nvcc
 
 from benchmarks.mugraphs.padded import GRAPHS
 from mirage.codegen.compile import CompileOptions, Stage, compile_sources
@@ -49,11 +49,7 @@ def test_the_graphs_compute_the_programs_function(name):
 
 @needs_nvcc
 def test_padded_products_compile_to_tensor_core_instructions():
-    programs = {name: generate_cuda_program(build(), 90) for name, build in GRAPHS.items()}
-    results = compile_sources([p.code for p in programs.values()], CompileOptions(target=TARGETS["H100"]),
-                              dumps={Stage.SASS}, return_exceptions=True)
-    for name, result in zip(programs, results, strict=True):
-        assert not isinstance(result, Exception), f"{name}: {result}"
+    for name, result in compile_collection(GRAPHS).items():
         sass = result.sass()
         assert "HMMA" in sass, name
         if name != "vit_attention":  # (benchmarks/mugraphs/padded.py: its scores spill)

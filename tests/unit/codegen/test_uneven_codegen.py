@@ -1,15 +1,15 @@
 """Uneven grids in the generated code: every block's tile starts at ``min(block · tile, span - tile)``
 along an uneven axis (``dev::TileEnds``), for input iterators and output savers alike, and the µGraphs
 of benchmarks/mugraphs/uneven.py compile for sm_90a without local memory
-(tests/gpu/test_uneven_grids_gpu.py runs them). Even grids keep the code they had (no clamp)."""
+(tests/gpu/test_padded_products_gpu.py runs them). Even grids keep the code they had (no clamp)."""
 
 from __future__ import annotations
 
-from codegen_helpers import needs_nvcc
+from codegen_helpers import compile_collection, needs_nvcc
 
 from benchmarks.mugraphs.padded import GRAPHS as EVEN
 from benchmarks.mugraphs.uneven import GRAPHS
-from mirage.codegen.compile import CompileOptions, Stage, compile_sources
+from mirage.codegen.compile import CompileOptions, compile_sources
 from mirage.codegen.lower_program import generate_cuda_program
 from mirage.mugraph.target import TARGETS
 
@@ -26,14 +26,11 @@ def test_the_tiles_of_an_uneven_axis_end_at_the_dim():
 
 @needs_nvcc
 def test_uneven_graphs_compile_without_local_memory():
-    programs = {name: generate_cuda_program(build(), 90) for name, build in GRAPHS.items()}
-    results = compile_sources([p.code for p in programs.values()], CompileOptions(target=TARGETS["H100"]),
-                              dumps={Stage.SASS}, return_exceptions=True)
-    for name, result in zip(programs, results, strict=True):
-        assert not isinstance(result, Exception), f"{name}: {result}"
+    results = compile_collection(GRAPHS)
+    for name, result in results.items():
         sass = result.sass()
         assert "LDL" not in sass and "STL" not in sass, f"{name} spills"
-    assert "HMMA" in results[list(programs).index("vit_attention")].sass()
+    assert "HMMA" in results["vit_attention"].sass()
 
 
 # (real keys, key groups) → the keys the warp-form chain runs (gen/softmax_detail.cuh, padded_keys)
