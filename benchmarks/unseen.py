@@ -580,10 +580,12 @@ GIVEN = {
 
 
 def _op_text(node) -> str:
-    """A kernel-graph op's name; a fused kernel (``customized``) adds its grid and loop count."""
+    """A kernel-graph op's name; a fused kernel (``customized``) adds its grid (and the spans of an uneven
+    one) and loop count."""
     block = node.attrs if isinstance(node.attrs, BlockGraph) else None
+    spans = f" spans={block.spans}" if block is not None and any(block.spans) else ""
     return node.op.value if block is None else (
-        f"{node.op.value} grid={block.grid_dim} loop={block.forloop_range}")
+        f"{node.op.value} grid={block.grid_dim}{spans} loop={block.forloop_range}")
 
 
 def _kernels(fast) -> dict[str, list[str]]:
