@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import logging
@@ -225,7 +226,19 @@ def cache_key(reference: KernelGraph, settings: SearchSettings) -> str:
     from mirage import __version__
 
     text = json.dumps({"graph": content_hash(strip_names(reference)), "settings": settings.to_dict(),
-                       "version": __version__}, sort_keys=True)
+                       "version": __version__, "spaces": _spaces_hash()}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.cache
+def _spaces_hash() -> str:
+    """The named search spaces' defaults, in the key: an entry holds what a search of them found, so a
+    change of a space (uneven grids added to every space's grids, say) searches again."""
+    try:
+        from mirage.generator.space import CONFIGS
+    except ImportError:  # no search here: the entries were made elsewhere
+        return ""
+    text = "".join(CONFIGS[name].content_hash() for name in sorted(CONFIGS))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
