@@ -121,3 +121,25 @@ def test_tile_ends_start_each_tile_where_the_interpreter_does(tmp_path):
     assert len(got) == len(cases) == 81
     assert all(g == (want, want) for g, (_, _, _, want) in zip(got, cases, strict=True))
     assert {c[3] for c in cases} >= {6 * 13 + 8, 6 * 13}  # the last tiles start at 6 and 8, not 8 and 10
+
+
+# (keys, rows a block, threads, K read in place): key groups of 1 to 8 warps, padded to 64–256 keys
+CHAIN_SHAPES = [(33, 16, 64, True), (77, 32, 128, False), (100, 64, 256, True), (130, 16, 256, False),
+                (197, 64, 128, True), (197, 32, 64, False)]
+
+
+@needs_nvcc
+def test_uneven_attention_of_any_key_count_runs_the_chain_and_compiles_without_spills():
+    from benchmarks.mugraphs.attention import one_kernel
+    from benchmarks.mugraphs.uneven import keys_in_place
+
+    def build(keys, rows, threads, in_place):  # 4 uneven blocks of ``rows`` rows a head
+        graph = one_kernel(2, 4 * rows - 3, keys, 64, rows=rows, key_tile=keys, threads=threads)
+        return keys_in_place(graph) if in_place else graph
+
+    builders = {shape: lambda shape=shape: build(*shape) for shape in CHAIN_SHAPES}
+    for shape, build_graph in builders.items():
+        assert "mirage::gen::OnlineSoftmax<" in generate_cuda_program(build_graph(), 90).code, shape
+    for shape, result in compile_collection(builders).items():
+        sass = result.sass()
+        assert "LDL" not in sass and "STL" not in sass, shape
