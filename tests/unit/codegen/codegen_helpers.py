@@ -56,14 +56,15 @@ def sass_by_function(sass: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
-def compile_collection(builders: dict) -> dict:
-    """The µGraphs of ``builders`` (name → function building one) generated for sm_90a and compiled
-    together; name → compile result, every build checked to have succeeded."""
+def compile_collection(builders: dict, options=None) -> dict:
+    """The µGraphs of ``builders`` (name → function building one) generated for sm_90a (with the
+    optimizer's ``options``) and compiled together; name → compile result, every build checked to have
+    succeeded."""
     from mirage.codegen.compile import Stage, compile_sources
     from mirage.codegen.lower_program import generate_cuda_program
     from mirage.mugraph.target import TARGETS
 
-    programs = {name: generate_cuda_program(build(), 90) for name, build in builders.items()}
+    programs = {name: generate_cuda_program(build(), 90, options=options) for name, build in builders.items()}
     results = compile_sources([p.code for p in programs.values()], CompileOptions(target=TARGETS["H100"]),
                               dumps={Stage.SASS}, return_exceptions=True)
     for name, result in zip(programs, results, strict=True):

@@ -143,3 +143,19 @@ def test_uneven_attention_of_any_key_count_runs_the_chain_and_compiles_without_s
     for shape, result in compile_collection(builders).items():
         sass = result.sass()
         assert "LDL" not in sass and "STL" not in sass, shape
+
+
+@needs_nvcc
+def test_uneven_query_blocks_of_64_rows_take_the_warpgroup_chain():
+    """253 queries in 4 blocks of 64 rows (the last at 189) over 256 keys: whole warpgroup tiles, so the
+    chain's warpgroup form with K and V copied by TMA; Q's copy and the output clamp their starts."""
+    from benchmarks.mugraphs.attention import one_kernel
+    from mirage.optimizer import OptimizerOptions
+
+    graph = one_kernel(4, 253, 256, 64, rows=64, key_tile=128, threads=128)
+    options = OptimizerOptions(warpgroup_softmax=True, tma_copies=True)
+    program = generate_cuda_program(graph, 90, options=options)
+    assert "mirage::dev::TensorMapIterator<" in program.code and "Swizzled128Layout" in program.code
+    assert program.code.count("mirage::dev::kEven, 189, mirage::dev::kEven} }") == 2
+    sass = compile_collection({"uneven_warpgroup": lambda: graph}, options)["uneven_warpgroup"].sass()
+    assert "LDL" not in sass and "STL" not in sass
