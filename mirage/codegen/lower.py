@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 
-from mirage.codegen import column_major
 from mirage.codegen import lower_context as ctx
+from mirage.codegen import lower_io as io
 from mirage.codegen import lower_registers as registers
 from mirage.codegen import lower_softmax as softmax
 from mirage.codegen.lower_functions import single_op_graph, thread_function
@@ -36,7 +36,6 @@ from mirage.codegen.lower_ops import (
     plan_pitch,
     rank4,
     rank4_dim,
-    rank4_map,
     tile_layout,
     transposed_layout,
     vector_copies,
@@ -114,7 +113,7 @@ class KernelLowering:
         # a row-local body's cross-warp combines (RowLoop.scratch_floats) after the block-wide scratch
         self.row_scratch_offset = -(-scratch_end // 16) * 16
         self.row_loop = RowLoopLowering(self, kernel.row_loop) if kernel.row_loop is not None else None
-        self.iterators = tuple(self._iterator(k, i) for k, i in enumerate(self.graph.input_nodes))
+        self.iterators = tuple(io.iterator(self, k, i) for k, i in enumerate(self.graph.input_nodes))
         # a multicast input's ring has one slot more than the pipeline's stages (optimizer.multicast), as
         # has a tile that a warpgroup chain reads one iteration late (its V)
         late = self.softmax.late if self.softmax is not None else frozenset()
@@ -203,117 +202,6 @@ class KernelLowering:
     def operand(self, ref: Ref) -> ctx.Tile:
         return self.tile(ref.node)
 
-    # ---- inputs and outputs ------------------------------------------------------------------
-
-    def _iterator(self, k: int, i: int) -> ctx.InputIteratorContext:
-        node = self.graph.nodes[i]
-        it = node.attrs
-        if self.softmax is not None and self.softmax.mask_rows and i == self.softmax.column:
-            return ctx.InputIteratorContext(  # the chain computes the mask from indices: nothing copied
-                name=f"in{i}",
-                node=i,
-                parameter=f"input{k}",
-                tile=self.generated_tile(i),
-                source_dims=rank4(it.source.shape),
-                input_map=rank4_map(it.source.rank, it.input_map, self.graph.grid_dim),
-                forloop_dim=rank4_dim(it.source.rank, it.forloop_dim),
-                stages=1,
-                pipelined=False,
-                generated=self.softmax.mask_rows,
-                tile_ends=self._ends(rank4(it.source.shape), rank4_map(it.source.rank, it.input_map,
-                                                                       self.graph.grid_dim),
-                                     self.generated_tile(i).layout.dims),
-            )
-        if self.row_loop is not None and i in self.row_loop.plan.direct:
-            shape = node.outputs[0].shape
-            element = self.element(i)
-            layout = tile_layout(shape, element, 1 << 30, False)  # dense
-            dim_map = rank4_map(it.source.rank, it.input_map, self.graph.grid_dim)
-            return ctx.InputIteratorContext(
-                name=f"in{i}",
-                node=i,
-                parameter=f"input{k}",
-                tile=ctx.Tile(f"t{i}", element, layout, -1),
-                source_dims=rank4(it.source.shape),
-                input_map=dim_map,
-                forloop_dim=rank4_dim(it.source.rank, it.forloop_dim),
-                stages=1,
-                pipelined=False,
-                direct=True,
-                tile_ends=self._ends(rank4(it.source.shape), dim_map, layout.dims),
-            )
-        buffer = self.kernel.memory.buffer_of(i)
-        rank = it.source.rank
-        pipelined = buffer.kind is BufferKind.INPUT_STAGES
-        tile = self.tile(i)
-        grid = self.graph.grid_dim
-        shared_by_blocks = any(grid[a] > 1 and it.input_map[a] == -1 for a in range(3))
-        multicast = self.kernel.multicast.size if i in self.kernel.multicast.inputs and pipelined else 0
-        tma = i in self.kernel.tma_inputs and pipelined
-        stored, view, source_dims, input_map, forloop_dim = column_major.iterated(  # (a tile read in place)
-            tile.layout, rank4(it.source.shape), rank4_map(rank, it.input_map, self.graph.grid_dim),
-            rank4_dim(rank, it.forloop_dim))
-        return ctx.InputIteratorContext(
-            name=f"in{i}",
-            node=i,
-            parameter=f"input{k}",
-            tile=ctx.Tile(tile.name, tile.element, stored, buffer.offset),
-            view=view,
-            source_dims=source_dims,
-            input_map=input_map,
-            forloop_dim=forloop_dim,
-            stages=buffer.slots if pipelined else 1,
-            pipelined=pipelined,
-            staggered=(self.stagger_shared_loads and shared_by_blocks and tile.layout.rows > 1
-                       and not multicast),
-            evict_first=(self.evict_first_streams and pipelined and not shared_by_blocks and not multicast
-                         and not tma),
-            multicast=multicast,
-            barriers=self.kernel.memory.barriers_of(i) if multicast or tma else -1,
-            tma=tma,
-            late=self.softmax is not None and i in self.softmax.late,
-            tile_ends=self._ends(source_dims, input_map, stored.dims),
-        )
-
-    def _ends(self, dims, dim_map, tile) -> tuple[str, str, str, str] | None:
-        return ctx.tile_ends(self.graph.spans, dims, dim_map, tile)
-
-    def direct_saver(self, i: int) -> ctx.OutputSaverContext:
-        """Saver ``i``, for a result written from registers (no shared tile): its tile is the
-        result's dense layout, what the writer's linear indices mean."""
-        (src,) = self.graph.nodes[i].inputs
-        tile = ctx.Tile(f"t{src.node}", self.element(src.node), self._result_layout(src.node), -1)
-        return self._saver(self.graph.output_nodes.index(i), i, tile)
-
-    def _saver(self, j: int, i: int, tile: ctx.Tile | None = None) -> ctx.OutputSaverContext:
-        node = self.graph.nodes[i]
-        (src,) = node.inputs
-        target = node.outputs[0]
-        tile = tile or self.operand(src)
-        output_map = rank4_map(target.rank, node.attrs.output_map, self.graph.grid_dim)
-        return ctx.OutputSaverContext(
-            name=f"out{i}",
-            node=i,
-            parameter=f"output{j}",
-            element=element_type(target.dtype, f"output %{i}"),
-            tile=tile,
-            target_dims=rank4(target.shape),
-            output_map=output_map,
-            **ctx.saver_layout(self.output_strides[j] if j < len(self.output_strides) else None),
-            tile_ends=self._ends(rank4(target.shape), output_map, tile.layout.dims),
-        )
-
-    def parameters(self) -> tuple[ctx.Parameter, ...]:
-        outputs = [
-            ctx.Parameter(f"output{j}", element_type(self.graph.nodes[i].outputs[0].dtype, "an output"), True)
-            for j, i in enumerate(self.graph.output_nodes)
-        ]
-        inputs = [
-            ctx.Parameter(f"input{k}", element_type(self.graph.nodes[i].outputs[0].dtype, "an input"), False)
-            for k, i in enumerate(self.graph.input_nodes)
-        ]
-        return tuple(outputs + inputs)
-
     # ---- thread functions and matmuls ----------------------------------------------------------
 
     def function(self, i: int) -> str:
@@ -384,7 +272,7 @@ class KernelLowering:
             for previous, node in zip(nodes, nodes[1:], strict=False)
             if self.graph.nodes[node].op is Op.FUSED
         )
-        index_layout = self._result_layout(root)
+        index_layout = self.result_layout(root)
         if self.softmax is not None and last == self.softmax.column:
             links += (softmax.column_factor(self),)  # the chain's only reader wants f(1, c), not c
         if last in self.in_registers:
@@ -392,7 +280,7 @@ class KernelLowering:
         producer, input_node = self.producer(root)
         return ctx.ChainStep(root, producer, links, self.sink(last, input_node), index_layout)
 
-    def _result_layout(self, i: int) -> ctx.TileLayout:
+    def result_layout(self, i: int) -> ctx.TileLayout:
         """The logical (dense) layout of node ``i``'s result: what linear indices in its chain mean."""
         dims = rank4(self.graph.nodes[i].outputs[0].shape)
         return ctx.TileLayout(dims, dims[3])
@@ -405,7 +293,7 @@ class KernelLowering:
     def producer(self, i: int) -> tuple[ctx.Producer, int | None]:
         """Node ``i``'s producer, and (for accumulators) the node whose state the sink updates."""
         node = self.graph.nodes[i]
-        layout = self._result_layout(i)
+        layout = self.result_layout(i)
         match node.op:
             case Op.FUSED:
                 return ctx.MapProducer(
@@ -452,7 +340,7 @@ class KernelLowering:
         source = self.operand(node.inputs[0])
         match node.attrs.kind:
             case AccumKind.NONE | AccumKind.MAX:
-                return ctx.MapProducer("mirage::dev::Identity", self._result_layout(i), (source,))
+                return ctx.MapProducer("mirage::dev::Identity", self.result_layout(i), (source,))
             case AccumKind.SUM | AccumKind.MEAN:
                 return ctx.ReduceProducer(
                     ctx.Reducer.SUM, 3, "mirage::dev::Identity", source, self._scratch()
@@ -473,7 +361,7 @@ class KernelLowering:
         if last in self.direct_outputs:
             j, i = self.direct_outputs[last]
             self.stored_directly.add(last)
-            return ctx.Sink(last, ctx.SinkKind.GLOBAL, (self.tile(last),), self._saver(j, i))
+            return ctx.Sink(last, ctx.SinkKind.GLOBAL, (self.tile(last),), io.saver(self, j, i))
         if self.stores_once(last):
             return ctx.Sink(last, ctx.SinkKind.STORE, (self.tile(last),))
         match node.op:
@@ -606,7 +494,7 @@ class KernelLowering:
         # its copies fly while that barrier waits for the pre-loop copies, which are older
         early = self.kernel.memory.early_prologue and has_pre_loop and self.prologue() is not None
         written = {saver for _, saver in self.row_loop.plan.outputs} if self.row_loop is not None else set()
-        savers = {i: self._saver(j, i) for j, i in enumerate(self.graph.output_nodes) if i not in written}
+        savers = {i: io.saver(self, j, i) for j, i in enumerate(self.graph.output_nodes) if i not in written}
         iterators = {it.node: it for it in self.iterators}
         if not has_pre_loop:
             out[Phase.PRE_LOOP] += self.loop_state()
@@ -760,7 +648,7 @@ class KernelLowering:
             producer_joins=self._producer_joins(steps[Phase.PRE_LOOP]),
             direct_loop=self._direct_loop(steps[Phase.LOOP]),
             l2_prefetch=self._l2_prefetch(),
-            parameters=self.parameters(),
+            parameters=io.parameters(self),
             functions=tuple(self.functions[i] for i in sorted(self.functions)),
             matmuls=tuple(self.matmuls[i] for i in sorted(self.matmuls)),
             tiles=tuple(bound[n] for n in sorted(bound, key=_tile_order)),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mirage.codegen import lower_io as io
 from mirage.codegen.lower_context import (
     RUNNING_MAX_START,
     DirectLoop,
@@ -172,7 +173,7 @@ class RowLoopLowering:
             values[i] = Value(f"v{i}", self._wide(node.outputs[0].shape))
             arguments = tuple(values[r.node] for r in node.inputs)
             statements.append(Statement("map", values[i], arguments, self.lowering.function(i)))
-        outputs = tuple((values[value], self.lowering.direct_saver(saver))
+        outputs = tuple((values[value], io.direct_saver(self.lowering, saver))
                         for value, saver in self.plan.outputs)
         return RowLoopWriteBack(tuple(s for s in states if s.tile is not None), outputs, tuple(statements),
                                 **self._layout)

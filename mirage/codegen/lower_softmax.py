@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mirage.codegen import lower_context as ctx
+from mirage.codegen import lower_io as io
 from mirage.codegen.lower_functions import thread_function
 from mirage.codegen.lower_ops import LoweringError
 from mirage.mugraph.dtypes import DType
@@ -109,7 +110,7 @@ def _saved_only(lw: KernelLowering, i: int) -> ctx.OutputSaverContext | None:
     outputs = list(lw.graph.output_nodes)
     if len(readers) != 1 or readers[0] not in outputs:
         return None
-    return lw.direct_saver(readers[0])
+    return io.direct_saver(lw, readers[0])
 
 
 def scratch_offset(lw: KernelLowering) -> int:

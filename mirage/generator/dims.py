@@ -22,6 +22,7 @@ import itertools
 from collections.abc import Sequence
 
 from mirage.generator.space import SearchSpace
+from mirage.mugraph.build import starts_apart
 from mirage.mugraph.graph import Dim3, TensorType
 
 ONE_D_SPLITS = (8, 16, 32, 64, 128, 256)  # {dim/x, 1, 1}
@@ -77,13 +78,9 @@ def uneven_grid_candidates(inputs: Sequence[TensorType], space: SearchSpace) -> 
                                       for x in ONE_D_SPLITS for d in odd if d > x]
     if space.attention_grids:
         found += [((batch, -(-d // y), 1), (0, d, 0)) for y in TWO_D_SPLITS for d in odd if d > y]
-    return list(dict.fromkeys((g, s) for g, s in found if g[0] * g[1] * g[2] > 1 and _distinct_starts(g, s)
-                              and space.min_grid_blocks <= g[0] * g[1] * g[2] <= space.max_grid_blocks))
-
-
-def _distinct_starts(grid: Dim3, spans: Dim3) -> bool:
-    """Every block of an uneven axis starts at an entry of its own (``check_block_header``'s rule)."""
-    return all(not s or (-(-s // g)) * (g - 1) < s for g, s in zip(grid, spans, strict=True))
+    return list(dict.fromkeys(
+        (g, s) for g, s in found if all(not n or starts_apart(n, b) for b, n in zip(g, s, strict=True))
+        and space.min_grid_blocks <= g[0] * g[1] * g[2] <= space.max_grid_blocks))
 
 
 def block_candidates(space: SearchSpace) -> list[Dim3]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mirage.mugraph.build import starts_apart
 from mirage.mugraph.graph import KernelGraph
 from mirage.mugraph.ops import ELEMENTWISE, Op
 
@@ -184,7 +185,7 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     # Only where the blocks' rows come out whole 16-row tiles (197 in 13 blocks of 16, not in 4 of 50):
     # the online-softmax chain takes no other, and such a member runs op by op (53 µs against 7.4)
     uneven = [-(-queries // rows) for rows in WHOLE_ROWS_PER_GROUP if queries % rows and queries > rows]
-    uneven = [g for g in dict.fromkeys(uneven) if g not in whole and -(-queries // g) * (g - 1) < queries
+    uneven = [g for g in dict.fromkeys(uneven) if g not in whole and starts_apart(queries, g)
               and -(-queries // g) % ROWS_PER_GROUP == 0]
     whole_grids = [(heads, 1, g) for g in whole] + [(heads, 1, g) for g in uneven if whole or not splits]
     whole_spans = [(0, 0, 0)] * len(whole) + [(0, 0, queries)] * (len(whole_grids) - len(whole))

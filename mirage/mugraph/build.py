@@ -111,6 +111,12 @@ def tile_extent(size: int, blocks: int, span: int = 0) -> int:
     return -(-span // blocks) if span else size // blocks
 
 
+def starts_apart(span: int, blocks: int) -> bool:
+    """Whether ``blocks`` blocks over an uneven span of ``span`` entries (two at least) each start at an
+    entry of its own: ``ceil(span / blocks) · (blocks − 1) < span`` (else two would compute one tile)."""
+    return blocks > 1 and -(-span // blocks) * (blocks - 1) < span
+
+
 def tile_start(block: int, extent: int, span: int = 0) -> int:
     """Where block ``block``'s tile starts along a partitioned dim: ``block · extent``, and on an uneven
     axis at most ``span - extent``, so that the last tile ends at the dim's end and overlaps the one

@@ -122,7 +122,7 @@ def check_block_header(graph: BlockGraph, target: Target = DEFAULT_TARGET) -> No
         raise GridError(f"spans must be three non-negative ints (0 where the grid divides its dim), "
                         f"got {spans}")
     for axis, (span, blocks) in enumerate(zip(spans, graph.grid_dim, strict=True)):
-        if span and (blocks == 1 or -(-span // blocks) * (blocks - 1) >= span):
+        if span and not build.starts_apart(span, blocks):
             raise GridError(f"grid axis {'xyz'[axis]} has {blocks} block(s) over a span of {span}: an uneven "
                             "axis needs at least two blocks, each starting at an entry of its own (use "
                             "fewer blocks, or span 0)")

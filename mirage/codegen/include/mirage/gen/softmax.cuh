@@ -44,6 +44,7 @@
 #include "kernel.cuh"
 #include "softmax_columns.cuh"
 #include "softmax_detail.cuh"
+#include "softmax_key_norms.cuh"
 #include "wgmma.cuh"
 
 namespace mirage::gen {
@@ -86,6 +87,10 @@ struct OnlineSoftmax {
                 "the warps must divide the row tiles or be a multiple of them (every warp works)");
   static_assert(KLayout::rows == D && VLayout::rows == kRealKeys, "Q [R, D], K [D, N], V [N, E]");
   static constexpr bool kKeyNorms = IsKeyNorms<Columns>::value;
+  using QTile = dev::SharedTile<T, QLayout>;
+  using KTile = dev::SharedTile<T, KLayout>;
+  using ColumnOp = Columns;
+  using KeyNormSteps = ChainKeyNorms<OnlineSoftmax>;  // QKNorm's factors from K (softmax_key_norms.cuh)
   // the warpgroup form (see the top of the file): K and V in 128-byte swizzled tiles
   static constexpr bool kWarpgroup = KLayout::swizzled;
   static_assert(!KLayout::transposed || !kKeyNorms, "K in place: no key norms");
@@ -283,6 +288,7 @@ struct OnlineSoftmax {
   }
 
  private:
+  friend KeyNormSteps;
   using Mma = typename Atom::Operation;
 
   // One online-softmax step over kSubKeys keys for every row tile of the warp. The deferred form's
@@ -309,21 +315,21 @@ struct OnlineSoftmax {
     if constexpr (Turn::kSpan) Turn::take(warp() / 4);  // passed after the P·V issue (in_step_values)
     if constexpr (kWarpgroup && kKeyNorms) {  // the keys' factors while the tensor cores run Q·K
       float factor[kKeyTiles][2];
-      float squares[kWarpKeys / 16][2][4];
+      float squares[KeyNormSteps::kWarpKeys / 16][2][4];
       if constexpr ((MIRAGE_PROBE_CHAIN & 4) != 0) {
 #pragma unroll
         for (int j = 0; j < kKeyTiles; ++j) factor[j][0] = factor[j][1] = 1.0f;
         warpgroup_scores<Pending>(state, q, k, key0, score, [] {});
       } else {
-        key_squares(k, key0, squares);  // before Q·K's warpgroup MMAs: 0.45 µs faster than after
+        KeyNormSteps::key_squares(k, key0, squares);  // before Q·K's warpgroup MMAs: 0.45 µs faster
         warpgroup_scores<Pending>(state, q, k, key0, score,
-                                  [&] { trade_key_factors(state, columns, squares, factor); });
+                                  [&] { KeyNormSteps::trade_key_factors(state, columns, squares, factor); });
       }
       softmax_detail::scale_columns(factor, score);
     } else if constexpr (kWarpgroup) {
       warpgroup_scores<Pending>(state, q, k, key0, score, [] {});
     } else if constexpr (kKeyNorms) {
-      scaled_scores(q, k, key0, score);
+      KeyNormSteps::scaled_scores(q, k, key0, score);
     } else {
       scores(q, k, key0, score);
     }
@@ -573,100 +579,6 @@ struct OnlineSoftmax {
           mma(score[t][j + 1], a[t], b[2], b[3]);
         }
       }
-    }
-  }
-
-  // The scores of per-key factors computed from K itself (KeyNorms), kNormKeys keys at a time: over
-  // all of D for those keys, so that Kᵀ·K's accumulators live for kNormKeys keys only, with the
-  // products of different keys (independent accumulators) interleaved in each step of D
-  // (softmax_detail::accumulate_key_squares runs Kᵀ·K on the K fragments loaded for Q·K).
-  // MIRAGE_SOFTMAX_NORM_KEYS where it divides the sub-tile's keys, else 16 (a sub-tile of 48 keys)
-  static constexpr int kNormKeys = kSubKeys % MIRAGE_SOFTMAX_NORM_KEYS == 0 ? MIRAGE_SOFTMAX_NORM_KEYS : 16;
-  static_assert(MIRAGE_SOFTMAX_NORM_KEYS == 16 || MIRAGE_SOFTMAX_NORM_KEYS == 32,
-                "key norms are gathered onto one lane a key: 16 or 32 keys at a time");
-  static_assert(kSubKeys % kNormKeys == 0, "a sub-tile is whole chunks of kNormKeys keys");
-  static MIRAGE_DEVICE void scaled_scores(dev::SharedTile<T, QLayout> q, dev::SharedTile<T, KLayout> k, int key0,
-                                          float (&score)[kTilesPerWarp][kKeyTiles][4]) {
-    using Factor = typename KeyFactor<Columns>::type;
-    constexpr int kPairs = kNormKeys / 16;  // 16-key fragments per chunk
-    clear(score);
-#pragma unroll
-    for (int first = 0; first < kKeyTiles; first += 2 * kPairs) {
-      float squares[kPairs][2][4] = {};
-#pragma unroll
-      for (int d = 0; d < D / 16; ++d) {
-        uint32_t a[kTilesPerWarp][4];
-#pragma unroll
-        for (int t = 0; t < kTilesPerWarp; ++t) load_q(q, t, d * 16, a[t]);
-#pragma unroll
-        for (int p = 0; p < kPairs; ++p) {
-          const int j = first + 2 * p;
-          uint32_t b[4];
-          load_k(k, d * 16, key0 + j * 8, b);
-#pragma unroll
-          for (int t = 0; t < kTilesPerWarp; ++t) {
-            mma(score[t][j], a[t], b[0], b[1]);
-            mma(score[t][j + 1], a[t], b[2], b[3]);
-          }
-          softmax_detail::accumulate_key_squares<Mma>(b, squares[p]);
-        }
-      }
-      // key n's factor computed once on lane n, then shuffled to the lanes whose columns it scales
-      const float factor_of_lane = Factor{}(softmax_detail::gather_key_sums<kNormKeys>(squares, lane()));
-#pragma unroll
-      for (int tile = 0; tile < 2 * kPairs; ++tile) {
-        float factor[2];
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          factor[c] = __shfl_sync(0xffffffffu, factor_of_lane, tile * 8 + (lane() % 4) * 2 + c);
-#pragma unroll
-        for (int t = 0; t < kTilesPerWarp; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) score[t][first + tile][e] *= factor[e % 2];
-      }
-    }
-  }
-
-  // The warpgroup form's key norms: warp w of a warpgroup sums keys w · kWarpKeys … of the sub-tile
-  // (Kᵀ·K by mma.sync on K's fragments, ldmatrix from the swizzled tile), its lanes write their keys'
-  // factors into the warpgroup's buffer of the scratch, and after a barrier of the warpgroup's 128
-  // threads every thread reads the factors of its columns (keys 8 j + 2 (lane % 4), + 1). Two buffers
-  // by turns: a buffer is written again only after every warp of the warpgroup passed the next
-  // sub-tile's barrier, which each reaches after reading it.
-  static constexpr int kWarpKeys = kWarpgroup ? kSubKeys / 4 : 16;
-  static MIRAGE_DEVICE void key_squares(dev::SharedTile<T, KLayout> k, int key0,
-                                        float (&squares)[kWarpKeys / 16][2][4]) {
-    const int first = key0 + (warp() % 4) * kWarpKeys;
-#pragma unroll
-    for (int p = 0; p < kWarpKeys / 16; ++p)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) squares[p][h][e] = 0.0f;
-#pragma unroll
-    for (int d = 0; d < D / 16; ++d)
-#pragma unroll
-      for (int p = 0; p < kWarpKeys / 16; ++p) {
-        uint32_t b[4];
-        load_k(k, d * 16, first + 16 * p, b);
-        softmax_detail::accumulate_key_squares<Mma>(b, squares[p]);
-      }
-  }
-
-  static MIRAGE_DEVICE void trade_key_factors(State& state, Columns columns,
-                                              const float (&squares)[kWarpKeys / 16][2][4],
-                                              float (&factor)[kKeyTiles][2]) {
-    using Factor = typename KeyFactor<Columns>::type;
-    const float own = Factor{}(softmax_detail::gather_key_sums<kWarpKeys>(squares, lane()));
-    state.parity ^= 1;
-    float* buffer = columns.scratch + (state.parity * (kWarps / 4) + warp() / 4) * kSubKeys;
-    if (lane() < kWarpKeys) buffer[(warp() % 4) * kWarpKeys + lane()] = own;
-    softmax_detail::warpgroup_barrier<kWarps / 4>(warp() / 4);
-#pragma unroll
-    for (int j = 0; j < kKeyTiles; ++j) {
-      const float2 pair = *reinterpret_cast<const float2*>(buffer + 8 * j + (lane() % 4) * 2);
-      factor[j][0] = pair.x;
-      factor[j][1] = pair.y;
     }
   }
 
