@@ -1,6 +1,7 @@
 """Padded tensor-core products on the GPU (docs/codegen.md, "Padded products"): the µGraphs of
 benchmarks/mugraphs/padded.py timed (CUDA-graph replays, median µs a call) beside PyTorch on the
-same inputs: eager ``scaled_dot_product_attention`` for the attention graphs, ``torch.mm`` for the
+same inputs: eager ``scaled_dot_product_attention`` for the attention graphs (its causal form for
+the causal ones), ``torch.mm`` for the
 products, ``F.rms_norm`` for a norm. Writes padded_products_<date>.json into ``--out``."""
 
 from __future__ import annotations
@@ -10,6 +11,10 @@ import torch.nn.functional as F
 
 
 def _pytorch(name: str, inputs):
+    if "causal" in name:  # the mask input holds the causal pattern: SDPA's own causal kernel
+        q, k, v, _ = inputs
+        q4, k4, v4 = q[None], k.transpose(1, 2)[None].contiguous(), v[None]
+        return lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
     if "attention" in name:
         q, k, v = inputs  # (heads, tokens, dim), K stored transposed
         q4, k4, v4 = q[None], k.transpose(1, 2)[None].contiguous(), v[None]

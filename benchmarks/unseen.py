@@ -549,6 +549,10 @@ PROGRAMS = {
     "heads_attention": (HeadsAttention, [(2, 8, 128, 64)] * 3),
     "vit_heads_attention": (HeadsAttention, [(1, 12, 197, 64)] * 3),  # ViT-B's 197 tokens: uneven grids
     "clip_heads_attention": (HeadsAttention, [(1, 8, 77, 64)] * 3),  # CLIP's text tower: 77 tokens
+    "clip_causal_attention": (CausalAttention, [(1, 8, 77, 64)] * 3),  # CLIP's text tower is causal
+    # a prompt of 100 tokens: blocks of 15 or 50 query rows, each run in whole 16-row tiles (padded)
+    "prompt_attention": (HeadsAttention, [(1, 12, 100, 64)] * 3),
+    "prompt_causal_attention": (CausalAttention, [(1, 12, 100, 64)] * 3),
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
     "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),
     "biased_attention": (BiasedAttention, [(1, 12, 512, 64)] * 3 + [(512, 512)]),

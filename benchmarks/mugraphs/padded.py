@@ -43,6 +43,8 @@ GRAPHS = {
     # 8 heads of 128 queries over 200 keys, 100 an iteration: the online-softmax chain runs 112 keys a
     # step, the 12 padded ones −∞ (gen/softmax.cuh)
     "keys_100_attention": lambda: one_kernel(8, 128, 200, 64, rows=64, key_tile=100),
+    # 100 queries in 4 blocks of 25 rows: the chain runs 32 (two 16-row tiles, the second padded)
+    "rows_25_attention": lambda: one_kernel(8, 100, 100, 64, rows=25, key_tile=100),
     # N tile of 197 (M of 64: 99 outputs a thread), K in four steps of 128
     "odd_n": lambda: product(64, 512, 394, grid=2, iterations=4),
     # K of 111 in one step (odd: the last step keeps one element of a pair), N of 128

@@ -182,11 +182,10 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     loop_dims = [{"q": -1, "k": 2, "v": 1, "mask": 2}[role] for role in roles]
     # where no group of about those rows divides the queries (ViT's 197), also blocks of those rows
     # with the last one overlapping (spans: BlockGraph.spans); the queries index the output, unreduced.
-    # Only where the blocks' rows come out whole 16-row tiles (197 in 13 blocks of 16, not in 4 of 50):
-    # the online-softmax chain takes no other, and such a member runs op by op (53 µs against 7.4)
+    # The online-softmax chain pads a block's rows to whole 16-row tiles (100 queries: 7 blocks of 15
+    # rows run 16 each, 2 of 50 run 64), so every such grid has a fused member
     uneven = [-(-queries // rows) for rows in WHOLE_ROWS_PER_GROUP if queries % rows and queries > rows]
-    uneven = [g for g in dict.fromkeys(uneven) if g not in whole and starts_apart(queries, g)
-              and -(-queries // g) % ROWS_PER_GROUP == 0]
+    uneven = [g for g in dict.fromkeys(uneven) if g not in whole and starts_apart(queries, g)]
     whole_grids = [(heads, 1, g) for g in whole] + [(heads, 1, g) for g in uneven if whole or not splits]
     whole_spans = [(0, 0, 0)] * len(whole) + [(0, 0, queries)] * (len(whole_grids) - len(whole))
     split_grids = [(heads, s, groups) for s in splits]

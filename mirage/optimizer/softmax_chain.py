@@ -85,6 +85,9 @@ class SoftmaxChain:
     # > 0: the mask is a kernel input of the causal pattern with this period (mirage.mugraph.patterns),
     # which the chain computes from its fragments' indices: the mask tile is neither copied nor stored
     mask_rows: int = 0
+    # the chain runs more keys or rows than its tiles hold (padded_keys, padded_rows): then a mask is
+    # computed, never read (its tile holds the real ones only); padded keys take no per-key values
+    padded: bool = False
     # the sm_90a form (warpgroup_form): both products as warpgroup MMAs reading K and V (``swizzled``)
     # from shared memory in the 128-byte swizzled form
     warpgroup: bool = False
@@ -284,11 +287,17 @@ def _is_exp_of_difference(node: Node, s: int, m: int) -> bool:
     )
 
 
+def padded_rows(rows: int) -> int:
+    """The query rows the chain runs for ``rows`` real ones: whole 16-row tiles (gen/softmax.cuh's R)."""
+    return -(-rows // 16) * 16
+
+
 def warp_split(rows: int, keys: int, threads: int) -> int | None:
     """Key groups per 16-row tile for ``threads`` (as gen/softmax.cuh), or None when not covered: keys
-    of whole 16-key fragments must split into whole fragments a group; other counts run padded."""
-    warps, row_tiles = threads // 32, rows // 16
-    if threads % 32 or rows % 16 or row_tiles == 0:
+    of whole 16-key fragments must split into whole fragments a group; other counts run padded, and so
+    do rows of no whole 16-row tiles (:func:`padded_rows`)."""
+    warps, row_tiles = threads // 32, padded_rows(rows) // 16
+    if threads % 32 or row_tiles == 0:
         return None
     if warps >= row_tiles:
         if warps % row_tiles:
@@ -389,12 +398,15 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
              "operand rows not 16-byte aligned")
     groups = warp_split(rows, keys, math.prod(graph.block_dim))
     require(groups is not None, f"{rows} rows × {keys} keys do not split over the warps")
-    if padded_keys(keys, groups) != keys:  # the chain pads the keys (gen/softmax.cuh): plain scores only
-        require(column is None and mask_scale is None, f"{keys} keys (padded) with per-key values or a mask")
-    scratch = 4 * groups * rows * (width + 2) if groups > 1 else 0
+    padded = padded_keys(keys, groups) != keys  # the chain pads the keys (gen/softmax.cuh)
+    # plain scores, or a mask that the chain computes (causal: checked by the pipeline, which knows)
+    require(not padded or column is None or mask_scale is not None,
+            f"{keys} keys (padded) with per-key values")
+    scratch = 4 * groups * padded_rows(rows) * (width + 2) if groups > 1 else 0
     loaded = column is not None and graph.nodes[column].op is Op.INPUT
     return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch, column,
-                        qk_argument, key_norm, column_loaded=loaded, mask_scale=mask_scale)
+                        qk_argument, key_norm, column_loaded=loaded, mask_scale=mask_scale,
+                        padded=padded or padded_rows(rows) != rows)
 
 
 def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = False,
@@ -423,7 +435,8 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
         q, keys = graph.type_of(q_ref).shape, graph.type_of(k_ref).shape[-1]
         width = graph.type_of(v_ref).shape[-1]
         warps, row_tiles = math.prod(graph.block_dim) // 32, q[-2] // 16
-        require(warps % 4 == 0 and row_tiles % warps == 0, f"{warps} warps over {row_tiles} row tiles")
+        require(q[-2] % 16 == 0 and warps % 4 == 0 and row_tiles % warps == 0,
+                f"{warps} warps over {q[-2]} rows")
         require(keys % 64 == 0 and width % 64 == 0, f"{keys} keys, V width {width}: not in blocks of 64")
     except NoMatch as reason:
         log.debug("online-softmax chain kept on warp MMAs: %s", reason)

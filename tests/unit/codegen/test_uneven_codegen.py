@@ -54,14 +54,17 @@ def test_the_device_library_pads_the_keys_as_the_chain_does():
 
 
 def test_attention_over_keys_that_no_fragment_divides_runs_the_chain():
-    """ViT's 197 keys (16-row blocks, four warps of 64 keys: 256 run), CLIP's 77, 100 a step."""
+    """ViT's 197 keys (16-row blocks, four warps of 64 keys: 256 run), CLIP's 77 (also causal, the mask
+    computed), 100 a step."""
     for name, build in (("vit_attention_16", GRAPHS["vit_attention_16"]),
                         ("vit_attention_16_rows", GRAPHS["vit_attention_16_rows"]),
                         ("clip_attention", GRAPHS["clip_attention"]),
+                        ("clip_causal_attention", GRAPHS["clip_causal_attention"]),
                         ("keys_100_attention", EVEN["keys_100_attention"])):
         code = generate_cuda_program(build(), 90).code
         assert "mirage::gen::OnlineSoftmax<" in code, name
-        in_place = name in ("vit_attention_16", "clip_attention")  # K read in place: its stored rows are keys
+        assert ("mirage::gen::CausalMask>" in code) == ("causal" in name), name  # computed, not read
+        in_place = name != "vit_attention_16_rows" and "keys" not in name  # K in place: stored rows are keys
         assert ("mirage::dev::Transposed<" in code) == in_place, name
 
 
@@ -159,3 +162,31 @@ def test_uneven_query_blocks_of_64_rows_take_the_warpgroup_chain():
     assert program.code.count("mirage::dev::kEven, 189, mirage::dev::kEven} }") == 2
     sass = compile_collection({"uneven_warpgroup": lambda: graph}, options)["uneven_warpgroup"].sass()
     assert "LDL" not in sass and "STL" not in sass
+
+
+def test_padded_keys_with_a_mask_read_from_its_tile_stay_off_the_chain():
+    """The mask tile holds the real keys only: with masks read (``generated_masks=False``), a chain over
+    padded keys is not taken and the block graph runs op by op; with the mask computed, it is."""
+    from mirage.optimizer import OptimizerOptions
+
+    graph = GRAPHS["clip_causal_attention"]()
+    read = generate_cuda_program(graph, 90, options=OptimizerOptions(generated_masks=False)).code
+    assert "mirage::gen::OnlineSoftmax<" not in read
+    assert "mirage::gen::OnlineSoftmax<" in generate_cuda_program(graph, 90).code
+
+
+def test_query_blocks_of_no_whole_16_row_tiles_run_the_chain_padded():
+    """Blocks of 15, 50 and 25 query rows (uneven over 100 and 197 tokens, even over 100): the chain
+    runs whole 16-row tiles, its Q tile holding the real rows only (gen/softmax.cuh's kPaddedRows)."""
+    from mirage.optimizer.softmax_chain import padded_rows, warp_split
+
+    for name, build, rows in (("tokens_100_attention", GRAPHS["tokens_100_attention"], 15),
+                              ("causal_100_attention", GRAPHS["causal_100_attention"], 50),
+                              ("vit_attention", GRAPHS["vit_attention"], 50),
+                              ("rows_25_attention", EVEN["rows_25_attention"], 25)):
+        code = generate_cuda_program(build(), 90).code
+        (line,) = [line for line in code.splitlines() if "mirage::gen::OnlineSoftmax<" in line]
+        assert f"mirage::dev::Layout<1, 1, {rows}, 64, " in line.split(",", 2)[2], name  # Q's tile
+    assert [padded_rows(r) for r in (15, 16, 25, 50)] == [16, 16, 32, 64]
+    assert warp_split(50, 100, 128) == 1 and warp_split(15, 197, 128) == 4
+    assert warp_split(100, 64, 128) is None  # 7 row tiles over 4 warps

@@ -273,11 +273,11 @@ def test_a_soft_capped_attention_is_found_as_one_kernel():
 
 def test_queries_that_no_group_divides_get_uneven_one_kernel_grids():
     """ViT's 197 tokens (a prime): beside the block per head, blocks of 16 query rows with the last one
-    overlapping (``grid_spans``), the keys whole in one step; not 4 blocks of 50 rows (no whole 16-row
-    tiles: off the online-softmax chain)."""
+    overlapping (``grid_spans``), and 4 blocks of 50 rows (the online-softmax chain runs 64, padded),
+    the keys whole in one step."""
     layout = flash_decoding.overrides(_attention(12, 197, 64, 197))
-    assert layout["griddims"] == [(12, 1, 1), (12, 1, 13)]
-    assert layout["grid_spans"] == [(0, 0, 0), (0, 0, 197)]
+    assert layout["griddims"] == [(12, 1, 1), (12, 1, 13), (12, 1, 4)]
+    assert layout["grid_spans"] == [(0, 0, 0), (0, 0, 197), (0, 0, 197)]
     assert "grid_spans" not in flash_decoding.overrides(_attention(16, 128, 64, 1024))
 
 

@@ -13,6 +13,7 @@ import torch
 import mirage as mi
 from benchmarks.mugraphs.uneven import GRAPHS
 from mirage.errors import DivisibilityError, ForloopDimError, GridError, OutputMapError, OverlapError
+from mirage.mugraph import patterns
 from mirage.mugraph.build import tile_extent, tile_start
 from mirage.mugraph.interpret import interpret
 from mirage.mugraph.serialize import graph_from_dict, graph_to_dict
@@ -22,6 +23,10 @@ from mirage.verifier import verify
 
 def _reference(name: str, inputs: list[np.ndarray]) -> torch.Tensor:
     t = [torch.from_numpy(x).double() for x in inputs]
+    if "causal" in name:  # the mask's values: the causal pattern's (0 on and below the diagonal, else −inf)
+        q, k, v, mask = t
+        causal = torch.ones(q.shape[-2], k.shape[-1], dtype=torch.bool).tril()
+        return torch.softmax((q @ k / 8).masked_fill(~causal, -torch.inf), dim=-1) @ v
     if "attention" in name:
         q, k, v = t  # (heads, tokens, dim), K stored transposed
         return torch.softmax(q @ k / 8, dim=-1) @ v
@@ -37,6 +42,9 @@ def test_uneven_graphs_compute_the_programs_function(name):
     assert any(any(n.attrs.spans) for n in graph.nodes if n.op.value == "customized")
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(t.shape) for t in graph.input_types]
+    for i, node in enumerate(graph.input_nodes):  # a pattern input holds its pattern's values
+        if pattern := graph.nodes[node].attrs.pattern:
+            inputs[i] = patterns.values(pattern, inputs[i].shape, torch.float64).numpy()
     (got,) = interpret(graph, inputs)
     np.testing.assert_allclose(got, _reference(name, inputs).numpy(), rtol=1e-9, atol=1e-9)
 

@@ -29,11 +29,11 @@
 // tile or fragments and from P; each warpgroup takes whole 64-row tiles and the same softmax code runs
 // between the products. docs/codegen.md §2.3a has the details.
 //
-// Keys that no 16 keys a warp divide (ViT's 197, CLIP's 77; warp form, plain scores): the chain runs
-// over N padded keys (kRealKeys rounded up, further to whole 64-key sub-tiles where that is all that
-// gives sub-tiles of 64 or more); the scores of the padded keys are −∞ before the row maxima, so their
-// P is 0, and the K columns and V rows that their fragments would read past the tiles are the last
-// real ones (finite values times 0).
+// Keys that no 16 keys a warp divide (ViT's 197, CLIP's 77; warp form, plain scores or a computed
+// causal mask): the chain runs over N padded keys (kRealKeys rounded up, further to whole 64-key
+// sub-tiles where that is all that gives sub-tiles of 64 or more); the scores of the padded keys are
+// −∞ before the row maxima, so their P is 0, and the K columns and V rows that their fragments would
+// read past the tiles are the last real ones (finite values times 0).
 #pragma once
 
 #include <type_traits>
@@ -53,7 +53,9 @@ template <int NumThreads, class T, class QLayout, class KLayout, class VLayout, 
           class Columns = NoTile, bool DeferValues = false, bool QFragments = false, int PingPong = 0>
 struct OnlineSoftmax {
   using Atom = dev::detail::MmaAtom<T>;
-  static constexpr int R = QLayout::rows;
+  static constexpr int kRealRows = QLayout::rows;
+  static constexpr int R = (kRealRows + 15) / 16 * 16;  // the rows the chain runs (whole 16-row tiles)
+  static constexpr bool kPaddedRows = R != kRealRows;
   static constexpr int D = QLayout::cols;
   static constexpr int kRealKeys = KLayout::cols;
   static constexpr int E = VLayout::cols;
@@ -80,7 +82,7 @@ struct OnlineSoftmax {
   static constexpr int kKeyTiles = kSubKeys / 8;
   static constexpr int kOutTiles = E / 8;
   static_assert(Atom::kLdmatrix, "the register chain runs on fp16 / bf16 tensor cores");
-  static_assert(R % 16 == 0 && D % 16 == 0 && E % 16 == 0 && kKeys % 16 == 0 && N % kGroups == 0,
+  static_assert(kRealRows > 0 && D % 16 == 0 && E % 16 == 0 && kKeys % 16 == 0 && N % kGroups == 0,
                 "tile shapes the register chain does not cover (the lowering checks them first)");
   static_assert(kKeys % kSubKeys == 0, "a warp's keys must be whole sub-tiles");
   static_assert(kWarps % kRowTiles == 0 || kRowTiles % kWarps == 0,
@@ -109,7 +111,7 @@ struct OnlineSoftmax {
     if constexpr (std::is_same_v<C, NoTile> || IsKeyNorms<C>::value || std::is_same_v<C, CausalMask>) {
       return true;
     } else if constexpr (IsMaskTile<C>::value) {
-      return C::TileLayout::size == R * kRealKeys;
+      return C::TileLayout::size == kRealRows * kRealKeys;
     } else {
       return C::TileLayout::size == kRealKeys;
     }
@@ -119,8 +121,16 @@ struct OnlineSoftmax {
                     (VLayout::pitch * sizeof(T)) % 16 == 0,
                 "ldmatrix needs 16-byte aligned rows");
 
-  static_assert(!kPadded || (std::is_same_v<Columns, NoTile> && !KLayout::swizzled),
-                "padded keys: plain scores, the warp form (the lowering checks them first)");
+  // (a computed causal mask reads no tile: the padded keys' scores are −∞ after it as without it)
+  static_assert(!kPadded || ((std::is_same_v<Columns, NoTile> || std::is_same_v<Columns, CausalMask>) &&
+                             !KLayout::swizzled),
+                "padded keys: plain scores or a computed causal mask, the warp form (the lowering checks them "
+                "first)");
+  // Rows that no 16-row tiles divide (a block of 15 or 50 query rows): the chain runs R, the padded
+  // rows' Q fragments read the last real row, and their results are never written back
+  static_assert(!kPaddedRows || (!IsMaskTile<Columns>::value || std::is_same_v<Columns, CausalMask>) &&
+                                    !QLayout::swizzled && !KLayout::swizzled,
+                "padded rows: no mask read from a tile, the warp form (the lowering checks them first)");
   static_assert(!kPadded || KLayout::transposed || KLayout::pitch >= (kRealKeys + 7) / 8 * 8,
                 "padded keys: K's rows hold the last 16-byte chunk of keys");
   // The last K column chunk (8 keys) that holds a real key: padded keys' fragments read it instead.
@@ -206,7 +216,7 @@ struct OnlineSoftmax {
     if constexpr (std::is_same_v<Columns, CausalMask> && !kDeferred) {
       // no row of the block sees a key of this step (a computed causal mask): its scores would all be
       // −∞, its P 0, and m, l and O unchanged. Uniform over the block (over a warp's key group).
-      if (columns.last_key_of_rows(0, R - 1) < key0) return;
+      if (columns.last_key_of_rows(0, kRealRows - 1) < key0) return;
     }
     if constexpr (kLookahead) {
       step_ahead(state, q, k, v, key0);
@@ -246,6 +256,7 @@ struct OnlineSoftmax {
         for (int h = 0; h < 2; ++h) {
           const int row = row_tile(t) * 16 + group + h * 8;
           const float sum = softmax_detail::quad_sum(state.sum[t][h]);
+          if (kPaddedRows && row >= kRealRows) continue;  // a padded row: nothing of it is written
           if (lane() % 4 == 0) {
             const float maximum = state.maximum[t][h] / softmax_detail::kLog2e;
             store(max_tile, row, maximum);
@@ -282,7 +293,7 @@ struct OnlineSoftmax {
         }
       }
       __syncthreads();
-      softmax_detail::merge_key_groups<kGroups, R, E, NumThreads>(scratch, max_tile, running_tile, sum_tile,
+      softmax_detail::merge_key_groups<kGroups, R, kRealRows, E, NumThreads>(scratch, max_tile, running_tile, sum_tile,
                                                                   out_tile);
     }
   }
@@ -538,8 +549,14 @@ struct OnlineSoftmax {
 
   // The A fragment of Q[16 row_tile(t) : +16, d : d + 16].
   static MIRAGE_DEVICE void load_q(dev::SharedTile<T, QLayout> q, int t, int d, uint32_t (&a)[4]) {
-    cute::SM75_U32x4_LDSM_N::copy(softmax_detail::fragment_row<QLayout>(q.data, row_tile(t) * 16, d), a[0], a[1],
-                                  a[2], a[3]);
+    if constexpr (kPaddedRows) {  // a padded row reads the last real one (its results are dropped)
+      const int row = row_tile(t) * 16 + lane() % 16;
+      const T* address = q.data + QLayout::element_offset(row < kRealRows ? row : kRealRows - 1, d + (lane() / 16) * 8);
+      cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), a[0], a[1], a[2], a[3]);
+    } else {
+      cute::SM75_U32x4_LDSM_N::copy(softmax_detail::fragment_row<QLayout>(q.data, row_tile(t) * 16, d), a[0], a[1],
+                                    a[2], a[3]);
+    }
   }
 
   // The B fragments of K[d : d + 16, key : key + 8] (b0, b1) and K[d : d + 16, key + 8 : key + 16] (b2, b3)

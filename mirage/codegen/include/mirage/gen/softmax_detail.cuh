@@ -280,15 +280,16 @@ namespace softmax_detail {
 
 // After the loop, the key groups' merge (OnlineSoftmax::write_back with Groups > 1): `scratch` holds
 // each group's row maxima (log2 units) [Groups][R], row sums [Groups][R] and outputs [Groups][R][E],
-// written before a barrier; every thread then takes elements of the merged rows in turn.
-template <int Groups, int R, int E, int NumThreads, class MaxTile, class RunningTile, class SumTile,
+// written before a barrier; every thread then takes elements of the merged rows in turn (the first
+// RealRows of the R: padded rows are not written).
+template <int Groups, int R, int RealRows, int E, int NumThreads, class MaxTile, class RunningTile, class SumTile,
           class OutTile>
 MIRAGE_DEVICE void merge_key_groups(const float* scratch, MaxTile max_tile, RunningTile running_tile,
                                     SumTile sum_tile, OutTile out_tile) {
   const float* maxima = scratch;
   const float* sums = scratch + Groups * R;
   const float* outs = scratch + 2 * Groups * R;
-  for (int linear = dev::thread_index(); linear < R * E; linear += NumThreads) {
+  for (int linear = dev::thread_index(); linear < RealRows * E; linear += NumThreads) {
     const int row = linear / E;
     float maximum = negative_infinity();
 #pragma unroll
