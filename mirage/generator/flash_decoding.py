@@ -162,11 +162,20 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     widest = min(whole)  # the fewest query groups: the most rows a block
     if heads * widest >= MIN_WHOLE_BLOCKS:
         whole = [widest] + [g for g in whole if g != widest]
+    # where no group of about those rows divides the queries (ViT's 197), also blocks of those rows
+    # with the last one overlapping (spans: BlockGraph.spans); the queries index the output, unreduced.
+    # The online-softmax chain pads a block's rows to whole 16-row tiles (100 queries: 7 blocks of 15
+    # rows run 16 each, 2 of 50 run 64), so every such grid has a fused member
+    uneven = [-(-queries // rows) for rows in WHOLE_ROWS_PER_GROUP if queries % rows and queries > rows]
+    uneven = [g for g in dict.fromkeys(uneven) if g not in whole and starts_apart(queries, g)]
     if splits and heads * groups < MIN_WHOLE_BLOCKS:
-        whole = []  # decoding: too few blocks without a split of the keys; the search's time goes to splits
+        # decoding: too few blocks without a split of the keys; the search's time goes to splits, and to
+        # uneven grids of enough blocks (100 queries: 7 blocks of 15 rows a head, not 5 of 20)
+        whole = []
+        uneven = [g for g in uneven if heads * g >= MIN_WHOLE_BLOCKS]
     ranges = {1} | {r for s in splits for r in (2, 4, 8)
                     if (keys // s) % r == 0 and keys // s // r >= MIN_KEYS_PER_ITERATION}
-    ranges |= {r for r in range(2, keys // MIN_KEYS_PER_ITERATION + 1) if whole and keys % r == 0
+    ranges |= {r for r in range(2, keys // MIN_KEYS_PER_ITERATION + 1) if whole + uneven and keys % r == 0
                and MIN_KEYS_PER_ITERATION <= keys // r <= MAX_WHOLE_KEYS_PER_ITERATION}
     # Q: heads on x, query groups on z; K and V: heads on x, key splits on y (K's keys are its dim 2,
     # V's its dim 1), iterated by the for-loop; the combine's two inputs: heads, groups. A mask is
@@ -180,13 +189,7 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     whole_maps = {"q": (0, -1, 1), "k": (0, -1, -1), "v": (0, -1, -1), "mask": (head, -1, 1)}
     split_maps = {"q": (0, -1, 1), "k": (0, 2, -1), "v": (0, 1, -1), "mask": (head, 2, 1)}
     loop_dims = [{"q": -1, "k": 2, "v": 1, "mask": 2}[role] for role in roles]
-    # where no group of about those rows divides the queries (ViT's 197), also blocks of those rows
-    # with the last one overlapping (spans: BlockGraph.spans); the queries index the output, unreduced.
-    # The online-softmax chain pads a block's rows to whole 16-row tiles (100 queries: 7 blocks of 15
-    # rows run 16 each, 2 of 50 run 64), so every such grid has a fused member
-    uneven = [-(-queries // rows) for rows in WHOLE_ROWS_PER_GROUP if queries % rows and queries > rows]
-    uneven = [g for g in dict.fromkeys(uneven) if g not in whole and starts_apart(queries, g)]
-    whole_grids = [(heads, 1, g) for g in whole] + [(heads, 1, g) for g in uneven if whole or not splits]
+    whole_grids = [(heads, 1, g) for g in whole] + [(heads, 1, g) for g in uneven]
     whole_spans = [(0, 0, 0)] * len(whole) + [(0, 0, queries)] * (len(whole_grids) - len(whole))
     split_grids = [(heads, s, groups) for s in splits]
     combine_grid = [(heads, groups, 1)] if splits else []
@@ -204,7 +207,7 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
         "fmap_combos": [loop_dims, [-1, -1]] if splits else [loop_dims],
         "franges": sorted(ranges),
         "omaps": list(dict.fromkeys(omaps)),
-        **({"max_block_ops": block_ops} if whole or "mask" in roles else {}),
+        **({"max_block_ops": block_ops} if whole_grids or "mask" in roles else {}),
         # FlashDecoding's two graph-defined ops on every input (the space's default of 5 counts three)
         **({"max_kernel_ops": len(roles) + 2} if splits and len(roles) > 3 else {}),
         **({"shared_memory_bytes": MASKED_SHARED_BYTES} if "mask" in roles else {}),

@@ -281,6 +281,16 @@ def test_queries_that_no_group_divides_get_uneven_one_kernel_grids():
     assert "grid_spans" not in flash_decoding.overrides(_attention(16, 128, 64, 1024))
 
 
+def test_uneven_grids_of_enough_blocks_stay_beside_the_key_splits():
+    """A 100-token prompt of 12 heads: 5 even groups of 20 rows give 60 blocks, too few beside the key
+    splits, but 7 uneven blocks of 15 rows a head give 84, so that one-kernel grid stays (with the
+    block ops a one-kernel body needs); 2 blocks of 50 rows a head (24) do not."""
+    layout = flash_decoding.overrides(_attention(12, 100, 64, 100))
+    assert layout["griddims"] == [(12, 1, 7), (12, 4, 5), (12, 5, 1)]
+    assert layout["grid_spans"][0] == (0, 0, 100)
+    assert layout["max_block_ops"] == flash_decoding.WHOLE_BLOCK_OPS
+
+
 def test_the_search_verifies_an_uneven_one_kernel_attention():
     reference = _attention(2, 47, 16, 32)  # 47 queries: 3 blocks of 16 rows a head (the last at 31)
     layout = flash_decoding.overrides(reference)
