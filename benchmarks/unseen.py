@@ -553,6 +553,8 @@ PROGRAMS = {
     # a prompt of 100 tokens: blocks of 15 or 50 query rows, each run in whole 16-row tiles (padded)
     "prompt_attention": (HeadsAttention, [(1, 12, 100, 64)] * 3),
     "prompt_causal_attention": (CausalAttention, [(1, 12, 100, 64)] * 3),
+    # Llama-style grouped heads over the 100-token prompt: 4 query heads a key head fold into 400 rows
+    "prompt_grouped_attention": (GroupedCausalAttention, [(1, 32, 100, 64)] + [(1, 8, 100, 64)] * 2),
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
     "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),
     "biased_attention": (BiasedAttention, [(1, 12, 512, 64)] * 3 + [(512, 512)]),

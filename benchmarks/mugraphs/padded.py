@@ -35,10 +35,10 @@ def product(m: int, k: int, n: int, grid: int, iterations: int, dtype=mi.float16
 
 
 GRAPHS = {
-    # ViT's 197 tokens: each warp holds 13 × 7 of the scores' 16 × 8 tiles at once (364 values a
-    # thread), which spills (the product runs whole, not in slabs of rows): correct, not fast
+    # ViT's 197 tokens, a block per head: the online-softmax chain runs 256 rows (4 row tiles a warp)
+    # over 256 keys, both padded (op by op, each warp held 13 × 7 score tiles at once and spilled)
     "vit_attention": lambda: whole_attention(197, threads=128),
-    # CLIP's 77 tokens at 64 threads (93 scores a thread: padded, N and K of 77), no spill
+    # CLIP's 77 tokens at 64 threads: 96 rows run (3 row tiles a warp), 80 keys
     "clip_attention": lambda: whole_attention(77, threads=64),
     # 8 heads of 128 queries over 200 keys, 100 an iteration: the online-softmax chain runs 112 keys a
     # step, the 12 padded ones −∞ (gen/softmax.cuh)

@@ -287,26 +287,24 @@ def _is_exp_of_difference(node: Node, s: int, m: int) -> bool:
     )
 
 
-def padded_rows(rows: int) -> int:
-    """The query rows the chain runs for ``rows`` real ones: whole 16-row tiles (gen/softmax.cuh's R)."""
-    return -(-rows // 16) * 16
+def padded_rows(rows: int, warps: int) -> int:
+    """The query rows the chain runs for ``rows`` real ones on ``warps`` warps (as gen/softmax_detail.cuh's
+    ``padded_rows``): whole 16-row tiles, as many as the warps divide or a multiple of the warps."""
+    tiles = -(-rows // 16)
+    if tiles > warps:
+        return -(-tiles // warps) * warps * 16
+    return next(t for t in range(tiles, warps + 1) if warps % t == 0) * 16
 
 
 def warp_split(rows: int, keys: int, threads: int) -> int | None:
     """Key groups per 16-row tile for ``threads`` (as gen/softmax.cuh), or None when not covered: keys
     of whole 16-key fragments must split into whole fragments a group; other counts run padded, and so
-    do rows of no whole 16-row tiles (:func:`padded_rows`)."""
-    warps, row_tiles = threads // 32, padded_rows(rows) // 16
-    if threads % 32 or row_tiles == 0:
+    do rows (:func:`padded_rows`)."""
+    warps = threads // 32
+    if threads % 32 or warps == 0 or rows == 0:
         return None
-    if warps >= row_tiles:
-        if warps % row_tiles:
-            return None
-        groups = warps // row_tiles
-    else:
-        if row_tiles % warps:
-            return None
-        groups = 1
+    row_tiles = padded_rows(rows, warps) // 16
+    groups = warps // row_tiles if warps >= row_tiles else 1
     # keys of whole fragments split over the groups as they are; others are padded (padded_keys)
     if keys % 16 == 0 and (keys % groups or (keys // groups) % 16):
         return None
@@ -402,11 +400,12 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
     # plain scores, or a mask that the chain computes (causal: checked by the pipeline, which knows)
     require(not padded or column is None or mask_scale is not None,
             f"{keys} keys (padded) with per-key values")
-    scratch = 4 * groups * padded_rows(rows) * (width + 2) if groups > 1 else 0
+    warps = math.prod(graph.block_dim) // 32
+    scratch = 4 * groups * padded_rows(rows, warps) * (width + 2) if groups > 1 else 0
     loaded = column is not None and graph.nodes[column].op is Op.INPUT
     return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch, column,
                         qk_argument, key_norm, column_loaded=loaded, mask_scale=mask_scale,
-                        padded=padded or padded_rows(rows) != rows)
+                        padded=padded or padded_rows(rows, warps) != rows)
 
 
 def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = False,

@@ -36,18 +36,24 @@ def test_uneven_graphs_compile_without_local_memory():
 # (real keys, key groups) → the keys the warp-form chain runs (gen/softmax_detail.cuh, padded_keys)
 PADDED_KEYS = {(197, 1): 256, (197, 4): 256, (77, 1): 80, (77, 4): 128, (100, 1): 112, (208, 1): 208,
                (64, 1): 64, (40, 2): 64}
+# (real query rows, warps) → the rows it runs (padded_rows): tiles the warps divide, or a multiple of them
+PADDED_ROWS = {(15, 4): 16, (25, 4): 32, (50, 4): 64, (48, 4): 64, (64, 4): 64, (80, 4): 128, (100, 4): 128,
+               (197, 4): 256, (16, 8): 16, (48, 8): 64, (33, 2): 64, (200, 8): 256}
 
 
-def test_the_chain_pads_the_keys_as_the_device_library_does():
-    from mirage.optimizer.softmax_chain import padded_keys
+def test_the_chain_pads_the_keys_and_rows_as_the_device_library_does():
+    from mirage.optimizer.softmax_chain import padded_keys, padded_rows
 
     assert {key: padded_keys(*key) for key in PADDED_KEYS} == PADDED_KEYS
+    assert {key: padded_rows(*key) for key in PADDED_ROWS} == PADDED_ROWS
 
 
 @needs_nvcc
-def test_the_device_library_pads_the_keys_as_the_chain_does():
-    checks = "\n".join(f"static_assert(mirage::gen::softmax_detail::padded_keys({k}, {g}) == {n});"
-                       for (k, g), n in PADDED_KEYS.items())
+def test_the_device_library_pads_the_keys_and_rows_as_the_chain_does():
+    checks = "\n".join([f"static_assert(mirage::gen::softmax_detail::padded_keys({k}, {g}) == {n});"
+                        for (k, g), n in PADDED_KEYS.items()]
+                       + [f"static_assert(mirage::gen::softmax_detail::padded_rows({r}, {w}) == {n});"
+                          for (r, w), n in PADDED_ROWS.items()])
     source = f'#include "mirage/gen/softmax.cuh"\n{checks}\n__global__ void padded_keys_checked() {{}}\n'
     (result,) = compile_sources([source], CompileOptions(target=TARGETS["H100"]), return_exceptions=True)
     assert not isinstance(result, Exception), str(result)
@@ -178,7 +184,7 @@ def test_padded_keys_with_a_mask_read_from_its_tile_stay_off_the_chain():
 def test_query_blocks_of_no_whole_16_row_tiles_run_the_chain_padded():
     """Blocks of 15, 50 and 25 query rows (uneven over 100 and 197 tokens, even over 100): the chain
     runs whole 16-row tiles, its Q tile holding the real rows only (gen/softmax.cuh's kPaddedRows)."""
-    from mirage.optimizer.softmax_chain import padded_rows, warp_split
+    from mirage.optimizer.softmax_chain import warp_split
 
     for name, build, rows in (("tokens_100_attention", GRAPHS["tokens_100_attention"], 15),
                               ("causal_100_attention", GRAPHS["causal_100_attention"], 50),
@@ -187,6 +193,5 @@ def test_query_blocks_of_no_whole_16_row_tiles_run_the_chain_padded():
         code = generate_cuda_program(build(), 90).code
         (line,) = [line for line in code.splitlines() if "mirage::gen::OnlineSoftmax<" in line]
         assert f"mirage::dev::Layout<1, 1, {rows}, 64, " in line.split(",", 2)[2], name  # Q's tile
-    assert [padded_rows(r) for r in (15, 16, 25, 50)] == [16, 16, 32, 64]
     assert warp_split(50, 100, 128) == 1 and warp_split(15, 197, 128) == 4
-    assert warp_split(100, 64, 128) is None  # 7 row tiles over 4 warps
+    assert warp_split(100, 64, 128) == 1  # 7 row tiles over 4 warps: 8 run, 2 a warp

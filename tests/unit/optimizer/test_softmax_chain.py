@@ -32,7 +32,7 @@ def _kernels(graph, **options):
         (64, 64, 64, 1),  # 2 row tiles per warp
         (16, 128, 256, 8),  # 8 groups of 16 keys
         (16, 64, 256, None),  # 8 groups of 8 keys: below one k16 step of P·V
-        (48, 64, 128, None),  # 3 row tiles over 4 warps
+        (48, 64, 128, 1),  # 3 row tiles over 4 warps: 4 run (padded_rows), one a warp
         (24, 64, 128, 2),  # rows not whole 16-row tiles: 32 run (padded_rows), 2 groups of 32 keys
         (15, 197, 128, 4),  # 15 rows (100 tokens in 7 blocks): 16 run, 4 groups of 64 keys
         (16, 197, 128, 4),  # ViT's keys: 4 groups of 64 (256 keys run, padded_keys)

@@ -53,13 +53,14 @@ template <int NumThreads, class T, class QLayout, class KLayout, class VLayout, 
           class Columns = NoTile, bool DeferValues = false, bool QFragments = false, int PingPong = 0>
 struct OnlineSoftmax {
   using Atom = dev::detail::MmaAtom<T>;
+  static constexpr int kWarps = NumThreads / dev::kWarpSize;
   static constexpr int kRealRows = QLayout::rows;
-  static constexpr int R = (kRealRows + 15) / 16 * 16;  // the rows the chain runs (whole 16-row tiles)
+  // the rows the chain runs: whole 16-row tiles that the warps divide or that divide the warps
+  static constexpr int R = softmax_detail::padded_rows(kRealRows, kWarps);
   static constexpr bool kPaddedRows = R != kRealRows;
   static constexpr int D = QLayout::cols;
   static constexpr int kRealKeys = KLayout::cols;
   static constexpr int E = VLayout::cols;
-  static constexpr int kWarps = NumThreads / dev::kWarpSize;
   static constexpr int kRowTiles = R / 16;
   static constexpr int kGroups = kWarps >= kRowTiles && kRowTiles > 0 ? kWarps / kRowTiles : 1;
   static constexpr int N = softmax_detail::padded_keys(kRealKeys, kGroups);  // the keys the chain runs

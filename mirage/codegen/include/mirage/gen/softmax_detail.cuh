@@ -147,6 +147,17 @@ constexpr int padded_keys(int keys, int groups) {
   return (keys + 64 * groups - 1) / (64 * groups) * (64 * groups);
 }
 
+// The query rows the warp-form chain runs for `rows` real ones over `warps` warps: whole 16-row tiles,
+// as many as the warps divide (every warp takes whole key groups of one tile) or a multiple of the
+// warps (every warp takes as many tiles): 50 rows on 4 warps run 64, 48 run 64, 100 run 128.
+// mirage's Python side holds the same rule (optimizer/softmax_chain.py, padded_rows).
+constexpr int padded_rows(int rows, int warps) {
+  int tiles = (rows + 15) / 16;
+  if (tiles > warps) return (tiles + warps - 1) / warps * warps * 16;
+  while (warps % tiles) ++tiles;
+  return tiles * 16;
+}
+
 // Σ_d K[d][n]² of 16 keys n from the tensor cores: K's B fragments b0..b3 of K[d : d + 16, 16 keys]
 // (ldmatrix.trans) are, as {b0, b2, b1, b3}, the A fragment of their transpose, so Kᵀ·K of those keys
 // (exact 16-bit products, fp32 sums) accumulates into squares[0] (keys 0..7 as columns) and
