@@ -15,6 +15,10 @@ def _pytorch(name: str, inputs):
         q, k, v, _ = inputs
         q4, k4, v4 = q[None], k.transpose(1, 2)[None].contiguous(), v[None]
         return lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True)
+    if "biased" in name:  # the bias as SDPA's float mask
+        q, k, v, bias = inputs
+        q4, k4, v4 = q[None], k.transpose(1, 2)[None].contiguous(), v[None]
+        return lambda: F.scaled_dot_product_attention(q4, k4, v4, attn_mask=bias[None])
     if "attention" in name:
         q, k, v = inputs  # (heads, tokens, dim), K stored transposed
         q4, k4, v4 = q[None], k.transpose(1, 2)[None].contiguous(), v[None]

@@ -555,6 +555,10 @@ PROGRAMS = {
     "prompt_causal_attention": (CausalAttention, [(1, 12, 100, 64)] * 3),
     # Llama-style grouped heads over the 100-token prompt: 4 query heads a key head fold into 400 rows
     "prompt_grouped_attention": (GroupedCausalAttention, [(1, 32, 100, 64)] + [(1, 8, 100, 64)] * 2),
+    # a bias of the scores over ViT's 197 tokens (BEiT's relative positions, here shared by the heads)
+    "vit_biased_attention": (BiasedAttention, [(1, 12, 197, 64)] * 3 + [(197, 197)]),
+    # Stable Diffusion's cross-attention at 32 × 32 latents: 1024 queries over CLIP's 77 text tokens
+    "sd_cross_attention": (HeadsAttention, [(2, 8, 1024, 80)] + [(2, 8, 77, 80)] * 2),
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
     "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),
     "biased_attention": (BiasedAttention, [(1, 12, 512, 64)] * 3 + [(512, 512)]),

@@ -17,22 +17,25 @@ def keys_in_place(graph: mi.KernelGraph) -> mi.KernelGraph:
     return with_input_strides(graph, {1: (tokens * dim, 1, dim)})
 
 
-def causal_attention(heads: int, tokens: int, dim: int, rows: int = 16, threads: int = 128) -> mi.KernelGraph:
+def causal_attention(heads: int, tokens: int, dim: int, rows: int = 16, threads: int = 128,
+                     causal: bool = True) -> mi.KernelGraph:
     """Causal ``softmax(Q @ K / sqrt(dim) + M) @ V`` as one kernel of ``rows``-row blocks over all the
     keys in one step, the blocks split unevenly where ``rows`` does not divide ``tokens``; the mask M an
-    input that names the causal pattern (the chain computes it), K read in place."""
-    g = mi.new_kernel_graph(f"causal_attention_{tokens}")
+    input that names the causal pattern (the chain computes it), K read in place. Not ``causal``: M is
+    a bias of each head's scores ([heads, tokens, tokens], BEiT's relative positions), read."""
+    g = mi.new_kernel_graph(f"{'causal' if causal else 'biased'}_attention_{tokens}")
     q = g.new_input(dims=(heads, tokens, dim), dtype=mi.float16, name="Q")
     k = g.new_input(dims=(heads, dim, tokens), dtype=mi.float16, name="K")
     v = g.new_input(dims=(heads, tokens, dim), dtype=mi.float16, name="V")
-    m = g.new_input(dims=(1, tokens, tokens), dtype=mi.float16, name="M", pattern=f"causal:{tokens}")
+    m = g.new_input(dims=(1 if causal else heads, tokens, tokens), dtype=mi.float16, name="M",
+                    pattern=f"causal:{tokens}" if causal else "")
     blocks = -(-tokens // rows)
     tb = mi.new_threadblock_graph(grid_dim=(heads, 1, blocks), block_dim=(threads, 1, 1), forloop_range=1,
                                   reduction_dimx=dim, spans=(0, 0, tokens if tokens % rows else 0))
     bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
     bk = tb.new_input(k, input_map=(0, -1, -1), forloop_dim=2)
     bv = tb.new_input(v, input_map=(0, -1, -1), forloop_dim=1)
-    bm = tb.new_input(m, input_map=(-1, -1, 1), forloop_dim=2)
+    bm = tb.new_input(m, input_map=(-1 if causal else 0, -1, 1), forloop_dim=2)
     e = tb.exp(tb.add(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5), bm))
     sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
     tb.new_output(tb.div(numerators, sums), output_map=(0, -1, 1))
@@ -89,6 +92,10 @@ GRAPHS = {
     "tokens_100_attention": lambda: keys_in_place(one_kernel(8, 100, 100, 64, rows=16, key_tile=100)),
     # causal, in 2 blocks a head of 50 rows (64 run, one 16-row tile a warp), 112 keys run
     "causal_100_attention": lambda: causal_attention(8, 100, 64, rows=64),
+    # BEiT's attention: a relative-position bias of each head read beside the scores, 197 tokens in 13
+    # blocks of 16 rows (256 keys run, the padded ones hidden) and in 4 of 50 (64 rows run)
+    "biased_attention": lambda: causal_attention(12, 197, 64, causal=False),
+    "biased_attention_50": lambda: causal_attention(12, 197, 64, rows=64, causal=False),
     # a projection of ViT's tokens: 4 row blocks of 50 rows × 4 column blocks of 128, K in 4 steps
     "vit_projection": lambda: rows_product(197, 256, 512, row_blocks=4, col_blocks=4, iterations=4),
     # an RMS norm of its tokens: 25 blocks of 8 whole rows (the last starts at 189)

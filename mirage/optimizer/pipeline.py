@@ -301,22 +301,14 @@ def _softmax_chain(k: int, block: BlockGraph, state: PassState) -> SoftmaxChain 
 def _generated_mask(k: int, block: BlockGraph, state: PassState,
                     chain: SoftmaxChain | None) -> SoftmaxChain | None:
     """``chain`` with its mask computed from indices (``SoftmaxChain.mask_rows``) where the mask is a
-    kernel input that names the causal pattern (mirage.mugraph.patterns) and the options allow it;
-    None where the chain pads its keys or rows and the mask would be read (its tile holds the real ones
-    only)."""
-    if chain is None or chain.mask_scale is None:
+    kernel input that names the causal pattern (mirage.mugraph.patterns) and the options allow it."""
+    if chain is None or chain.mask_scale is None or not state.options.generated_masks or state.graph is None:
         return chain
-    kind = period = None
-    if state.options.generated_masks and state.graph is not None:
-        source = state.graph.nodes[state.graph.nodes[k].inputs[block.input_nodes.index(chain.column)].node]
-        if source.op is Op.INPUT and source.attrs.pattern:
-            kind, period = patterns.parse(source.attrs.pattern)
-    if kind == patterns.CAUSAL:
-        return dataclasses.replace(chain, mask_rows=period)
-    if chain.padded:
-        log.debug("online-softmax chain not taken: padded keys or rows with a mask read from its tile")
-        return None
-    return chain
+    source = state.graph.nodes[state.graph.nodes[k].inputs[block.input_nodes.index(chain.column)].node]
+    if source.op is not Op.INPUT or not source.attrs.pattern:
+        return chain
+    kind, period = patterns.parse(source.attrs.pattern)
+    return dataclasses.replace(chain, mask_rows=period) if kind == patterns.CAUSAL else chain
 
 
 def _row_loop(k: int, block: BlockGraph, state: PassState) -> RowLoop | None:

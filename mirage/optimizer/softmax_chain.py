@@ -85,9 +85,6 @@ class SoftmaxChain:
     # > 0: the mask is a kernel input of the causal pattern with this period (mirage.mugraph.patterns),
     # which the chain computes from its fragments' indices: the mask tile is neither copied nor stored
     mask_rows: int = 0
-    # the chain runs more keys or rows than its tiles hold (padded_keys, padded_rows): then a mask is
-    # computed, never read (its tile holds the real ones only); padded keys take no per-key values
-    padded: bool = False
     # the sm_90a form (warpgroup_form): both products as warpgroup MMAs reading K and V (``swizzled``)
     # from shared memory in the 128-byte swizzled form
     warpgroup: bool = False
@@ -396,16 +393,14 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
              "operand rows not 16-byte aligned")
     groups = warp_split(rows, keys, math.prod(graph.block_dim))
     require(groups is not None, f"{rows} rows × {keys} keys do not split over the warps")
-    padded = padded_keys(keys, groups) != keys  # the chain pads the keys (gen/softmax.cuh)
-    # plain scores, or a mask that the chain computes (causal: checked by the pipeline, which knows)
-    require(not padded or column is None or mask_scale is not None,
+    # padded keys (gen/softmax.cuh): plain or masked scores (the padded keys hidden), no per-key values
+    require(padded_keys(keys, groups) == keys or column is None or mask_scale is not None,
             f"{keys} keys (padded) with per-key values")
     warps = math.prod(graph.block_dim) // 32
     scratch = 4 * groups * padded_rows(rows, warps) * (width + 2) if groups > 1 else 0
     loaded = column is not None and graph.nodes[column].op is Op.INPUT
     return SoftmaxChain(qk, score, row_max, running, prob, pv, out, total, maximum, groups, scratch, column,
-                        qk_argument, key_norm, column_loaded=loaded, mask_scale=mask_scale,
-                        padded=padded or padded_rows(rows, warps) != rows)
+                        qk_argument, key_norm, column_loaded=loaded, mask_scale=mask_scale)
 
 
 def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = False,

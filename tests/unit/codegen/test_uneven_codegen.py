@@ -170,15 +170,16 @@ def test_uneven_query_blocks_of_64_rows_take_the_warpgroup_chain():
     assert "LDL" not in sass and "STL" not in sass
 
 
-def test_padded_keys_with_a_mask_read_from_its_tile_stay_off_the_chain():
-    """The mask tile holds the real keys only: with masks read (``generated_masks=False``), a chain over
-    padded keys is not taken and the block graph runs op by op; with the mask computed, it is."""
+def test_padded_keys_and_rows_take_a_mask_read_from_its_tile():
+    """A mask read from its tile (a bias; the causal one with ``generated_masks=False``) runs on the
+    chain over padded keys and rows: the padded ones are hidden, never read (gen/softmax_columns.cuh)."""
     from mirage.optimizer import OptimizerOptions
 
     graph = GRAPHS["clip_causal_attention"]()
     read = generate_cuda_program(graph, 90, options=OptimizerOptions(generated_masks=False)).code
-    assert "mirage::gen::OnlineSoftmax<" not in read
-    assert "mirage::gen::OnlineSoftmax<" in generate_cuda_program(graph, 90).code
+    assert "mirage::gen::MaskTile<" in read and "mirage::gen::CausalMask>" not in read
+    for name in ("biased_attention", "biased_attention_50"):
+        assert "mirage::gen::MaskTile<" in generate_cuda_program(GRAPHS[name](), 90).code, name
 
 
 def test_query_blocks_of_no_whole_16_row_tiles_run_the_chain_padded():

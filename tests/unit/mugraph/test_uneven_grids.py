@@ -27,6 +27,9 @@ def _reference(name: str, inputs: list[np.ndarray]) -> torch.Tensor:
         q, k, v, mask = t
         causal = torch.ones(q.shape[-2], k.shape[-1], dtype=torch.bool).tril()
         return torch.softmax((q @ k / 8).masked_fill(~causal, -torch.inf), dim=-1) @ v
+    if "biased" in name:
+        q, k, v, bias = t
+        return torch.softmax(q @ k / 8 + bias, dim=-1) @ v
     if "attention" in name:
         q, k, v = t  # (heads, tokens, dim), K stored transposed
         return torch.softmax(q @ k / 8, dim=-1) @ v

@@ -29,8 +29,8 @@
 // tile or fragments and from P; each warpgroup takes whole 64-row tiles and the same softmax code runs
 // between the products. docs/codegen.md §2.3a has the details.
 //
-// Keys that no 16 keys a warp divide (ViT's 197, CLIP's 77; warp form, plain scores or a computed
-// causal mask): the chain runs over N padded keys (kRealKeys rounded up, further to whole 64-key
+// Keys that no 16 keys a warp divide (ViT's 197, CLIP's 77; warp form, plain or masked scores): the
+// chain runs over N padded keys (kRealKeys rounded up, further to whole 64-key
 // sub-tiles where that is all that gives sub-tiles of 64 or more); the scores of the padded keys are
 // −∞ before the row maxima, so their P is 0, and the K columns and V rows that their fragments would
 // read past the tiles are the last real ones (finite values times 0).
@@ -122,16 +122,14 @@ struct OnlineSoftmax {
                     (VLayout::pitch * sizeof(T)) % 16 == 0,
                 "ldmatrix needs 16-byte aligned rows");
 
-  // (a computed causal mask reads no tile: the padded keys' scores are −∞ after it as without it)
-  static_assert(!kPadded || ((std::is_same_v<Columns, NoTile> || std::is_same_v<Columns, CausalMask>) &&
+  // (a mask, computed or read, hides the padded keys: their scores are −∞ after it as without it)
+  static_assert(!kPadded || ((std::is_same_v<Columns, NoTile> || IsMaskTile<Columns>::value) &&
                              !KLayout::swizzled),
-                "padded keys: plain scores or a computed causal mask, the warp form (the lowering checks them "
-                "first)");
+                "padded keys: plain or masked scores, the warp form (the lowering checks them first)");
   // Rows that no 16-row tiles divide (a block of 15 or 50 query rows): the chain runs R, the padded
   // rows' Q fragments read the last real row, and their results are never written back
-  static_assert(!kPaddedRows || (!IsMaskTile<Columns>::value || std::is_same_v<Columns, CausalMask>) &&
-                                    !QLayout::swizzled && !KLayout::swizzled,
-                "padded rows: no mask read from a tile, the warp form (the lowering checks them first)");
+  static_assert(!kPaddedRows || (!QLayout::swizzled && !KLayout::swizzled),
+                "padded rows: the warp form (the lowering checks them first)");
   static_assert(!kPadded || KLayout::transposed || KLayout::pitch >= (kRealKeys + 7) / 8 * 8,
                 "padded keys: K's rows hold the last 16-byte chunk of keys");
   // The last K column chunk (8 keys) that holds a real key: padded keys' fragments read it instead.
@@ -348,7 +346,8 @@ struct OnlineSoftmax {
     if constexpr (kMasked) {
       int rows[kTilesPerWarp];
       fragment_rows(rows);
-      const bool hidden = softmax_detail::add_mask<kRealKeys>(columns, kInverseScale, rows, key0, score);
+      const bool hidden = softmax_detail::add_mask<kRealKeys, kRealRows, kPadded || kPaddedRows>(
+          columns, kInverseScale, rows, key0, score);
       if constexpr (!kDeferred && MIRAGE_SOFTMAX_SKIP_HIDDEN) {
         if (all_hidden(hidden)) return Turn::leave(warp() / 4);  // P = 0: m, l and O stay as they are
       }

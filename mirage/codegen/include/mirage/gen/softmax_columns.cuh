@@ -170,9 +170,10 @@ MIRAGE_DEVICE bool warpgroup_all(int g, bool pred) {
 }
 
 // Each product plus its mask value over the score's scale c (c · (S + M / c) = c · S + M; M an
-// [1, R, N] tile or a CausalMask, rows[t] the row of the thread's first score of row tile t); returns
-// whether every value added was −∞.
-template <int N, int Tiles, int KeyTiles, class Mask>
+// [1, Rows, N] tile or a CausalMask, rows[t] the row of the thread's first score of row tile t); returns
+// whether every value added was −∞. Padded keys and rows (N, Rows or past, where the chain runs more:
+// Padded) are hidden, not read.
+template <int N, int Rows, bool Padded, int Tiles, int KeyTiles, class Mask>
 MIRAGE_DEVICE bool add_mask(Mask mask, float inverse_scale, const int (&rows)[Tiles], int key0,
                             float (&score)[Tiles][KeyTiles][4]) {
   const int lane = dev::thread_index() % dev::kWarpSize;
@@ -194,7 +195,9 @@ MIRAGE_DEVICE bool add_mask(Mask mask, float inverse_scale, const int (&rows)[Ti
           hidden = hidden && past;
           score[t][j][e] = past ? negative_infinity() : score[t][j][e];
         } else {
-          const float value = mask.load((rows[t] + 8 * (e / 2)) * N + key);
+          const int row = rows[t] + 8 * (e / 2);
+          const bool outside = Padded && (key >= N || row >= Rows);
+          const float value = outside ? negative_infinity() : mask.load(row * N + key);
           hidden = hidden && value == negative_infinity();
           score[t][j][e] += value * inverse_scale;
         }
