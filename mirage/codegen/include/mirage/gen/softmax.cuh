@@ -30,10 +30,10 @@
 // between the products. docs/codegen.md §2.3a has the details.
 //
 // Keys that no 16 keys a warp divide (ViT's 197, CLIP's 77; warp form, plain or masked scores): the
-// chain runs over N padded keys (kRealKeys rounded up, further to whole 64-key
-// sub-tiles where that is all that gives sub-tiles of 64 or more); the scores of the padded keys are
-// −∞ before the row maxima, so their P is 0, and the K columns and V rows that their fragments would
-// read past the tiles are the last real ones (finite values times 0).
+// chain runs over N padded keys (kRealKeys rounded up, further to whole 64-key sub-tiles where that is
+// all that gives sub-tiles of 64 or more); the scores of the padded keys are −∞ before the row maxima,
+// so their P is 0, and the K columns and V rows that their fragments would read past the tiles are the
+// last real ones (finite values times 0). Query rows run padded likewise (kPaddedRows, below).
 #pragma once
 
 #include <type_traits>
@@ -292,8 +292,8 @@ struct OnlineSoftmax {
         }
       }
       __syncthreads();
-      softmax_detail::merge_key_groups<kGroups, R, kRealRows, E, NumThreads>(scratch, max_tile, running_tile, sum_tile,
-                                                                  out_tile);
+      softmax_detail::merge_key_groups<kGroups, R, kRealRows, E, NumThreads>(scratch, max_tile, running_tile,
+                                                                             sum_tile, out_tile);
     }
   }
 
@@ -551,7 +551,8 @@ struct OnlineSoftmax {
   static MIRAGE_DEVICE void load_q(dev::SharedTile<T, QLayout> q, int t, int d, uint32_t (&a)[4]) {
     if constexpr (kPaddedRows) {  // a padded row reads the last real one (its results are dropped)
       const int row = row_tile(t) * 16 + lane() % 16;
-      const T* address = q.data + QLayout::element_offset(row < kRealRows ? row : kRealRows - 1, d + (lane() / 16) * 8);
+      const int real = row < kRealRows ? row : kRealRows - 1;
+      const T* address = q.data + QLayout::element_offset(real, d + (lane() / 16) * 8);
       cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), a[0], a[1], a[2], a[3]);
     } else {
       cute::SM75_U32x4_LDSM_N::copy(softmax_detail::fragment_row<QLayout>(q.data, row_tile(t) * 16, d), a[0], a[1],
