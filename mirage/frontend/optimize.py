@@ -422,6 +422,51 @@ def _drop_unstable(reference: KernelGraph, found: KernelGraph | None, note: str,
     return (found if any(found is g for g in kept) else (kept[0] if kept else None)), note, kept
 
 
+FUSED_CHECK = 64  # the searched µGraphs whose attention kernels fused_first checks (about 0.05 s each)
+
+
+def op_by_op_attention(graph: KernelGraph) -> int:
+    """How many of ``graph``'s graph-defined kernels are attention loop bodies (products and an exp)
+    that the optimizer leaves op by op, off the online-softmax chain: such a kernel runs several times
+    slower than the chain (ViT's 50-row member 53.0 µs op by op, 14.2 on the chain; docs/performance.md
+    §2). A graph the optimizer refuses counts as all of its nodes."""
+    from mirage.optimizer import prepare
+
+    def ops(block) -> set[Op]:  # the block's ops, those of its fused thread graphs included
+        found = {n.op for n in block.nodes}
+        for n in block.nodes:
+            if n.op is Op.FUSED:
+                found |= {t.op for t in n.attrs.nodes}
+        return found
+
+    try:
+        program = prepare(graph)
+    except Exception:  # noqa: BLE001 - ranked last; building it would say what is wrong
+        return len(graph.nodes)
+    return sum(1 for k in program.kernels
+               if k.softmax_chain is None and {Op.EXP, Op.MATMUL} <= ops(k.block_graph))
+
+
+def fused_first(reference: KernelGraph, found: KernelGraph | None, note: str, graphs: list[KernelGraph]
+                ) -> tuple[KernelGraph | None, str, list[KernelGraph]]:
+    """The search's µGraphs (``found``, the best by the cost model, first) with the first FUSED_CHECK
+    reordered so that those with fewer op-by-op attention kernels (:func:`op_by_op_attention`) come
+    first, each group in the cost model's order: the GPU times the first PROFILE_CANDIDATES, and
+    without a GPU the first is kept. The cost model prices a loop body the same however it is lowered,
+    and one-step loops come in forms the chain does not match (the division inside the loop)."""
+    if found is None or not any(n.op is Op.EXP for n in reference.nodes):
+        return found, note, graphs
+    ordered = [found, *(g for g in graphs if g is not found)]
+    head, rest = ordered[:FUSED_CHECK], ordered[FUSED_CHECK:]
+    keys = [op_by_op_attention(g) for g in head]
+    if keys == sorted(keys):
+        return found, note, graphs
+    moved = sum(1 for k in keys if k > min(keys))
+    ranked = [head[i] for i in sorted(range(len(head)), key=keys.__getitem__)] + rest
+    note = f"{note}; {moved} with attention kernels off the online-softmax chain ranked after the others"
+    return ranked[0], note, ranked[1:]
+
+
 PROFILE_CANDIDATES = 16  # verified µGraphs timed on the GPU per subprogram (best by the cost model first)
 
 
@@ -544,6 +589,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
                 raise KeyboardInterrupt(f"the search for {reference.name or 'a subprogram'} was interrupted; "
                                         "the next run resumes it from its checkpoint")
             found, note, graphs = _drop_unstable(reference, found, note, graphs)
+            found, note, graphs = fused_first(reference, found, note, graphs)
         except SearchUnavailable as error:
             if not given:
                 return Choice(reference, "reference", key, f"fallback: {error}")
