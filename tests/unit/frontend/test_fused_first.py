@@ -56,3 +56,18 @@ def test_fused_forms_come_first_and_the_rest_keep_their_order():
     product.mark_output(product.matmul(x, x))
     plain = product.freeze()
     assert fused_first(plain, plain, "n", [plain]) == (plain, "n", [plain])
+
+
+def test_an_exp_beside_a_product_is_no_attention():
+    """softmax(X) · W in one kernel (the exp feeds the product but comes from no product) is lowered op
+    by op as it should be: it does not count, so such one-kernel forms keep their rank."""
+    g = mi.new_kernel_graph("softmax_projection")
+    x = g.new_input(dims=(16, 64), dtype=mi.float16)
+    w = g.new_input(dims=(64, 64), dtype=mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(1, 1, 1), forloop_range=1, reduction_dimx=64)
+    bx, bw = tb.new_input(x, input_map=(-1, -1, -1), forloop_dim=-1), tb.new_input(w, (-1, -1, -1), 0)
+    e = tb.exp(bx)
+    tb.new_output(tb.forloop_accum(tb.div(tb.matmul(e, bw), tb.reduction(e, 1))), output_map=(-1, -1, -1))
+    (out,) = g.customized([x, w], tb)
+    g.mark_output(out)
+    assert op_by_op_attention(g.freeze()) == 0
