@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mirage.config import warn_corrupt, warn_unwritable
-from mirage.mugraph.graph import BlockGraph, KernelGraph, KernelInput, Node, Ref
+from mirage.mugraph.graph import BlockGraph, KernelGraph, KernelInput, Node
 from mirage.mugraph.ops import Op
 from mirage.mugraph.serialize import content_hash, dumps, loads
 from mirage.optimizer.softmax import StableExps, unstable_exps
@@ -428,27 +428,11 @@ FUSED_CHECK = 64  # the searched µGraphs whose attention kernels fused_first ch
 def _is_attention(block: BlockGraph) -> bool:
     """Whether ``block`` has an exp of a product that feeds a product (``exp(Q·K …) · V``): the bodies
     the online-softmax chain serves, not an exp beside a product (a softmax before a projection)."""
-    uses = block.consumers()
+    def product_among(nodes: set[int]) -> bool:
+        return any(block.nodes[j].op is Op.MATMUL for j in nodes)
 
-    def reaches(start: int, step: Callable[[int], list[int]]) -> bool:
-        seen, todo = set(), step(start)
-        while todo:
-            i = todo.pop()
-            if i in seen:
-                continue
-            seen.add(i)
-            if block.nodes[i].op is Op.MATMUL:
-                return True
-            todo.extend(step(i))
-        return False
-
-    def before(i: int) -> list[int]:
-        return [r.node for r in block.nodes[i].inputs]
-
-    def after(i: int) -> list[int]:
-        return [c for j in range(len(block.nodes[i].outputs)) for c in uses.get(Ref(i, j), [])]
-
-    return any(n.op is Op.EXP and reaches(i, before) and reaches(i, after) for i, n in enumerate(block.nodes))
+    return any(n.op is Op.EXP and product_among(block.upstream(i)) and product_among(block.downstream(i))
+               for i, n in enumerate(block.nodes))
 
 
 def op_by_op_attention(graph: KernelGraph) -> int:

@@ -80,15 +80,7 @@ def _roles(reference: KernelGraph, q, k, v) -> tuple[str, ...] | None:
 def _source(reference: KernelGraph, node: int) -> int | None:
     """The one input that ``node`` is computed from (Q may be scaled or normalized before its
     product), or None."""
-    found, todo, seen = set(), [node], set()
-    while todo:
-        i = todo.pop()
-        if i in seen:
-            continue
-        seen.add(i)
-        if reference.nodes[i].op is Op.INPUT:
-            found.add(i)
-        todo += [r.node for r in reference.nodes[i].inputs]
+    found = {i for i in reference.upstream(node) | {node} if reference.nodes[i].op is Op.INPUT}
     return found.pop() if len(found) == 1 else None
 
 

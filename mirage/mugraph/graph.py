@@ -434,6 +434,30 @@ class _GraphBase:
                 uses.setdefault(r, []).append(i)
         return uses
 
+    def upstream(self, node: int) -> set[int]:
+        """Every node that ``node`` is computed from: its inputs' nodes, theirs, and so on."""
+        return _reached(node, lambda i: [r.node for r in self.nodes[i].inputs])
+
+    def downstream(self, node: int) -> set[int]:
+        """Every node computed from ``node``: its readers, theirs, and so on."""
+        readers: dict[int, list[int]] = {}
+        for i, n in enumerate(self.nodes):
+            for r in n.inputs:
+                readers.setdefault(r.node, []).append(i)
+        return _reached(node, lambda i: readers.get(i, []))
+
+
+def _reached(start: int, step) -> set[int]:
+    """The nodes ``step`` reaches from ``start`` in one or more steps."""
+    seen: set[int] = set()
+    todo = list(step(start))
+    while todo:
+        i = todo.pop()
+        if i not in seen:
+            seen.add(i)
+            todo.extend(step(i))
+    return seen
+
 
 @dataclass(frozen=True)
 class ThreadGraph(_GraphBase):

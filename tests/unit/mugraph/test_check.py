@@ -225,3 +225,20 @@ def test_builder_error_shows_the_pending_op():
     with pytest.raises(errors.ShapeError) as info:
         matmul_inner_dims()
     assert "matmul(%0, %1)" in str(info.value) and "<-- this op" in str(info.value)
+
+
+def test_upstream_and_downstream_walk_every_path_once():
+    """``upstream(n)``: the nodes n is computed from; ``downstream(n)``: those computed from it (a
+    diamond reaches its top once), neither holding n itself."""
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(4, 4), dtype=mi.float16)
+    y = g.new_input(dims=(4, 4), dtype=mi.float16)
+    e = g.exp(x)
+    out = g.matmul(g.add(e, y), g.mul(e, e))
+    g.mark_output(out)
+    graph = g.freeze()
+    nodes = {n.op.value: i for i, n in enumerate(graph.nodes) if n.op.value != "input"}
+    inputs = set(graph.input_nodes)
+    assert graph.upstream(nodes["matmul"]) == inputs | {nodes["exp"], nodes["add"], nodes["mul"]}
+    assert graph.downstream(nodes["exp"]) == {nodes["add"], nodes["mul"], nodes["matmul"]}
+    assert graph.upstream(min(inputs)) == set() and graph.downstream(nodes["matmul"]) == set()
