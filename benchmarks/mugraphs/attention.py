@@ -103,17 +103,26 @@ def rows_fused(heads: int, queries: int, dim: int, keys: int, kv_splits: int, q_
 
 
 def one_kernel(heads: int, queries: int, keys: int, dim: int, rows: int, key_tile: int,
-               threads: int = 128, cap: float | None = None, output_strides=None) -> mi.KernelGraph:
+               threads: int = 128, cap: float | None = None, output_strides=None,
+               mask: str = "") -> mi.KernelGraph:
     """``softmax(Q @ K / sqrt(dim)) @ V`` as one kernel, FlashAttention's form (the prefill µGraphs the
     search finds): (heads, 1, queries / rows) blocks of ``rows`` query rows loop over the keys
     ``key_tile`` at a time; Q (heads, queries, dim), K (heads, dim, keys), V (heads, keys, dim).
     With ``cap``, the scores are Gemma 2's soft-capped ``cap · tanh(S / (sqrt(dim) · cap))``; with
     ``output_strides``, the output is laid out so (``mark_output(strides=...)``, e.g. a head merge).
     Where ``rows`` does not divide ``queries`` (ViT's 197), ceil(queries / rows) blocks split them
-    unevenly (``spans``: tiles of ceil(queries / blocks) rows, the last one overlapping)."""
+    unevenly (``spans``: tiles of ceil(queries / blocks) rows, the last one overlapping). ``mask``:
+    ``"causal"`` adds causal attention's mask M to the scaled scores, an input of (1, queries, keys)
+    that names the causal pattern (the chain computes it); ``"bias"`` a bias of each head's scores
+    (heads, queries, keys), read (BEiT's relative positions)."""
     g = mi.new_kernel_graph("attention")
     q, k, v = (g.new_input(dims=s, dtype=mi.float16, name=n) for s, n in
                zip(((heads, queries, dim), (heads, dim, keys), (heads, keys, dim)), "QKV", strict=True))
+    if mask not in ("", "causal", "bias"):
+        raise ValueError(f"mask {mask!r}: '', 'causal' or 'bias'")
+    causal = mask == "causal"
+    m = g.new_input(dims=(1 if causal else heads, queries, keys), dtype=mi.float16, name="M",
+                    pattern=f"causal:{queries}" if causal else "") if mask else None
     groups = -(-queries // rows)
     tb = mi.new_threadblock_graph(grid_dim=(heads, 1, groups), block_dim=(threads, 1, 1),
                                   forloop_range=keys // key_tile, reduction_dimx=dim,
@@ -121,15 +130,19 @@ def one_kernel(heads: int, queries: int, keys: int, dim: int, rows: int, key_til
     bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
     bk = tb.new_input(k, input_map=(0, -1, -1), forloop_dim=2)
     bv = tb.new_input(v, input_map=(0, -1, -1), forloop_dim=1)
+    # a mask is tiled as the scores are: heads on x (none for the shared causal mask), rows on z
+    bm = tb.new_input(m, input_map=(-1 if causal else 0, -1, 1), forloop_dim=2) if mask else None
     if cap is None:
         scores = tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5)
     else:
         scores = tb.mul_scalar(tb.tanh(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5 / cap)), cap)
+    if bm is not None:
+        scores = tb.add(scores, bm)
     e = tb.exp(scores)
     sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
     # one group of all the queries (a dim no smaller group divides, ViT's 197): z maps nothing
     tb.new_output(tb.div(numerators, sums), output_map=(0, -1, 1 if groups > 1 else -1))
-    (out,) = g.customized([q, k, v], tb)
+    (out,) = g.customized([q, k, v] + ([m] if m is not None else []), tb)
     g.mark_output(out, strides=output_strides)
     return g.freeze()
 

@@ -17,31 +17,10 @@ def keys_in_place(graph: mi.KernelGraph) -> mi.KernelGraph:
     return with_input_strides(graph, {1: (tokens * dim, 1, dim)})
 
 
-def causal_attention(heads: int, tokens: int, dim: int, rows: int = 16, threads: int = 128,
-                     causal: bool = True) -> mi.KernelGraph:
-    """Causal ``softmax(Q @ K / sqrt(dim) + M) @ V`` as one kernel of ``rows``-row blocks over all the
-    keys in one step, the blocks split unevenly where ``rows`` does not divide ``tokens``; the mask M an
-    input that names the causal pattern (the chain computes it), K read in place. Not ``causal``: M is
-    a bias of each head's scores ([heads, tokens, tokens], BEiT's relative positions), read."""
-    g = mi.new_kernel_graph(f"{'causal' if causal else 'biased'}_attention_{tokens}")
-    q = g.new_input(dims=(heads, tokens, dim), dtype=mi.float16, name="Q")
-    k = g.new_input(dims=(heads, dim, tokens), dtype=mi.float16, name="K")
-    v = g.new_input(dims=(heads, tokens, dim), dtype=mi.float16, name="V")
-    m = g.new_input(dims=(1 if causal else heads, tokens, tokens), dtype=mi.float16, name="M",
-                    pattern=f"causal:{tokens}" if causal else "")
-    blocks = -(-tokens // rows)
-    tb = mi.new_threadblock_graph(grid_dim=(heads, 1, blocks), block_dim=(threads, 1, 1), forloop_range=1,
-                                  reduction_dimx=dim, spans=(0, 0, tokens if tokens % rows else 0))
-    bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
-    bk = tb.new_input(k, input_map=(0, -1, -1), forloop_dim=2)
-    bv = tb.new_input(v, input_map=(0, -1, -1), forloop_dim=1)
-    bm = tb.new_input(m, input_map=(-1 if causal else 0, -1, 1), forloop_dim=2)
-    e = tb.exp(tb.add(tb.mul_scalar(tb.matmul(bq, bk), dim ** -0.5), bm))
-    sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
-    tb.new_output(tb.div(numerators, sums), output_map=(0, -1, 1))
-    (out,) = g.customized([q, k, v, m], tb)
-    g.mark_output(out)
-    return keys_in_place(g.freeze())
+def self_attention(heads: int, tokens: int, rows: int, mask: str = "") -> mi.KernelGraph:
+    """Self-attention of 64-dim heads over ``tokens`` (``one_kernel``: blocks of ``rows`` query rows, all
+    the keys in one step, ``mask`` as there), K read in place."""
+    return keys_in_place(one_kernel(heads, tokens, tokens, 64, rows=rows, key_tile=tokens, mask=mask))
 
 
 def rows_product(m: int, k: int, n: int, row_blocks: int, col_blocks: int, iterations: int) -> mi.KernelGraph:
@@ -81,21 +60,21 @@ GRAPHS = {
     "vit_attention": lambda: one_kernel(12, 197, 197, 64, rows=64, key_tile=197),
     # the same in 13 blocks a head of 16 rows (the last starts at 181): 156 blocks, on the online-softmax
     # chain with 256 keys run for 197 (gen/softmax.cuh's padded keys); K read in place, as models pass it
-    "vit_attention_16": lambda: keys_in_place(one_kernel(12, 197, 197, 64, rows=16, key_tile=197)),
+    "vit_attention_16": lambda: self_attention(12, 197, rows=16),
     # with K stored [heads, dim, tokens]: its rows of 394 bytes are copied element by element
     "vit_attention_16_rows": lambda: one_kernel(12, 197, 197, 64, rows=16, key_tile=197),
     # CLIP's text tower (8 heads, 77 tokens): 5 blocks a head of 16 rows (the last starts at 61)
-    "clip_attention": lambda: keys_in_place(one_kernel(8, 77, 77, 64, rows=16, key_tile=77)),
+    "clip_attention": lambda: self_attention(8, 77, rows=16),
     # CLIP's text tower is causal: its 77 queries in 5 blocks of 16 rows, 80 keys run, the mask computed
-    "clip_causal_attention": lambda: causal_attention(8, 77, 64),
+    "clip_causal_attention": lambda: self_attention(8, 77, rows=16, mask="causal"),
     # a prompt of 100 tokens: 7 blocks a head of 15 rows (the last starts at 85), each run as one 16-row tile
-    "tokens_100_attention": lambda: keys_in_place(one_kernel(8, 100, 100, 64, rows=16, key_tile=100)),
+    "tokens_100_attention": lambda: self_attention(8, 100, rows=16),
     # causal, in 2 blocks a head of 50 rows (64 run, one 16-row tile a warp), 112 keys run
-    "causal_100_attention": lambda: causal_attention(8, 100, 64, rows=64),
+    "causal_100_attention": lambda: self_attention(8, 100, rows=64, mask="causal"),
     # BEiT's attention: a relative-position bias of each head read beside the scores, 197 tokens in 13
     # blocks of 16 rows (256 keys run, the padded ones hidden) and in 4 of 50 (64 rows run)
-    "biased_attention": lambda: causal_attention(12, 197, 64, causal=False),
-    "biased_attention_50": lambda: causal_attention(12, 197, 64, rows=64, causal=False),
+    "biased_attention": lambda: self_attention(12, 197, rows=16, mask="bias"),
+    "biased_attention_50": lambda: self_attention(12, 197, rows=64, mask="bias"),
     # a projection of ViT's tokens: 4 row blocks of 50 rows × 4 column blocks of 128, K in 4 steps
     "vit_projection": lambda: rows_product(197, 256, 512, row_blocks=4, col_blocks=4, iterations=4),
     # an RMS norm of its tokens: 25 blocks of 8 whole rows (the last starts at 189)

@@ -143,3 +143,10 @@ def test_bad_spans_say_what_to_change():
     bx = tb.new_input(y, input_map=(0, -1, -1))
     with pytest.raises(OutputMapError, match="saved tile has 1 along dim 0"):
         tb.new_output(tb.forloop_accum(tb.reduction(bx, 0)), output_map=(0, -1, -1))
+
+
+def test_an_unknown_mask_of_the_attention_builder_is_named():
+    from benchmarks.mugraphs.attention import one_kernel
+
+    with pytest.raises(ValueError, match="mask 'alibi'"):
+        one_kernel(2, 32, 32, 64, rows=16, key_tile=32, mask="alibi")
