@@ -559,6 +559,9 @@ PROGRAMS = {
     "vit_biased_attention": (BiasedAttention, [(1, 12, 197, 64)] * 3 + [(197, 197)]),
     # Stable Diffusion's cross-attention at 32 × 32 latents: 1024 queries over CLIP's 77 text tokens
     "sd_cross_attention": (HeadsAttention, [(2, 8, 1024, 80)] + [(2, 8, 77, 80)] * 2),
+    # Stable Diffusion 1.5's first level (64 × 64 latents, 8 heads of 40): its cross- and self-attention
+    "sd15_cross_attention": (PrefillAttention, [(2, 8, 4096, 40)] + [(2, 8, 77, 40)] * 2),
+    "sd15_self_attention": (PrefillAttention, [(2, 8, 4096, 40)] * 3),
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
     "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),
     "biased_attention": (BiasedAttention, [(1, 12, 512, 64)] * 3 + [(512, 512)]),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mirage as mi
 from benchmarks.mugraphs.attention import one_kernel
+from benchmarks.mugraphs.uneven import keys_in_place
 
 
 def whole_attention(tokens: int, threads: int) -> mi.KernelGraph:
@@ -45,6 +46,14 @@ GRAPHS = {
     "keys_100_attention": lambda: one_kernel(8, 128, 200, 64, rows=64, key_tile=100),
     # 100 queries in 4 blocks of 25 rows: the chain runs 32 (two 16-row tiles, the second padded)
     "rows_25_attention": lambda: one_kernel(8, 100, 100, 64, rows=25, key_tile=100),
+    # Stable Diffusion 1.5's heads of 40: the chain's Q·K runs a depth of 48 (the last k-step's upper half
+    # zeroed), P·V its 5 column tiles of 8 (the last alone); K [heads, 40, keys] copied, 4 key steps
+    "head_40_attention": lambda: one_kernel(8, 256, 256, 40, rows=64, key_tile=64),
+    # its cross-attention over a prompt's 77 keys (80 run), K read in place ([77, 40] rows of 80 bytes)
+    "head_40_cross_attention": lambda: keys_in_place(one_kernel(8, 256, 77, 40, rows=64, key_tile=77)),
+    # heads of 72 (depth 80 run, 9 column tiles), causal, in blocks of 32 rows
+    "head_72_causal_attention": lambda: keys_in_place(one_kernel(4, 128, 128, 72, rows=32, key_tile=64,
+                                                                 mask="causal")),
     # N tile of 197 (M of 64: 99 outputs a thread), K in four steps of 128
     "odd_n": lambda: product(64, 512, 394, grid=2, iterations=4),
     # K of 111 in one step (odd: the last step keeps one element of a pair), N of 128

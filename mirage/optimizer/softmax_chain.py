@@ -388,7 +388,9 @@ def _match(graph: BlockGraph, schedule: Schedule, row_bytes: Callable[[int], int
     require(all(math.prod(t.shape[:-2]) == 1 for t in (q, k, v)), "batched tiles")
     rows, depth, keys, width = q.shape[-2], q.shape[-1], k.shape[-1], v.shape[-1]
     require(k.shape[-2] == depth and v.shape[-2] == keys, "operand shapes")
-    require(depth % 16 == 0 and width % 16 == 0, f"head dims {depth}, {width} not multiples of 16")
+    # head dims of whole 8-element chunks (Stable Diffusion 1.5's 40): the warp form pads Q·K's depth to
+    # whole k-steps with zeroed fragments and takes V's last 8 columns alone (gen/softmax.cuh)
+    require(depth % 8 == 0 and width % 8 == 0, f"head dims {depth}, {width} not multiples of 8")
     require(all(row_bytes(r.node) % 16 == 0 for r in (q_ref, k_ref, graph.nodes[pv].inputs[1])),
              "operand rows not 16-byte aligned")
     groups = warp_split(rows, keys, math.prod(graph.block_dim))
@@ -432,6 +434,7 @@ def warpgroup_form(graph: BlockGraph, chain: SoftmaxChain, defer_values: bool = 
         require(q[-2] % 16 == 0 and warps % 4 == 0 and row_tiles % warps == 0,
                 f"{warps} warps over {q[-2]} rows")
         require(keys % 64 == 0 and width % 64 == 0, f"{keys} keys, V width {width}: not in blocks of 64")
+        require(q[-1] % 16 == 0, f"head dim {q[-1]}: no whole k-steps of 16")
     except NoMatch as reason:
         log.debug("online-softmax chain kept on warp MMAs: %s", reason)
         return chain

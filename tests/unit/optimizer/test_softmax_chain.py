@@ -388,3 +388,16 @@ def test_warpgroup_form_is_refused_where_the_target_has_no_wgmma():
     assert not program.kernels[0].softmax_chain.warpgroup
     code = generate_cuda_program(graph, 80, options=dataclasses.replace(OptimizerOptions(), **WARPGROUP)).code
     assert "Swizzled128Layout" not in code and "__align__(128)" in code
+
+
+@pytest.mark.parametrize(("dim", "warpgroup"), [(40, False), (72, False), (64, True), (128, True)])
+def test_heads_of_no_whole_k_step_run_the_warp_form_of_the_chain(dim, warpgroup):
+    """Head dims of whole 8-element chunks but no whole 16 (Stable Diffusion 1.5's 40) run the chain in
+    its warp form, whose Q·K pads them to whole k-steps; the warpgroup form takes whole k-steps only."""
+    from benchmarks.mugraphs.attention import one_kernel
+
+    (kernel,) = _kernels(one_kernel(8, 256, 256, dim, rows=64, key_tile=64), **WARPGROUP)
+    chain = kernel.softmax_chain
+    assert chain is not None and chain.warpgroup is warpgroup
+    q = kernel.block_graph.nodes[chain.qk].inputs[0]
+    assert kernel.block_graph.type_of(q).shape[-1] == dim

@@ -58,7 +58,11 @@ struct OnlineSoftmax {
   // the rows the chain runs: whole 16-row tiles that the warps divide or that divide the warps
   static constexpr int R = softmax_detail::padded_rows(kRealRows, kWarps);
   static constexpr bool kPaddedRows = R != kRealRows;
-  static constexpr int D = QLayout::cols;
+  // the depth the products run: whole 16-wide k-steps (Stable Diffusion 1.5's heads of 40 run 48; the
+  // last step's padded half is 0 in Q's and K's fragments: load_q, load_k)
+  static constexpr int kRealDepth = QLayout::cols;
+  static constexpr int D = (kRealDepth + 15) / 16 * 16;
+  static constexpr bool kPaddedDepth = D != kRealDepth;
   static constexpr int kRealKeys = KLayout::cols;
   static constexpr int E = VLayout::cols;
   static constexpr int kRowTiles = R / 16;
@@ -83,12 +87,12 @@ struct OnlineSoftmax {
   static constexpr int kKeyTiles = kSubKeys / 8;
   static constexpr int kOutTiles = E / 8;
   static_assert(Atom::kLdmatrix, "the register chain runs on fp16 / bf16 tensor cores");
-  static_assert(kRealRows > 0 && D % 16 == 0 && E % 16 == 0 && kKeys % 16 == 0 && N % kGroups == 0,
+  static_assert(kRealRows > 0 && kRealDepth % 8 == 0 && E % 8 == 0 && kKeys % 16 == 0 && N % kGroups == 0,
                 "tile shapes the register chain does not cover (the lowering checks them first)");
   static_assert(kKeys % kSubKeys == 0, "a warp's keys must be whole sub-tiles");
   static_assert(kWarps % kRowTiles == 0 || kRowTiles % kWarps == 0,
                 "the warps must divide the row tiles or be a multiple of them (every warp works)");
-  static_assert(KLayout::rows == D && VLayout::rows == kRealKeys, "Q [R, D], K [D, N], V [N, E]");
+  static_assert(KLayout::rows == kRealDepth && VLayout::rows == kRealKeys, "Q [R, D], K [D, N], V [N, E]");
   static constexpr bool kKeyNorms = IsKeyNorms<Columns>::value;
   using QTile = dev::SharedTile<T, QLayout>;
   using KTile = dev::SharedTile<T, KLayout>;
@@ -130,6 +134,8 @@ struct OnlineSoftmax {
   // rows' Q fragments read the last real row, and their results are never written back
   static_assert(!kPaddedRows || (!QLayout::swizzled && !KLayout::swizzled),
                 "padded rows: the warp form (the lowering checks them first)");
+  static_assert((!kPaddedDepth && E % 16 == 0) || !KLayout::swizzled,
+                "head dims of no whole 16: the warp form (the lowering checks them first)");
   static_assert(!kPadded || KLayout::transposed || KLayout::pitch >= (kRealKeys + 7) / 8 * 8,
                 "padded keys: K's rows hold the last 16-byte chunk of keys");
   // The last K column chunk (8 keys) that holds a real key: padded keys' fragments read it instead.
@@ -549,11 +555,18 @@ struct OnlineSoftmax {
 
   // The A fragment of Q[16 row_tile(t) : +16, d : d + 16].
   static MIRAGE_DEVICE void load_q(dev::SharedTile<T, QLayout> q, int t, int d, uint32_t (&a)[4]) {
-    if constexpr (kPaddedRows) {  // a padded row reads the last real one (its results are dropped)
-      const int row = row_tile(t) * 16 + lane() % 16;
-      const int real = row < kRealRows ? row : kRealRows - 1;
-      const T* address = q.data + QLayout::element_offset(real, d + (lane() / 16) * 8);
+    if constexpr (kPaddedRows || kPaddedDepth) {
+      // a padded row reads the last real one (its results are dropped), a padded column chunk the last
+      // real chunk (zeroed below)
+      int row = row_tile(t) * 16 + lane() % 16;
+      int col = d + (lane() / 16) * 8;
+      if constexpr (kPaddedRows) row = row < kRealRows ? row : kRealRows - 1;
+      if constexpr (kPaddedDepth) col = col < kRealDepth ? col : kRealDepth - 8;
+      const T* address = q.data + QLayout::element_offset(row, col);
       cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(address), a[0], a[1], a[2], a[3]);
+      if constexpr (kPaddedDepth) {
+        if (d + 16 > kRealDepth) a[2] = a[3] = 0u;  // columns d + 8 … d + 15: past the head dim
+      }
     } else {
       cute::SM75_U32x4_LDSM_N::copy(softmax_detail::fragment_row<QLayout>(q.data, row_tile(t) * 16, d), a[0], a[1],
                                     a[2], a[3]);
@@ -562,18 +575,25 @@ struct OnlineSoftmax {
 
   // The B fragments of K[d : d + 16, key : key + 8] (b0, b1) and K[d : d + 16, key + 8 : key + 16] (b2, b3)
   // (a K read in place, stored [keys, D] as keys lie in a row-major K: dev::detail::load_stored_b).
+  // With a padded depth, rows d + 8 … d + 15 past the head dim read its last rows and are zeroed (b1, b3).
   static MIRAGE_DEVICE void load_k(dev::SharedTile<T, KLayout> k, int d, int key, uint32_t (&b)[4]) {
     if constexpr (KLayout::transposed) {  // padded keys read the last real key's stored row
-      dev::detail::load_stored_b<typename KLayout::Stored, T, kPadded ? kRealKeys : 0>(k.data, key, d, b[0], b[1],
-                                                                                      b[2], b[3]);
-    } else if constexpr (kPadded) {  // a chunk of padded keys reads the last real chunk (its scores are −∞)
+      dev::detail::load_stored_b<typename KLayout::Stored, T, kPadded ? kRealKeys : 0,
+                                 kPaddedDepth ? kRealDepth : 0>(k.data, key, d, b[0], b[1], b[2], b[3]);
+    } else if constexpr (kPadded || kPaddedDepth) {  // a chunk of padded keys reads the last real chunk (its
+                                                     // scores are −∞)
       const int column = key + (lane() / 16) * 8;
-      const T* address = k.data + KLayout::element_offset(d + lane() % 16, column < kLastKeyChunk ? column
-                                                                                                  : kLastKeyChunk);
+      const int row = d + lane() % 16;
+      const T* address = k.data + KLayout::element_offset(kPaddedDepth && row >= kRealDepth ? kRealDepth - 1 : row,
+                                                          !kPadded || column < kLastKeyChunk ? column
+                                                                                             : kLastKeyChunk);
       cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(address), b[0], b[1], b[2], b[3]);
     } else {
       cute::SM75_U16x8_LDSM_T::copy(softmax_detail::fragment_row<KLayout>(k.data, d, key), b[0], b[1], b[2],
                                     b[3]);
+    }
+    if constexpr (kPaddedDepth) {
+      if (d + 16 > kRealDepth) b[1] = b[3] = 0u;
     }
   }
 
@@ -737,19 +757,25 @@ struct OnlineSoftmax {
         }
       cute::warpgroup_commit_batch();
     } else {
+      const int key = key0 + kk * 16 + lane() % 16;  // a padded key reads the last real row (P is 0)
+      const T* row = v.data + (kPadded && key >= kRealKeys ? kRealKeys - 1 : key) * VLayout::pitch;
 #pragma unroll
-      for (int j = 0; j < kOutTiles; j += 2) {
+      for (int j = 0; j + 1 < kOutTiles; j += 2) {
         uint32_t b[4];
-        const int key = key0 + kk * 16 + lane() % 16;  // a padded key reads the last real row (P is 0)
-        const T* b_address =
-            v.data + (kPadded && key >= kRealKeys ? kRealKeys - 1 : key) * VLayout::pitch + j * 8 + (lane() / 16) * 8;
-        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(b_address), b[0], b[1], b[2],
-                                      b[3]);
+        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(row + j * 8 + (lane() / 16) * 8),
+                                      b[0], b[1], b[2], b[3]);
 #pragma unroll
         for (int t = 0; t < kTilesPerWarp; ++t) {
           mma(state.out[t][j], a[t], b[0], b[1]);
           mma(state.out[t][j + 1], a[t], b[2], b[3]);
         }
+      }
+      if constexpr (kOutTiles % 2 == 1) {  // a head dim of no whole 16 (40): its last 8 columns alone
+        uint32_t b[2];
+        cute::SM75_U16x4_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(row + (kOutTiles - 1) * 8), b[0],
+                                      b[1]);
+#pragma unroll
+        for (int t = 0; t < kTilesPerWarp; ++t) mma(state.out[t][kOutTiles - 1], a[t], b[0], b[1]);
       }
     }
   }
