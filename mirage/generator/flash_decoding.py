@@ -49,6 +49,10 @@ MIN_KEYS_PER_SPLIT = 16  # an MMA tile's columns
 MIN_KEYS_PER_ITERATION = 64
 MAX_WHOLE_KEYS_PER_ITERATION = 128  # one-kernel members: a K and a V tile of 128 keys fit a stage
 MIN_WHOLE_BLOCKS = 64  # one-kernel members where heads × 16-row groups give this many blocks or more
+# long prompts: blocks of 128 query rows (two 16-row tiles a warp, or two 64-row tiles a warpgroup, share
+# every K and V fragment loaded) first where they still give this many blocks (two of each SM of an H100)
+WIDE_ROWS_PER_GROUP = 128
+MIN_WIDE_BLOCKS = 256
 WHOLE_BLOCK_OPS = 10  # Q, K, V; Q·K, its scale, exp, the row sums, P·V, two accumulators (or one
 # and a saver), the division
 MASK_BLOCK_OPS = 2  # a mask's input and its add to the scores
@@ -154,6 +158,11 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     widest = min(whole)  # the fewest query groups: the most rows a block
     if heads * widest >= MIN_WHOLE_BLOCKS:
         whole = [widest] + [g for g in whole if g != widest]
+    # Stable Diffusion 1.5's 4,096-token self-attention (16 heads): 128-row blocks 289 → 233 µs on an
+    # H200 against 64-row ones (benchmarks/narrow_heads.py, docs/performance.md §2)
+    wide = _groups(queries, WIDE_ROWS_PER_GROUP)
+    if queries % WIDE_ROWS_PER_GROUP == 0 and heads * wide >= MIN_WIDE_BLOCKS and wide not in whole:
+        whole = [wide] + whole
     # where no group of about those rows divides the queries (ViT's 197), also blocks of those rows
     # with the last one overlapping (spans: BlockGraph.spans); the queries index the output, unreduced.
     # The online-softmax chain pads a block's rows to whole 16-row tiles (100 queries: 7 blocks of 15

@@ -32,6 +32,12 @@ def test_the_headers_follow_the_shapes():
     assert {8, 16} <= set(many["franges"]) and [(0, -1, 1), (0, -1, -1), (0, -1, -1)] in many["imap_combos"]
     # where 64-row blocks still give 64 blocks or more (12 heads × 8 groups), they come first
     assert flash_decoding.overrides(_attention(12, 512, 64, 512))["griddims"][:2] == [(12, 1, 8), (12, 1, 32)]
+    # long prompts: 128-row blocks first where they give 256 blocks or more (Stable Diffusion 1.5's 4,096
+    # tokens over 16 heads: 512), not where they would give fewer (2,048 tokens over 12 heads: 192)
+    assert flash_decoding.overrides(_attention(16, 4096, 40, 4096))["griddims"][:3] == [
+        (16, 1, 32), (16, 1, 64), (16, 1, 256)]
+    assert flash_decoding.overrides(_attention(12, 2048, 64, 2048))["griddims"][:2] == [
+        (12, 1, 32), (12, 1, 128)]
 
 
 def test_other_programs_get_no_headers():
