@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 
 
 def main(argv=None) -> None:
@@ -36,10 +37,11 @@ def _build(graph, min_blocks: list[int]) -> list:
 
     program = generate_cuda_program(graph, None)
     (kernel,) = program.kernels
-    plain = f"__launch_bounds__({kernel.threads})"
+    threads = math.prod(kernel.block)
+    plain = f"__launch_bounds__({threads})"
     assert plain in program.code, "a kernel that already asks for blocks an SM"
     return build_many([dataclasses.replace(program, code=program.code.replace(
-        plain, f"__launch_bounds__({kernel.threads}, {b})")) for b in min_blocks])
+        plain, f"__launch_bounds__({threads}, {b})")) for b in min_blocks])
 
 
 def time_min_blocks(collection: dict, min_blocks: list[int], args) -> None:
