@@ -672,12 +672,15 @@ def _fits(graph: KernelGraph, reference: KernelGraph, what: str) -> bool:
 
 
 def _float_check(reference: KernelGraph, candidate: KernelGraph) -> tuple[bool, str]:
-    """The verifier's float check (one trial), where it exists: (equivalent, why not)."""
+    """The verifier's float check (one trial), where it exists: (equivalent, why not). Where both graphs
+    compute each index of their leading dim alone (``mirage.verifier.slicing``), on one index: Stable
+    Diffusion 1.5's 16 heads of 4,096 tokens took 25 s of float64 on the CPU whole."""
     try:
         from mirage.verifier import float_check
+        from mirage.verifier.slicing import sliced_pair
     except ImportError:
         return True, ""
-    result = float_check(reference, candidate, trials=1, seed=0)
+    result = float_check(*(sliced_pair(reference, candidate) or (reference, candidate)), trials=1, seed=0)
     return bool(result.equivalent), str(result.reason)
 
 

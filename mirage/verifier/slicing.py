@@ -69,10 +69,23 @@ class SlicedVerifier:
         """The verification of the candidate's slice, or None where either graph has no exact one."""
         if self.sliced is None:
             return None
-        sliced = batch_slice(candidate)
-        if sliced is None or _input_types(sliced) != _input_types(self.sliced.reference):
-            return None
-        return self.sliced.verify(sliced)
+        sliced = _matching_slice(candidate, self.sliced.reference)
+        return None if sliced is None else self.sliced.verify(sliced)
+
+
+def sliced_pair(reference: KernelGraph, candidate: KernelGraph) -> tuple[KernelGraph, KernelGraph] | None:
+    """The slices of ``reference`` and ``candidate`` where both have an exact one with the same inputs
+    (two such graphs agree exactly when their slices do, module docstring), else None."""
+    reference_slice = batch_slice(reference)
+    if reference_slice is None:
+        return None
+    candidate_slice = _matching_slice(candidate, reference_slice)
+    return None if candidate_slice is None else (reference_slice, candidate_slice)
+
+
+def _matching_slice(candidate: KernelGraph, reference_slice: KernelGraph) -> KernelGraph | None:
+    sliced = batch_slice(candidate)
+    return sliced if sliced is not None and _input_types(sliced) == _input_types(reference_slice) else None
 
 
 def _input_types(graph: KernelGraph) -> list[TensorType]:

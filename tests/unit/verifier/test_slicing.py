@@ -130,3 +130,25 @@ def _plus_shared(scale: float) -> mi.KernelGraph:
     m = g.new_input(dims=(1, 16, 4), dtype=mi.float16)
     g.mark_output(g.add(g.mul_scalar(x, scale), m))
     return g.freeze()
+
+
+def test_the_frontend_float_checks_one_index_where_both_graphs_slice(monkeypatch):
+    """The frontend's last float check before a searched µGraph runs takes the slices where both graphs
+    have one, and still rejects a wrong candidate (its slice is wrong too); a candidate with no exact
+    slice (two heads a block) is checked whole."""
+    import mirage.verifier
+    from mirage.frontend.optimize import _float_check
+    from mirage.verifier.slicing import sliced_pair
+
+    reference = small_attention(heads=8, queries=64, keys=64, dim=32, fused=False)
+    pair = sliced_pair(reference, _one_kernel(0.5))
+    assert pair is not None and all(g.input_types[0].shape == (1, 64, 32) for g in pair)
+    assert sliced_pair(reference, _one_kernel(0.5, heads=8, grid_x=4)) is None
+    seen = []
+    check = mirage.verifier.float_check
+    monkeypatch.setattr(mirage.verifier, "float_check",
+                        lambda a, b, **kw: seen.append(b.input_types[0].shape[0]) or check(a, b, **kw))
+    assert _float_check(reference, _one_kernel(0.5))[0]
+    assert not _float_check(reference, _one_kernel(0.5 / 8))[0]
+    assert _float_check(reference, _one_kernel(0.5, heads=8, grid_x=4))[0]
+    assert seen == [1, 1, 8]
