@@ -61,6 +61,8 @@ PLAIN_SCORE_OPS = 2  # the element-wise ops of plain attention's scores in WHOLE
 # 96 KB plus a 64 × 128 tile of the mask and one of the masked scores (fp16), so that the 64-row
 # member with 128 keys an iteration is in the space (the fastest form measured: docs/performance.md)
 MASKED_SHARED_BYTES = 128 * 1024
+SPACE_SHARED_BYTES = 96 * 1024  # the space's default (SearchSpace.shared_memory_bytes)
+MAX_SHARED_BYTES = 227 * 1024  # a block's shared memory on an H100 or H200
 
 
 def _roles(reference: KernelGraph, q, k, v) -> tuple[str, ...] | None:
@@ -200,6 +202,9 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     omaps = ([_on(grid, (0, -1, 1)) for grid in whole_grids] + [_on(grid, (0, 2, 1)) for grid in split_grids]
              + [_on(grid, (0, 1, -1)) for grid in combine_grid])
     block_ops = WHOLE_BLOCK_OPS + MASK_BLOCK_OPS * ("mask" in roles) + _extra_score_ops(reference)
+    shared = MASKED_SHARED_BYTES if "mask" in roles else 0
+    if whole_grids:  # wide heads: the first one-kernel grid's body within the search's estimate
+        shared = max(shared, _one_kernel_bytes(reference, -(-queries // whole_grids[0][2]), ranges, keys))
     return {
         "griddims": whole_grids + split_grids + combine_grid,
         **({"grid_spans": whole_spans + [(0, 0, 0)] * (len(split_grids) + len(combine_grid))}
@@ -211,5 +216,20 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
         **({"max_block_ops": block_ops} if whole_grids or "mask" in roles else {}),
         # FlashDecoding's two graph-defined ops on every input (the space's default of 5 counts three)
         **({"max_kernel_ops": len(roles) + 2} if splits and len(roles) > 3 else {}),
-        **({"shared_memory_bytes": MASKED_SHARED_BYTES} if "mask" in roles else {}),
+        **({"shared_memory_bytes": min(shared, MAX_SHARED_BYTES)} if shared > SPACE_SHARED_BYTES else {}),
     }
+
+
+def _one_kernel_bytes(reference: KernelGraph, rows: int, ranges: set[int], keys: int) -> int:
+    """The search's estimate (every tensor its own buffer) of a one-kernel body of ``rows`` query rows
+    at its fewest keys an iteration: Q, K and V tiles, the scores three times (the product, its scale,
+    exp), P·V, its accumulator and the division, and the row sums. Heads of 160 (Stable Diffusion 1.5's
+    third level) in 64-row blocks need 144 KB of it, over the space's 96 KB: their one-kernel members
+    were never built, and only forms that divide in a second kernel were found."""
+    qk, pv = (n for n in reference.nodes if n.op is Op.MATMUL)
+    q = reference.type_of(qk.inputs[0])
+    dim, width = q.shape[-1], reference.type_of(pv.inputs[1]).shape[-1]
+    step = min((keys // r for r in ranges if keys % r == 0 and keys // r >= MIN_KEYS_PER_ITERATION),
+               default=keys)
+    elements = rows * dim + dim * step + step * width + 3 * rows * step + 3 * rows * width + 2 * rows
+    return elements * q.dtype.itemsize
