@@ -44,6 +44,7 @@ def test_the_pages_examples_run(page, on_gpu, monkeypatch, tmp_path):
     needing a GPU in the run marked ``gpu``); the search page's 600 s budget is cut to 3 s."""
     monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path))  # a search that runs, not one answered from a cache
     monkeypatch.setenv("MIRAGE_NO_PROGRESS", "1")
+    monkeypatch.chdir(tmp_path)  # what the examples write (a drawn partition, generated CUDA) goes there
     if page == "user-guide" and on_gpu:
         pytest.skip("the guide's GPU blocks search for minutes (120 s budgets): its CPU blocks run here")
     text = (ROOT / "docs" / f"{page}.md").read_text()
