@@ -562,6 +562,10 @@ PROGRAMS = {
     # Stable Diffusion 1.5's first level (64 × 64 latents, 8 heads of 40): its cross- and self-attention
     "sd15_cross_attention": (PrefillAttention, [(2, 8, 4096, 40)] + [(2, 8, 77, 40)] * 2),
     "sd15_self_attention": (PrefillAttention, [(2, 8, 4096, 40)] * 3),
+    # its third level (16 × 16 latents, heads of 160: the one-kernel body over the search's default
+    # shared-memory estimate) and DiT-XL/2's heads of 72 over 256 patches
+    "sd15_deep_self_attention": (PrefillAttention, [(2, 8, 256, 160)] * 3),
+    "dit_attention": (PrefillAttention, [(2, 16, 256, 72)] * 3),
     "prefill_attention": (PrefillAttention, [(1, 12, 512, 64)] * 3),
     "causal_attention": (CausalAttention, [(1, 12, 512, 64)] * 3),
     "biased_attention": (BiasedAttention, [(1, 12, 512, 64)] * 3 + [(512, 512)]),
