@@ -1,9 +1,11 @@
 """Tune the SASS schedules of the kernels generated for the benchmark µGraphs, on this machine's GPU.
 
     python benchmarks/sass/tune_mugraphs.py --output-dir DIR [--cases gatedmlp_m1 lora_m16 ...]
-        [--budget 60] [--deadline-s 300] [--move-set auto|sip|swap]
+        [--budget 60] [--deadline-s 300] [--move-set auto|sip|swap] [--suite RECORD.json]
 
-For every fused benchmark µGraph named (default: the b = 1 set), generates and compiles its CUDA,
+For every fused benchmark µGraph named (default: the b = 1 set), or with ``--suite`` every named
+case's pick in that suite record (its µGraph, forms, pipeline depth and launch modes as selection
+chose them; kernels that copy by TMA get their tensor maps in the sandbox), generates and compiles its CUDA,
 then tunes each generated kernel with simulated annealing through
 :func:`mirage.sass.mugraph.tune_program` (kernels whose code is byte-identical to one already tuned
 are listed, not tuned again).  Per kernel it records the legal moves the model finds, the candidates
@@ -54,24 +56,45 @@ class KernelJob:
     duplicate_of: str | None
 
 
-def build_programs(names: list[str]) -> dict:
+def build_programs(names: list[str], suite: Path | None = None) -> dict:
+    """The named cases' fused µGraphs, built plainly; with ``suite`` (a suite record), each case's pick
+    instead, built and launched as the record's selection chose it (forms, depth, launch modes)."""
+    import dataclasses
+
     from benchmarks.mugraphs import CASES
     from mirage.codegen.lower_program import generate_cuda_program
-    from mirage.codegen.runtime import Program, build_many
+    from mirage.codegen.runtime import BuildChoice, Program, build_many
 
+    choices = {}
+    if suite is not None:
+        from benchmarks.define_ab import pick
+
+        records = {c["case"]: c["selection"]["best"] for c in json.loads(suite.read_text())["cases"]
+                   if c.get("selection", {}).get("best")}
+        choices = {name: records[name] for name in names if name in records}
+        log.info("suite picks: %s; not in the record: %s", sorted(choices), sorted(set(names) - set(choices)))
     generated = {}
-    for name in names:
+    for name in names if suite is None else choices:
         try:
-            generated[name] = generate_cuda_program(CASES[name].fused(), None)
+            if suite is None:
+                generated[name] = generate_cuda_program(CASES[name].fused(), None)
+            else:
+                choice = BuildChoice.from_dict(choices[name])
+                graph = pick(name, choices[name])
+                generated[name] = generate_cuda_program(graph, None, options=choice.options())
         except Exception as error:  # noqa: BLE001 - report and go on with the other cases
             log.error("%s did not generate: %s", name, _error_text(error))
     built = build_many(list(generated.values()))
     programs = {}
     for name, program in zip(generated, built, strict=True):
-        if isinstance(program, Program):
-            programs[name] = program
-        else:
+        if not isinstance(program, Program):
             log.error("%s did not compile: %s", name, str(program).splitlines()[0])
+            continue
+        if name in choices:
+            choice = BuildChoice.from_dict(choices[name])
+            program = dataclasses.replace(program, dependent_launch=choice.dependent_launch,
+                                          spread_blocks=choice.spread_blocks)
+        programs[name] = program
     return programs
 
 
@@ -186,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES))
+    parser.add_argument("--suite", type=Path, default=None,
+                        help="tune each case's pick of this suite record, built and launched as selected")
     parser.add_argument("--budget", type=int, default=60, help="annealing candidates per kernel")
     parser.add_argument("--move-set", default="auto", choices=["auto"] + [m.value for m in MoveSet])
     parser.add_argument("--rounds", type=int, default=9, help="timing rounds per candidate")
@@ -213,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         report["seconds"] = round(time.time() - started, 1)
         output.write_text(json.dumps(report, indent=1))
 
-    programs = build_programs(args.cases)
+    programs = build_programs(args.cases, args.suite)
     report["build_seconds"] = round(time.time() - started, 1)
     jobs = plan(programs)
     results: dict[tuple[str, str], TuneResult] = {}

@@ -57,11 +57,19 @@ def aligned(tensor):
 def encode(tensor, spec: TensorMapSpec) -> bytes:
     """The CUtensorMap of ``tensor`` (a CUDA tensor of 16-bit elements, rank ≤ 4) for ``spec``: the
     elements are copied as 16-bit words, so fp16 and bf16 alike."""
+    return encode_at(tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.element_size(),
+                     spec)
+
+
+def encode_at(address: int, shape: tuple[int, ...], strides: tuple[int, ...], size: int,
+              spec: TensorMapSpec) -> bytes:
+    """The CUtensorMap for ``spec`` of the tensor at device ``address`` with this ``shape`` and these
+    ``strides`` (elements) of ``size``-byte elements, as :func:`encode` takes them from a tensor."""
     if spec.transposed:
-        tensor = tensor.mT
-    shape = (1,) * (4 - tensor.dim()) + tuple(tensor.shape)
-    strides = (0,) * (4 - tensor.dim()) + tuple(tensor.stride())
-    return _encode(tensor.data_ptr(), shape, strides, tensor.element_size(), spec.box, spec.swizzle)
+        shape, strides = (*shape[:-2], shape[-1], shape[-2]), (*strides[:-2], strides[-1], strides[-2])
+    pad = 4 - len(shape)
+    return _encode(address, (1,) * pad + tuple(shape), (0,) * pad + tuple(strides), size, spec.box,
+                   spec.swizzle)
 
 
 @functools.lru_cache(maxsize=256)

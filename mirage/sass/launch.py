@@ -21,6 +21,7 @@ from mirage.sass.nvinfo import kernel_parameters
 ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
                  "int32": 4, "int64": 8, "uint32": 4, "uint64": 8}
 POINTER_BYTES = 8
+TENSOR_MAP_BYTES = 128  # a CUtensorMap, passed by value
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,37 @@ class ScalarArgument:
         return POINTER_BYTES if self.dtype == "pointer" else ELEMENT_BYTES[self.dtype]
 
 
-Argument = BufferArgument | ScalarArgument
+@dataclass(frozen=True)
+class TensorMapArgument:
+    """A TMA tensor map passed by value (a 128-byte ``CUtensorMap``), encoded in the sandbox from the
+    address of buffer ``source``, read as a tensor of ``shape`` and ``strides`` (elements), copied in
+    boxes of ``box`` with a ``swizzle``-byte swizzle (:class:`mirage.codegen.tensor_maps.TensorMapSpec`;
+    ``transposed``: the map describes the row-major tensor that ``source`` is a transposed view of)."""
+
+    name: str
+    source: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, int, int, int]
+    swizzle: int = 128
+    transposed: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != len(self.strides) or not 1 <= len(self.shape) <= 4 or len(self.box) != 4:
+            raise LaunchSpecError(f"tensor map {self.name}: shape {self.shape}, strides {self.strides} and "
+                                  f"box {self.box} do not describe a tensor of rank 1 to 4 in a 4-dim box")
+        for key in ("shape", "strides", "box"):
+            object.__setattr__(self, key, tuple(int(d) for d in getattr(self, key)))
+
+    @property
+    def parameter_bytes(self) -> int:
+        return TENSOR_MAP_BYTES
+
+
+Argument = BufferArgument | ScalarArgument | TensorMapArgument
+
+
+_KINDS = {BufferArgument: "buffer", ScalarArgument: "scalar", TensorMapArgument: "tensor_map"}
 
 
 @dataclass(frozen=True)
@@ -102,15 +133,24 @@ class LaunchSpec:
         if not any(isinstance(a, BufferArgument) and a.output for a in self.arguments):
             raise LaunchSpecError(f"launch of {self.kernel}: no argument is marked output=True, so no result "
                                   "could be compared")
+        buffers = {a.name: a for a in self.arguments if isinstance(a, BufferArgument)}
+        for m in self.tensor_maps:
+            source = buffers.get(m.source)
+            if source is None or source.output or ELEMENT_BYTES[source.dtype] != 2:
+                raise LaunchSpecError(f"launch of {self.kernel}: tensor map {m.name} reads {m.source!r}, "
+                                      "which is not an input buffer of 16-bit elements of this launch")
 
     @property
     def outputs(self) -> tuple[BufferArgument, ...]:
         return tuple(a for a in self.arguments if isinstance(a, BufferArgument) and a.output)
 
+    @property
+    def tensor_maps(self) -> tuple[TensorMapArgument, ...]:
+        return tuple(a for a in self.arguments if isinstance(a, TensorMapArgument))
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self) | {"arguments": [
-            {"kind": "buffer" if isinstance(a, BufferArgument) else "scalar", **asdict(a)}
-            for a in self.arguments]}, indent=2)
+        return json.dumps(asdict(self) | {"arguments": [{"kind": _KINDS[type(a)], **asdict(a)}
+                                                        for a in self.arguments]}, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> LaunchSpec:
@@ -121,6 +161,8 @@ class LaunchSpec:
             if kind == "buffer":
                 item["shape"] = tuple(item["shape"])
                 arguments.append(BufferArgument(**item))
+            elif kind == "tensor_map":
+                arguments.append(TensorMapArgument(**item))
             else:
                 arguments.append(ScalarArgument(**item))
         data["grid"], data["block"] = tuple(data["grid"]), tuple(data["block"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING
 from mirage.sass.elf import Cubin
 from mirage.sass.errors import SassError
 from mirage.sass.evaluate import CandidateStatus
-from mirage.sass.launch import BufferArgument, LaunchSpec
+from mirage.sass.launch import BufferArgument, LaunchSpec, TensorMapArgument
 from mirage.sass.mutation import MoveSet
 from mirage.sass.search import Budget, SearchOptions
 from mirage.sass.tune import TuneOptions, TuneResult, tune_cubin
@@ -69,19 +70,38 @@ def tensor_name(graph: KernelGraph, ref: Ref) -> str:
     return f"%{ref.node}.{ref.index}"
 
 
+def _declared_layout(cuda: CudaProgram, ref: Ref) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """The shape and strides (elements; None: row-major) through which kernels read tensor ``ref``:
+    a program input read in place through declared strides or as a view, else the graph's shape."""
+    graph = cuda.graph
+    shape = tuple(graph.type_of(ref).shape)
+    if ref.index != 0 or ref.node not in graph.input_nodes:
+        return shape, None
+    position = graph.input_nodes.index(ref.node)
+    view = cuda.input_views.get(position)
+    layout = view if view is not None else (shape, cuda.input_strides.get(position))
+    shape, strides = tuple(layout[0]), layout[1]
+    return shape, (tuple(strides) if strides is not None and len(strides) == len(shape) else None)
+
+
 def _strided_extent(cuda: CudaProgram, ref: Ref) -> int:
     """Elements a kernel may address in program input ``ref`` when it reads it in place through
     declared strides (a slice of a wider tensor spans more than its own elements), else 0."""
-    graph = cuda.graph
-    if ref.index != 0 or ref.node not in graph.input_nodes:
-        return 0
-    position = graph.input_nodes.index(ref.node)
-    view = cuda.input_views.get(position)
-    shape, strides = view if view is not None else (graph.type_of(ref).shape,
-                                                    cuda.input_strides.get(position))
-    if strides is None or len(strides) != len(shape) or 0 in shape:
+    shape, strides = _declared_layout(cuda, ref)
+    if strides is None or 0 in shape:
         return 0
     return 1 + sum((size - 1) * abs(stride) for size, stride in zip(shape, strides, strict=True))
+
+
+def _tensor_map(cuda: CudaProgram, launch: KernelLaunch, k: int) -> TensorMapArgument:
+    """The ``k``-th tensor map of ``launch``, encoded in the sandbox from its input's buffer."""
+    spec = launch.tensor_maps[k]
+    ref = launch.inputs[spec.input]
+    shape, strides = _declared_layout(cuda, ref)
+    if strides is None:  # row-major
+        strides = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+    return TensorMapArgument(f"tmap{k}", tensor_name(cuda.graph, ref), shape, strides, spec.box, spec.swizzle,
+                             spec.transposed)
 
 
 def launch_spec(cuda: CudaProgram, launch: KernelLaunch, scale: float = 1.0) -> LaunchSpec:
@@ -99,6 +119,7 @@ def launch_spec(cuda: CudaProgram, launch: KernelLaunch, scale: float = 1.0) -> 
             shape = (extent,)
         arguments.append(BufferArgument(tensor_name(graph, ref), shape, tensor.dtype.value,
                                         output=ref in launch.outputs, scale=scale))
+    arguments.extend(_tensor_map(cuda, launch, k) for k in range(len(launch.tensor_maps)))
     return LaunchSpec(kernel=launch.name, grid=launch.grid, block=launch.block, arguments=tuple(arguments),
                       shared_memory_bytes=launch.smem_bytes, exact=True,
                       notes={"graph": graph.name or "graph", "node": str(launch.node)})

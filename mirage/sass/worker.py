@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mirage.sass.launch import BufferArgument, LaunchSpec, ScalarArgument
+from mirage.sass.launch import BufferArgument, LaunchSpec, ScalarArgument, TensorMapArgument
 
 _NUMPY_SCALARS = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "int8": np.int8,
                   "uint8": np.uint8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
@@ -40,6 +40,8 @@ class Session:
         self.original_module, self.original = self._load(original_cubin, "original")
         self.buffers = {a.name: cupy.empty(a.elements, dtype=_STORAGE[a.dtype])
                         for a in spec.arguments if isinstance(a, BufferArgument)}
+        self.maps = [self._encode(m) for m in spec.tensor_maps]  # the buffers stay put: encoded once
+        self.packed: dict[int, Any] = {}  # launches through the driver, by function (tensor maps only)
         self.references: list[list[Any]] = []
         for index in range(len(seeds)):
             self._fill(index)
@@ -83,20 +85,43 @@ class Session:
             else:
                 buffer[...] = values.astype(buffer.dtype)
 
+    def _encode(self, argument: TensorMapArgument) -> bytes:
+        from mirage.codegen.tensor_maps import TensorMapSpec, encode_at
+
+        spec = TensorMapSpec(0, argument.box, argument.swizzle, argument.transposed)
+        source = self.buffers[argument.source]
+        return encode_at(source.data.ptr, argument.shape, argument.strides, source.itemsize, spec)
+
     def _arguments(self) -> tuple:
         values = []
         for argument in self.spec.arguments:
             if isinstance(argument, BufferArgument):
                 values.append(self.buffers[argument.name])
-            else:
-                assert isinstance(argument, ScalarArgument)
+            elif isinstance(argument, ScalarArgument):
                 values.append(_NUMPY_SCALARS[argument.dtype](argument.value))
         return tuple(values)
 
+    def _launcher(self, function):
+        """One launch of ``function`` on the current stream: by CuPy, or, for a kernel that takes tensor
+        maps by value, through the driver with the maps after the pointers (as the runtime launches)."""
+        spec, arguments = self.spec, self._arguments()
+        if not self.maps:
+            return lambda: function(spec.grid, spec.block, arguments, shared_mem=spec.shared_memory_bytes)
+        from mirage.codegen.dependent_launch import PackedLaunch
+
+        packed = self.packed.get(id(function))
+        if packed is None:
+            packed = self.packed[id(function)] = (function, PackedLaunch(
+                function.kernel.ptr, spec.grid, spec.block, spec.shared_memory_bytes, len(arguments),
+                len(self.maps), overlap=False))
+        pointers = [a.data.ptr for a in arguments]
+        stream = self.cupy.cuda.get_current_stream().ptr
+        return lambda: packed[1](stream, pointers, self.maps)
+
     def _run(self, function, count: int = 1) -> None:
-        arguments = self._arguments()
+        launch = self._launcher(function)
         for _ in range(count):
-            function(self.spec.grid, self.spec.block, arguments, shared_mem=self.spec.shared_memory_bytes)
+            launch()
         self.cupy.cuda.runtime.deviceSynchronize()
 
     def _unwritten(self) -> int:
@@ -128,11 +153,11 @@ class Session:
 
     def _time(self, function, launches: int) -> float:
         cupy = self.cupy
-        arguments = self._arguments()
+        launch = self._launcher(function)
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
         for _ in range(launches):
-            function(self.spec.grid, self.spec.block, arguments, shared_mem=self.spec.shared_memory_bytes)
+            launch()
         end.record()
         end.synchronize()
         return cupy.cuda.get_elapsed_time(start, end) * 1000.0 / launches  # microseconds
@@ -148,6 +173,13 @@ class Session:
 
     def evaluate(self, cubin: bytes, sets: list[int], rounds: int, tag: str, warmup_rounds: int = 2) -> dict:
         module, candidate = self._load(cubin, tag)
+        try:
+            return self._evaluate(candidate, sets, rounds, warmup_rounds)
+        finally:
+            self.packed.pop(id(candidate), None)
+            del module
+
+    def _evaluate(self, candidate, sets: list[int], rounds: int, warmup_rounds: int) -> dict:
         for index in sets:
             self._fill(index)
             self._run(candidate)
@@ -168,7 +200,6 @@ class Session:
             order = ((self.original, original_times), (candidate, candidate_times))
             for function, times in order if round_index % 2 == 0 else order[::-1]:
                 times.append(self._time(function, self.launches))
-        del module
         return {"status": "ok", "original_us": original_times, "candidate_us": candidate_times}
 
     def verify(self, cubin: bytes, seeds: list[int]) -> dict:
@@ -188,6 +219,7 @@ class Session:
                     return {"status": "wrong-output", "detail": f"seed {seed}: {detail}"}
         finally:
             self.seeds, self.references = saved_seeds, saved_references
+            self.packed.pop(id(candidate), None)
         del module
         return {"status": "ok", "sets": len(seeds)}
 
