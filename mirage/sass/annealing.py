@@ -22,6 +22,7 @@ from mirage.sass.search import (
     SearchResult,
     StopReason,
     TopList,
+    failure_window,
     out_of_time,
     progress_bar,
     random_legal_move,
@@ -80,8 +81,8 @@ def anneal(original: Kernel, evaluate: KernelEvaluator, budget: Budget, options:
                 top.offer(result.speedup, candidate)
             if not cached:
                 records.append(CandidateRecord(step=step, distance=distance, status=result.status.value,
-                                               speedup=result.speedup, accepted=accepted,
-                                               move=description))
+                                               speedup=result.speedup, accepted=accepted, move=description,
+                                               failed_words=failure_window(original, candidate, result)))
                 bar.update(1)
                 bar.set_postfix(best=f"{(top.best()[0][0] - 1) * 100:+.2f}%", T=f"{temperature:.3f}")
             temperature *= schedule.cooling

@@ -10,12 +10,7 @@ A swap of positions *i* (instruction A) and *i*+1 (B) is legal when all of these
    variable-latency instruction;
 4. if A waits on scoreboard *s*, B touches no register still owed to *s* (B would overtake the
    wait that protects it);
-5. memory: no two accesses of overlapping spaces trade places when one writes or is ordered; and no
-   access moves into a barrier's shadow: the instructions between a ``BAR`` and the first access after
-   it (or the last access before it and the ``BAR``), which ptxas fills with work that touches no
-   memory.  An ``LDS`` moved up to sit right after ``BAR.SYNC.DEFER_BLOCKING`` read shared memory
-   that other warps had not yet written (a qknorm kernel on an H200): the barrier's wait is deferred,
-   so the shadow is part of its protocol;
+5. memory: no two accesses of overlapping spaces trade places when one writes or is ordered;
 6. issue distances: B issues ``stall(A)`` cycles earlier and A's successors see A ``stall(B)`` cycles
    later, so every dependence that is *not* protected by a scoreboard wait (fixed-latency results,
    write-after-read on sources) must keep at least ``min(old distance, cap)`` cycles, and a scoreboard
@@ -48,7 +43,6 @@ class Rule(enum.Enum):
     SCOREBOARD = "scoreboard"
     GUARD = "scoreboard-guard"
     MEMORY = "memory-order"
-    SHADOW = "barrier-shadow"
     STALL = "stall-distance"
 
 
@@ -125,9 +119,6 @@ def check_swap(kernel: Kernel, first: int, second: int, *, latency: LatencyRules
     memory = _memory_conflict(a, b)
     if memory:
         return _refuse(Rule.MEMORY, memory)
-    shadow = _barrier_shadow(kernel, i)
-    if shadow:
-        return _refuse(Rule.SHADOW, shadow)
 
     return _check_distances(kernel, i, latency, repair_stalls)
 
@@ -147,32 +138,6 @@ def _memory_conflict(a: Instruction, b: Instruction) -> str | None:
         if any(_overlapping(x, y) for x in strong for y in other.memory.spaces):
             return (f"{one.text} writes or orders {'/'.join(sorted(s.value for s in strong))} memory that "
                     f"{other.text} accesses")
-    return None
-
-
-def _accesses_memory(instruction: Instruction) -> bool:
-    return instruction.memory is not None and bool(instruction.memory.spaces - {isa.MemorySpace.CONSTANT})
-
-
-def _barrier_shadow(kernel: Kernel, i: int) -> str | None:
-    """Why swapping positions ``i`` and ``i`` + 1 would move a memory access into a barrier's shadow
-    (rule 5), or None.  The shadow is searched within the basic block."""
-    a, b = kernel.instructions[i], kernel.instructions[i + 1]
-    block = kernel.blocks[kernel.block_of[i]]
-    if _accesses_memory(b) and not _accesses_memory(a):  # b moves up: is a in the shadow after a BAR?
-        for k in range(i - 1, block.start - 1, -1):
-            before = kernel.instructions[k]
-            if _accesses_memory(before):
-                break
-            if before.opcode == "BAR":
-                return f"{b.text} would move up into the shadow of {before.text}, ahead of {a.text}"
-    if _accesses_memory(a) and not _accesses_memory(b):  # a moves down: is b in the shadow before a BAR?
-        for k in range(i + 2, block.end):
-            after = kernel.instructions[k]
-            if _accesses_memory(after):
-                break
-            if after.opcode == "BAR":
-                return f"{a.text} would move down into the shadow of {after.text}, past {b.text}"
     return None
 
 

@@ -28,6 +28,7 @@ from mirage.sass.search import (
     SearchResult,
     StopReason,
     TopList,
+    failure_window,
     out_of_time,
     progress_bar,
 )
@@ -175,7 +176,8 @@ def learn(original: Kernel, evaluate: KernelEvaluator, budget: Budget, options: 
             if not cached:
                 records.append(CandidateRecord(step=step, distance=episode_step, status=result.status.value,
                                                speedup=result.speedup, accepted=result.speedup is not None,
-                                               move=description))
+                                               move=description,
+                                               failed_words=failure_window(original, candidate, result)))
                 bar.update(1)
                 bar.set_postfix(best=f"{(top.best()[0][0] - 1) * 100:+.2f}%")
             if done:

@@ -59,6 +59,33 @@ class CandidateRecord:
     speedup: float | None
     accepted: bool
     move: str
+    # a candidate that failed on the GPU, for a post-mortem of the legality model: its instruction words
+    # (16 bytes each, hex, control bits included) from the first to the last that differ from the
+    # original's, and the position of the first (see :func:`changed_words`, :func:`replay_words`)
+    failed_words: tuple[int, tuple[str, ...]] | None = None
+
+
+def changed_words(original: Kernel, candidate: Kernel) -> tuple[int, tuple[str, ...]]:
+    """The window of ``candidate``'s instruction words that differ from ``original``'s: (first
+    position, the words of the window in hex)."""
+    before, after = original.text_bytes(), candidate.text_bytes()
+    words = [k for k in range(0, len(after), 16) if after[k: k + 16] != before[k: k + 16]]
+    if not words:
+        return 0, ()
+    first, last = words[0], words[-1] + 16
+    return first // 16, tuple(after[k: k + 16].hex() for k in range(first, last, 16))
+
+
+def replay_words(original_text: bytes, window: tuple[int, tuple[str, ...]]) -> bytes:
+    """The failed candidate's text: ``original_text`` with a :attr:`CandidateRecord.failed_words` window."""
+    first, words = window
+    patch = bytes.fromhex("".join(words))
+    return original_text[: 16 * first] + patch + original_text[16 * first + len(patch):]
+
+
+def failure_window(original: Kernel, candidate: Kernel, result: CandidateResult):
+    """``changed_words`` of a candidate that failed on the GPU, else None."""
+    return None if result.speedup is not None else changed_words(original, candidate)
 
 
 @dataclass(frozen=True)

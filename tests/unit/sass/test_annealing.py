@@ -6,7 +6,7 @@ from synthetic import SyntheticMeasure
 
 from mirage.sass.annealing import AnnealingSchedule, anneal
 from mirage.sass.mutation import MoveSet, verify_edit
-from mirage.sass.search import Budget, KernelEvaluator, SearchOptions, StopReason
+from mirage.sass.search import Budget, KernelEvaluator, SearchOptions, StopReason, replay_words
 
 
 @pytest.mark.parametrize("move_set", list(MoveSet))
@@ -41,3 +41,13 @@ def test_failed_candidates_are_counted_and_never_accepted(cute_gemm):
     failed = [r for r in result.records if r.status == "wrong-output"]
     assert len(failed) == 8 == result.legality_failures
     assert not any(r.accepted for r in failed)
+    # each failure keeps the words that differ from the original, enough to rebuild the candidate
+    original = cute_gemm.text_bytes()
+    assert all(r.failed_words is None for r in result.records if r.status == "ok")
+    for record in failed:
+        first, words = record.failed_words
+        assert words and words[0] != original[16 * first: 16 * first + 16].hex()
+        text = replay_words(original, record.failed_words)
+        assert len(text) == len(original) and text != original
+        assert sorted(text[k: k + 8] for k in range(0, len(text), 16)) == sorted(
+            original[k: k + 8] for k in range(0, len(original), 16))  # a permutation, stall bits aside
