@@ -27,7 +27,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from mirage.frontend import fill_masks, hidden_rows, products
+from mirage.frontend import decompositions, fill_masks, hidden_rows, products
 from mirage.frontend.errors import (
     CaptureError,
     ExampleInputsError,
@@ -315,28 +315,21 @@ def updates_inputs(graph: fx.Graph) -> bool:
                for n in graph.nodes)
 
 
-# composite ops that export keeps whole and the lowering has no row for, decomposed at capture into
-# ops it has (``einsum`` into permutes, views and a batched product)
-_DECOMPOSED = (torch.ops.aten.einsum.default,)
-
-
 def _functional(exported: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """``exported`` with its in-place ops (``relu_``, ``add_``, ``nn.ReLU(inplace=True)``) made
     out-of-place, so that the lowering, which knows only the functional ops, fuses them with their
     neighbours instead of leaving each in PyTorch and splitting the subprogram there, and the ops of
-    :data:`_DECOMPOSED` written as the ops they stand for.  No other op is decomposed.  Updates of the
+    :mod:`~mirage.frontend.decompositions` written as the ops they stand for.  No other op is decomposed.  Updates of the
     inputs and buffers stay: the module runs them as copies back into those tensors after the
     functional graph, as eager mode would.  A program that the pass cannot take is kept as it was
     (its in-place and composite ops then run in PyTorch)."""
     present = {node.target for node in exported.graph.nodes if node.op == "call_function"}
-    composite = [op for op in _DECOMPOSED if op in present]
-    if not composite and not any(_mutates(node) for node in exported.graph.nodes):
+    if not decompositions.composite(present) and not any(_mutates(node) for node in exported.graph.nodes):
         return exported
     try:
         with warnings.catch_warnings():  # torch's own deprecation notices from inside the pass
             warnings.simplefilter("ignore", FutureWarning)
-            table = torch.export.default_decompositions()
-            return exported.run_decompositions({op: table[op] for op in composite if op in table})
+            return exported.run_decompositions(decompositions.table(present))
     except Exception as error:  # noqa: BLE001 - the program as captured still runs, those ops in PyTorch
         logger.info("mirage: in-place and composite ops stay in PyTorch: rewriting them failed (%s: %s)",
                     type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")

@@ -1,0 +1,51 @@
+"""Composite ops that ``torch.export`` keeps whole and the lowering table has no row for, written at
+capture as the ops they stand for, so that they fuse with their neighbours instead of running in
+PyTorch: ``einsum`` by PyTorch's own decomposition (permutes, views and a batched product), and
+``group_norm`` by :func:`group_norm` (PyTorch's ``native_group_norm`` decomposition ends in
+``var_mean`` and ``as_strided``, which no µGraph lowers).
+
+>>> x = torch.randn(2, 8, 3, 3)
+>>> w, b = torch.randn(8), torch.randn(8)
+>>> torch.allclose(group_norm(x, 4, w, b, 1e-5), torch.nn.functional.group_norm(x, 4, w, b, 1e-5), atol=1e-5)
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+aten = torch.ops.aten
+
+
+def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5, cudnn_enabled: bool = True) -> torch.Tensor:
+    """``F.group_norm`` as views, a mean, a subtraction and ``rms_norm``: each group of channels
+    centred and normalized over its channels and positions (``rms_norm`` accumulates in float32, as
+    PyTorch's group norm does for 16-bit inputs), then each channel's gain and bias."""
+    n, channels = x.shape[0], x.shape[1]
+    groups = x.reshape(n, num_groups, -1)
+    centered = groups - groups.mean(-1, keepdim=True)
+    out = torch.rms_norm(centered, (centered.shape[-1],), eps=eps).reshape(x.shape)
+    per_channel = (1, channels) + (1,) * (x.dim() - 2)
+    if weight is not None:
+        out = out * weight.reshape(per_channel)
+    if bias is not None:
+        out = out + bias.reshape(per_channel)
+    return out
+
+
+_OWN: dict[Callable, Callable] = {aten.group_norm.default: group_norm}
+_TORCH = (aten.einsum.default,)  # PyTorch's decomposition serves
+
+
+def composite(ops: Iterable) -> list:
+    """Those of ``ops`` that capture decomposes."""
+    return [op for op in ops if op in _OWN or op in _TORCH]
+
+
+def table(ops: Iterable) -> dict:
+    """The decompositions of ``ops`` (those :func:`composite` names) for ``run_decompositions``."""
+    defaults = torch.export.default_decompositions()
+    return {op: _OWN.get(op) or defaults[op] for op in composite(ops) if op in _OWN or op in defaults}

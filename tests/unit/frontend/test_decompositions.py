@@ -1,0 +1,60 @@
+"""Composite ops written at capture as the ops they stand for (``mirage.frontend.decompositions``):
+``nn.GroupNorm`` lowers whole into one subprogram (a mean, the centred values' ``rms_norm``, the
+channels' gain and bias) and computes what PyTorch computes, checked against float64 PyTorch, in
+float32 and in float16 with activations large enough that float16 squares would overflow."""
+
+from __future__ import annotations
+
+import doctest
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import mirage as mi
+import mirage.frontend.decompositions
+from mirage.mugraph.ops import Op
+
+NORM_OPS = {Op.REDUCTION: 1, Op.MUL_SCALAR: 1, Op.SUB: 1, Op.RMS_NORM: 1}
+
+
+def _ops(fast) -> dict:
+    (sub,) = fast.partition.subprograms
+    return dict(Counter(n.op for n in sub.graph.nodes if n.op is not Op.INPUT))
+
+
+@pytest.mark.parametrize("shape, groups", [((2, 8, 4, 4), 4), ((2, 6, 10), 3), ((1, 4, 2, 3, 3), 1)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_group_norm_is_one_subprogram_and_matches_float64(shape, groups, affine):
+    torch.manual_seed(0)
+    norm = nn.GroupNorm(groups, shape[1], affine=affine)
+    if affine:
+        with torch.no_grad():
+            norm.weight.normal_(), norm.bias.normal_()
+    x = torch.randn(*shape)
+    fast = mi.superoptimize(norm, (x,), search=False)
+    assert not fast.partition.pytorch_ops
+    assert _ops(fast) == NORM_OPS | ({Op.MUL: 1, Op.ADD: 1} if affine else {})
+    expected = norm.double()(x.double())
+    torch.testing.assert_close(fast(x).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_float16_group_norm_with_large_activations():
+    """Values of ±300: their float16 squares would overflow; rms_norm accumulates in float32."""
+    torch.manual_seed(1)
+    x = (300 * torch.randn(2, 8, 5, 5)).half()
+    weight, bias = torch.randn(8).half(), torch.randn(8).half()
+    fast = mi.superoptimize(lambda x, w, b: F.silu(F.group_norm(x, 4, w, b)), (x, weight, bias), search=False)
+    assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
+    expected = F.silu(F.group_norm(x.double(), 4, weight.double(), bias.double()))
+    got = fast(x, weight, bias)
+    assert torch.isfinite(got).all()
+    eager_error = (F.silu(F.group_norm(x, 4, weight, bias)).double() - expected).abs().max()
+    assert (got.double() - expected).abs().max() <= 2 * eager_error + 1e-3
+
+
+def test_docstring_examples():
+    result = doctest.testmod(mirage.frontend.decompositions)
+    assert result.attempted > 0 and result.failed == 0
