@@ -20,7 +20,8 @@ aten = torch.ops.aten
 
 
 def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
-               bias: torch.Tensor | None = None, eps: float = 1e-5, cudnn_enabled: bool = True) -> torch.Tensor:
+               bias: torch.Tensor | None = None, eps: float = 1e-5,
+               cudnn_enabled: bool = True) -> torch.Tensor:
     """``F.group_norm`` as views, a mean, a subtraction and ``rms_norm``: each group of channels
     centred and normalized over its channels and positions (``rms_norm`` accumulates in float32, as
     PyTorch's group norm does for 16-bit inputs), then each channel's gain and bias."""
