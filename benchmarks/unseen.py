@@ -525,6 +525,17 @@ class ConvBlock(nn.Module):
         return F.relu(self.norm(self.conv(x)))
 
 
+class GroupNormSiLU(nn.Module):
+    """A diffusion U-Net's norm and activation: ``nn.GroupNorm`` (32 groups), then SiLU."""
+
+    def __init__(self, channels: int = 320, groups: int = 32):
+        super().__init__()
+        self.norm = nn.GroupNorm(groups, channels)
+
+    def forward(self, x):
+        return F.silu(self.norm(x))
+
+
 PROGRAMS = {
     "gate": (Gate, [(8, 1024), (8, 1024), (8, 1024)]),
     "softmax_projection": (SoftmaxProjection, [(16, 256)]),
@@ -543,6 +554,8 @@ PROGRAMS = {
     "cosine_similarity": (CosineSimilarity, [(64, 512), (256, 512)]),
     "chunked_glu": (ChunkedGLU, [(8, 512)]),
     "conv_block": (ConvBlock, [(2, 16, 32, 32)]),
+    "groupnorm_silu": (functools.partial(GroupNormSiLU, 64, 8), [(2, 64, 16, 16)]),  # groups of 2,048
+    "sd_groupnorm_silu": (GroupNormSiLU, [(2, 320, 64, 64)]),  # SD's first level: groups of 40,960
     "vit_attention_b2": (ViTAttention, [(2, 197, 384)]),  # timm's ViT-S: 197 tokens, 6 heads, one qkv
     "llama_attention": (LlamaAttention, [(1, 256, 1024)]),
     "prefill_projection": (functools.partial(nn.Linear, 768, 768), [(1, 128, 768)]),  # BERT's, alone
