@@ -246,6 +246,8 @@ class Specialization:
         lines += [f"  {n}" for n in self.partition.notices()]
         lines += [f"  before a split: {n}" for n in self.split]
         lines += [f"  {self.verdict.note}"] if self.verdict is not None else []
+        if self.verdict is None and not any(s.name in stitched for s in self.partition.subprograms):
+            lines.append("  no µGraph runs: the program runs as given")
         kept = [m.kept_copies for m in self.module.modules() if isinstance(m, SubprogramModule)] \
             if isinstance(self.module, nn.Module) else []
         count, size = (sum(k[0] for k in kept), sum(k[1] for k in kept)) if kept else (0, 0)
@@ -413,6 +415,8 @@ class MirageModule(nn.Module):
         captured = gm.graph
         stitched = stitch(gm, replace(part, subprograms=replaced), modules)
         spec = Specialization(signature, stitched, captured, part, choices, seconds, split)
+        if not replaced:  # no µGraph runs: PyTorch's own kernels, not the captured graph's decompositions
+            spec.module = self.program
         if device is not None and replaced and self.options.whole_program_check:
             start = time.perf_counter()
             # a caller's graph copies in every replay, unless it reads the calls' copies
