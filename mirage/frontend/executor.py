@@ -148,9 +148,19 @@ def sass_tuned(program, name: str, options=None):
     if program.cubin is None or not program.cuda.kernels:
         return program
     try:
-        from mirage.sass.mugraph import decide, default_options, tune_program
+        import torch
 
+        from mirage.sass.mugraph import decide, default_options, record_tuning, recorded_tuning, tune_program
+
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        earlier = recorded_tuning(program, device) if device else None
+        if earlier is not None:  # tuned on this GPU before: the same decisions, without tuning
+            logger.info("mirage: %s: SASS schedules as tuned before on this GPU (%s)", name,
+                        "tuned cubin" if earlier is not program else "compiled schedules kept")
+            return earlier
         tuned, results = tune_program(program, options or default_options())
+        if device:
+            record_tuning(program, tuned, results, device)
     except Exception as error:  # no CuPy or nvdisasm, a sandbox that cannot start, ...: keep the kernels
         logger.warning("mirage: %s: SASS tuning failed (%s: %s); running the compiled kernels as they are",
                        name, type(error).__name__, str(error).splitlines()[0] if str(error) else "")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import math
 import os
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TUNED_PREFIX = "sass-"  # tuned cubins are <original stem>.sass-<hash>.cubin beside the original
+DECISIONS = "sass-decisions.json"  # beside the original cubin: what tuning decided there, per GPU
 Tuner = Callable[[Cubin, LaunchSpec, TuneOptions], TuneResult]
 
 
@@ -253,3 +255,58 @@ def tune_program(program: Program, options: TuneOptions | None = None, *,
         log.info("%s: %s (%s)", name, "tuned schedule taken" if accepted else "original kept",
                  decision.reason)
     return with_kernel_texts(program, texts), results
+
+
+# ---- decisions kept across processes ------------------------------------------------------------
+
+
+def _decisions_path(program: Program) -> Path:
+    return _cubin_path(program).with_name(DECISIONS)
+
+
+def recorded_tuning(program: Program, device: str) -> Program | None:
+    """The program as an earlier :func:`record_tuning` on a GPU named ``device`` left it (its tuned
+    cubin, or ``program`` itself where every kernel kept its schedule), or None where none was
+    recorded, or the record cannot be used (unreadable, its tuned cubin gone or of other kernels: the
+    caller tunes again).  The original cubin is content-addressed, so a record belongs to this code."""
+    path = _decisions_path(program)
+    try:
+        entry = json.loads(path.read_text()).get(device)
+        if entry is None:
+            return None
+        if entry["cubin"] is None:
+            return program
+        tuned = Cubin.read(path.with_name(entry["cubin"]))
+        return with_kernel_texts(program, {kernel: tuned.text(kernel) for kernel in entry["kernels"]})
+    except FileNotFoundError:
+        return None
+    except Exception as error:  # noqa: BLE001 - a damaged record costs a tuning, never a wrong kernel
+        log.warning("ignoring the SASS tuning record %s (%s: %s); tuning again", path, type(error).__name__,
+                    str(error).splitlines()[0] if str(error) else "")
+        return None
+
+
+def record_tuning(program: Program, tuned: Program, results: Iterable[TuneResult], device: str) -> None:
+    """Keep what :func:`tune_program` decided for ``program`` on a GPU named ``device`` beside its
+    cubin, so that a later process takes the same schedules without tuning (delete the file to tune
+    again).  Written whole, then renamed into place."""
+    path = _decisions_path(program)
+    try:
+        data = json.loads(path.read_text())
+        data = data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        data = {}
+    results = list(results)
+    taken = []
+    if tuned is not program:
+        before, after = Cubin.read(_cubin_path(program)), Cubin.read(_cubin_path(tuned))
+        taken = [r.kernel for r in results if after.text(r.kernel) != before.text(r.kernel)]
+    data[device] = {"cubin": _cubin_path(tuned).name if taken else None, "kernels": taken,
+                    "reasons": {r.kernel: decide(r).reason for r in results}}
+    try:
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".sass-decisions-")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1)
+        os.replace(temporary, path)
+    except OSError as error:  # the tuned program still runs; a later process tunes again
+        log.warning("could not keep the SASS tuning record %s (%s)", path, error)

@@ -169,3 +169,19 @@ def test_without_the_option_nothing_is_tuned(monkeypatch, program, clear_win):
     monkeypatch.setattr(mirage.codegen, "compile_graph", lambda graph: program.launch, raising=False)
     executor = make_executor(_graph(), torch.device("cuda"), "cuda")
     assert _running(executor) is program and calls == []
+
+
+def test_a_later_process_takes_the_recorded_schedules_without_tuning(monkeypatch, program, clear_win, caplog):
+    """On one GPU (its name) the first executor tunes and records; the next one, as a later process
+    would, finds the record beside the cubin and runs the same tuned cubin without tuning."""
+    calls = _fake_gpu(monkeypatch, program, clear_win)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU A")
+    first = _running(make_executor(_graph(), torch.device("cuda"), "cuda", sass_tune=True))
+    with caplog.at_level(logging.INFO, logger="mirage.frontend"):
+        second = _running(make_executor(_graph(), torch.device("cuda"), "cuda", sass_tune=True))
+    assert len(calls) == 1 and first is not program and second.cubin == first.cubin
+    assert "SASS schedules as tuned before on this GPU (tuned cubin)" in caplog.text
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU B")
+    make_executor(_graph(), torch.device("cuda"), "cuda", sass_tune=True)
+    assert len(calls) == 2  # another GPU tunes for itself

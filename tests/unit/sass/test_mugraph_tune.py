@@ -20,8 +20,11 @@ from mirage.codegen.runtime import Program
 from mirage.sass.elf import Cubin, changed_ranges
 from mirage.sass.evaluate import CandidateResult, CandidateStatus
 from mirage.sass.mugraph import (
+    DECISIONS,
     ProgramTuningError,
     decide,
+    record_tuning,
+    recorded_tuning,
     tune_program,
     tuned_cubin_path,
     with_kernel_texts,
@@ -183,3 +186,38 @@ def test_a_tuned_program_keeps_its_launch_modes(program, synthetic_result):
     assert tuned.cubin != program.cubin and Cubin.read(tuned.cubin).text(KERNEL) == best
     assert (tuned.dependent_launch, tuned.spread_blocks, tuned.poison) == (False, True, True)
     assert tuned._functions == {}
+
+
+def test_a_tuning_is_recorded_and_taken_again_without_tuning(program, synthetic_result):
+    tuner = FixedTuner(synthetic_result)
+    tuned, results = tune_program(program, OPTIONS, tuner=tuner)
+    assert tuned is not program
+    assert recorded_tuning(program, "GPU A") is None  # nothing recorded yet
+    record_tuning(program, tuned, results, "GPU A")
+    again = recorded_tuning(program, "GPU A")
+    assert again is not None and again is not program and again.cubin == tuned.cubin
+    assert Cubin.read(again.cubin).text(KERNEL) == Cubin.read(tuned.cubin).text(KERNEL)
+    assert recorded_tuning(program, "GPU B") is None  # decided on another GPU: tuned again there
+    record = json.loads((Path(program.cubin).parent / DECISIONS).read_text())
+    assert record["GPU A"]["kernels"] == [KERNEL] and KERNEL in record["GPU A"]["reasons"]
+
+
+def test_a_kept_schedule_is_recorded_as_the_program_itself(program, synthetic_result):
+    kept = dataclasses.replace(synthetic_result, best=synthetic_result.original)
+    tuned, results = tune_program(program, OPTIONS, tuner=FixedTuner(kept))
+    assert tuned is program
+    record_tuning(program, tuned, results, "GPU A")
+    assert recorded_tuning(program, "GPU A") is program
+
+
+@pytest.mark.parametrize("damage", ["not json", "missing cubin"])
+def test_a_damaged_record_is_ignored_with_a_warning(program, synthetic_result, caplog, damage):
+    tuned, results = tune_program(program, OPTIONS, tuner=FixedTuner(synthetic_result))
+    record_tuning(program, tuned, results, "GPU A")
+    if damage == "not json":
+        (Path(program.cubin).parent / DECISIONS).write_text("{ truncated")
+    else:
+        Path(tuned.cubin).unlink()
+    with caplog.at_level(logging.WARNING, logger="mirage.sass.mugraph"):
+        assert recorded_tuning(program, "GPU A") is None
+    assert "ignoring the SASS tuning record" in caplog.text
