@@ -493,9 +493,21 @@ def profile_choice(reference: KernelGraph, candidates: list[KernelGraph]
     launch = ("on, one block per SM" if best.spread_blocks else "on") if best.dependent_launch else "off"
     cuda = getattr(selection.program, "cuda", None)  # None: every declared view counts as read in place
     in_place = None if cuda is None else frozenset(cuda.transposed_inputs) | frozenset(cuda.input_strides)
-    return picked, (f"fastest of {len(selection.trials)} GPU builds: {best.median_us:.2f} µs "
-                                f"(pipeline stages {best.variant.stages}, dependent launch {launch})"), \
-        best.build.as_dict(), best.median_us, in_place
+    note = (f"fastest of {len(selection.trials)} GPU builds: {best.median_us:.2f} µs "
+            f"(pipeline stages {best.variant.stages}, dependent launch {launch}; {build_shape(best)})")
+    return picked, note, best.build.as_dict(), best.median_us, in_place
+
+
+def build_shape(trial) -> str:
+    """What a timed build is, in a few words: its kernels' grids and for-loop ranges, and the forms of
+    its attention chains (``warpgroup``: warpgroup MMAs; ``TMA``: K and V copied by the TMA unit)."""
+    variant = trial.variant
+    kernels = ", ".join(f"grid {tuple(b.grid_dim)} loop {b.forloop_range}"
+                        for b in variant.graph.block_graphs())
+    forms = [name for name, on in (("warpgroup", variant.warpgroup_softmax), ("TMA", variant.tma_copies),
+                                   (f"multicast {variant.multicast_cluster}", variant.multicast_cluster > 1))
+             if on]
+    return (kernels or "no generated kernel") + "".join(f", {f}" for f in forms)
 
 
 def pytorch_us(reference: KernelGraph, runner: Callable[[], Callable[[], Any]] | None) -> float | None:

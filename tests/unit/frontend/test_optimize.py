@@ -741,3 +741,16 @@ def test_a_fruitless_part_splits_again_after_its_product(monkeypatch):
     assert parts == [("matmul", "relu"), ("matmul",), ("add", "layer_norm")]
     assert len(spec.split) == 2 and spec.split[1].startswith("3 torch ops (matmul, add, layer_norm)")
     torch.testing.assert_close(fast(*inputs), block(*inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_a_timed_build_is_described_by_its_grids_loops_and_forms():
+    """The report's "fastest of N GPU builds" note says what the fastest build was."""
+    from benchmarks.mugraphs import CASES
+    from mirage.codegen.select import Trial, Variant
+
+    graph = CASES["gqa_b1"].fused()
+    grids = [tuple(b.grid_dim) for b in graph.block_graphs()]
+    shape = optimize.build_shape(Trial(Variant(graph, stages=3, warpgroup_softmax=True, tma_copies=True)))
+    assert shape.startswith(f"grid {grids[0]} loop ") and f"grid {grids[1]}" in shape
+    assert shape.endswith(", warpgroup, TMA")
+    assert optimize.build_shape(Trial(Variant(graph))).count("grid") == len(grids)
