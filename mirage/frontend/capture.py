@@ -263,6 +263,7 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, merge_products: bool =
     _stable_softmaxes(gm)
     _slice_concats_as_products(gm)
     _drop_value_asserts(gm)
+    decompositions.drop_identity_dropouts(gm)
     _softmax_round_trips(gm)
     _scalar_fulls(gm)
     products.split_products(gm)

@@ -2,7 +2,9 @@
 capture as the ops they stand for, so that they fuse with their neighbours instead of running in
 PyTorch: ``einsum`` by PyTorch's own decomposition (permutes, views and a batched product), and
 ``group_norm`` by :func:`group_norm` (PyTorch's ``native_group_norm`` decomposition ends in
-``var_mean`` and ``as_strided``, which no µGraph lowers).
+``var_mean`` and ``as_strided``, which no µGraph lowers).  Dropouts that drop nothing (eval mode,
+or p = 0) are removed (:func:`drop_identity_dropouts`): on a tensor computed outside a subprogram
+they would cut it (a Transformer layer's residual adds after its attention and its MLP).
 
 >>> x = torch.randn(2, 8, 3, 3)
 >>> w, b = torch.randn(8), torch.randn(8)
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch
+import torch.fx as fx
 
 aten = torch.ops.aten
 
@@ -50,3 +53,19 @@ def table(ops: Iterable) -> dict:
     """The decompositions of ``ops`` (those :func:`composite` names) for ``run_decompositions``."""
     defaults = torch.export.default_decompositions()
     return {op: _OWN.get(op) or defaults[op] for op in composite(ops) if op in _OWN or op in defaults}
+
+
+def drop_identity_dropouts(gm: fx.GraphModule) -> None:
+    """Replace each ``dropout`` that drops nothing (``train=False``, or ``p`` = 0) by its input."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.dropout.default:
+            continue
+        p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+        train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
+        if (train is False or p == 0) and isinstance(node.args[0], fx.Node):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+            changed = True
+    if changed:
+        gm.recompile()

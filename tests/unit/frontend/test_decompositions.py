@@ -58,3 +58,26 @@ def test_float16_group_norm_with_large_activations():
 def test_docstring_examples():
     result = doctest.testmod(mirage.frontend.decompositions)
     assert result.attempted > 0 and result.failed == 0
+
+
+class _ResidualDropout(nn.Module):
+    """A residual add after a dropout of a tensor computed elsewhere (the attention's output)."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x, attention):
+        return F.relu(x + self.drop(attention)) * 2.0
+
+
+def test_a_dropout_that_drops_nothing_is_removed_at_capture():
+    x, a = torch.randn(4, 16), torch.randn(4, 16)
+    model = _ResidualDropout().eval()
+    fast = mi.superoptimize(model, (x, a), search=False)
+    assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
+    captured = fast.specializations[0].captured
+    assert not any(n.op == "call_function" and "dropout" in str(n.target) for n in captured.nodes)
+    torch.testing.assert_close(fast(x, a), model(x, a))
+    p_zero = mi.superoptimize(lambda x, a: F.relu(x + F.dropout(a, 0.0, training=True)), (x, a), search=False)
+    assert not p_zero.partition.pytorch_ops
