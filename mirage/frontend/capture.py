@@ -27,7 +27,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from mirage.frontend import decompositions, fill_masks, hidden_rows, products
+from mirage.frontend import decompositions, fill_masks, hidden_rows, products, selections
 from mirage.frontend.errors import (
     CaptureError,
     ExampleInputsError,
@@ -261,7 +261,8 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, merge_products: bool =
     _dtype_arguments_as_casts(gm)
     _repeats_as_expands(gm)
     _stable_softmaxes(gm)
-    _slice_concats_as_products(gm)
+    selections.slice_concats_as_products(gm)
+    selections.interleaved_stacks_as_products(gm)
     _drop_value_asserts(gm)
     decompositions.drop_identity_dropouts(gm)
     _softmax_round_trips(gm)
@@ -522,75 +523,6 @@ def _stable_softmaxes(gm: fx.GraphModule) -> None:
         node.replace_all_uses_with(softmax)
         gm.graph.erase_node(node)
         _erase_unused([total, e, shifted, row_max, row_max.args[0]], gm.graph)
-        changed = True
-    if changed:
-        gm.graph.lint()
-        gm.recompile()
-
-
-SELECTION = "_selection_"  # the buffers of concatenated slices written as products
-
-
-def _signed_slice(piece: object, rank: int) -> tuple[fx.Node, int, int, float] | None:
-    """(x, start, stop, sign) when ``piece`` is ``x[..., start:stop]`` or its negation."""
-    aten = torch.ops.aten
-    sign = 1.0
-    if isinstance(piece, fx.Node) and piece.target is aten.neg.default:
-        piece, sign = piece.args[0], -1.0
-    if not (isinstance(piece, fx.Node) and piece.target is aten.slice.Tensor):
-        return None
-    x, dim = piece.args[0], piece.args[1] if len(piece.args) > 1 else 0
-    start = piece.args[2] if len(piece.args) > 2 else 0
-    stop = piece.args[3] if len(piece.args) > 3 else None
-    step = piece.args[4] if len(piece.args) > 4 else 1
-    if not isinstance(x, fx.Node) or dim % rank != rank - 1 or step != 1:
-        return None
-    width = int(x.meta["val"].shape[-1])
-    start, stop = slice(start, stop).indices(width)[:2]
-    return (x, start, stop, sign) if stop > start else None
-
-
-def _slice_concats_as_products(gm: fx.GraphModule) -> None:
-    """Write ``cat([±x[..., a:b], …], dim=-1)`` (slices of one tensor along its last dim, some negated:
-    rotary embedding's ``rotate_half``) as ``x @ S`` for the signed selection matrix ``S`` it equals
-    (a buffer; each output column is one input column times ±1, exact in float16 and bfloat16, the
-    dtypes it is written for), which the lowering takes as a product instead of leaving slices and
-    concatenations in PyTorch."""
-    aten = torch.ops.aten
-    changed = False
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not aten.cat.default:
-            continue
-        pieces = node.args[0]
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-        out = node.meta.get("val")
-        # float16 and bfloat16 only: a float32 product may run on TF32 tensor cores, which round x
-        if not (isinstance(out, torch.Tensor) and out.dtype in (torch.float16, torch.bfloat16)
-                and dim % out.dim() == out.dim() - 1):
-            continue
-        slices = [_signed_slice(p, out.dim()) for p in pieces]
-        if any(s is None for s in slices) or len({s[0] for s in slices}) != 1:
-            continue
-        x = slices[0][0]
-        if tuple(x.meta["val"].shape[:-1]) != tuple(out.shape[:-1]):
-            continue
-        selection = torch.zeros(int(x.meta["val"].shape[-1]), int(out.shape[-1]), dtype=out.dtype)
-        column = 0
-        for _, start, stop, sign in slices:
-            for k in range(stop - start):
-                selection[start + k, column + k] = sign
-            column += stop - start
-        name = f"{SELECTION}{sum(1 for n, _ in gm.named_buffers() if n.startswith(SELECTION))}"
-        gm.register_buffer(name, selection.to(out.device))
-        with gm.graph.inserting_before(node):
-            weights = gm.graph.get_attr(name)
-            weights.meta["val"] = getattr(gm, name)
-            product = gm.graph.call_function(aten.matmul.default, (x, weights))
-        product.meta["val"] = out
-        node.replace_all_uses_with(product)
-        gm.graph.erase_node(node)
-        for piece in pieces:
-            _erase_unused([piece, piece.args[0] if piece.target is aten.neg.default else None], gm.graph)
         changed = True
     if changed:
         gm.graph.lint()

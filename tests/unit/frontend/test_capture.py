@@ -245,6 +245,42 @@ def test_concatenated_slices_of_one_tensor_are_captured_as_a_signed_selection_pr
     torch.testing.assert_close(fast(*inputs).double(), expected, rtol=2e-3, atol=2e-3)
 
 
+def _rotate_every_two(x):
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def test_interleaved_slices_stacked_and_flattened_are_a_signed_selection_product():
+    """GPT-J's rotary (rotate_every_two): x @ S as well, each output column one ±1 term, exactly."""
+
+    def rotary(q, cos, sin):
+        return q * cos + _rotate_every_two(q) * sin
+
+    inputs = (torch.randn(1, 4, 8, 16, dtype=torch.float16), torch.randn(8, 16, dtype=torch.float16),
+              torch.randn(8, 16, dtype=torch.float16))
+    gm = capture(as_module(rotary), inputs, {})
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    aten = torch.ops.aten
+    assert not {aten.stack.default, aten.slice.Tensor, aten.flatten.using_ints} & set(targets)
+    (selection,) = [b for name, b in gm.named_buffers() if name.startswith("_selection_")]
+    assert selection[1, 0] == -1 and selection[0, 1] == 1
+    assert sorted(selection.abs().sum(0).tolist()) == [1.0] * 16
+    torch.testing.assert_close(gm(*inputs), rotary(*inputs), rtol=0, atol=0)
+    fast = mi.superoptimize(rotary, inputs, search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    expected = rotary(*(x.double() for x in inputs))
+    torch.testing.assert_close(fast(*inputs).double(), expected, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("program", [
+    lambda x, y: torch.stack((-x[..., 1::2], y[..., ::2]), dim=-1).flatten(-2),  # two tensors
+    # not the last dims
+    lambda x, y: torch.stack((-x[..., 1::2], x[..., ::2]), dim=0).flatten(0, 1) * y[0, 0],
+], ids=["two_tensors", "leading_dims"])
+def test_other_stacks_stay_as_written(program):
+    inputs = (torch.randn(4, 8, dtype=torch.float16), torch.randn(4, 8, dtype=torch.float16))
+    assert torch.ops.aten.stack.default in _targets(program, inputs)
+
+
 def test_float32_slices_stay_slices():
     """A float32 product may run on TF32 tensor cores (rounding x), so float32 keeps its slices."""
     inputs = (torch.randn(4, 16),)
@@ -420,3 +456,12 @@ def test_a_piece_of_a_split_projection_that_nothing_reads_is_not_computed():
     fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x))
+
+
+def test_selection_docstring_examples():
+    import doctest
+
+    import mirage.frontend.selections
+
+    result = doctest.testmod(mirage.frontend.selections)
+    assert result.attempted > 0 and result.failed == 0
