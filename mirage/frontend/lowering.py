@@ -183,6 +183,29 @@ def _leaky_relu(b: RegionBuilder, node, p):
     return _relu_parts(b, b.tensor_operand(p["self"]), float(p.get("negative_slope", 0.01)))
 
 
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772, 1.0507009873554805  # torch.nn.SELU's constants
+
+
+def _elu(b: RegionBuilder, node, p):
+    """``scale · (x if x > 0 else alpha · (exp(input_scale · x) − 1))`` as ``relu(x) − relu(alpha · (1 −
+    exp(input_scale · x)))``: the two relus never both hold, and at ±inf and NaN it gives what PyTorch
+    gives.  ``selu`` and ``celu`` are such elus (``celu``'s input scale is 1 / alpha)."""
+    name = node.target.overloadpacket.__name__  # type: ignore[union-attr]
+    x = b.tensor_operand(p["self"])
+    alpha, scale = float(p.get("alpha", 1.0)), float(p.get("scale", 1.0))
+    input_scale = float(p.get("input_scale", 1.0))
+    if name == "selu":
+        alpha, scale = SELU_ALPHA, SELU_SCALE
+    elif name == "celu":
+        if alpha == 0.0:
+            raise Unlowerable("celu with alpha 0")
+        input_scale = 1.0 / alpha
+    if alpha < 0.0:
+        raise Unlowerable(f"elu with a negative alpha {alpha:g}")
+    below = b.scale(b.shift(b.scale(b.unary("exp", b.scale(x, input_scale)), -1.0), 1.0), alpha)
+    return b.scale(b.add(b.unary("relu", x), b.unary("relu", below), -1.0), scale)
+
+
 def _extremum(b: RegionBuilder, node, p):
     """maximum and minimum of two tensors stay in PyTorch: the µGraph ops have no exact form of them
     (``x + relu(y − x)`` is NaN where both are inf of one sign, and ``max(−1e20, 3.3)`` comes out 0)."""
@@ -490,6 +513,9 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("clamp_max", C, _clamp, "min(x, hi): clamp to [−inf, hi]"),
         Lowering("abs", C, _abs, "relu(x) + relu(−x)"),
         Lowering("leaky_relu", C, _leaky_relu, "relu(x) − slope·relu(−x)"),
+        Lowering("elu", C, _elu, "relu(x) − relu(alpha·(1 − exp(x))), times its scale"),
+        Lowering("selu", C, _elu, "an elu of SELU's alpha and scale"),
+        Lowering("celu", C, _elu, "an elu of input scale 1/alpha"),
         Lowering("hardtanh", C, _clamp, "clamp to [min_val, max_val]"),
         Lowering("hardsigmoid", C, _hard(gated=False), "clamp(x + 3, 0, 6) / 6"),
         Lowering("hardswish", C, _hard(gated=True), "x · clamp(x + 3, 0, 6) / 6"),

@@ -71,6 +71,11 @@ CASES = [
          ((4, 6),), {Op.CLAMP: 3, Op.ADD: 2}),
     Case("abs", lambda x: x.abs() * 2.0, ((4, 6),), {Op.RELU: 2, Op.MUL_SCALAR: 2, Op.ADD: 1}),
     Case("leaky_relu", lambda x: F.leaky_relu(x, 0.2), ((4, 6),), {Op.RELU: 2, Op.MUL_SCALAR: 2, Op.ADD: 1}),
+    Case("elu", lambda x: F.elu(x, 0.5), ((4, 6),),
+         {Op.EXP: 1, Op.MUL_SCALAR: 2, Op.ADD_SCALAR: 1, Op.RELU: 2, Op.SUB: 1}),
+    Case("selu", F.selu, ((4, 6),), {Op.EXP: 1, Op.MUL_SCALAR: 3, Op.ADD_SCALAR: 1, Op.RELU: 2, Op.SUB: 1}),
+    Case("celu", lambda x: F.celu(x, 2.0), ((4, 6),),
+         {Op.EXP: 1, Op.MUL_SCALAR: 3, Op.ADD_SCALAR: 1, Op.RELU: 2, Op.SUB: 1}),
     Case("hardswish_hardsigmoid", lambda x: F.hardswish(x * 4) + F.hardsigmoid(x * 4), ((4, 6),),
          {Op.MUL_SCALAR: 2, Op.ADD_SCALAR: 1, Op.CLAMP: 1, Op.MUL: 1, Op.ADD: 1}),
     Case("exp2", lambda x: torch.exp2(x), ((4, 6),), {Op.MUL_SCALAR: 1, Op.EXP: 1}),
@@ -498,3 +503,15 @@ def test_a_stacked_weight_replaced_by_a_tensor_of_its_own_reports():
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x))
     assert "stacked weights" not in fast.report()
+
+
+@pytest.mark.parametrize("function", [lambda x: F.elu(x, 0.5), F.selu, lambda x: F.celu(x, 2.0)],
+                         ids=["elu", "selu", "celu"])
+def test_elus_give_what_pytorch_gives_at_infinities_and_zero(function):
+    x = torch.tensor([[float("inf"), float("-inf"), 0.0, -0.0, 1e-4, -1e-4, 30.0, -30.0]])
+    fast = mi.superoptimize(function, (x,), search=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    got, want = fast(x), function(x.double())
+    finite = torch.isfinite(want)
+    assert torch.equal(got[~finite].double(), want[~finite])
+    torch.testing.assert_close(got[finite].double(), want[finite], rtol=1e-5, atol=1e-6)
