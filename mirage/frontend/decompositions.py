@@ -1,6 +1,7 @@
 """Composite ops that ``torch.export`` keeps whole and the lowering table has no row for, written at
 capture as the ops they stand for, so that they fuse with their neighbours instead of running in
-PyTorch: ``einsum`` by PyTorch's own decomposition (permutes, views and a batched product), and
+PyTorch: ``einsum`` and ``glu`` by PyTorch's own decompositions (permutes, views and a batched
+product; the two halves as views, a sigmoid and a product), and
 ``group_norm`` by :func:`group_norm` (PyTorch's ``native_group_norm`` decomposition ends in
 ``var_mean`` and ``as_strided``, which no µGraph lowers).  Dropouts that drop nothing (eval mode,
 or p = 0) are removed (:func:`drop_identity_dropouts`): on a tensor computed outside a subprogram
@@ -41,7 +42,7 @@ def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None = N
 
 
 _OWN: dict[Callable, Callable] = {aten.group_norm.default: group_norm}
-_TORCH = (aten.einsum.default,)  # PyTorch's decomposition serves
+_TORCH = (aten.einsum.default, aten.glu.default)  # PyTorch's decompositions serve
 
 
 def composite(ops: Iterable) -> list:

@@ -81,3 +81,13 @@ def test_a_dropout_that_drops_nothing_is_removed_at_capture():
     torch.testing.assert_close(fast(x, a), model(x, a))
     p_zero = mi.superoptimize(lambda x, a: F.relu(x + F.dropout(a, 0.0, training=True)), (x, a), search=False)
     assert not p_zero.partition.pytorch_ops
+
+
+@pytest.mark.parametrize("shape, dim", [((8, 64), -1), ((2, 16, 10), 1)])
+def test_glu_lowers_through_pytorchs_decomposition(shape, dim):
+    """``F.glu`` (Conformer's convolution module, wav2vec's): its halves as views, a sigmoid and a product."""
+    torch.manual_seed(2)
+    x = torch.randn(*shape)
+    fast = mi.superoptimize(lambda x: F.glu(x, dim), (x,), search=False)
+    assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
+    torch.testing.assert_close(fast(x).double(), F.glu(x.double(), dim), rtol=1e-5, atol=1e-6)
