@@ -248,7 +248,7 @@ def additive_fills(gm: fx.GraphModule) -> None:
         node.replace_all_uses_with(added)
         gm.graph.erase_node(node)
         if folded is not None or not hides:
-            _erase_unused(gm.graph, original)
+            erase_unused(gm.graph, original)
     gm.recompile()
 
 
@@ -286,7 +286,7 @@ def causal_buffers(gm: fx.GraphModule) -> None:
             count += 1
             folded.meta[PATTERN] = pattern
             node.replace_input_with(operand, folded)
-            _erase_unused(gm.graph, operand)
+            erase_unused(gm.graph, operand)
     gm.recompile()
 
 
@@ -322,7 +322,7 @@ def _ancestors(node: fx.Node) -> tuple[dict | None, dict]:
     return nodes, buffers
 
 
-def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
+def erase_unused(graph: fx.Graph, node: fx.Node) -> None:
     """Erase ``node`` and then its operands, as far as nothing else reads them (a folded mask's ops)."""
     stack = [node]
     while stack:

@@ -202,6 +202,8 @@ def _elu(b: RegionBuilder, node, p):
         input_scale = 1.0 / alpha
     if alpha < 0.0:
         raise Unlowerable(f"elu with a negative alpha {alpha:g}")
+    if alpha == 0.0:  # relu: alpha · (1 − exp(x)) would be 0 · −inf = NaN where exp overflows
+        return b.scale(b.unary("relu", x), scale)
     below = b.scale(b.shift(b.scale(b.unary("exp", b.scale(x, input_scale)), -1.0), 1.0), alpha)
     return b.scale(b.add(b.unary("relu", x), b.unary("relu", below), -1.0), scale)
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from mirage.frontend.fill_masks import erase_unused
+
 SELECTION = "_selection_"  # the buffers of rearranged slices written as products
 aten = torch.ops.aten
 
@@ -51,10 +53,9 @@ def _half_precision(value: object) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16)
 
 
-def _as_product(gm: fx.GraphModule, node: fx.Node, x: fx.Node, selection: torch.Tensor, pieces: list,
-                between: fx.Node | None = None) -> None:
-    """Replace ``node`` by ``x @ selection`` (a new buffer) and erase ``between`` (the stack between
-    the pieces and ``node``) and the slices left unused."""
+def _as_product(gm: fx.GraphModule, node: fx.Node, x: fx.Node, selection: torch.Tensor) -> None:
+    """Replace ``node`` by ``x @ selection`` (a new buffer) and erase what led to it, as far as
+    nothing else reads it (the concatenation or stack, the slices, their negations)."""
     name = f"{SELECTION}{sum(1 for n, _ in gm.named_buffers() if n.startswith(SELECTION))}"
     gm.register_buffer(name, selection.to(node.meta["val"].device))
     with gm.graph.inserting_before(node):
@@ -63,13 +64,7 @@ def _as_product(gm: fx.GraphModule, node: fx.Node, x: fx.Node, selection: torch.
         product = gm.graph.call_function(aten.matmul.default, (x, weights))
     product.meta["val"] = node.meta["val"]
     node.replace_all_uses_with(product)
-    gm.graph.erase_node(node)
-    if between is not None:
-        gm.graph.erase_node(between)
-    for piece in pieces:
-        for part in (piece, piece.args[0] if piece.target is aten.neg.default else None):
-            if isinstance(part, fx.Node) and part.op == "call_function" and not part.users:
-                gm.graph.erase_node(part)
+    erase_unused(gm.graph, node)
 
 
 def _selection(x: fx.Node, out: torch.Tensor, slices: list, interleaved: bool) -> torch.Tensor | None:
@@ -106,7 +101,7 @@ def slice_concats_as_products(gm: fx.GraphModule) -> None:
         selection = _selection(x, out, slices, interleaved=False)
         if tuple(x.meta["val"].shape[:-1]) != tuple(out.shape[:-1]) or selection is None:
             continue
-        _as_product(gm, node, x, selection, list(pieces))
+        _as_product(gm, node, x, selection)
         changed = True
     if changed:
         gm.graph.lint()
@@ -140,7 +135,7 @@ def interleaved_stacks_as_products(gm: fx.GraphModule) -> None:
         selection = _selection(x, out, slices, interleaved=True)
         if tuple(x.meta["val"].shape[:-1]) != tuple(out.shape[:-1]) or selection is None:
             continue
-        _as_product(gm, node, x, selection, list(pieces), between=stack)
+        _as_product(gm, node, x, selection)
         changed = True
     if changed:
         gm.graph.lint()

@@ -505,10 +505,10 @@ def test_a_stacked_weight_replaced_by_a_tensor_of_its_own_reports():
     assert "stacked weights" not in fast.report()
 
 
-@pytest.mark.parametrize("function", [lambda x: F.elu(x, 0.5), F.selu, lambda x: F.celu(x, 2.0)],
-                         ids=["elu", "selu", "celu"])
+@pytest.mark.parametrize("function", [lambda x: F.elu(x, 0.5), F.selu, lambda x: F.celu(x, 2.0),
+                                      lambda x: F.elu(x, 0.0)], ids=["elu", "selu", "celu", "elu_alpha_0"])
 def test_elus_give_what_pytorch_gives_at_infinities_and_zero(function):
-    x = torch.tensor([[float("inf"), float("-inf"), 0.0, -0.0, 1e-4, -1e-4, 30.0, -30.0]])
+    x = torch.tensor([[float("inf"), float("-inf"), 0.0, -0.0, 1e-4, -1e-4, 30.0, -30.0, 100.0]])
     fast = mi.superoptimize(function, (x,), search=False, progress=False)
     assert not fast.partition.pytorch_ops
     got, want = fast(x), function(x.double())
