@@ -83,22 +83,21 @@ def _selection(x: fx.Node, out: torch.Tensor, slices: list, interleaved: bool) -
     return selection if int((selection != 0).sum()) == columns else None
 
 
-def slice_concats_as_products(gm: fx.GraphModule) -> None:
-    """``cat([±x[..., a:b], …], dim=-1)`` (``rotate_half``) as ``x @ S``."""
+def _rewrite(gm: fx.GraphModule, match) -> None:
+    """Each node that ``match`` takes to (its value, the pieces, their rank, interleaved or not) and
+    whose pieces are signed slices of one tensor, written as that tensor times its selection matrix."""
     changed = False
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not aten.cat.default:
+        found = match(node) if node.op == "call_function" else None
+        if found is None:
             continue
-        pieces = node.args[0]
-        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-        out = node.meta.get("val")
-        if not (_half_precision(out) and dim % out.dim() == out.dim() - 1):
-            continue
-        slices = [_signed_slice(p, out.dim()) for p in pieces]
-        if any(s is None or s[3] != 1 for s in slices) or len({s[0] for s in slices}) != 1:
+        out, pieces, rank, interleaved = found
+        slices = [_signed_slice(p, rank) for p in pieces]
+        if (any(s is None or (s[3] != 1 and not interleaved) for s in slices)
+                or len({s[0] for s in slices}) != 1):
             continue
         x = slices[0][0]
-        selection = _selection(x, out, slices, interleaved=False)
+        selection = _selection(x, out, slices, interleaved)
         if tuple(x.meta["val"].shape[:-1]) != tuple(out.shape[:-1]) or selection is None:
             continue
         _as_product(gm, node, x, selection)
@@ -106,6 +105,21 @@ def slice_concats_as_products(gm: fx.GraphModule) -> None:
     if changed:
         gm.graph.lint()
         gm.recompile()
+
+
+def slice_concats_as_products(gm: fx.GraphModule) -> None:
+    """``cat([±x[..., a:b], …], dim=-1)`` (``rotate_half``) as ``x @ S``."""
+
+    def match(node: fx.Node):
+        if node.target is not aten.cat.default:
+            return None
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        out = node.meta.get("val")
+        if not (_half_precision(out) and dim % out.dim() == out.dim() - 1):
+            return None
+        return out, node.args[0], out.dim(), False
+
+    _rewrite(gm, match)
 
 
 _FLATTENS = {aten.flatten.using_ints, aten.view.default, aten.reshape.default, aten._unsafe_view.default}
@@ -114,29 +128,19 @@ _FLATTENS = {aten.flatten.using_ints, aten.view.default, aten.reshape.default, a
 def interleaved_stacks_as_products(gm: fx.GraphModule) -> None:
     """``stack([±x[..., a::n], …], dim=-1)`` flattened into its last dim (GPT-J's ``rotate_every_two``)
     as ``x @ S``: output column k · n + j is column k of slice j."""
-    changed = False
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _FLATTENS or not node.args:
-            continue
+
+    def match(node: fx.Node):
+        if node.target not in _FLATTENS or not node.args:
+            return None
         stack, out = node.args[0], node.meta.get("val")
         if not (isinstance(stack, fx.Node) and stack.target is aten.stack.default and len(stack.users) == 1
                 and _half_precision(out)):
-            continue
+            return None
         stacked = stack.meta.get("val")
         dim = stack.args[1] if len(stack.args) > 1 else stack.kwargs.get("dim", 0)
         if not (isinstance(stacked, torch.Tensor) and dim % stacked.dim() == stacked.dim() - 1
                 and tuple(out.shape) == (*stacked.shape[:-2], stacked.shape[-2] * stacked.shape[-1])):
-            continue  # not the stack's last two dims merged into one
-        pieces = stack.args[0]
-        slices = [_signed_slice(p, stacked.dim() - 1) for p in pieces]
-        if any(s is None for s in slices) or len({s[0] for s in slices}) != 1:
-            continue
-        x = slices[0][0]
-        selection = _selection(x, out, slices, interleaved=True)
-        if tuple(x.meta["val"].shape[:-1]) != tuple(out.shape[:-1]) or selection is None:
-            continue
-        _as_product(gm, node, x, selection)
-        changed = True
-    if changed:
-        gm.graph.lint()
-        gm.recompile()
+            return None  # not the stack's last two dims merged into one
+        return out, stack.args[0], stacked.dim() - 1, True
+
+    _rewrite(gm, match)
