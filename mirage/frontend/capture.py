@@ -16,7 +16,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import operator
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from mirage.frontend import decompositions, fill_masks, hidden_rows, products, selections
+from mirage.frontend import decompositions, fill_masks, hidden_rows, products, selections, softmaxes
 from mirage.frontend.errors import (
     CaptureError,
     ExampleInputsError,
@@ -260,7 +259,8 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, merge_products: bool =
     gm = exported.module()
     _dtype_arguments_as_casts(gm)
     _repeats_as_expands(gm)
-    _stable_softmaxes(gm)
+    softmaxes.stable_softmaxes(gm)
+    softmaxes.shifted_softmaxes(gm)
     selections.slice_concats_as_products(gm)
     selections.interleaved_stacks_as_products(gm)
     _drop_value_asserts(gm)
@@ -454,75 +454,6 @@ def _repeats_as_expands(gm: fx.GraphModule) -> None:
             copied.meta["val"] = reshaped.meta["val"].clone(memory_format=torch.contiguous_format)
         node.replace_all_uses_with(copied)
         gm.graph.erase_node(node)
-        changed = True
-    if changed:
-        gm.graph.lint()
-        gm.recompile()
-
-
-def _row_max_of(node: object) -> tuple[fx.Node, int] | None:
-    """(x, dim) when ``node`` is ``amax(x, [dim], keepdim=True)`` or ``max(x, dim, keepdim=True)[0]``."""
-    aten = torch.ops.aten
-    if not isinstance(node, fx.Node) or node.op != "call_function":
-        return None
-    if node.target is aten.amax.default:
-        x, dims = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", ())
-        keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-        return (x, dims[0]) if keep and len(dims) == 1 else None
-    if node.target is operator.getitem and node.args[1] == 0:
-        source = node.args[0]
-        if isinstance(source, fx.Node) and source.target is aten.max.dim:
-            keep = source.args[2] if len(source.args) > 2 else source.kwargs.get("keepdim", False)
-            return (source.args[0], source.args[1]) if keep else None
-    return None
-
-
-def _erase_unused(nodes: list, graph: fx.Graph) -> None:
-    """Erase each of ``nodes`` (in order) that is left without users; ``max``'s unused indices too."""
-    for node in nodes:
-        if not isinstance(node, fx.Node) or node.op != "call_function":
-            continue
-        for user in list(node.users):
-            if user.target is operator.getitem and not user.users:
-                graph.erase_node(user)
-        if not node.users:
-            graph.erase_node(node)
-
-
-def _stable_softmaxes(gm: fx.GraphModule) -> None:
-    """Write a softmax spelled out stably, ``e = exp(x − max(x, d)); e / Σ_d e`` (the row maximum by
-    ``amax`` or ``max(…).values``, kept dims), as ``softmax(x, d)``: the same function, which the
-    lowering takes whole (the generated kernels subtract the running maximum themselves) instead of
-    leaving the maximum in PyTorch and splitting the attention around it. ``e`` stays where other ops
-    read it."""
-    aten = torch.ops.aten
-    changed = False
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not aten.div.Tensor:
-            continue
-        e, total = node.args[0], node.args[1]
-        if not (isinstance(e, fx.Node) and e.target is aten.exp.default and isinstance(total, fx.Node)
-                and total.target is aten.sum.dim_IntList and total.args[0] is e):
-            continue
-        shifted = e.args[0]
-        if not (isinstance(shifted, fx.Node) and shifted.target is aten.sub.Tensor and len(shifted.args) == 2
-                and shifted.kwargs.get("alpha", 1) == 1):
-            continue
-        x, row_max = shifted.args
-        found = _row_max_of(row_max)
-        dims = total.args[1] if len(total.args) > 1 else ()
-        keep = total.args[2] if len(total.args) > 2 else total.kwargs.get("keepdim", False)
-        if found is None or found[0] is not x or not keep or len(dims) != 1 or total.kwargs.get("dtype"):
-            continue
-        rank = x.meta["val"].dim()
-        if found[1] % rank != dims[0] % rank:
-            continue
-        with gm.graph.inserting_before(node):
-            softmax = gm.graph.call_function(aten.softmax.int, (x, dims[0] % rank))
-        softmax.meta["val"] = node.meta["val"]
-        node.replace_all_uses_with(softmax)
-        gm.graph.erase_node(node)
-        _erase_unused([total, e, shifted, row_max, row_max.args[0]], gm.graph)
         changed = True
     if changed:
         gm.graph.lint()

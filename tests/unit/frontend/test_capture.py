@@ -465,3 +465,45 @@ def test_selection_docstring_examples():
 
     result = doctest.testmod(mirage.frontend.selections)
     assert result.attempted > 0 and result.failed == 0
+
+
+def _shifted(s):  # x-transformers' attention
+    return (s - s.amax(dim=-1, keepdim=True).detach()).softmax(dim=-1)
+
+
+def _shifted_by_max_values(s):
+    return torch.softmax(s - s.max(dim=1, keepdim=True).values, dim=1)
+
+
+@pytest.mark.parametrize("program", [_shifted, _shifted_by_max_values], ids=["amax", "max_values"])
+def test_a_softmax_of_scores_shifted_by_their_row_maximum_is_captured_as_the_softmax(program):
+    inputs = (torch.randn(4, 16) * 30,)
+    targets = _targets(program, inputs)
+    aten = torch.ops.aten
+    assert aten.softmax.int in targets
+    assert not {aten.amax.default, aten.max.dim, aten.sub.Tensor} & set(targets)
+    fast = mi.superoptimize(program, inputs, search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    expected = torch.softmax(inputs[0].double(), -1)
+    torch.testing.assert_close(fast(*inputs).double(), expected, rtol=1e-6, atol=1e-7)
+
+
+def _shifted_over_another_dim(s):
+    return torch.softmax(s - s.amax(0, keepdim=True), -1)
+
+
+def _shifted_and_read(s):
+    shifted = s - s.amax(-1, keepdim=True)
+    return torch.softmax(shifted, -1), shifted
+
+
+@pytest.mark.parametrize("program", [_shifted_over_another_dim, _shifted_and_read], ids=["other_dim", "read"])
+def test_a_shift_that_changes_the_function_or_is_read_elsewhere_stays(program):
+    inputs = (torch.randn(4, 16),)
+    targets = _targets(program, inputs)
+    assert torch.ops.aten.sub.Tensor in targets
+    fast = mi.superoptimize(program, inputs, search=False, use_cache=False, progress=False)
+    got, want = fast(*inputs), program(*inputs)
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,),
+                    strict=True):
+        torch.testing.assert_close(a, b)
