@@ -287,6 +287,19 @@ class GPT2Attention(nn.Module):
         return torch.matmul(torch.softmax(w, dim=-1), v)
 
 
+class ShiftedAttention(nn.Module):
+    """x-transformers' attention: the scores shifted by their detached row maximum before the softmax."""
+
+    def forward(self, q, k, v):
+        sim = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+        sim = sim - sim.amax(dim=-1, keepdim=True).detach()
+        return sim.softmax(dim=-1) @ v
+
+    @staticmethod
+    def fused(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
 class SoftcapAttention(nn.Module):
     """Gemma 2's attention logits soft-capped: ``tanh(s / cap) · cap`` of the scaled scores before the
     softmax (``attn_logit_softcapping``, 50)."""
@@ -525,6 +538,28 @@ class ConvBlock(nn.Module):
         return F.relu(self.norm(self.conv(x)))
 
 
+class MambaDt(nn.Module):
+    """Mamba's step sizes: the low-rank projection up to the inner width, its bias, then softplus."""
+
+    def __init__(self, rank: int = 48, inner: int = 1536):
+        super().__init__()
+        self.dt_proj = nn.Linear(rank, inner)
+
+    def forward(self, x):
+        return F.softplus(self.dt_proj(x))
+
+
+class MishMLP(nn.Module):
+    """An MLP with Mish between its two projections (YOLOv4's activation)."""
+
+    def __init__(self, dim: int = 512, inner: int = 1024):
+        super().__init__()
+        self.up, self.down = nn.Linear(dim, inner), nn.Linear(inner, dim)
+
+    def forward(self, x):
+        return self.down(F.mish(self.up(x)))
+
+
 class GroupNormSiLU(nn.Module):
     """A diffusion U-Net's norm and activation: ``nn.GroupNorm`` (32 groups), then SiLU."""
 
@@ -555,7 +590,9 @@ PROGRAMS = {
     "chunked_glu": (ChunkedGLU, [(8, 512)]),
     "conv_block": (ConvBlock, [(2, 16, 32, 32)]),
     "groupnorm_silu": (functools.partial(GroupNormSiLU, 64, 8), [(2, 64, 16, 16)]),  # groups of 2,048
-    "sd_groupnorm_silu": (GroupNormSiLU, [(2, 320, 64, 64)]),  # SD's first level: groups of 40,960
+    "sd_groupnorm_silu": (GroupNormSiLU, [(2, 320, 64, 64)]),
+    "mamba_dt": (MambaDt, [(1, 512, 48)]),
+    "mish_mlp": (MishMLP, [(8, 512)]),  # SD's first level: groups of 40,960
     "vit_attention_b2": (ViTAttention, [(2, 197, 384)]),  # timm's ViT-S: 197 tokens, 6 heads, one qkv
     "llama_attention": (LlamaAttention, [(1, 256, 1024)]),
     "prefill_projection": (functools.partial(nn.Linear, 768, 768), [(1, 128, 768)]),  # BERT's, alone
@@ -592,6 +629,7 @@ PROGRAMS = {
     "float32_softmax": (Float32Softmax, [(1, 12, 512, 64)] * 3),
     "inplace_mlp": (InplaceMLP, [(16, 512)]),
     "stable_attention": (StableAttention, [(1, 12, 512, 64)] * 3),
+    "shifted_attention": (ShiftedAttention, [(1, 12, 512, 64)] * 3),
     "einsum_attention": (EinsumAttention, [(1, 12, 512, 64)] * 3),
     "gpt2_attention": (GPT2Attention, [(1, 12, 512, 64)] * 3),
     "softcap_attention": (SoftcapAttention, [(1, 8, 256, 64)] * 3),

@@ -40,6 +40,7 @@ DEVICE_FUNCTORS = frozenset(
         "Square",
         "Sigmoid",
         "Tanh",
+        "Softplus",
         "Silu",
         "Gelu",
         "Relu",

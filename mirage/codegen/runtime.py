@@ -95,6 +95,8 @@ class TorchAlgebra:
             "relu": F.relu,
             "sigmoid": lambda v: v.sigmoid(),
             "tanh": lambda v: v.tanh(),
+            "log": lambda v: v.log(),
+            "softplus": F.softplus,
         }
         if name in table:
             return table[name](x)

@@ -24,6 +24,7 @@ import torch.fx as fx
 from mirage.frontend import shapes
 from mirage.frontend.capture import GROUPED_MASK
 from mirage.frontend.region import FLOAT_DTYPES, RegionBuilder, Unlowerable, Value
+from mirage.mugraph.ops import SOFTPLUS_THRESHOLD, SOFTPLUS_THRESHOLD_MIN
 
 
 class Kind(enum.Enum):
@@ -217,6 +218,37 @@ def _extremum(b: RegionBuilder, node, p):
 
 def _exp2(b: RegionBuilder, node, p):
     return b.unary("exp", b.scale(b.tensor_operand(p["self"]), math.log(2.0)))
+
+
+def _log(base: float) -> Rule:
+    """log, log2 and log10: ln x, times 1/ln(base) for the other bases."""
+    def rule(b: RegionBuilder, node, p):
+        natural = b.unary("log", b.tensor_operand(p["self"]))
+        return natural if base == math.e else b.scale(natural, 1.0 / math.log(base))
+
+    return rule
+
+
+def _softplus(b: RegionBuilder, node, p):
+    """softplus(β x) / β. PyTorch returns x itself where β x passes its threshold; the IR's softplus
+    does so past 20, where ln(1 + eʸ) and y agree to float32's precision, and so is the same function
+    for any threshold from 15 up (at 15 the two differ by 3·10⁻⁷, half an ulp of 15)."""
+    beta, threshold = float(p.get("beta", 1.0)), float(p.get("threshold", SOFTPLUS_THRESHOLD))
+    if beta == 0.0 or not math.isfinite(beta):
+        raise Unlowerable(f"softplus with beta {beta:g}")
+    if threshold < SOFTPLUS_THRESHOLD_MIN:
+        raise Unlowerable(f"softplus with threshold {threshold:g} (below {SOFTPLUS_THRESHOLD_MIN:g} its "
+                          "linear part is not the same function as the IR's softplus)")
+    return b.scale(b.unary("softplus", b.scale(b.tensor_operand(p["self"]), beta)), 1.0 / beta)
+
+
+def _mish(b: RegionBuilder, node, p):
+    x = b.tensor_operand(p["self"])
+    return b.product(x, b.unary("tanh", b.unary("softplus", x)))
+
+
+def _log_sigmoid(b: RegionBuilder, node, p):
+    return b.scale(b.unary("softplus", b.scale(b.tensor_operand(p["self"]), -1.0)), -1.0)
 
 
 def _hard(gated: bool) -> Rule:
@@ -522,6 +554,12 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("hardsigmoid", C, _hard(gated=False), "clamp(x + 3, 0, 6) / 6"),
         Lowering("hardswish", C, _hard(gated=True), "x · clamp(x + 3, 0, 6) / 6"),
         Lowering("exp2", C, _exp2, "e^(x·ln 2)"),
+        Lowering("log", C, _log(math.e), "ln x"),
+        Lowering("log2", C, _log(2.0), "ln x / ln 2"),
+        Lowering("log10", C, _log(10.0), "ln x / ln 10"),
+        Lowering("softplus", C, _softplus, "ln(1 + e^(βx)) / β; x past the threshold (15 or more)"),
+        Lowering("mish", C, _mish, "x · tanh(softplus(x))"),
+        Lowering("log_sigmoid", C, _log_sigmoid, "−softplus(−x)"),
         Lowering("sum", C, _reduce(mean=False), "sum over dims (one reduction per dim)"),
         Lowering("mean", C, _reduce(mean=True), "sum over dims, then · 1/n"),
         Lowering("var", C, _var, "Σ (x − mean)² / (n − correction) over dims"),

@@ -171,6 +171,8 @@ _DIRECT: dict[Op, Callable[..., Term]] = {
     Op.RELU: lambda types, x: ae.opaque("relu", x),
     Op.SIGMOID: lambda types, x: ae.opaque("sigmoid", x),
     Op.TANH: lambda types, x: ae.opaque("tanh", x),
+    Op.LOG: lambda types, x: ae.opaque("log", x),
+    Op.SOFTPLUS: lambda types, x: ae.opaque("softplus", x),
     Op.MUL_SCALAR: lambda types, x: x,  # x * c = x
     Op.ADD_SCALAR: lambda types, x: x,  # x + c = x
     Op.MATMUL: lambda types, x, y: ae.sum_of(types[0].shape[-1], ae.mul(x, y)),

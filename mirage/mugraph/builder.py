@@ -172,6 +172,12 @@ class _Builder:
     def tanh(self, a):
         return self._add(Op.TANH, (a,))
 
+    def log(self, a):
+        return self._add(Op.LOG, (a,))
+
+    def softplus(self, a):
+        return self._add(Op.SOFTPLUS, (a,))
+
     def clamp(self, a, min_value: float, max_value: float):
         return self._add(Op.CLAMP, (a,), Clamp(_real(min_value, "clamp's min_value"),
                                                _real(max_value, "clamp's max_value")))

@@ -55,6 +55,8 @@ class Op(enum.Enum):
     RELU = "relu"
     SIGMOID = "sigmoid"
     TANH = "tanh"
+    LOG = "log"
+    SOFTPLUS = "softplus"
     CLAMP = "clamp"
     MUL_SCALAR = "mul_scalar"
     ADD_SCALAR = "add_scalar"
@@ -79,7 +81,7 @@ class Op(enum.Enum):
 
 
 UNARY = frozenset({Op.EXP, Op.SQRT, Op.SQUARE, Op.SILU, Op.GELU, Op.GELU_ERF, Op.RELU, Op.SIGMOID, Op.TANH,
-                   Op.CLAMP, Op.MUL_SCALAR, Op.ADD_SCALAR})
+                   Op.LOG, Op.SOFTPLUS, Op.CLAMP, Op.MUL_SCALAR, Op.ADD_SCALAR})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 ELEMENTWISE = UNARY | BINARY
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
@@ -288,6 +290,24 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+# softplus's linear part begins where log(1 + e^x) and x agree to float32's precision (PyTorch's
+# default threshold): a torch softplus of another threshold of at least SOFTPLUS_THRESHOLD_MIN lowers
+SOFTPLUS_THRESHOLD = 20.0
+SOFTPLUS_THRESHOLD_MIN = 15.0
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + e^x), x itself above the threshold (torch's softplus with beta 1, threshold 20)."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        return np.where(x > SOFTPLUS_THRESHOLD, x, np.log1p(np.exp(np.minimum(x, SOFTPLUS_THRESHOLD))))
+
+
+def _log(x: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(x)
+
+
 def _relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0)
 
@@ -334,6 +354,8 @@ _F = {
     Op.RELU: lambda A, at, it, x: A.opaque("relu", x, _relu),
     Op.SIGMOID: lambda A, at, it, x: A.opaque("sigmoid", x, _sigmoid),
     Op.TANH: lambda A, at, it, x: A.opaque("tanh", x, np.tanh),
+    Op.LOG: lambda A, at, it, x: A.opaque("log", x, _log),
+    Op.SOFTPLUS: lambda A, at, it, x: A.opaque("softplus", x, _softplus),
     Op.CLAMP: lambda A, at, it, x: A.opaque(f"clamp[{at.min},{at.max}]", x, _clamp(at)),
     Op.MUL_SCALAR: lambda A, at, it, x: A.mul(x, A.const(Fraction(at.value), x)),
     Op.ADD_SCALAR: lambda A, at, it, x: A.add(x, A.const(Fraction(at.value), x)),
@@ -371,6 +393,8 @@ REGISTRY: dict[Op, OpSpec] = {
         _row(Op.RELU, _ALL, 1, None, _unary_shape, "Relu", 1, "max(x, 0)"),
         _row(Op.SIGMOID, _ALL, 1, None, _unary_shape, "Sigmoid", 3, "1/(1+e^-x)"),
         _row(Op.TANH, _ALL, 1, None, _unary_shape, "Tanh", 3, "tanh(x)"),
+        _row(Op.LOG, _ALL, 1, None, _unary_shape, "Log", 1, "ln x"),
+        _row(Op.SOFTPLUS, _ALL, 1, None, _unary_shape, "Softplus", 3, "ln(1 + eˣ); x above 20"),
         _row(Op.CLAMP, _ALL, 1, Clamp, _unary_shape, "Clamp", 2, "min(max(x, lo), hi)"),
         _row(Op.MUL_SCALAR, _ALL, 1, Scalar, _unary_shape, "MulScalar", 1, "x·c"),
         _row(Op.ADD_SCALAR, _ALL, 1, Scalar, _unary_shape, "AddScalar", 1, "x + c"),

@@ -74,6 +74,8 @@ UNARY_SWAPS = {
     Op.GELU_ERF: (Op.GELU,),
     Op.SIGMOID: (Op.SILU, Op.TANH),
     Op.TANH: (Op.SIGMOID,),
+    Op.LOG: (Op.EXP, Op.SQRT),
+    Op.SOFTPLUS: (Op.SILU, Op.SIGMOID, Op.LOG),
 }
 BINARY_SWAPS = {Op.ADD: (Op.SUB, Op.MUL), Op.SUB: (Op.ADD, Op.DIV), Op.MUL: (Op.ADD, Op.DIV),
                 Op.DIV: (Op.MUL, Op.SUB)}

@@ -1,5 +1,5 @@
-"""Opaque unary epilogues of a fused matmul (sigmoid, tanh, silu, gelu in both forms) on a GPU, against the
-float64 reference, and a PyTorch program with ``torch.tanh`` through ``mirage.superoptimize``."""
+"""Opaque unary epilogues of a fused matmul (sigmoid, tanh, silu, gelu in both forms, softplus) on a GPU,
+against the float64 reference, and a PyTorch program with ``torch.tanh`` through ``mirage.superoptimize``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
 from tests.unit.optimizer.optimizer_graphs import matmul_epilogue  # noqa: E402
 
-OPS = ("gelu", "gelu_erf", "sigmoid", "silu", "tanh")
+OPS = ("gelu", "gelu_erf", "sigmoid", "silu", "softplus", "tanh")
 
 pytestmark = pytest.mark.gpu
 

@@ -1,5 +1,5 @@
-"""Opaque unary ops (sigmoid, tanh, silu, gelu in both forms) as the epilogue of a fused matmul: each µGraph
-lowers to its device functor and compiles for sm_90a; ``tests/gpu/test_unary_epilogues_gpu.py``
+"""Opaque unary ops (sigmoid, tanh, silu, gelu in both forms, softplus) as the epilogue of a fused matmul:
+each µGraph lowers to its device functor and compiles for sm_90a; ``tests/gpu/test_unary_epilogues_gpu.py``
 runs the same µGraphs against the float64 reference."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from mirage.mugraph.target import TARGETS
 from tests.unit.optimizer.optimizer_graphs import matmul_epilogue
 
 FUNCTORS = {"sigmoid": "mirage::dev::Sigmoid", "tanh": "mirage::dev::Tanh", "silu": "mirage::dev::Silu",
-            "gelu": "mirage::gen::GeluTanh", "gelu_erf": "mirage::dev::Gelu"}
+            "gelu": "mirage::gen::GeluTanh", "gelu_erf": "mirage::dev::Gelu",
+            "softplus": "mirage::dev::Softplus"}
 
 
 @needs_nvcc
@@ -40,5 +41,6 @@ def test_unary_epilogue_interprets_as_torch(op):
     (got,) = interpret(matmul_epilogue(op), [x.half(), w.half()], dtype="float64")
     y = x.half().double() @ w.half().double()
     expected = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu,
-                "gelu": lambda v: F.gelu(v, approximate="tanh"), "gelu_erf": F.gelu}[op](y)
+                "gelu": lambda v: F.gelu(v, approximate="tanh"), "gelu_erf": F.gelu,
+                "softplus": F.softplus}[op](y)
     torch.testing.assert_close(torch.as_tensor(got, dtype=torch.float64), expected, rtol=1e-9, atol=1e-9)

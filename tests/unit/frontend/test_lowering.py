@@ -70,6 +70,14 @@ CASES = [
     Case("one_sided_clamps", lambda x: torch.clamp(x, max=0.5) + x.clamp(min=-0.25) + torch.clamp_max(x, 1.0),
          ((4, 6),), {Op.CLAMP: 3, Op.ADD: 2}),
     Case("abs", lambda x: x.abs() * 2.0, ((4, 6),), {Op.RELU: 2, Op.MUL_SCALAR: 2, Op.ADD: 1}),
+    Case("log", lambda x: torch.log(torch.exp(x) + 1.0), ((4, 6),), {Op.EXP: 1, Op.ADD_SCALAR: 1, Op.LOG: 1}),
+    Case("log2", lambda x: torch.log2(torch.sigmoid(x)), ((4, 6),),
+         {Op.SIGMOID: 1, Op.LOG: 1, Op.MUL_SCALAR: 1}),
+    Case("log10", lambda x: torch.log10(x * x), ((4, 6),), {Op.MUL: 1, Op.LOG: 1, Op.MUL_SCALAR: 1}),
+    Case("softplus", F.softplus, ((4, 6),), {Op.SOFTPLUS: 1}),
+    Case("softplus_beta", lambda x: F.softplus(x, 2.0, 30.0), ((4, 6),), {Op.SOFTPLUS: 1, Op.MUL_SCALAR: 2}),
+    Case("mish", F.mish, ((4, 6),), {Op.SOFTPLUS: 1, Op.TANH: 1, Op.MUL: 1}),
+    Case("log_sigmoid", F.logsigmoid, ((4, 6),), {Op.SOFTPLUS: 1, Op.MUL_SCALAR: 2}),
     Case("leaky_relu", lambda x: F.leaky_relu(x, 0.2), ((4, 6),), {Op.RELU: 2, Op.MUL_SCALAR: 2, Op.ADD: 1}),
     Case("elu", lambda x: F.elu(x, 0.5), ((4, 6),),
          {Op.EXP: 1, Op.MUL_SCALAR: 2, Op.ADD_SCALAR: 1, Op.RELU: 2, Op.SUB: 1}),
@@ -172,6 +180,7 @@ UNLOWERABLE = [
     ("infinite_scale", lambda x: x * float("inf"), "not finite"),
     ("nan_offset", lambda x: x + float("nan"), "not finite"),
     ("maximum", lambda x: torch.maximum(x, x), "maximum of two tensors"),
+    ("softplus_low_threshold", lambda x: F.softplus(x, 1.0, 5.0), "threshold 5"),
     ("minimum", lambda x: torch.minimum(x, x), "minimum of two tensors"),
 ]
 
@@ -515,3 +524,25 @@ def test_elus_give_what_pytorch_gives_at_infinities_and_zero(function):
     finite = torch.isfinite(want)
     assert torch.equal(got[~finite].double(), want[~finite])
     torch.testing.assert_close(got[finite].double(), want[finite], rtol=1e-5, atol=1e-6)
+
+
+SOFTPLUS_FAMILY = [F.softplus, lambda x: F.softplus(x, 2.0, 15.0), lambda x: F.softplus(x, -0.5), F.mish,
+                   F.logsigmoid]
+
+
+@pytest.mark.parametrize("function", SOFTPLUS_FAMILY, ids=["softplus", "beta_2_threshold_15", "beta_negative",
+                                                         "mish", "log_sigmoid"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_softplus_family_gives_what_pytorch_gives_from_minus_to_plus_infinity(function, dtype):
+    """Past the threshold softplus is x itself; below it ln(1 + eˣ) keeps tiny values (≈ eˣ) exact."""
+    values = [float("inf"), float("-inf"), 0.0, -0.0, 1e-4, -1e-4, 7.4, 7.6, 14.9, 15.1, 19.5, 20.5, -20.5,
+              30.0, -30.0, 100.0, -100.0, 60000.0]
+    x = torch.tensor([values], dtype=dtype)
+    fast = mi.superoptimize(function, (x,), search=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    got, want = fast(x).double(), function(x.double())
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), finite)
+    torch.testing.assert_close(got[~finite], want[~finite], rtol=0, atol=0, equal_nan=True)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-3
+    torch.testing.assert_close(got[finite], want[finite], rtol=tolerance, atol=tolerance * 1e-3)

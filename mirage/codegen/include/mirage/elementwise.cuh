@@ -35,6 +35,10 @@ struct Sigmoid {
 struct Tanh {
   MIRAGE_DEVICE float operator()(float x) const { return tanhf(x); }
 };
+// log(1 + e^x), and x itself above 20 (torch's softplus: there the two agree to float32's precision)
+struct Softplus {
+  MIRAGE_DEVICE float operator()(float x) const { return x > 20.0f ? x : log1pf(expf(x)); }
+};
 // x * sigmoid(x)
 struct Silu {
   MIRAGE_DEVICE float operator()(float x) const { return x / (1.0f + expf(-x)); }
