@@ -452,7 +452,7 @@ class RegionBuilder:
         full = [tuple(x.tensor.dims) for x, s in pairs if isinstance(x, Value) and s == out]
         frames = full[:1] or list(dict.fromkeys([self.default_shape(out), shapes.rank3(out), tuple(out)]))
         targets = next((t for t in (self._targets(f, out, pairs) for f in frames) if t is not None), None)
-        expanded: set[int] = set()
+        expanded: dict[int, Shape] = {}
         if targets is None and full:  # a computed operand holds merged dims an outside one broadcasts over
             targets, expanded = self._expanded_targets(full[0], out, pairs)
         if targets is None:
@@ -463,7 +463,7 @@ class RegionBuilder:
             if isinstance(x, Value) and x.expanded_from is not None:
                 x = Value(x.tensor, x.expanded_from, x.reciprocal)
             if k in expanded:
-                tensors.append((self.bind(x, target, expand=tuple(out)), False))
+                tensors.append((self.bind(x, target, expand=expanded[k]), False))
                 continue
             tensors.append(self.raw(x, target))
         (ta, ra), (tb, rb) = tensors
@@ -484,19 +484,22 @@ class RegionBuilder:
         return targets
 
     @classmethod
-    def _expanded_targets(cls, frame: Shape, out: Shape, pairs) -> tuple[list[Shape] | None, set[int]]:
+    def _expanded_targets(cls, frame: Shape, out: Shape,
+                          pairs) -> tuple[list[Shape] | None, dict[int, Shape]]:
         """Graph shapes of both operands in ``frame`` where the outside operands that do not fit it
-        are broadcast to ``out`` and copied (bound with ``expand``), and which those are."""
-        targets, expanded = [], set()
+        are expanded over the dims that a graph dim merges with others they do not broadcast over
+        (bound with ``expand``: read through stride 0 where the program can, else copied), and for
+        those, the shape they are expanded to (:func:`shapes.expanded_target`)."""
+        targets, expanded = [], {}
         for k, (x, s) in enumerate(pairs):
             target = cls._targets(frame, out, ((x, s),))
             if target is not None:
                 targets.append(target[0])
             elif isinstance(x, Boundary):
-                targets.append(tuple(frame))
-                expanded.add(k)
+                held, expanded[k] = shapes.expanded_target(frame, out, shapes.pad(s, len(out)))
+                targets.append(held)
             else:
-                return None, set()
+                return None, {}
         return targets, expanded
 
     def add(self, a: Operand, b: Operand, sign: float = 1.0) -> Value:

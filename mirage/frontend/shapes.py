@@ -97,6 +97,28 @@ def broadcast_target(frame: Sequence[int], out_logical: Sequence[int],
     return tuple(target)
 
 
+def expanded_target(frame: Sequence[int], out_logical: Sequence[int],
+                    operand: Sequence[int]) -> tuple[Shape, Shape]:
+    """The graph shape in ``frame`` and the logical shape to expand to, for an operand that
+    :func:`broadcast_target` cannot place: the groups of logical dims that one graph dim merges and
+    the operand broadcasts over in part are expanded (a key-padding mask (b, 1, 1, k) against scores
+    (b, h, q, k) held as (b·h, q, k): over h), the others kept as they are, broadcast where they
+    were, so that a mask of one value a key stays one row: (b·h, 1, k), expanded to (b, h, 1, k).
+
+    >>> expanded_target((48, 256, 256), (4, 12, 256, 256), (4, 1, 1, 256))
+    ((48, 1, 256), (4, 12, 1, 256))
+    """
+    target, expand = [1] * len(frame), list(operand)
+    for g_dims, l_dims in groups(frame, out_logical):
+        full = [operand[d] == out_logical[d] for d in l_dims]
+        if any(full):
+            for g in g_dims:
+                target[g] = frame[g]
+            for d in l_dims:
+                expand[d] = out_logical[d]
+    return tuple(target), tuple(expand)
+
+
 def keeps_order(shape: Sequence[int], permutation: Sequence[int]) -> bool:
     """A permutation that keeps the order of the non-1 dims is only a reshape."""
     moved = [d for d in permutation if shape[d] != 1]

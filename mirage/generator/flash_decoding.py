@@ -67,7 +67,7 @@ MAX_SHARED_BYTES = 227 * 1024  # a block's shared memory on an H100 or H200
 
 def _roles(reference: KernelGraph, q, k, v) -> tuple[str, ...] | None:
     """What each input of ``reference`` is, in input order: ``q``, ``k``, ``v`` or ``mask`` (an
-    additive mask of the scores, ``(heads or 1, queries, keys)``, read by an add); None if another
+    additive mask of the scores, ``(heads or 1, queries or 1, keys)``, read by an add); None if another
     input is there."""
     roles = []
     for index, node in enumerate(reference.nodes):
@@ -93,13 +93,15 @@ def _source(reference: KernelGraph, node: int) -> int | None:
 def shape(reference: KernelGraph) -> tuple[int, int, int, int] | None:
     """``(heads, queries, head dim, keys)`` where ``reference`` is ``f(Q @ K [+ M]) @ V`` on rank-3
     tensors, Q ``(heads, queries, dim)``, K ``(heads, dim, keys)``, V ``(heads, keys, dim)`` and at
-    most one more input, an additive mask M ``(heads or 1, queries, keys)``; else None."""
+    most one more input, an additive mask M ``(heads or 1, queries or 1, keys)``: one of every query's
+    keys, or one a key (a key-padding mask: BERT's, shared by the queries); else None."""
     found = _layout(reference)
     return None if found is None else found[0]
 
 
 def _layout(reference: KernelGraph):
-    """:func:`shape` and the inputs' roles (:func:`_roles`), or None."""
+    """:func:`shape`, the inputs' roles (:func:`_roles`), and whether the mask is shared by the heads
+    and by the queries; or None."""
     products = [n for n in reference.nodes if n.op is Op.MATMUL]
     if len(products) != 2 or len(reference.outputs) != 1:
         return None
@@ -117,10 +119,11 @@ def _layout(reference: KernelGraph):
         return None
     masks = [reference.nodes[i].outputs[0].shape for i in reference.input_nodes
              if roles[reference.input_nodes.index(i)] == "mask"]
-    if any(m[1:] != (queries, keys) or m[0] not in (1, heads) for m in masks):
+    if any(m[2] != keys or m[1] not in (1, queries) or m[0] not in (1, heads) for m in masks):
         return None
     shared_mask = any(m[0] == 1 < heads for m in masks)
-    return (heads, queries, out[2], keys), roles, shared_mask
+    per_key = any(m[1] == 1 < queries for m in masks)
+    return (heads, queries, out[2], keys), roles, (shared_mask, per_key)
 
 
 def _extra_score_ops(reference: KernelGraph) -> int:
@@ -150,7 +153,7 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
     found = _layout(reference)
     if found is None:
         return None
-    (heads, queries, _, keys), roles, shared_mask = found
+    (heads, queries, _, keys), roles, (shared_mask, per_key) = found
     groups = _groups(queries, ROWS_PER_GROUP)
     splits = [s for s in KEY_SPLITS if keys % s == 0 and keys // s >= MIN_KEYS_PER_SPLIT]
     whole = list(dict.fromkeys(_groups(queries, rows) for rows in WHOLE_ROWS_PER_GROUP))
@@ -182,15 +185,15 @@ def overrides(reference: KernelGraph) -> dict[str, Any] | None:
                and MIN_KEYS_PER_ITERATION <= keys // r <= MAX_WHOLE_KEYS_PER_ITERATION}
     # Q: heads on x, query groups on z; K and V: heads on x, key splits on y (K's keys are its dim 2,
     # V's its dim 1), iterated by the for-loop; the combine's two inputs: heads, groups. A mask is
-    # tiled as the scores are: heads on x (none for a mask shared by all heads), query groups on z,
-    # keys split on y and iterated. A one-kernel member (y = 1) maps nothing on y and writes whole
-    # rows of the output.
+    # tiled as the scores are: heads on x (none for a mask shared by all heads), query groups on z
+    # (none for a key-padding mask, one row that every query group reads), keys split on y and
+    # iterated. A one-kernel member (y = 1) maps nothing on y and writes whole rows of the output.
     # A grid axis of one block maps no dim (the search's canonical form, ``dims._imap_fits``): with one
     # head (a batch of one, one head), one query group (decoding: one query, or up to 16) or one split,
     # that axis's dims stay whole, and each grid gets the maps of its own axes.
-    head = -1 if shared_mask else 0
-    whole_maps = {"q": (0, -1, 1), "k": (0, -1, -1), "v": (0, -1, -1), "mask": (head, -1, 1)}
-    split_maps = {"q": (0, -1, 1), "k": (0, 2, -1), "v": (0, 1, -1), "mask": (head, 2, 1)}
+    head, row = -1 if shared_mask else 0, -1 if per_key else 1
+    whole_maps = {"q": (0, -1, 1), "k": (0, -1, -1), "v": (0, -1, -1), "mask": (head, -1, row)}
+    split_maps = {"q": (0, -1, 1), "k": (0, 2, -1), "v": (0, 1, -1), "mask": (head, 2, row)}
     loop_dims = [{"q": -1, "k": 2, "v": 1, "mask": 2}[role] for role in roles]
     whole_grids = [(heads, 1, g) for g in whole] + [(heads, 1, g) for g in uneven]
     whole_spans = [(0, 0, 0)] * len(whole) + [(0, 0, queries)] * (len(whole_grids) - len(whole))

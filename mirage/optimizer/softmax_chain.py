@@ -25,7 +25,9 @@ reason logged, and the kernel is lowered op by op as before.
 
 A score ``c · S + M`` with ``M`` an input tile of the scores' shape (an additive mask, causal
 attention's) runs the chain of ``c · S`` with ``M / c`` added to each product before the row maxima
-(gen/softmax_columns.cuh's ``MaskTile``), each thread reading the mask at its fragments' positions.
+(gen/softmax_columns.cuh's ``MaskTile``), each thread reading the mask at its fragments' positions;
+``M`` of one value a key ``[1, 1, N]`` (a key-padding mask, which every query row adds) likewise,
+each thread reading it at its fragments' keys.
 Where the mask is a kernel input of the causal pattern (:mod:`mirage.mugraph.patterns`,
 ``mask_rows``), the chain computes it from the positions instead (``CausalMask``): no copy, no tile.
 
@@ -204,13 +206,15 @@ def _column_operand(graph: BlockGraph, uses: dict[Ref, list[int]], s: int,
     argument = products[0]
     qk, column = node.inputs[argument].node, node.inputs[1 - argument].node
     s_shape, c_shape = graph.type_of(Ref(s)).shape, graph.type_of(Ref(column)).shape
-    if c_shape == s_shape and graph.nodes[column].op is Op.INPUT:  # a mask: c · S + M, M read per score
+    per_key = len(c_shape) == len(s_shape) and c_shape[-1] == s_shape[-1] and math.prod(c_shape[:-1]) == 1
+    loaded = graph.nodes[column].op is Op.INPUT
+    # a mask: c · S + M, M read per score, or one value a key (a key-padding mask) that every row adds
+    if loaded and (c_shape == s_shape or (per_key and masked_scale(node.attrs, argument) is not None)):
         scale = masked_scale(node.attrs, argument)
         require(scale is not None, "the score is not c · S plus a mask")
         require(_only(uses, column) == [s], "the mask has other readers")
         return qk, column, argument, scale
-    require(len(c_shape) == len(s_shape) and c_shape[-1] == s_shape[-1]
-            and math.prod(c_shape[:-1]) == 1, f"the score's other operand {c_shape} is not one value per key")
+    require(per_key, f"the score's other operand {c_shape} is not one value per key")
     require(linear_in(node.attrs, argument), "the score is not linear in the product")
     require(_only(uses, column) == [s], "the per-key values have other readers")
     if graph.nodes[column].op is Op.INPUT:  # loaded: the chain maps each value it reads to f(1, c)

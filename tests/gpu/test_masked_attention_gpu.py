@@ -99,3 +99,36 @@ def test_a_mask_that_hides_whole_tiles_gives_finite_outputs(programs, form, hidd
     # with the sub-steps that the mask hides whole skipped: the same bits as running them
     (skipped,) = skipping[form].with_poison()(q, k, v, mask.half())
     assert torch.equal(got, skipped)
+
+
+# a key-padding mask, one value a key (1, 1, keys), which every query row adds: the chain reads its one row
+PER_KEY_FORMS = {"whole": ("whole", OptimizerOptions()), "split": ("split", OptimizerOptions()),
+                 "whole_warpgroup": ("whole", WARPGROUP),
+                 "whole_op_by_op": ("whole", OptimizerOptions(register_softmax=False))}
+
+
+@pytest.fixture(scope="module")
+def per_key_programs():
+    graphs = {name: masked_attention(**SHAPE, **GRAPHS[form], per_key=True)
+              for name, (form, _) in PER_KEY_FORMS.items()}
+    built = build_many([generate_cuda_program(graphs[name], None, options=options)
+                        for name, (_, options) in PER_KEY_FORMS.items()])
+    return graphs, dict(zip(PER_KEY_FORMS, built, strict=True))
+
+
+@pytest.mark.parametrize("form", list(PER_KEY_FORMS))
+def test_key_padding_masks_pass_the_float_check_and_hide_the_padded_keys(per_key_programs, form):
+    graphs, built = per_key_programs
+    result = check_on_gpu(masked_attention(**SHAPE, per_key=True), built[form].with_poison())
+    assert result.passed, result.as_dict()
+    if form != "whole_op_by_op":
+        assert any(k.softmax_chain is not None for k in built[form].cuda.prepared.kernels)
+    generator = torch.Generator(device="cuda").manual_seed(2)
+    heads, queries, keys, dim = SHAPE["heads"], SHAPE["queries"], SHAPE["keys"], SHAPE["dim"]
+    q, k, v = (torch.randn(s, device="cuda", generator=generator).half()
+               for s in ((heads, queries, dim), (heads, dim, keys), (heads, keys, dim)))
+    mask = torch.zeros(1, 1, keys, device="cuda")
+    mask[..., 131:] = float("-inf")  # a prompt of 131 tokens padded to 256
+    (got,) = built[form].with_poison()(q, k, v, mask.half())
+    truth = torch.softmax(q.double() @ k.double() / 8 + mask.double(), -1) @ v.double()
+    torch.testing.assert_close(got.double(), truth, rtol=2e-2, atol=2e-3)

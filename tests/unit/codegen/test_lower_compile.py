@@ -101,6 +101,12 @@ def _masked(form: str = "whole", pattern: str = ""):
                             rows=64 if form == "whole" else 16, key_tile=64, kv_splits=4, pattern=pattern)
 
 
+def _per_key(form: str = "whole"):
+    """Attention with a key-padding mask: one value a key, (1, 1, 256), which every query row adds."""
+    return masked_attention(heads=4, queries=128, keys=256, dim=64, form=form,
+                            rows=64 if form == "whole" else 16, key_tile=64, kv_splits=4, per_key=True)
+
+
 def _causal(form: str = "whole"):
     return _masked(form, "causal:128")
 
@@ -126,6 +132,10 @@ WITH_OPTIONS = {"gqa_folded": (_folded_attention, OptimizerOptions(cluster_folds
           "ntrans_op_by_op": (CASES["ntrans_b1"].fused, OptimizerOptions(row_reductions=False)),
           "gqa_32_splits": (_gqa_b1_32_splits, OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
           "masked_attention_warpgroup": (_masked, OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
+          "per_key_attention_whole": (_per_key, OptimizerOptions()),
+          "per_key_attention_split": (lambda: _per_key("split"), OptimizerOptions()),
+          "per_key_attention_warpgroup": (_per_key,
+                                          OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
           "causal_attention_whole": (_causal, OptimizerOptions()),
           "causal_attention_split": (lambda: _causal("split"), OptimizerOptions()),
           "causal_attention_warpgroup": (_causal, OptimizerOptions(warpgroup_softmax=True, tma_copies=True)),
@@ -216,6 +226,18 @@ def test_masked_attention_runs_the_register_chain(built, name):
     assert ("HGMMA" in sass) == warpgroup and "LDL" not in sass and "STL" not in sass
     assert ("BAR.RED.AND" in sass) == (skip and warpgroup)
     assert ("VOTE.ALL" in sass) == (skip and not warpgroup)
+
+
+@pytest.mark.parametrize("name", ["per_key_attention_whole", "per_key_attention_split",
+                                  "per_key_attention_warpgroup"])
+def test_a_key_padding_mask_runs_the_register_chain_from_its_one_row(built, name):
+    """A mask of one value a key, (1, 1, N): the chain reads it as a MaskTile of N values, one row that
+    every query row adds, so the block copies N values a step instead of a tile of its rows."""
+    program, result = built[name]
+    assert "mirage::gen::OnlineSoftmax<" in program.code
+    assert re.search(r"MaskTile<mirage::dev::SharedTile<__half, mirage::dev::\w+<1, 1, 1, \d+", program.code)
+    sass = result.sass()
+    assert ("HGMMA" in sass) == name.endswith("warpgroup") and "LDL" not in sass and "STL" not in sass
 
 
 @pytest.mark.parametrize("name", ["causal_attention_whole", "causal_attention_split",

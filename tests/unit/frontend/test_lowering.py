@@ -300,7 +300,8 @@ def test_a_constant_boolean_mask_is_converted_once_and_again_after_an_update():
 def test_masks_that_broadcast_over_merged_dims_are_bound_expanded(heads, mask_shape):
     """Scores are held with batch and heads merged (and grouped-query heads folded into the rows), so
     a key-padding mask of shape (b, 1, 1, keys) does not broadcast against them: it is bound expanded
-    to the scores' shape (copied at each call) and the attention is lowered; the result is float64
+    over the merged dims only ((b · heads, 1, keys): read through stride 0 where the program can, else
+    copied) and the attention is lowered; the result is float64
     PyTorch's for each mask shape, with and without grouped heads."""
     mask_shape = tuple(heads if d == "heads" else d for d in mask_shape)
 

@@ -68,7 +68,10 @@ def test_other_programs_get_no_headers():
                      for d in ((8, 64, 32), (8, 32, 64), (1, 1, 64), (8, 64, 32)))
     e = g.exp(g.add(g.mul_scalar(g.matmul(q, k), 0.125), mask))
     g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
-    assert flash_decoding.overrides(g.freeze()) is None  # a mask of one row: no map for it
+    per_key = flash_decoding.overrides(g.freeze())  # a key-padding mask: one row that every query adds
+    attention = [combo for combo in per_key["imap_combos"] if len(combo) == 4]  # not the combine's
+    assert attention and all(combo[2][0] == -1 and combo[2][2] == -1 for combo in attention)  # no rows
+    assert [combo[2] for combo in attention] == [(-1, 2, -1)]  # keys split on y (FlashDecoding's grids)
 
 
 def _masked(order: str, mask_heads: int) -> mi.KernelGraph:

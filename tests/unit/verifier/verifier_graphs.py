@@ -113,8 +113,9 @@ def small_attention(heads: int = 2, queries: int = 4, keys: int = 8, dim: int = 
 
 def masked_attention(heads: int = 4, queries: int = 64, keys: int = 64, dim: int = 32,
                      form: str = "reference", shared: bool = True, rows: int = 16, key_tile: int = 32,
-                     kv_splits: int = 2, pattern: str = "") -> mi.KernelGraph:
-    """softmax(Q @ K / 8 + M) @ V with an additive mask M of ``(1 or heads, queries, keys)``: the
+                     kv_splits: int = 2, pattern: str = "", per_key: bool = False) -> mi.KernelGraph:
+    """softmax(Q @ K / 8 + M) @ V with an additive mask M of ``(1 or heads, queries, keys)``, or of
+    ``(1 or heads, 1, keys)`` with ``per_key`` (a key-padding mask, which every query adds): the
     reference graph (``form="reference"``), the one-kernel FlashAttention µGraph (``"whole"``: blocks of
     ``rows`` query rows loop over the keys ``key_tile`` at a time) or the two-kernel FlashDecoding one
     (``"split"``: ``kv_splits`` blocks a row group, one key tile a block). ``pattern``: the mask input's
@@ -123,7 +124,8 @@ def masked_attention(heads: int = 4, queries: int = 64, keys: int = 64, dim: int
     q = g.new_input(dims=(heads, queries, dim), dtype=mi.float16)
     k = g.new_input(dims=(heads, dim, keys), dtype=mi.float16)
     v = g.new_input(dims=(heads, keys, dim), dtype=mi.float16)
-    m = g.new_input(dims=(1 if shared else heads, queries, keys), dtype=mi.float16, pattern=pattern)
+    m = g.new_input(dims=(1 if shared else heads, 1 if per_key else queries, keys), dtype=mi.float16,
+                    pattern=pattern)
     if form == "reference":
         e = g.exp(g.add(g.mul_scalar(g.matmul(q, k), 0.125), m))
         g.mark_output(g.matmul(g.div(e, g.reduction(e, 2)), v))
@@ -136,7 +138,7 @@ def masked_attention(heads: int = 4, queries: int = 64, keys: int = 64, dim: int
     bq = tb.new_input(q, input_map=(0, -1, 1), forloop_dim=-1)
     bk = tb.new_input(k, input_map=(0, 2 if split else -1, -1), forloop_dim=2)
     bv = tb.new_input(v, input_map=(0, 1 if split else -1, -1), forloop_dim=1)
-    bm = tb.new_input(m, input_map=(head, 2 if split else -1, 1), forloop_dim=2)
+    bm = tb.new_input(m, input_map=(head, 2 if split else -1, -1 if per_key else 1), forloop_dim=2)
     e = tb.exp(tb.add(tb.mul_scalar(tb.matmul(bq, bk), 0.125), bm))
     sums, numerators = tb.forloop_accum(e, acc="sum"), tb.forloop_accum(tb.matmul(e, bv))
     if not split:

@@ -115,8 +115,8 @@ struct OnlineSoftmax {
   static constexpr bool covers_keys() {
     if constexpr (std::is_same_v<C, NoTile> || IsKeyNorms<C>::value || std::is_same_v<C, CausalMask>) {
       return true;
-    } else if constexpr (IsMaskTile<C>::value) {
-      return C::TileLayout::size == kRealRows * kRealKeys;
+    } else if constexpr (IsMaskTile<C>::value) {  // one value a score, or one a key (key padding)
+      return C::TileLayout::size == kRealRows * kRealKeys || C::TileLayout::size == kRealKeys;
     } else {
       return C::TileLayout::size == kRealKeys;
     }

@@ -40,7 +40,8 @@ template <class Tile, class F>
 struct IsFactorTile<FactorTile<Tile, F>> : std::true_type {};
 
 // A [1, R, N] shared tile M of an additive mask of the scores (c · S + M, causal attention's 0 and
-// −inf): the chain adds M[row][key] / c to each product before its row maxima. The running maxima
+// −inf): the chain adds M[row][key] / c to each product before its row maxima. A [1, 1, N] tile is a
+// mask of one value a key (a key-padding mask), which every row adds: M[key] / c. The running maxima
 // start finite (running_max_floor), so rows whose keys of a sub-tile are all hidden stay NaN-free.
 template <class Tile>
 struct MaskTile : Tile {
@@ -197,7 +198,8 @@ MIRAGE_DEVICE bool add_mask(Mask mask, float inverse_scale, const int (&rows)[Ti
         } else {
           const int row = rows[t] + 8 * (e / 2);
           const bool outside = Padded && (key >= N || row >= Rows);
-          const float value = outside ? negative_infinity() : mask.load(row * N + key);
+          constexpr bool kPerKey = Mask::TileLayout::size == N && Rows > 1;  // [1, 1, N]: one value a key
+          const float value = outside ? negative_infinity() : mask.load(kPerKey ? key : row * N + key);
           hidden = hidden && value == negative_infinity();
           score[t][j][e] += value * inverse_scale;
         }
