@@ -133,8 +133,11 @@ def fill_mask(mask: torch.Tensor, dtype: torch.dtype, pattern: str = "", hides: 
     if (version is not None and (pattern or not capturing) and entry is not None and entry[0]() is mask
             and entry[1:4] == (version, dtype, hides)):
         return entry[4]
-    hidden = mask if hides else ~mask
-    fill = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(hidden, float("-inf"))
+    # two kernels, not three (no ~mask): each is a launch of its own in a caller's CUDA graph
+    if hides:
+        fill = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+    else:
+        fill = torch.full(mask.shape, float("-inf"), dtype=dtype, device=mask.device).masked_fill_(mask, 0.0)
     if pattern and not capturing and not patterns.matches(pattern, fill):
         raise _broken(pattern)
     if version is not None and not capturing and not torch.compiler.is_compiling():
