@@ -1,7 +1,8 @@
 """Composite ops that ``torch.export`` keeps whole and the lowering table has no row for, written at
 capture as the ops they stand for, so that they fuse with their neighbours instead of running in
-PyTorch: ``einsum`` and ``glu`` by PyTorch's own decompositions (permutes, views and a batched
-product; the two halves as views, a sigmoid and a product), and
+PyTorch: ``einsum``, ``glu``, ``addcmul``, ``addcdiv`` and ``relu6`` by PyTorch's own decompositions
+(permutes, views and a batched product; the two halves as views, a sigmoid and a product; products
+and a sum; ``hardtanh``), ``prelu`` by :func:`prelu`, and
 ``group_norm`` by :func:`group_norm` (PyTorch's ``native_group_norm`` decomposition ends in
 ``var_mean`` and ``as_strided``, which no µGraph lowers).  Dropouts that drop nothing (eval mode,
 or p = 0) are removed (:func:`drop_identity_dropouts`): on a tensor computed outside a subprogram
@@ -41,8 +42,19 @@ def group_norm(x: torch.Tensor, num_groups: int, weight: torch.Tensor | None = N
     return out
 
 
-_OWN: dict[Callable, Callable] = {aten.group_norm.default: group_norm}
-_TORCH = (aten.einsum.default, aten.glu.default)  # PyTorch's decompositions serve
+def prelu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.prelu`` as ``relu(x) − w · relu(−x)``, ``w`` one slope for all or one a channel (dim 1).
+    PyTorch's own decomposition compares (``where(x > 0, …)``), which no µGraph op does; this form
+    gives what PyTorch gives at ±inf and NaN too."""
+    shape = (1,) * x.dim() if weight.numel() == 1 else (1, weight.numel()) + (1,) * (x.dim() - 2)
+    return torch.relu(x) - weight.reshape(shape) * torch.relu(-x)
+
+
+_OWN: dict[Callable, Callable] = {aten.group_norm.default: group_norm, aten.prelu.default: prelu}
+# PyTorch's decompositions serve: einsum's permutes, views and a batched product; glu's halves, sigmoid
+# and product; addcmul's and addcdiv's products and sum; relu6's hardtanh
+_TORCH = (aten.einsum.default, aten.glu.default, aten.addcmul.default, aten.addcdiv.default,
+          aten.relu6.default)
 
 
 def composite(ops: Iterable) -> list:

@@ -91,3 +91,40 @@ def test_glu_lowers_through_pytorchs_decomposition(shape, dim):
     fast = mi.superoptimize(lambda x: F.glu(x, dim), (x,), search=False)
     assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
     torch.testing.assert_close(fast(x).double(), F.glu(x.double(), dim), rtol=1e-5, atol=1e-6)
+
+
+class _PReLU(torch.nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.act = torch.nn.PReLU(channels)
+        torch.nn.init.uniform_(self.act.weight, 0.05, 0.5)
+
+    def forward(self, x):
+        return self.act(x)
+
+
+@pytest.mark.parametrize("shape, channels", [((4, 8, 5, 5), 8), ((4, 8), 8), ((3, 6, 7), 1)])
+def test_prelu_lowers_as_relus_with_its_slopes_per_channel(shape, channels):
+    """``nn.PReLU``: ``relu(x) − w · relu(−x)``, one slope a channel (dim 1) or one for all; what
+    PyTorch gives at ±inf and NaN too."""
+    torch.manual_seed(3)
+    model = _PReLU(channels).eval()
+    x = torch.randn(*shape)
+    x.view(-1)[:3] = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x).double(), model.double()(x.double()), rtol=1e-6, atol=1e-7,
+                                   equal_nan=True)
+
+
+@pytest.mark.parametrize("function", [lambda x, a, b: torch.addcmul(x, a, b, value=0.5),
+                                      lambda x, a, b: torch.addcdiv(x, a, b.exp(), value=2.0),
+                                      lambda x, a, b: F.relu6(x * 4) + a * b],
+                         ids=["addcmul", "addcdiv", "relu6"])
+def test_addcmul_addcdiv_and_relu6_lower_through_pytorchs_decompositions(function):
+    torch.manual_seed(4)
+    xs = tuple(torch.randn(4, 16) for _ in range(3))
+    fast = mi.superoptimize(function, xs, search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
+    torch.testing.assert_close(fast(*xs).double(), function(*(x.double() for x in xs)), rtol=1e-6, atol=1e-6)
