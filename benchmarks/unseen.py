@@ -528,7 +528,8 @@ class ChunkedGLU(nn.Module):
 
 
 class ConvBlock(nn.Module):
-    """A convolution, BatchNorm in eval mode and ReLU: ops with no µGraph lowering but the last."""
+    """A convolution, BatchNorm in eval mode and ReLU: the convolution has no µGraph lowering; the norm
+    (each channel's affine map, at capture) and the ReLU are one subprogram."""
 
     def __init__(self):
         super().__init__()

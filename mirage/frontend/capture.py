@@ -325,7 +325,7 @@ def _functional(exported: torch.export.ExportedProgram) -> torch.export.Exported
     decomposed.  Updates of the inputs and buffers stay: the module runs them as copies back into
     those tensors after the functional graph, as eager mode would.  A program that the pass cannot
     take is kept as it was (its in-place and composite ops then run in PyTorch)."""
-    present = {node.target for node in exported.graph.nodes if node.op == "call_function"}
+    present = decompositions.present(exported.graph)
     if not decompositions.composite(present) and not any(_mutates(node) for node in exported.graph.nodes):
         return exported
     try:

@@ -3,7 +3,8 @@ capture as the ops they stand for, so that they fuse with their neighbours inste
 PyTorch: ``einsum``, ``glu``, ``addcmul``, ``addcdiv`` and ``relu6`` by PyTorch's own decompositions
 (permutes, views and a batched product; the two halves as views, a sigmoid and a product; products
 and a sum; ``hardtanh``), ``prelu`` by :func:`prelu`, and
-``group_norm`` by :func:`group_norm` (PyTorch's ``native_group_norm`` decomposition ends in
+``batch_norm`` in eval mode by :func:`batch_norm` (each channel's affine map from the running
+statistics), ``group_norm`` by :func:`group_norm` (PyTorch's ``native_group_norm`` decomposition ends in
 ``var_mean`` and ``as_strided``, which no µGraph lowers).  Dropouts that drop nothing (eval mode,
 or p = 0) are removed (:func:`drop_identity_dropouts`): on a tensor computed outside a subprogram
 they would cut it (a Transformer layer's residual adds after its attention and its MLP).
@@ -50,11 +51,44 @@ def prelu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.relu(x) - weight.reshape(shape) * torch.relu(-x)
 
 
-_OWN: dict[Callable, Callable] = {aten.group_norm.default: group_norm, aten.prelu.default: prelu}
+def batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               running_mean: torch.Tensor, running_var: torch.Tensor, momentum: float,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``F.batch_norm`` in eval mode (``_native_batch_norm_legit_no_training``, what torch.export makes
+    of it) as each channel's (dim 1) affine map: ``(x − mean) / √(var + eps) · w + b`` from the running
+    statistics, in ``x``'s dtype; with the op's two other results, empty as PyTorch's."""
+    shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    out = (x - running_mean.reshape(shape)) * torch.rsqrt(running_var.reshape(shape) + eps)
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    return out.to(x.dtype), x.new_empty((0,)), x.new_empty((0,))
+
+
+_OWN: dict[Callable, Callable] = {aten.group_norm.default: group_norm, aten.prelu.default: prelu,
+                                  aten.batch_norm.default: batch_norm}
+# ops that torch.export decomposes by itself first: the decomposition here is of what it makes of them
+_VIA = {aten.batch_norm.default: aten._native_batch_norm_legit_no_training.default}
 # PyTorch's decompositions serve: einsum's permutes, views and a batched product; glu's halves, sigmoid
 # and product; addcmul's and addcdiv's products and sum; relu6's hardtanh
 _TORCH = (aten.einsum.default, aten.glu.default, aten.addcmul.default, aten.addcdiv.default,
           aten.relu6.default)
+
+
+def present(graph: fx.Graph) -> set:
+    """The ops that ``graph`` calls, less those it calls in a form no decomposition here takes (a
+    ``batch_norm`` in training mode, which updates its running statistics)."""
+    ops = {node.target for node in graph.nodes if node.op == "call_function"}
+    if any(node.target is aten.batch_norm.default and _training(node) for node in graph.nodes):
+        ops.discard(aten.batch_norm.default)
+    return ops
+
+
+def _training(node: fx.Node) -> bool:
+    training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training", True)
+    running = node.args[3:5] if len(node.args) > 4 else (None, None)
+    return training is not False or any(r is None for r in running)
 
 
 def composite(ops: Iterable) -> list:
@@ -65,7 +99,8 @@ def composite(ops: Iterable) -> list:
 def table(ops: Iterable) -> dict:
     """The decompositions of ``ops`` (those :func:`composite` names) for ``run_decompositions``."""
     defaults = torch.export.default_decompositions()
-    return {op: _OWN.get(op) or defaults[op] for op in composite(ops) if op in _OWN or op in defaults}
+    return {_VIA.get(op, op): _OWN.get(op) or defaults[op] for op in composite(ops)
+            if op in _OWN or op in defaults}
 
 
 def drop_identity_dropouts(gm: fx.GraphModule) -> None:

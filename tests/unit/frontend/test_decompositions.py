@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import mirage as mi
 import mirage.frontend.decompositions
+from mirage.frontend.capture import capture
 from mirage.mugraph.ops import Op
 
 NORM_OPS = {Op.REDUCTION: 1, Op.MUL_SCALAR: 1, Op.SUB: 1, Op.RMS_NORM: 1}
@@ -128,3 +129,32 @@ def test_addcmul_addcdiv_and_relu6_lower_through_pytorchs_decompositions(functio
     fast = mi.superoptimize(function, xs, search=False, use_cache=False, progress=False)
     assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
     torch.testing.assert_close(fast(*xs).double(), function(*(x.double() for x in xs)), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm, shape", [(nn.BatchNorm2d(8), (2, 8, 6, 6)), (nn.BatchNorm1d(16), (4, 16)),
+                                         (nn.BatchNorm1d(8, affine=False), (2, 8, 5))])
+def test_an_eval_batch_norm_is_each_channels_affine_map_fused_with_what_follows(norm, shape):
+    """BatchNorm in eval mode: ``(x − mean) / √(var + eps) · w + b`` from the running statistics, one
+    subprogram with the ReLU after it, against float64 PyTorch."""
+    torch.manual_seed(5)
+    with torch.no_grad():
+        norm.running_mean.uniform_(-1, 1)
+        norm.running_var.uniform_(0.5, 2.0)
+        if norm.affine:
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    model = torch.nn.Sequential(norm, torch.nn.ReLU()).eval()
+    x = torch.randn(*shape)
+    fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops and len(fast.partition.subprograms) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x).double(), model.double()(x.double()), rtol=1e-5, atol=1e-6)
+
+
+def test_a_training_batch_norm_is_left_as_it_is():
+    """In training mode a batch norm normalizes by the batch's statistics and updates its running ones:
+    it is not the eval form's affine map, so capture keeps it whole."""
+    model = torch.nn.Sequential(torch.nn.BatchNorm1d(8), torch.nn.ReLU()).train()
+    gm = capture(model, (torch.randn(4, 8),), {})
+    targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert "aten.rsqrt.default" not in targets and any("batch_norm" in t for t in targets)
