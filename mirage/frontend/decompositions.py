@@ -1,13 +1,20 @@
 """Composite ops that ``torch.export`` keeps whole and the lowering table has no row for, written at
 capture as the ops they stand for, so that they fuse with their neighbours instead of running in
-PyTorch: ``einsum``, ``glu``, ``addcmul``, ``addcdiv`` and ``relu6`` by PyTorch's own decompositions
-(permutes, views and a batched product; the two halves as views, a sigmoid and a product; products
-and a sum; ``hardtanh``), ``prelu`` by :func:`prelu`, and
-``batch_norm`` in eval mode by :func:`batch_norm` (each channel's affine map from the running
-statistics), ``group_norm`` by :func:`group_norm` (PyTorch's ``native_group_norm`` decomposition ends in
-``var_mean`` and ``as_strided``, which no µGraph lowers).  Dropouts that drop nothing (eval mode,
-or p = 0) are removed (:func:`drop_identity_dropouts`): on a tensor computed outside a subprogram
-they would cut it (a Transformer layer's residual adds after its attention and its MLP).
+PyTorch:
+
+* by PyTorch's own decompositions (:data:`_TORCH`): ``einsum`` (permutes, views and a batched
+  product), ``glu`` (its halves as views, a sigmoid and a product), ``addcmul``, ``addcdiv``,
+  ``relu6`` (``hardtanh``), ``outer`` and ``dot``, the 2-norm ``linalg_norm``, and the losses
+  ``mse_loss``, ``l1_loss`` and ``binary_cross_entropy_with_logits`` (through ``log_sigmoid``);
+* by the functions here: ``prelu`` (:func:`prelu`), ``batch_norm`` in eval mode (:func:`batch_norm`,
+  each channel's affine map from the running statistics), ``instance_norm`` (:func:`instance_norm`)
+  and ``group_norm`` (:func:`group_norm`; PyTorch's ``native_group_norm`` decomposition ends in
+  ``var_mean`` and ``as_strided``, which no µGraph lowers).
+
+Forms that update running statistics (a batch norm in training, an instance norm that tracks them)
+are left whole (:func:`present`). Dropouts that drop nothing (eval mode, or p = 0) are removed
+(:func:`drop_identity_dropouts`): on a tensor computed outside a subprogram they would cut it (a
+Transformer layer's residual adds after its attention and its MLP).
 
 >>> x = torch.randn(2, 8, 3, 3)
 >>> w, b = torch.randn(8), torch.randn(8)
@@ -66,14 +73,26 @@ def batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     return out.to(x.dtype), x.new_empty((0,)), x.new_empty((0,))
 
 
+def instance_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                  running_mean: torch.Tensor | None, running_var: torch.Tensor | None, use_input_stats: bool,
+                  momentum: float, eps: float, cudnn_enabled: bool = True) -> torch.Tensor:
+    """``F.instance_norm``: with the input's statistics (:func:`present` offers no form that updates
+    running ones), a :func:`group_norm` of a group a channel; with the running statistics, each
+    channel's affine map as :func:`batch_norm` computes it."""
+    if use_input_stats:
+        return group_norm(x, x.shape[1], weight, bias, eps)
+    return batch_norm(x, weight, bias, running_mean, running_var, momentum, eps)[0]
+
+
 _OWN: dict[Callable, Callable] = {aten.group_norm.default: group_norm, aten.prelu.default: prelu,
-                                  aten.batch_norm.default: batch_norm}
+                                  aten.batch_norm.default: batch_norm,
+                                  aten.instance_norm.default: instance_norm}
 # ops that torch.export decomposes by itself first: the decomposition here is of what it makes of them
 _VIA = {aten.batch_norm.default: aten._native_batch_norm_legit_no_training.default}
-# PyTorch's decompositions serve: einsum's permutes, views and a batched product; glu's halves, sigmoid
-# and product; addcmul's and addcdiv's products and sum; relu6's hardtanh
+# the ops whose PyTorch decompositions serve (the module docstring says what they become)
 _TORCH = (aten.einsum.default, aten.glu.default, aten.addcmul.default, aten.addcdiv.default,
-          aten.relu6.default)
+          aten.relu6.default, aten.outer.default, aten.dot.default, aten.linalg_norm.default,
+          aten.mse_loss.default, aten.l1_loss.default, aten.binary_cross_entropy_with_logits.default)
 
 
 def present(graph: fx.Graph) -> set:
@@ -82,7 +101,16 @@ def present(graph: fx.Graph) -> set:
     ops = {node.target for node in graph.nodes if node.op == "call_function"}
     if any(node.target is aten.batch_norm.default and _training(node) for node in graph.nodes):
         ops.discard(aten.batch_norm.default)
+    if any(node.target is aten.instance_norm.default and _tracking(node) for node in graph.nodes):
+        ops.discard(aten.instance_norm.default)
     return ops
+
+
+def _tracking(node: fx.Node) -> bool:
+    """An ``instance_norm`` that normalizes by the input's statistics and updates running ones."""
+    use_input_stats = node.args[5] if len(node.args) > 5 else node.kwargs.get("use_input_stats", True)
+    running = node.args[3:5] if len(node.args) > 4 else (None, None)
+    return use_input_stats is not False and any(r is not None for r in running)
 
 
 def _training(node: fx.Node) -> bool:

@@ -322,19 +322,19 @@ def _linear(b: RegionBuilder, node, p):
 
 
 def _add_product(first: str, second: str) -> Rule:
-    """beta·self + alpha·(first @ second): ``addmm`` (mat1, mat2) and ``baddbmm`` (batch1, batch2).
+    """beta·self + alpha·(first @ second): ``addmm`` (mat1, mat2), ``baddbmm`` (batch1, batch2) and
+    ``addmv`` (mat, vec).
     With beta 0, PyTorch ignores ``self``, whose NaN and inf then do not propagate (Hugging Face's
     GPT-2 passes ``torch.empty(...)`` so): the product alone."""
 
     def rule(b: RegionBuilder, node, p):
-        out = b.scale(b.matmul(b.tensor_operand(p[first]), b.tensor_operand(p[second])),
-                      float(p.get("alpha", 1)))
-        if float(p.get("beta", 1)) == 0.0:
-            return out
-        bias = b.tensor_operand(p["self"])
-        if float(p.get("beta", 1)) != 1.0:
-            bias = b.scale(bias, float(p["beta"]))
-        return b.add(out, bias)
+        product = b.matmul(b.tensor_operand(p[first]), b.tensor_operand(p[second]))
+        alpha, beta = float(p.get("alpha", 1)), float(p.get("beta", 1))
+        if beta == 0.0:
+            return b.scale(product, alpha)
+        # beta · (bias + (alpha / beta) · product): the bias meets the product as it arrives, so that
+        # it is held in the product's frame (a matrix-vector product's column)
+        return b.scale(b.add(b.scale(product, alpha / beta), b.tensor_operand(p["self"])), beta)
 
     return rule
 
@@ -521,6 +521,7 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("mm", C, _matmul, "matrix product"),
         Lowering("bmm", C, _matmul, "batched matrix product"),
         Lowering("addmm", C, _add_product("mat1", "mat2"), "beta·bias + alpha·(a @ b)"),
+        Lowering("addmv", C, _add_product("mat", "vec"), "beta·bias + alpha·(W @ x), x a vector"),
         Lowering("baddbmm", C, _add_product("batch1", "batch2"), "beta·bias + alpha·(a @ b), batched"),
         Lowering("lerp", C, _lerp, "x + w·(y − x), w a number or a tensor"),
         Lowering("add", C, _add(1.0), "x + alpha·y (numbers become add_scalar)"),

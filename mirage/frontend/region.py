@@ -582,9 +582,17 @@ class RegionBuilder:
         return Value(t, result)
 
     def matmul(self, a: Operand, b: Operand) -> Value:
+        """``a @ b`` as torch.matmul takes it; a 1-D operand is a row (on the left) or a column (on the
+        right) of a product whose result drops that dim (a matrix-vector product, ``W @ x``)."""
         la, lb = a.shape, b.shape
+        if len(lb) == 1 and len(la) >= 2:
+            rows = self.tensor(a, (math.prod(la[:-1]), la[-1]))
+            return Value(self.emit("matmul", rows, self.tensor(b, (lb[0], 1))), la[:-1])
+        if len(la) == 1 and len(lb) == 2:
+            return Value(self.emit("matmul", self.tensor(a, (1, la[0])), self.tensor(b, lb)), lb[-1:])
         if len(la) < 2 or len(lb) < 2:
-            raise Unlowerable("matmul with a 1-D operand")
+            raise Unlowerable("matmul with a 1-D operand and another of "
+                              f"{max(len(la), len(lb))} dims (a dot product or a batched one)")
         if len(lb) == 2:
             ta = self.tensor(a, (math.prod(la[:-1]), la[-1]))
             tb = self.tensor(b, lb)

@@ -158,3 +158,60 @@ def test_a_training_batch_norm_is_left_as_it_is():
     gm = capture(model, (torch.randn(4, 8),), {})
     targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
     assert "aten.rsqrt.default" not in targets and any("batch_norm" in t for t in targets)
+
+
+def _bce(a, b):
+    return F.binary_cross_entropy_with_logits(a * 40, b.sigmoid(), reduction="none")
+
+
+def _bce_weighted(a, b):
+    return F.binary_cross_entropy_with_logits(a * 40, b.sigmoid(), pos_weight=b.abs() + 0.5)
+
+
+REDUCTIONS = {
+    "mv": lambda a, b: torch.relu(a @ b[0]),
+    "vm": lambda a, b: b[:, 0] @ a.t(),
+    "addmv": lambda a, b: torch.addmv(b[:, 0], a, b[0], beta=0.5, alpha=2.0),
+    "outer": lambda a, b: torch.outer(a[0], b[1]).exp(),
+    "dot": lambda a, b: torch.dot(a[0], b[0]) * 2.0,
+    "frobenius": lambda a, b: torch.linalg.norm(a - b),
+    "mse": lambda a, b: F.mse_loss(a, b),
+    "l1_sum": lambda a, b: F.l1_loss(a, b, reduction="sum"),
+    "bce": _bce,
+    "bce_pos_weight": _bce_weighted,
+    "instance_norm": lambda a, b: F.instance_norm(a.reshape(2, 8, 4, 4), weight=b[0, :8] + 1, bias=b[1, :8]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_vector_products_norms_losses_and_instance_norm_lower_whole(name):
+    """Products with a vector (``W @ x``, ``addmv``, ``outer``, ``dot``), the 2-norm, the losses (binary
+    cross-entropy with logits of ±40 too, through ``log_sigmoid``) and ``instance_norm``: no op left
+    in PyTorch, the result float64 PyTorch's."""
+    function = REDUCTIONS[name]
+    torch.manual_seed(6)
+    xs = (torch.randn(16, 16), torch.randn(16, 16))
+    fast = mi.superoptimize(function, xs, search=False, use_cache=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    torch.testing.assert_close(fast(*xs).double(), function(*(x.double() for x in xs)), rtol=1e-5, atol=1e-5)
+
+
+def test_instance_norm_modules_lower_unless_they_track_running_statistics_in_training():
+    """``nn.InstanceNorm2d``: a group norm of a group a channel; in eval mode with running statistics,
+    each channel's affine map from them; in training with running statistics it updates them, and
+    capture keeps it whole."""
+    torch.manual_seed(7)
+    x = torch.randn(2, 6, 5, 5)
+    tracked = nn.InstanceNorm2d(6, affine=True, track_running_stats=True)
+    with torch.no_grad():
+        tracked.running_mean.uniform_(-1, 1)
+        tracked.running_var.uniform_(0.5, 2.0)
+        tracked.weight.uniform_(0.5, 1.5)
+    for model in (nn.InstanceNorm2d(6, affine=True), tracked.eval()):
+        fast = mi.superoptimize(model, (x,), search=False, use_cache=False, progress=False)
+        assert not fast.partition.pytorch_ops
+        with torch.no_grad():
+            torch.testing.assert_close(fast(x).double(), model.double()(x.double()), rtol=1e-5, atol=1e-5)
+        model.float()
+    gm = capture(tracked.train(), (x,), {})
+    assert any("instance_norm" in str(n.target) for n in gm.graph.nodes if n.op == "call_function")
