@@ -97,6 +97,11 @@ class TorchAlgebra:
             "tanh": lambda v: v.tanh(),
             "log": lambda v: v.log(),
             "softplus": F.softplus,
+            "log1p": lambda v: v.log1p(),
+            "expm1": lambda v: v.expm1(),
+            "erf": lambda v: v.erf(),
+            "sin": lambda v: v.sin(),
+            "cos": lambda v: v.cos(),
         }
         if name in table:
             return table[name](x)

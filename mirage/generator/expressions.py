@@ -38,7 +38,7 @@ from mirage.mugraph.graph import (
     ThreadGraph,
     ThreadInput,
 )
-from mirage.mugraph.ops import REGISTRY, Op, matmul_shape
+from mirage.mugraph.ops import OPAQUE_UNARY, REGISTRY, Op, matmul_shape
 
 Term = ae.Term
 
@@ -165,14 +165,7 @@ _DIRECT: dict[Op, Callable[..., Term]] = {
     Op.EXP: lambda types, x: ae.exp(x),
     Op.SQRT: lambda types, x: ae.sqrt(x),
     Op.SQUARE: lambda types, x: ae.mul(x, x),
-    Op.SILU: lambda types, x: ae.opaque("silu", x),
-    Op.GELU: lambda types, x: ae.opaque("gelu", x),
-    Op.GELU_ERF: lambda types, x: ae.opaque("gelu_erf", x),
-    Op.RELU: lambda types, x: ae.opaque("relu", x),
-    Op.SIGMOID: lambda types, x: ae.opaque("sigmoid", x),
-    Op.TANH: lambda types, x: ae.opaque("tanh", x),
-    Op.LOG: lambda types, x: ae.opaque("log", x),
-    Op.SOFTPLUS: lambda types, x: ae.opaque("softplus", x),
+    **{op: (lambda name: lambda types, x: ae.opaque(name, x))(op.value) for op in OPAQUE_UNARY},
     Op.MUL_SCALAR: lambda types, x: x,  # x * c = x
     Op.ADD_SCALAR: lambda types, x: x,  # x + c = x
     Op.MATMUL: lambda types, x, y: ae.sum_of(types[0].shape[-1], ae.mul(x, y)),

@@ -178,6 +178,21 @@ class _Builder:
     def softplus(self, a):
         return self._add(Op.SOFTPLUS, (a,))
 
+    def log1p(self, a):
+        return self._add(Op.LOG1P, (a,))
+
+    def expm1(self, a):
+        return self._add(Op.EXPM1, (a,))
+
+    def erf(self, a):
+        return self._add(Op.ERF, (a,))
+
+    def sin(self, a):
+        return self._add(Op.SIN, (a,))
+
+    def cos(self, a):
+        return self._add(Op.COS, (a,))
+
     def clamp(self, a, min_value: float, max_value: float):
         return self._add(Op.CLAMP, (a,), Clamp(_real(min_value, "clamp's min_value"),
                                                _real(max_value, "clamp's max_value")))

@@ -4,7 +4,10 @@ A row (:class:`OpSpec`) gives the levels where the op exists, its arity, its att
 shape rule, its *formula* (its meaning over any :class:`~mirage.mugraph.algebra.Algebra`, which
 serves the float interpreter, the finite-field fingerprint, the abstract expressions and the CUDA
 thread code at once), the device-library functor that implements it element-wise, and a cost hint
-(floating-point operations per output element).  Adding an op means adding one row.
+(floating-point operations per output element).  Adding an op means adding one row; an element-wise
+op outside the LAX fragment (an uninterpreted function of one input) also names its float reference
+in :data:`OPAQUE_UNARY`, and the device library and the torch runtime (``codegen/runtime.py``) each
+hold its implementation.
 
 Ops whose meaning depends on the for-loop (input iterators, output savers, accumulators) have no
 formula: the interpreter gives them their meaning, because they are about *where* and *when*, not
@@ -57,6 +60,11 @@ class Op(enum.Enum):
     TANH = "tanh"
     LOG = "log"
     SOFTPLUS = "softplus"
+    LOG1P = "log1p"
+    EXPM1 = "expm1"
+    ERF = "erf"
+    SIN = "sin"
+    COS = "cos"
     CLAMP = "clamp"
     MUL_SCALAR = "mul_scalar"
     ADD_SCALAR = "add_scalar"
@@ -81,7 +89,8 @@ class Op(enum.Enum):
 
 
 UNARY = frozenset({Op.EXP, Op.SQRT, Op.SQUARE, Op.SILU, Op.GELU, Op.GELU_ERF, Op.RELU, Op.SIGMOID, Op.TANH,
-                   Op.LOG, Op.SOFTPLUS, Op.CLAMP, Op.MUL_SCALAR, Op.ADD_SCALAR})
+                   Op.LOG, Op.SOFTPLUS, Op.LOG1P, Op.EXPM1, Op.ERF, Op.SIN, Op.COS, Op.CLAMP, Op.MUL_SCALAR,
+                   Op.ADD_SCALAR})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 ELEMENTWISE = UNARY | BINARY
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
@@ -303,9 +312,19 @@ def _softplus(x: np.ndarray) -> np.ndarray:
         return np.where(x > SOFTPLUS_THRESHOLD, x, np.log1p(np.exp(np.minimum(x, SOFTPLUS_THRESHOLD))))
 
 
-def _log(x: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(x)
+def _quiet(function: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """``function`` without numpy's warnings at poles and outside its domain (log(0), log(−1))."""
+    def quiet(x: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return function(x)
+
+    return quiet
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    import torch
+
+    return torch.special.erf(torch.from_numpy(np.asarray(x, dtype=np.float64))).numpy()
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
@@ -343,19 +362,36 @@ def _clamp(attrs):
     return lambda v: np.clip(v, attrs.min, attrs.max)
 
 
+# element-wise ops outside the LAX fragment, of one input and no attributes: uninterpreted functions
+# (``Algebra.opaque``) everywhere but in float arithmetic, where the reference gives their values
+OPAQUE_UNARY: dict[Op, Callable[[np.ndarray], np.ndarray]] = {
+    Op.SILU: _silu,
+    Op.GELU: _gelu,
+    Op.GELU_ERF: _gelu_erf,
+    Op.RELU: _relu,
+    Op.SIGMOID: _sigmoid,
+    Op.TANH: np.tanh,
+    Op.LOG: _quiet(np.log),
+    Op.SOFTPLUS: _softplus,
+    Op.LOG1P: _quiet(np.log1p),
+    Op.EXPM1: _quiet(np.expm1),
+    Op.ERF: _erf,
+    Op.SIN: np.sin,
+    Op.COS: np.cos,
+}
+
+
+def _opaque(op: Op) -> Formula:
+    name, reference = op.value, OPAQUE_UNARY[op]
+    return lambda A, at, it, x: A.opaque(name, x, reference)
+
+
 _F = {
     Op.MATMUL: lambda A, at, it, x, y: A.matmul(x, y),
     Op.EXP: lambda A, at, it, x: A.exp(x),
     Op.SQRT: lambda A, at, it, x: A.sqrt(x),
     Op.SQUARE: lambda A, at, it, x: A.mul(x, x),
-    Op.SILU: lambda A, at, it, x: A.opaque("silu", x, _silu),
-    Op.GELU: lambda A, at, it, x: A.opaque("gelu", x, _gelu),
-    Op.GELU_ERF: lambda A, at, it, x: A.opaque("gelu_erf", x, _gelu_erf),
-    Op.RELU: lambda A, at, it, x: A.opaque("relu", x, _relu),
-    Op.SIGMOID: lambda A, at, it, x: A.opaque("sigmoid", x, _sigmoid),
-    Op.TANH: lambda A, at, it, x: A.opaque("tanh", x, np.tanh),
-    Op.LOG: lambda A, at, it, x: A.opaque("log", x, _log),
-    Op.SOFTPLUS: lambda A, at, it, x: A.opaque("softplus", x, _softplus),
+    **{op: _opaque(op) for op in OPAQUE_UNARY},
     Op.CLAMP: lambda A, at, it, x: A.opaque(f"clamp[{at.min},{at.max}]", x, _clamp(at)),
     Op.MUL_SCALAR: lambda A, at, it, x: A.mul(x, A.const(Fraction(at.value), x)),
     Op.ADD_SCALAR: lambda A, at, it, x: A.add(x, A.const(Fraction(at.value), x)),
@@ -395,6 +431,11 @@ REGISTRY: dict[Op, OpSpec] = {
         _row(Op.TANH, _ALL, 1, None, _unary_shape, "Tanh", 3, "tanh(x)"),
         _row(Op.LOG, _ALL, 1, None, _unary_shape, "Log", 1, "ln x"),
         _row(Op.SOFTPLUS, _ALL, 1, None, _unary_shape, "Softplus", 3, "ln(1 + eˣ); x above 20"),
+        _row(Op.LOG1P, _ALL, 1, None, _unary_shape, "Log1p", 1, "ln(1 + x), exact near 0"),
+        _row(Op.EXPM1, _ALL, 1, None, _unary_shape, "Expm1", 1, "eˣ − 1, exact near 0"),
+        _row(Op.ERF, _ALL, 1, None, _unary_shape, "Erf", 4, "the error function"),
+        _row(Op.SIN, _ALL, 1, None, _unary_shape, "Sin", 2, "sin x"),
+        _row(Op.COS, _ALL, 1, None, _unary_shape, "Cos", 2, "cos x"),
         _row(Op.CLAMP, _ALL, 1, Clamp, _unary_shape, "Clamp", 2, "min(max(x, lo), hi)"),
         _row(Op.MUL_SCALAR, _ALL, 1, Scalar, _unary_shape, "MulScalar", 1, "x·c"),
         _row(Op.ADD_SCALAR, _ALL, 1, Scalar, _unary_shape, "AddScalar", 1, "x + c"),

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from typing import cast
 
 from mirage.mugraph.graph import AccumKind, BlockGraph, KernelGraph, ThreadGraph, ThreadInput
-from mirage.mugraph.ops import LAX, Op
+from mirage.mugraph.ops import LAX, OPAQUE_UNARY, Op
 
 # element-wise ops outside the fragment whose formulas go through ``Algebra.opaque``
-UNINTERPRETED = frozenset({Op.SILU, Op.GELU, Op.GELU_ERF, Op.RELU, Op.SIGMOID, Op.TANH, Op.LOG, Op.SOFTPLUS,
-                           Op.CLAMP})
+UNINTERPRETED = frozenset(OPAQUE_UNARY) | {Op.CLAMP}
 # ops that need an order (max): no finite-field meaning at all
 ORDER_BASED = frozenset({Op.REDUCTION_MAX, Op.RUNNING_MAX, Op.ACCUM_RESCALE})
 SQUARE_ROOTS = frozenset({Op.SQRT, Op.RMS_NORM})

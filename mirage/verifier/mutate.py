@@ -76,6 +76,11 @@ UNARY_SWAPS = {
     Op.TANH: (Op.SIGMOID,),
     Op.LOG: (Op.EXP, Op.SQRT),
     Op.SOFTPLUS: (Op.SILU, Op.SIGMOID, Op.LOG),
+    Op.LOG1P: (Op.LOG, Op.EXPM1),
+    Op.EXPM1: (Op.EXP, Op.LOG1P),
+    Op.ERF: (Op.TANH, Op.SIGMOID),
+    Op.SIN: (Op.COS, Op.TANH),
+    Op.COS: (Op.SIN, Op.EXP),
 }
 BINARY_SWAPS = {Op.ADD: (Op.SUB, Op.MUL), Op.SUB: (Op.ADD, Op.DIV), Op.MUL: (Op.ADD, Op.DIV),
                 Op.DIV: (Op.MUL, Op.SUB)}

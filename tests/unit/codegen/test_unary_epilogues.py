@@ -14,7 +14,8 @@ from tests.unit.optimizer.optimizer_graphs import matmul_epilogue
 
 FUNCTORS = {"sigmoid": "mirage::dev::Sigmoid", "tanh": "mirage::dev::Tanh", "silu": "mirage::dev::Silu",
             "gelu": "mirage::gen::GeluTanh", "gelu_erf": "mirage::dev::Gelu",
-            "softplus": "mirage::dev::Softplus"}
+            "softplus": "mirage::dev::Softplus", "erf": "mirage::dev::Erf", "expm1": "mirage::dev::Expm1",
+            "sin": "mirage::dev::Sin", "cos": "mirage::dev::Cos"}
 
 
 @needs_nvcc
@@ -42,5 +43,6 @@ def test_unary_epilogue_interprets_as_torch(op):
     y = x.half().double() @ w.half().double()
     expected = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu,
                 "gelu": lambda v: F.gelu(v, approximate="tanh"), "gelu_erf": F.gelu,
-                "softplus": F.softplus}[op](y)
+                "softplus": F.softplus, "erf": torch.erf, "expm1": torch.expm1, "sin": torch.sin,
+                "cos": torch.cos}[op](y)
     torch.testing.assert_close(torch.as_tensor(got, dtype=torch.float64), expected, rtol=1e-9, atol=1e-9)

@@ -1,6 +1,7 @@
 """Each row: a small torch function, the kernel-graph ops its single subprogram must contain, and a
 check that the superoptimized function equals eager PyTorch."""
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -75,6 +76,12 @@ CASES = [
          {Op.SIGMOID: 1, Op.LOG: 1, Op.MUL_SCALAR: 1}),
     Case("log10", lambda x: torch.log10(x * x), ((4, 6),), {Op.MUL: 1, Op.LOG: 1, Op.MUL_SCALAR: 1}),
     Case("softplus", F.softplus, ((4, 6),), {Op.SOFTPLUS: 1}),
+    Case("near_zero", lambda x: torch.log1p(torch.expm1(x * 1e-6)), ((4, 6),),
+         {Op.MUL_SCALAR: 1, Op.EXPM1: 1, Op.LOG1P: 1}),
+    Case("erf_gelu_by_hand", lambda x: 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0))), ((4, 6),),
+         {Op.MUL_SCALAR: 2, Op.ERF: 1, Op.ADD_SCALAR: 1, Op.MUL: 1}),
+    Case("sin_cos", lambda x: torch.sin(x) * torch.cos(x * 3.0), ((4, 6),),
+         {Op.SIN: 1, Op.COS: 1, Op.MUL_SCALAR: 1, Op.MUL: 1}),
     Case("softplus_beta", lambda x: F.softplus(x, 2.0, 30.0), ((4, 6),), {Op.SOFTPLUS: 1, Op.MUL_SCALAR: 2}),
     Case("mish", F.mish, ((4, 6),), {Op.SOFTPLUS: 1, Op.TANH: 1, Op.MUL: 1}),
     Case("log_sigmoid", F.logsigmoid, ((4, 6),), {Op.SOFTPLUS: 1, Op.MUL_SCALAR: 2}),
@@ -173,7 +180,7 @@ def test_linear_binds_the_weight_transposed_without_copying():
 UNLOWERABLE = [
     ("pow_fraction", lambda x: x.pow(2.5), "exponent 2.5"),
     ("cumsum", lambda x: torch.cumsum(x, -1), "no µGraph lowering"),
-    ("erf", lambda x: torch.erf(x), "no µGraph lowering"),
+    ("sign", lambda x: torch.sign(x), "no µGraph lowering"),
     ("variance_of_one", lambda x: x.unsqueeze(-1).var(-1), "variance of 1 element(s) with correction 1"),
     ("integer_division", lambda x: torch.div(x, 2.0, rounding_mode="floor"), "rounding_mode"),
     ("division_by_zero", lambda x: x / 0.0, "division by the number 0"),
@@ -547,3 +554,16 @@ def test_softplus_family_gives_what_pytorch_gives_from_minus_to_plus_infinity(fu
     torch.testing.assert_close(got[~finite], want[~finite], rtol=0, atol=0, equal_nan=True)
     tolerance = 1e-6 if dtype == torch.float32 else 1e-3
     torch.testing.assert_close(got[finite], want[finite], rtol=tolerance, atol=tolerance * 1e-3)
+
+
+@pytest.mark.parametrize("function", [torch.log1p, torch.expm1, torch.erf, torch.sin, torch.cos],
+                         ids=["log1p", "expm1", "erf", "sin", "cos"])
+def test_new_unaries_give_what_pytorch_gives_at_extremes(function):
+    """log1p and expm1 keep tiny arguments exact (where log(1 + x) and exp(x) − 1 give 0); erf, sin and
+    cos as PyTorch's, at ±inf and NaN too."""
+    x = torch.tensor([[float("inf"), float("-inf"), float("nan"), 0.0, 1e-10, -1e-10, 0.5, -0.9, 3.0, 30.0,
+                       100.0, -100.0]])
+    fast = mi.superoptimize(function, (x,), search=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    got, want = fast(x).double(), function(x.double()).float().double()  # float64's, rounded to float32
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-12, equal_nan=True)

@@ -39,6 +39,23 @@ struct Tanh {
 struct Softplus {
   MIRAGE_DEVICE float operator()(float x) const { return x > 20.0f ? x : log1pf(expf(x)); }
 };
+// the precise forms near 0 (ln(1 + x), e^x − 1), the error function, sine and cosine (full range
+// reduction: sinf and cosf, not the fast intrinsics)
+struct Log1p {
+  MIRAGE_DEVICE float operator()(float x) const { return log1pf(x); }
+};
+struct Expm1 {
+  MIRAGE_DEVICE float operator()(float x) const { return expm1f(x); }
+};
+struct Erf {
+  MIRAGE_DEVICE float operator()(float x) const { return erff(x); }
+};
+struct Sin {
+  MIRAGE_DEVICE float operator()(float x) const { return sinf(x); }
+};
+struct Cos {
+  MIRAGE_DEVICE float operator()(float x) const { return cosf(x); }
+};
 // x * sigmoid(x)
 struct Silu {
   MIRAGE_DEVICE float operator()(float x) const { return x / (1.0f + expf(-x)); }
