@@ -556,25 +556,40 @@ _SCALAR_OPERAND = {_ATEN.add.Tensor, _ATEN.sub.Tensor, _ATEN.mul.Tensor, _ATEN.d
 _COMMUTATIVE = {_ATEN.add.Tensor, _ATEN.mul.Tensor}
 
 
+# 0-d constants (the position of the number among their arguments): torch.full([], c), and
+# torch.scalar_tensor(c), which PyTorch's cosine_similarity decomposition clamps its norms with
+_SCALAR_SOURCES = {_ATEN.full.default: 1, _ATEN.scalar_tensor.default: 0}
+# a clamp whose bound is a 0-d tensor, and the clamp by a number it then is
+_TENSOR_CLAMPS = {_ATEN.clamp_min.Tensor: _ATEN.clamp_min.default,
+                  _ATEN.clamp_max.Tensor: _ATEN.clamp_max.default}
+
+
 def _scalar_fulls(gm: fx.GraphModule) -> None:
-    """Write a 0-d ``torch.full([], c)`` operand of an element-wise add, subtract, multiply or divide of
-    a floating tensor as the number it holds (rounded to its dtype, as the op reads it): GPT-2 divides
-    its scores by ``torch.full([], sqrt(d))``, which otherwise stays a PyTorch op before the attention."""
+    """Write a 0-d ``torch.full([], c)`` or ``torch.scalar_tensor(c)`` operand of an element-wise add,
+    subtract, multiply or divide of a floating tensor, or the bound of its ``clamp_min`` or
+    ``clamp_max``, as the number it holds (rounded to its dtype, as the op reads it): GPT-2 divides its
+    scores by ``torch.full([], sqrt(d))``, which otherwise stays a PyTorch op before the attention."""
     for full in list(gm.graph.nodes):
         value = full.meta.get("val") if full.op == "call_function" else None
-        if (full.target is not _ATEN.full.default or not isinstance(value, torch.Tensor) or value.dim()
-                or not value.is_floating_point() or not isinstance(full.args[1], (int, float))):
+        position = _SCALAR_SOURCES.get(full.target) if full.op == "call_function" else None
+        if (position is None or not isinstance(value, torch.Tensor) or value.dim()
+                or not value.is_floating_point() or not isinstance(full.args[position], (int, float))):
             continue
-        number = float(torch.tensor(float(full.args[1]), dtype=value.dtype))
+        number = float(torch.tensor(float(full.args[position]), dtype=value.dtype))
         for user in list(full.users):
-            if user.op != "call_function" or user.target not in _SCALAR_OPERAND or user.kwargs:
+            clamp = _TENSOR_CLAMPS.get(user.target) if user.op == "call_function" else None
+            scalar_operand = user.op == "call_function" and user.target in _SCALAR_OPERAND
+            if not (scalar_operand or clamp is not None) or user.kwargs:
                 continue
             a, b = user.args[:2]
-            other = a if b is full else b if a is full and user.target in _COMMUTATIVE else None
+            commutes = user.target in _COMMUTATIVE
+            other = a if b is full else b if a is full and commutes else None
             other_value = other.meta.get("val") if isinstance(other, fx.Node) else None
             if (not isinstance(other_value, torch.Tensor) or not other_value.dim()
                     or not other_value.is_floating_point() or (a is full and b is full)):
                 continue  # a 0-d or integer operand would take the full's dtype in promotion
+            if clamp is not None:
+                user.target = clamp
             user.args = (other, number, *user.args[2:])
         if not full.users:
             gm.graph.erase_node(full)

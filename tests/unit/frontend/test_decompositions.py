@@ -175,6 +175,7 @@ REDUCTIONS = {
     "outer": lambda a, b: torch.outer(a[0], b[1]).exp(),
     "dot": lambda a, b: torch.dot(a[0], b[0]) * 2.0,
     "frobenius": lambda a, b: torch.linalg.norm(a - b),
+    "cosine_similarity": lambda a, b: F.cosine_similarity(a, b, dim=0) + F.cosine_similarity(a, b * 0.0),
     "mse": lambda a, b: F.mse_loss(a, b),
     "l1_sum": lambda a, b: F.l1_loss(a, b, reduction="sum"),
     "bce": _bce,
@@ -185,7 +186,8 @@ REDUCTIONS = {
 
 @pytest.mark.parametrize("name", sorted(REDUCTIONS))
 def test_vector_products_norms_losses_and_instance_norm_lower_whole(name):
-    """Products with a vector (``W @ x``, ``addmv``, ``outer``, ``dot``), the 2-norm, the losses (binary
+    """Products with a vector (``W @ x``, ``addmv``, ``outer``, ``dot``), the 2-norm, cosine similarity
+    (against zeros too, where the clamp of the norms decides), the losses (binary
     cross-entropy with logits of ±40 too, through ``log_sigmoid``) and ``instance_norm``: no op left
     in PyTorch, the result float64 PyTorch's."""
     function = REDUCTIONS[name]
