@@ -5,7 +5,8 @@ PyTorch:
 * by PyTorch's own decompositions (:data:`_TORCH`): ``einsum`` (permutes, views and a batched
   product), ``glu`` (its halves as views, a sigmoid and a product), ``addcmul``, ``addcdiv``,
   ``relu6`` (``hardtanh``), ``outer`` and ``dot``, the 2-norm ``linalg_norm``, ``cosine_similarity``
-  (norms clamped by a 0-d constant, which capture makes a number), and the losses
+  (norms clamped by a 0-d constant, which capture makes a number), ``pairwise_distance`` (a 2-norm
+  of the difference plus eps), and the losses
   ``mse_loss``, ``l1_loss`` and ``binary_cross_entropy_with_logits`` (through ``log_sigmoid``);
 * by the functions here: ``prelu`` (:func:`prelu`), ``batch_norm`` in eval mode (:func:`batch_norm`,
   each channel's affine map from the running statistics), ``instance_norm`` (:func:`instance_norm`)
@@ -94,7 +95,7 @@ _VIA = {aten.batch_norm.default: aten._native_batch_norm_legit_no_training.defau
 _TORCH = (aten.einsum.default, aten.glu.default, aten.addcmul.default, aten.addcdiv.default,
           aten.relu6.default, aten.outer.default, aten.dot.default, aten.linalg_norm.default,
           aten.mse_loss.default, aten.l1_loss.default, aten.binary_cross_entropy_with_logits.default,
-          aten.cosine_similarity.default)
+          aten.cosine_similarity.default, aten.pairwise_distance.default)
 
 
 def present(graph: fx.Graph) -> set:

@@ -273,8 +273,9 @@ def _reduce(mean: bool) -> Rule:
 
 
 def _vector_norm(b: RegionBuilder, node, p):  # sqrt(sum(x²)) over dims
-    if float(p.get("ord", 2)) != 2.0:
-        raise Unlowerable(f"vector norm of order {p.get('ord')} (only the 2-norm)")
+    order = p.get("ord", p.get("p", 2))  # linalg_vector_norm's ord; norm's p (None: the 2-norm)
+    if float(2 if order is None else order) != 2.0:
+        raise Unlowerable(f"vector norm of order {order} (only the 2-norm)")
     if p.get("dtype") is not None:
         raise Unlowerable("vector norm with a dtype")
     squares = power(b, b.tensor_operand(p["self"]), 2.0)
@@ -574,6 +575,7 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("_softmax", C, _softmax, "as softmax"),
         Lowering("_safe_softmax", C, _softmax, "as softmax (a row all −inf: NaN here, zeros in PyTorch)"),
         Lowering("linalg_vector_norm", C, _vector_norm, "2-norm: sqrt(Σx²) over dims"),
+        Lowering("norm", C, _vector_norm, "Tensor.norm, p = 2: as linalg_vector_norm"),
         Lowering("rms_norm", C, _rms_norm, "rms_norm(x, eps) · weight over the last dim"),
         Lowering("layer_norm", C, _layer_norm, "(x − mean) / √(var + eps) · weight + bias over the last dim"),
         Lowering("scaled_dot_product_attention", C, _attention,

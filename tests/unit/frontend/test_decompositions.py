@@ -176,6 +176,7 @@ REDUCTIONS = {
     "dot": lambda a, b: torch.dot(a[0], b[0]) * 2.0,
     "frobenius": lambda a, b: torch.linalg.norm(a - b),
     "cosine_similarity": lambda a, b: F.cosine_similarity(a, b, dim=0) + F.cosine_similarity(a, b * 0.0),
+    "pairwise_distance": lambda a, b: F.pairwise_distance(a, b) + (a * 2.0).norm(dim=0),
     "mse": lambda a, b: F.mse_loss(a, b),
     "l1_sum": lambda a, b: F.l1_loss(a, b, reduction="sum"),
     "bce": _bce,
