@@ -268,6 +268,28 @@ def cmd_partition(args) -> int:
     return 0
 
 
+def cmd_ops(args) -> int:
+    """What capture and the lowering take from a PyTorch program: the aten ops that become µGraph ops
+    (or relabel a computed value's shape), then those that capture first writes as other ops."""
+    from mirage.frontend.decompositions import described
+    from mirage.frontend.lowering import LOWERINGS, Kind
+
+    pattern = (args.name or "").lower()
+    rows = [(name, lowering.kind.value, lowering.doc) for name, lowering in sorted(LOWERINGS.items())]
+    rows += [(name, "capture", doc) for name, doc in described()]
+    rows = [row for row in rows if pattern in row[0].lower()]
+    if not rows:
+        raise UsageError(f"no op named like {args.name!r} lowers: it runs in PyTorch (`mirage ops` lists "
+                         "every one that lowers)")
+    width = max(len(name) for name, _, _ in rows)
+    for name, kind, doc in rows:
+        _out(f"{name:<{width}}  {kind:<7}  {doc}")
+    compute = sum(1 for _, kind, _ in rows if kind == Kind.COMPUTE.value)
+    _out(f"{len(rows)} op(s): {compute} computed, {sum(1 for r in rows if r[1] == 'capture')} rewritten at "
+         "capture, the rest shape relabels; any other op runs in PyTorch and splits its program there")
+    return 0
+
+
 def cmd_cache(args) -> int:
     from mirage import config
     from mirage.frontend.optimize import clear_entries, list_entries
@@ -352,6 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="kernel-graph ops per subprogram, a positive integer (default 16)")
     part.add_argument("-o", "--output", help="draw the partition (out.dot, out.png, out.svg)")
     part.set_defaults(run=cmd_partition)
+
+    ops = sub.add_parser("ops", help="list the PyTorch ops that lower to µGraph ops")
+    ops.add_argument("name", nargs="?", help="only ops whose name holds this (e.g. norm)")
+    ops.set_defaults(run=cmd_ops)
 
     cache = sub.add_parser("cache", help="list or clear the search cache")
     cache.add_argument("action", choices=("list", "clear"))

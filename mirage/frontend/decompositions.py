@@ -98,6 +98,17 @@ _TORCH = (aten.einsum.default, aten.glu.default, aten.addcmul.default, aten.addc
           aten.cosine_similarity.default, aten.pairwise_distance.default)
 
 
+def described() -> list[tuple[str, str]]:
+    """(op name, what capture writes it as) for each op decomposed here, for ``mirage ops``."""
+    own = {aten.group_norm.default: "views into groups, a mean, the centred values' rms_norm, affine",
+           aten.prelu.default: "relu(x) − w · relu(−x), a slope a channel or one for all",
+           aten.batch_norm.default: "eval mode: each channel's affine map from the running statistics",
+           aten.instance_norm.default: "a group norm of a group a channel (or the running statistics' map)"}
+    rows = [(op.overloadpacket.__name__, doc) for op, doc in own.items()]
+    rows += [(op.overloadpacket.__name__, "PyTorch's decomposition") for op in _TORCH]
+    return sorted(rows)
+
+
 def present(graph: fx.Graph) -> set:
     """The ops that ``graph`` calls, less those it calls in a form no decomposition here takes (a
     ``batch_norm`` in training mode, which updates its running statistics)."""

@@ -35,7 +35,7 @@ def test_python_dash_m_help():
     result = subprocess.run([sys.executable, "-m", "mirage", "--help"], cwd=ROOT, capture_output=True,
                             text=True, check=False)
     assert result.returncode == 0
-    for command in ("demo", "search", "show", "draw", "partition", "cache"):
+    for command in ("demo", "search", "show", "draw", "partition", "ops", "cache"):
         assert command in result.stdout
 
 
@@ -237,3 +237,16 @@ def test_config_reads_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("MIRAGE_NO_CACHE", "1")
     settings = config.settings()
     assert (settings.executor, settings.use_cache, settings.progress) == ("interpret", False, False)
+
+
+def test_ops_lists_what_lowers_and_says_when_nothing_matches(capsys):
+    assert main(["ops"]) == 0
+    out = capsys.readouterr().out
+    for name in ("softmax", "scaled_dot_product_attention", "softplus", "batch_norm", "einsum"):
+        assert any(line.split()[0] == name for line in out.splitlines()), name
+    assert "rewritten at capture" in out.splitlines()[-1]
+    assert main(["ops", "norm"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()[:-1]]
+    assert names and all("norm" in name for name in names) and "rms_norm" in names
+    assert main(["ops", "cumsum"]) == 2
+    assert "runs in PyTorch" in capsys.readouterr().err
