@@ -373,11 +373,13 @@ def _rms_norm(b: RegionBuilder, node, p):
 
 
 def _layer_norm(b: RegionBuilder, node, p):  # (x − mean) / sqrt(mean((x − mean)²) + eps) · weight + bias
+    """Over the last dims that ``normalized_shape`` names (one, or several: a (C, H, W) norm)."""
     x = b.tensor_operand(p["input"])
-    if len(p["normalized_shape"]) != 1:
-        raise Unlowerable("layer_norm over more than the last dim")
     eps = float(p.get("eps", 1e-5))
-    last = [len(x.shape) - 1]
+    rank, normalized = len(x.shape), len(p["normalized_shape"])
+    if not 1 <= normalized <= rank:
+        raise Unlowerable(f"layer_norm over {normalized} dims of a tensor of {rank}")
+    last = list(range(rank - normalized, rank))
     centered = b.add(x, b.reduce(x, last, True, mean=True), -1.0)
     variance = b.reduce(power(b, centered, 2.0), last, True, mean=True)
     out = b.product(centered, power(b, b.shift(variance, eps), 0.5), divide=True)
@@ -577,7 +579,7 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("linalg_vector_norm", C, _vector_norm, "2-norm: sqrt(Σx²) over dims"),
         Lowering("norm", C, _vector_norm, "Tensor.norm, p = 2: as linalg_vector_norm"),
         Lowering("rms_norm", C, _rms_norm, "rms_norm(x, eps) · weight over the last dim"),
-        Lowering("layer_norm", C, _layer_norm, "(x − mean) / √(var + eps) · weight + bias over the last dim"),
+        Lowering("layer_norm", C, _layer_norm, "(x − mean) / √(var + eps) · weight + bias, last dims"),
         Lowering("scaled_dot_product_attention", C, _attention,
                  "softmax(q kᵀ·scale + mask) v, decomposed; grouped-query heads folded into rows"),
         Lowering("view", L, _view, "relabel"),

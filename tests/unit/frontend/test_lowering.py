@@ -567,3 +567,16 @@ def test_new_unaries_give_what_pytorch_gives_at_extremes(function):
     assert not fast.partition.pytorch_ops
     got, want = fast(x).double(), function(x.double()).float().double()  # float64's, rounded to float32
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-12, equal_nan=True)
+
+
+@pytest.mark.parametrize("shape, normalized", [((4, 8, 16), (8, 16)), ((2, 3, 4, 5), (3, 4, 5))])
+def test_layer_norm_over_several_last_dims(shape, normalized):
+    """``F.layer_norm`` over (C, H, W) or (S, D): the means over all the normalized dims, its weight and
+    bias of that shape; against float64."""
+    torch.manual_seed(8)
+    x, w, b = torch.randn(*shape), torch.randn(*normalized), torch.randn(*normalized)
+    fast = mi.superoptimize(lambda x, w, b: F.layer_norm(x, normalized, w, b), (x, w, b), search=False,
+                            progress=False)
+    assert not fast.partition.pytorch_ops
+    want = F.layer_norm(x.double(), normalized, w.double(), b.double())
+    torch.testing.assert_close(fast(x, w, b).double(), want, rtol=1e-5, atol=1e-5)
