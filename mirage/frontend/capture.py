@@ -26,7 +26,15 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from mirage.frontend import decompositions, fill_masks, hidden_rows, products, selections, softmaxes
+from mirage.frontend import (
+    activations,
+    decompositions,
+    fill_masks,
+    hidden_rows,
+    products,
+    selections,
+    softmaxes,
+)
 from mirage.frontend.errors import (
     CaptureError,
     ExampleInputsError,
@@ -261,6 +269,7 @@ def capture(module: nn.Module, args: tuple, kwargs: dict, merge_products: bool =
     _repeats_as_expands(gm)
     softmaxes.stable_softmaxes(gm)
     softmaxes.shifted_softmaxes(gm)
+    activations.erf_gelus(gm)
     selections.slice_concats_as_products(gm)
     selections.interleaved_stacks_as_products(gm)
     _drop_value_asserts(gm)
