@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import weakref
 
 import torch
@@ -326,11 +327,17 @@ def _ancestors(node: fx.Node) -> tuple[dict | None, dict]:
 
 
 def erase_unused(graph: fx.Graph, node: fx.Node) -> None:
-    """Erase ``node`` and then its operands, as far as nothing else reads them (a folded mask's ops)."""
+    """Erase ``node`` and then its operands, as far as nothing else reads them (a folded mask's ops, a
+    rewritten softmax's row maximum); a multi-output op's unread results (``max``'s indices) with it."""
     stack = [node]
     while stack:
         n = stack.pop()
-        if n.users or n.op not in ("call_function", "get_attr"):
+        if n.op not in ("call_function", "get_attr"):
+            continue
+        for user in list(n.users):
+            if user.target is operator.getitem and not user.users:
+                graph.erase_node(user)
+        if n.users:
             continue
         operands = n.all_input_nodes
         graph.erase_node(n)

@@ -26,6 +26,8 @@ import operator
 import torch
 import torch.fx as fx
 
+from mirage.frontend.fill_masks import erase_unused
+
 aten = torch.ops.aten
 # the softmax targets that capture sees: ``softmax.int`` from modules and functions, ``_softmax`` and
 # ``_safe_softmax`` from decompositions (SDPA's math path); each takes (x, dim, …)
@@ -61,18 +63,6 @@ def row_max_of(node: object) -> tuple[fx.Node, int] | None:
     return None
 
 
-def _erase_unused(nodes: list, graph: fx.Graph) -> None:
-    """Erase each of ``nodes`` (in order) that is left without users; ``max``'s unused indices too."""
-    for node in nodes:
-        if not isinstance(node, fx.Node) or node.op != "call_function":
-            continue
-        for user in list(node.users):
-            if user.target is operator.getitem and not user.users:
-                graph.erase_node(user)
-        if not node.users:
-            graph.erase_node(node)
-
-
 def _shifted_by_row_max(shifted: object, dim: int) -> fx.Node | None:
     """x when ``shifted`` is ``x − max(x, dim)`` (kept dims, no alpha); else None."""
     if not (isinstance(shifted, fx.Node) and shifted.target is aten.sub.Tensor and len(shifted.args) == 2
@@ -84,14 +74,6 @@ def _shifted_by_row_max(shifted: object, dim: int) -> fx.Node | None:
         return None
     rank = x.meta["val"].dim()
     return x if found[1] % rank == dim % rank else None
-
-
-def _row_max_nodes(shifted: fx.Node) -> list:
-    """The nodes of ``shifted``'s row maximum, outermost first: detaches, then ``amax``, or
-    ``getitem`` and ``max``."""
-    chain = _undetached(shifted.args[1])
-    last = chain[-1]
-    return chain + [last.args[0]] if last.target is operator.getitem else chain
 
 
 def _finish(gm: fx.GraphModule, changed: bool) -> None:
@@ -124,7 +106,7 @@ def stable_softmaxes(gm: fx.GraphModule) -> None:
         softmax.meta["val"] = node.meta["val"]
         node.replace_all_uses_with(softmax)
         gm.graph.erase_node(node)
-        _erase_unused([total, e, shifted, *_row_max_nodes(shifted)], gm.graph)
+        erase_unused(gm.graph, total)
         changed = True
     _finish(gm, changed)
 
@@ -141,6 +123,6 @@ def shifted_softmaxes(gm: fx.GraphModule) -> None:
         if x is None:
             continue
         node.update_arg(0, x)
-        _erase_unused([shifted, *_row_max_nodes(shifted)], gm.graph)
+        erase_unused(gm.graph, shifted)
         changed = True
     _finish(gm, changed)
