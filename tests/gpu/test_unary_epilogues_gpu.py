@@ -1,5 +1,7 @@
-"""Opaque unary epilogues of a fused matmul (sigmoid, tanh, silu, gelu in both forms, softplus) on a GPU,
-against the float64 reference, and a PyTorch program with ``torch.tanh`` through ``mirage.superoptimize``."""
+"""Opaque unary epilogues of a fused matmul (sigmoid, tanh, silu, gelu in both forms, softplus, erf,
+sin, cos; log and log1p of a sigmoid, expm1 of a tanh, so that their argument is in range: the products
+reach ±40, whose expm1 no half holds) on a GPU, against the
+float64 reference, and a PyTorch program with ``torch.tanh`` through ``mirage.superoptimize``."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
 from tests.unit.optimizer.optimizer_graphs import matmul_epilogue  # noqa: E402
 
-OPS = ("gelu", "gelu_erf", "sigmoid", "silu", "softplus", "tanh")
+OPS = ("gelu", "gelu_erf", "sigmoid", "silu", "softplus", "tanh", "erf", "sin", "cos")
+AFTER = {"log": "sigmoid", "log1p": "sigmoid", "expm1": "tanh"}  # op(AFTER[op](X @ W))
 
 pytestmark = pytest.mark.gpu
 
@@ -21,11 +24,12 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def built() -> dict:
     graphs = {op: matmul_epilogue(op) for op in OPS}
+    graphs |= {op: matmul_epilogue(op, then=then) for op, then in AFTER.items()}
     programs = build_many([generate_cuda_program(g) for g in graphs.values()])
     return {op: (graphs[op], program) for op, program in zip(graphs, programs, strict=True)}
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", OPS + tuple(AFTER))
 def test_unary_epilogue_matches_reference(built, op):
     graph, program = built[op]
     result = check_on_gpu(graph, program.with_poison(), seed=3)

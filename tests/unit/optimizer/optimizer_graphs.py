@@ -272,10 +272,13 @@ def matmul_then_silu(m: int = 16, k: int = 256, n: int = 1024, n_blocks: int = 8
     return g.freeze()
 
 
-def matmul_epilogue(op: str, m: int = 16, k: int = 256, n: int = 512) -> mi.KernelGraph:
+def matmul_epilogue(op: str, m: int = 16, k: int = 256, n: int = 512, then: str = "") -> mi.KernelGraph:
     """``op(X @ W)`` in one kernel (``op`` a unary builder method: sigmoid, tanh, silu, ...): blocks
-    of 64 columns, K in 4 steps, ``op`` after the loop."""
+    of 64 columns, K in 4 steps, ``op`` after the loop; ``then``: a unary op between the product and
+    ``op`` (``op(then(X @ W))``)."""
     g, x, w, tb, product = _blocked_matmul(f"epilogue_{op}", m, k, n, n // 64)
+    if then:
+        product = getattr(tb, then)(product)
     tb.new_output(getattr(tb, op)(product), output_map=(1, -1, -1))
     (out,) = g.customized([x, w], tb)
     g.mark_output(out)
