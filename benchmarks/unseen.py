@@ -572,6 +572,24 @@ class GroupNormSiLU(nn.Module):
         return F.silu(self.norm(x))
 
 
+class LogSoftmaxHead(nn.Module):
+    """A classifier's log-probabilities: a projection to 1,000 classes, then ``log_softmax``."""
+
+    def __init__(self, dim: int = 768, classes: int = 1000):
+        super().__init__()
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        return F.log_softmax(self.head(x), -1)
+
+
+class LogProbs(nn.Module):
+    """A sampler's log-probabilities of next tokens: logits over a vocabulary, divided by a temperature."""
+
+    def forward(self, logits):
+        return torch.log_softmax(logits / 0.7, -1)
+
+
 PROGRAMS = {
     "gate": (Gate, [(8, 1024), (8, 1024), (8, 1024)]),
     "softmax_projection": (SoftmaxProjection, [(16, 256)]),
@@ -591,9 +609,11 @@ PROGRAMS = {
     "chunked_glu": (ChunkedGLU, [(8, 512)]),
     "conv_block": (ConvBlock, [(2, 16, 32, 32)]),
     "groupnorm_silu": (functools.partial(GroupNormSiLU, 64, 8), [(2, 64, 16, 16)]),  # groups of 2,048
-    "sd_groupnorm_silu": (GroupNormSiLU, [(2, 320, 64, 64)]),
+    "sd_groupnorm_silu": (GroupNormSiLU, [(2, 320, 64, 64)]),  # SD's first level: groups of 40,960
     "mamba_dt": (MambaDt, [(1, 512, 48)]),
-    "mish_mlp": (MishMLP, [(8, 512)]),  # SD's first level: groups of 40,960
+    "mish_mlp": (MishMLP, [(8, 512)]),
+    "log_softmax_head": (LogSoftmaxHead, [(32, 768)]),
+    "token_log_probs": (LogProbs, [(8, 32000)]),  # Llama's vocabulary
     "vit_attention_b2": (ViTAttention, [(2, 197, 384)]),  # timm's ViT-S: 197 tokens, 6 heads, one qkv
     "llama_attention": (LlamaAttention, [(1, 256, 1024)]),
     "prefill_projection": (functools.partial(nn.Linear, 768, 768), [(1, 128, 768)]),  # BERT's, alone

@@ -7,7 +7,7 @@ its kernel-graph form with a :class:`~mirage.frontend.region.RegionBuilder`.  A 
 partitioner then cuts the subprogram there, or leaves the op in PyTorch with a one-line notice).
 
 >>> sorted(LOWERINGS)[:4]
-['_safe_softmax', '_softmax', '_to_copy', '_unsafe_view']
+['_log_softmax', '_safe_softmax', '_softmax', '_to_copy']
 """
 
 from __future__ import annotations
@@ -356,6 +356,16 @@ def _softmax(b: RegionBuilder, node, p):
     return b.softmax(b.tensor_operand(p["self"]), int(p["dim"]))
 
 
+def _log_softmax(b: RegionBuilder, node, p):
+    if p.get("half_to_float") or p.get("dtype") not in (None, p["self"].meta["val"].dtype):
+        raise Unlowerable("log_softmax that changes the dtype")
+    return b.log_softmax(b.tensor_operand(p["self"]), int(p["dim"]))
+
+
+def _logsumexp(b: RegionBuilder, node, p):
+    return b.logsumexp(b.tensor_operand(p["self"]), p["dim"], bool(p.get("keepdim", False)))
+
+
 def _rms_norm(b: RegionBuilder, node, p):
     x = b.tensor_operand(p["input"])
     if len(p["normalized_shape"]) != 1:
@@ -576,6 +586,11 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("softmax", C, _softmax, "LAX form exp(x)/Σexp(x), marked for online softmax"),
         Lowering("_softmax", C, _softmax, "as softmax"),
         Lowering("_safe_softmax", C, _softmax, "as softmax (a row all −inf: NaN here, zeros in PyTorch)"),
+        Lowering("log_softmax", C, _log_softmax, "x − log Σexp(x), the row maximum out of the exp and "
+                 "back after the log (last dim)"),
+        Lowering("_log_softmax", C, _log_softmax, "as log_softmax"),
+        Lowering("logsumexp", C, _logsumexp, "log Σexp(x) over one dim, stabilised as log_softmax "
+                 "(a +inf value: NaN here, inf in PyTorch)"),
         Lowering("linalg_vector_norm", C, _vector_norm, "2-norm: sqrt(Σx²) over dims"),
         Lowering("norm", C, _vector_norm, "Tensor.norm, p = 2: as linalg_vector_norm"),
         Lowering("rms_norm", C, _rms_norm, "rms_norm(x, eps) · weight over the last dim"),

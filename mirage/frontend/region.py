@@ -622,20 +622,49 @@ class RegionBuilder:
 
     def softmax(self, x: Operand, dim: int) -> Value:
         """LAX form ``exp(x) / sum(exp(x))``; the exp is recorded for the online-softmax rewrite."""
+        t, e, total = self._exp_sum(x, dim, "softmax")
+        return Value(self.emit("div", e, total), x.shape)
+
+    def log_softmax(self, x: Operand, dim: int) -> Value:
+        """``x − log Σ exp(x)``: the online-softmax rewrite subtracts the row maximum from the exp and
+        adds it back after the log (``log Σ exp(x − m) + m``), as PyTorch computes it."""
+        t, _, total = self._exp_sum(x, dim, "log_softmax", last=True)
+        return Value(self.emit("sub", t, self.emit("log", total)), x.shape)
+
+    def logsumexp(self, x: Operand, dims, keepdim: bool) -> Value:
+        """``log Σ exp(x)`` over one dim (stabilised as :meth:`log_softmax`)."""
+        logical = x.shape
+        dims = [d for d in shapes.normalize_dims(dims if dims not in ([], ()) else None, len(logical))
+                if logical[d] != 1]
+        if len(dims) != 1:
+            raise Unlowerable(f"logsumexp over {len(dims)} dims of more than one value; one is lowered")
+        _, _, total = self._exp_sum(x, dims[0], "logsumexp", last=True)
+        shape = tuple(1 if d == dims[0] else s for d, s in enumerate(logical))
+        if not keepdim:
+            shape = shape[:dims[0]] + shape[dims[0] + 1:]
+        return Value(self.emit("log", total), shape)
+
+    def _exp_sum(self, x: Operand, dim: int, what: str,
+                 last: bool = False) -> tuple[DTensor, DTensor, DTensor]:
+        """x's graph tensor, ``exp(x)`` (recorded for the online-softmax rewrite) and its sum over
+        ``dim``; ``last``: that dim must be the graph tensor's last, the one the rewrite's row maxima
+        run over (a log of the sum needs them: without, it overflows or is log 0)."""
         logical = x.shape
         dim %= len(logical)
         if logical[dim] == 1:
-            raise Unlowerable("softmax over a dim of size 1")
+            raise Unlowerable(f"{what} over a dim of size 1")
         if isinstance(x, Boundary):
             t = self.bind(x, self.default_shape(logical) if dim == len(logical) - 1 else logical)
         else:
             t = self.tensor(x)
         g = shapes.graph_dim(t.dims, logical, dim)
         if g is None:
-            raise Unlowerable(f"softmax dim {dim} is merged with others in the graph tensor")
+            raise Unlowerable(f"{what} dim {dim} is merged with others in the graph tensor")
+        if last and g != len(t.dims) - 1:
+            raise Unlowerable(f"{what} over dim {dim} of {list(logical)}: only the last dim is stabilised")
         e = self.emit("exp", t)
         self.softmax_exps.append(e.ref.node)
-        return Value(self.emit("div", e, self.emit("reduction", e, g)), logical)
+        return t, e, self.emit("reduction", e, g)
 
     def expand(self, x: Operand, shape: Shape) -> Value:
         if not isinstance(x, Value) or x.expanded_from is not None:

@@ -11,6 +11,9 @@ or ~88.  This pass rewrites each ``exp`` of a block graph whose uses can absorb 
   (FlashAttention's rule).  After the loop each such accumulator holds ``exp(−M)·(original)``, M the
   row maximum over all iterations;
 * an ``exp(x)`` after the loop becomes ``exp(x − reduction_max(x))``;
+* a ``log`` of a value of degree p (``log Σ exp(x)``, a logsumexp) is ``log(value) + p·m``: the rewrite
+  adds the maxima back (after the loop the row maximum over all iterations, ``accum(…, kind=max)``),
+  so its result has degree 0;
 * results of degree 0 (``Σ e·v / Σ e``) need nothing more.  Results of degree 1 are *partials* of a
   split-KV kernel: the block graph also saves M (``accum(reduction_max(x), kind=max)``) with the
   same output map, and every graph-defined op that reads the partials is rewritten into a stable
@@ -24,11 +27,13 @@ those kernels stay as they were and the result record says why.  Semantics are p
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from mirage.mugraph.graph import Accum, AccumKind, BlockGraph, KernelGraph, Node, Reduce, Ref, Scalar
-from mirage.mugraph.ops import Op
+from mirage.mugraph import build
+from mirage.mugraph.graph import Accum, AccumKind, BlockGraph, Clamp, KernelGraph, Node, Reduce, Ref, Scalar
+from mirage.mugraph.ops import RUNNING_MAX_FLOOR, Op
 from mirage.optimizer.graphs import BlockRewriter
 from mirage.optimizer.scale import Degree, keeps_rows, propagate
 
@@ -43,6 +48,7 @@ class BlockAnalysis:
     sites: tuple[int, ...]  # node indices of the rewritable exps
     degrees: tuple[Degree, ...]  # per node (block nodes have one output)
     dropped: tuple[tuple[int, str], ...]  # (exp, reason) for exps left alone
+    logged: frozenset[int] = frozenset()  # sites whose values reach a log (_logged)
 
     def partial_outputs(self, graph: BlockGraph) -> list[int]:
         """Output savers whose value has degree 1: partial results for a combine kernel."""
@@ -73,6 +79,8 @@ def _degrees(graph: BlockGraph, sites: set[int]) -> list[Degree]:
             if any(ins):
                 raise _Blocked(involved | {i}, f"%{i}: exp of a value that already carries a scale")
             degree: Degree | None = {i: 1}
+        elif node.op is Op.LOG and ins[0]:
+            degree = {}  # log(s^p·v) = log v + p·m: the rewrite adds p·m back (_log_of_scaled)
         elif node.op is Op.ACCUM and ins[0]:
             ok = node.attrs.kind in SUMMING and list(ins[0].values()) == [1] and len(ins[0]) == 1
             degree = ins[0] if ok else None
@@ -102,7 +110,8 @@ def analyse_block(graph: BlockGraph) -> BlockAnalysis:
     while True:
         try:
             degrees = _degrees(graph, sites)
-            return BlockAnalysis(tuple(sorted(sites)), tuple(degrees), tuple(dropped))
+            return BlockAnalysis(tuple(sorted(sites)), tuple(degrees), tuple(dropped),
+                                 _logged(graph, degrees))
         except _Blocked as blocked:
             culprits = blocked.sites & sites
             if not culprits:  # a failure that no remaining site causes cannot happen; be safe
@@ -130,6 +139,14 @@ def rewrite_block(graph: BlockGraph, analysis: BlockAnalysis) -> BlockRewrite:
     """Apply the rewrite to every site of ``analysis`` (see the module docstring)."""
     rw = BlockRewriter(graph)
     running: dict[int, tuple[Ref, Ref]] = {}  # site -> (tile row max, running max)
+    row_max: dict[int, Ref] = {}  # site after the loop -> its row max
+    accumulated: dict[int, Ref] = {}  # site in the loop -> the row max over all iterations
+
+    def final_max(site: int) -> Ref:
+        if site not in accumulated:
+            accumulated[site] = rw.emit(Op.ACCUM, (running[site][0],), Accum(AccumKind.MAX))
+        return accumulated[site]
+
     saved: list[tuple[int, int, tuple[int, int, int]]] = []  # (output index, site, output map)
     for i, node in enumerate(graph.nodes):
         degree = analysis.degrees[i]
@@ -138,11 +155,17 @@ def rewrite_block(graph: BlockGraph, analysis: BlockAnalysis) -> BlockRewrite:
             rank = graph.type_of(node.inputs[0]).rank
             tile_max = rw.emit(Op.REDUCTION_MAX, (x,), Reduce(rank - 1))
             if node.outputs[0].after_accum:
-                m = tile_max
+                m = row_max[i] = _floored(rw.emit, tile_max) if i in analysis.logged else tile_max
             else:
                 m = rw.emit(Op.RUNNING_MAX, (tile_max,))
                 running[i] = (tile_max, m)
             rw.alias(Ref(i, 0), rw.emit(Op.EXP, (rw.emit(Op.SUB, (x, m)),)))
+        elif node.op is Op.LOG and analysis.degrees[node.inputs[0].node]:
+            scaled = analysis.degrees[node.inputs[0].node]
+            after = node.outputs[0].after_accum
+            maxima = {s: row_max[s] if s in row_max else final_max(s) if after else running[s][1]
+                      for s in scaled}
+            rw.alias(Ref(i, 0), _log_of_scaled(rw.emit, rw.ref(node.inputs[0]), scaled, maxima))
         elif node.op is Op.ACCUM and degree:
             (site,) = degree
             rw.alias(Ref(i, 0), _rescaled(rw, graph, node, running[site][1]))
@@ -154,15 +177,33 @@ def rewrite_block(graph: BlockGraph, analysis: BlockAnalysis) -> BlockRewrite:
             rw.copy(i)
     partials: list[PartialOutput] = []
     maxima: dict[tuple[int, tuple[int, int, int]], int] = {}
-    accumulated: dict[int, Ref] = {}
     for output, site, output_map in saved:
         if (site, output_map) not in maxima:
-            if site not in accumulated:
-                accumulated[site] = rw.emit(Op.ACCUM, (running[site][0],), Accum(AccumKind.MAX))
-            rw.emit_output(accumulated[site], output_map)
+            rw.emit_output(final_max(site), output_map)
             maxima[(site, output_map)] = len(rw.graph.output_nodes) - 1
         partials.append(PartialOutput(output, site, maxima[(site, output_map)]))
     return BlockRewrite(rw.graph, tuple(partials))
+
+
+def _logged(graph, degrees: list[Degree]) -> frozenset[int]:
+    """The sites whose scaled values a ``log`` reads."""
+    return frozenset(s for n in graph.nodes if n.op is Op.LOG for s in degrees[n.inputs[0].node])
+
+
+def _floored(emit, maximum: Ref) -> Ref:
+    """A row maximum no lower than the running maxima's floor: a row all −inf keeps exp(x − m) = 0, so
+    its ``log Σ exp`` is −inf, as PyTorch's logsumexp (``x − m`` would be NaN)."""
+    return emit(Op.CLAMP, (maximum,), Clamp(RUNNING_MAX_FLOOR, math.inf))
+
+
+def _log_of_scaled(emit, value: Ref, degree: Degree, maxima: dict[int, Ref]) -> Ref:
+    """``log`` of ``value``, a value of ``degree`` (``s^-p·v`` per site, ``s = exp(m)``), as the log of
+    the original: ``log(value) + Σ p·m``.  ``emit(op, inputs, attrs=None)`` appends a node."""
+    out = emit(Op.LOG, (value,))
+    for site, power in sorted(degree.items()):
+        m = maxima[site] if power == 1 else emit(Op.MUL_SCALAR, (maxima[site],), Scalar(float(power)))
+        out = emit(Op.ADD, (out, m))
+    return out
 
 
 def _rescaled(rw: BlockRewriter, graph: BlockGraph, node, m: Ref) -> Ref:
@@ -281,6 +322,14 @@ def stabilise_kernel_exps(graph: KernelGraph) -> tuple[KernelGraph, list[Softmax
         return graph, [], skipped
     nodes: list[Node] = []
     remap: dict[Ref, Ref] = {}
+    maxima: dict[int, Ref] = {}  # site -> its row max
+
+    def emit(op: Op, inputs: tuple[Ref, ...], attrs=None) -> Ref:
+        so_far = dataclasses.replace(graph, nodes=tuple(nodes))
+        nodes.append(Node(op, inputs, attrs, build.infer(so_far, op, inputs, attrs)))
+        return Ref(len(nodes) - 1, 0)
+
+    logged = _logged(graph, degrees)
     for i, node in enumerate(graph.nodes):
         inputs = tuple(remap[r] for r in node.inputs)
         if i in sites:
@@ -288,8 +337,14 @@ def stabilise_kernel_exps(graph: KernelGraph) -> tuple[KernelGraph, list[Softmax
             x_type = graph.type_of(node.inputs[0])
             rows = dataclasses.replace(x_type, shape=(*x_type.shape[:-1], 1))
             nodes.append(Node(Op.REDUCTION_MAX, (x,), Reduce(x_type.rank - 1), (rows,)))
-            nodes.append(Node(Op.SUB, (x, Ref(len(nodes) - 1, 0)), None, (x_type,)))
+            maxima[i] = Ref(len(nodes) - 1, 0)
+            if i in logged:
+                maxima[i] = _floored(emit, maxima[i])
+            nodes.append(Node(Op.SUB, (x, maxima[i]), None, (x_type,)))
             inputs = (Ref(len(nodes) - 1, 0),)
+        elif node.op is Op.LOG and degrees[node.inputs[0].node]:
+            remap[Ref(i, 0)] = _log_of_scaled(emit, inputs[0], degrees[node.inputs[0].node], maxima)
+            continue
         nodes.append(dataclasses.replace(node, inputs=inputs))
         for k in range(len(node.outputs)):
             remap[Ref(i, k)] = Ref(len(nodes) - 1, k)
@@ -317,6 +372,8 @@ def _less_its_maximum(graph: KernelGraph, exp: Node) -> bool:
     if sub.op is not Op.SUB:
         return False
     maximum = graph.nodes[sub.inputs[1].node]
+    if maximum.op is Op.CLAMP:  # _floored
+        maximum = graph.nodes[maximum.inputs[0].node]
     return maximum.op is Op.REDUCTION_MAX and maximum.inputs[0] == sub.inputs[0]
 
 

@@ -191,6 +191,8 @@ UNLOWERABLE = [
     ("maximum", lambda x: torch.maximum(x, x), "maximum of two tensors"),
     ("softplus_low_threshold", lambda x: F.softplus(x, 1.0, 5.0), "threshold 5"),
     ("minimum", lambda x: torch.minimum(x, x), "minimum of two tensors"),
+    ("log_softmax_not_last", lambda x: torch.log_softmax(x, 1), "only the last dim is stabilised"),
+    ("logsumexp_of_two_dims", lambda x: torch.logsumexp(x, (1, 2)), "logsumexp over 2 dims"),
 ]
 
 
@@ -582,3 +584,31 @@ def test_layer_norm_over_several_last_dims(shape, normalized):
     assert not fast.partition.pytorch_ops
     want = F.layer_norm(x.double(), normalized, w.double(), b.double())
     torch.testing.assert_close(fast(x, w, b).double(), want, rtol=1e-5, atol=1e-5)
+
+
+LOG_SOFTMAXES = {
+    "log_softmax": lambda x: torch.log_softmax(x, -1),
+    "logsumexp": lambda x: torch.logsumexp(x, -1),
+    "logsumexp_keepdim": lambda x: torch.logsumexp(x, 2, keepdim=True),
+    "log_softmax_float32_of_half": lambda x: F.log_softmax(x.half(), -1, dtype=torch.float32),
+    "soft_label_cross_entropy": lambda x: -(torch.log_softmax(x, -1) * torch.softmax(x * 0.5, -1)).sum(-1),
+}
+
+
+@pytest.mark.parametrize("function", LOG_SOFTMAXES.values(), ids=LOG_SOFTMAXES.keys())
+def test_log_softmaxes_are_pytorchs_far_from_zero(function):
+    """Rows far above exp's float32 range, far below it, all −inf and half −inf: the lowering's log adds
+    back the row maximum that the online-softmax rewrite takes out of the exp (a log of Σ exp(x) alone
+    is inf or −inf there), so the values are PyTorch's."""
+    x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(5)) * 3
+    x[0, 0] += 500.0
+    x[0, 1] -= 500.0
+    x[1, 0] = -INF
+    x[1, 1, ::2] = -INF
+    fast = mi.superoptimize(function, (x,), search=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    (sub,) = fast.partition.subprograms
+    assert Op.LOG in {n.op for n in sub.graph.nodes} and sub.online_softmax
+    got = fast(x).double()
+    want = function(x.double()).double()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4, equal_nan=True)

@@ -335,3 +335,19 @@ def rms_of_slices(rows: int = 16, cols: int = 512, iters: int = 4, threads: int 
     (o,) = g.customized([x], tb)
     g.mark_output(o)
     return g.freeze()
+
+
+def logsumexp_block(iterations: int, log_softmax: bool, rows: int = 16, cols: int = 256,
+                    dtype=mi.float32) -> mi.KernelGraph:
+    """log Σ exp(x) over rows of ``cols`` in blocks of 4 rows, the row in ``iterations`` steps; with
+    ``log_softmax`` (one step only) x − that."""
+    g = mi.new_kernel_graph("logsumexp")
+    x = g.new_input(dims=(rows, cols), dtype=dtype)
+    tb = mi.new_threadblock_graph(grid_dim=(rows // 4, 1, 1), block_dim=(128, 1, 1), forloop_range=iterations)
+    bx = tb.new_input(x, input_map=(0, -1, -1), forloop_dim=1 if iterations > 1 else -1)
+    lse = tb.log(tb.forloop_accum(tb.reduction(tb.exp(bx), 1)))
+    out = tb.sub(tb.forloop_accum(bx), lse) if log_softmax else lse
+    tb.new_output(out, output_map=(0, -1, -1))
+    (o,) = g.customized([x], tb)
+    g.mark_output(o)
+    return g.freeze()
