@@ -53,6 +53,31 @@ def column_norms() -> mi.KernelGraph:
     return g.freeze()
 
 
+def log_probs() -> mi.KernelGraph:
+    """``log_softmax(x / 0.7)`` over 32,000 logits, 8 rows, as the frontend lowers it."""
+    g = mi.new_kernel_graph("log_probs")
+    x = g.mul_scalar(g.new_input((8, 32000), mi.float16, name="x"), 1 / 0.7)
+    g.mark_output(g.sub(x, g.log(g.reduction(g.exp(x), 1))))
+    return g.freeze()
+
+
+def scaled_softmax() -> mi.KernelGraph:
+    """``softmax(x @ W / 8)``, 16 × 256 × 512: a scale before the exp."""
+    g = mi.new_kernel_graph("scaled_softmax")
+    x, w = g.new_input((16, 256), mi.float16, name="x"), g.new_input((256, 512), mi.float16, name="w")
+    e = g.exp(g.mul_scalar(g.matmul(x, w), 0.125))
+    g.mark_output(g.div(e, g.reduction(e, 1)))
+    return g.freeze()
+
+
+def centred_rms() -> mi.KernelGraph:
+    """LayerNorm's centring and scale without gain, as lowered: ``rms_norm(x − Σx · 1/n)``, 8 × 512."""
+    g = mi.new_kernel_graph("centred_rms")
+    x = g.new_input((8, 512), mi.float16, name="x")
+    g.mark_output(g.rms_norm(g.sub(x, g.mul_scalar(g.reduction(x, 1), 1 / 512)), eps=1e-5))
+    return g.freeze()
+
+
 #: name → (reference builder, config)
 PROGRAMS: dict[str, tuple[Callable[[], mi.KernelGraph], str]] = {
     "softmax_projection": (softmax_projection, "mlp"),
@@ -60,6 +85,9 @@ PROGRAMS: dict[str, tuple[Callable[[], mi.KernelGraph], str]] = {
     "column_norms": (column_norms, "mlp"),
     "rmsnorm_b1": (lambda: CASES["rmsnorm_b1"].reference(), "mlp"),
     "lora_m16": (lambda: CASES["lora_m16"].reference(), "lora"),
+    "log_probs": (log_probs, "mlp"),
+    "scaled_softmax": (scaled_softmax, "mlp"),
+    "centred_rms": (centred_rms, "mlp"),
 }
 
 

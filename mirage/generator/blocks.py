@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from mirage.generator.candidates import first_order, input_tuples, order_head
+from mirage.generator.scalars import SCALAR_OPS, block_source, cuts
 from mirage.generator.state import BlockState, Body, BodyList
 from mirage.mugraph.graph import AccumKind, Level, Node, Ref, TensorType
 from mirage.mugraph.ops import COMMUTATIVE, REGISTRY, UNARY, Op
@@ -229,8 +230,14 @@ class _BlockSearch:
             proposals = [p for p in proposals if state.memory_bytes + p[6] <= limit]
             pruned["memory"] += before - len(proposals)
         first = {} if self.guide is None else self.guide.first(state.values, proposals, self.complete)
+        chained = explorer.chained_scalars
         for k in _visit_order(len(proposals), first):
             order, rank, inputs, out, out_id, term, nbytes = proposals[k]
+            op = self.space.block_ops[rank].op
+            if op in SCALAR_OPS and cuts(op, block_source(state.nodes, inputs[0], op, state.num_inputs),
+                                         chained):
+                pruned["scalar_chain"] += 1
+                continue
             if self.extra_rules:
                 failed = explorer.extra_verdict(
                     self.space.block_ops[rank],

@@ -41,6 +41,8 @@ SEARCH_CHECKS = {
     "kernel_lookahead": "the kernel graph can still end with as many sinks as the reference has outputs",
     "input_maps": "every input iterator fits its tensor (tile divisibility)",
     "output_maps": "every output saver fits the grid",
+    "scalar_chain": "a mul_scalar (add_scalar) does not take the result of another, through accumulators "
+    "and savers, unless the reference applies two on one path (mirage.generator.scalars)",
     "commutative_operands": "with the complete canonical order, add and mul take their operands in "
     "increasing index order (the swapped op is the same op)",
     "output_expression": "a complete candidate is verified only if each of its output terms is in the "

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from mirage.errors import GraphError
 from mirage.generator import abstract_expr as ae
+from mirage.generator import scalars
 from mirage.generator.blocks import body_list, search_bodies
 from mirage.generator.budget import StopReason
 from mirage.generator.candidates import (
@@ -168,6 +169,8 @@ class Explorer:
         self._kernel_lookahead = self.rules.enabled("kernel_lookahead")
         self._complete = self.space.order == "complete"
         self._commutative = self.rules.enabled("commutative_operands")
+        self.chained_scalars = scalars.chained_scalars(context.reference) if self.rules.enabled(
+            "scalar_chain") else scalars.SCALAR_OPS
         guide = context.guide
         self.block_guide = guide.for_ops(self.space.block_ops) if self.space.guided_order else None
 
@@ -315,6 +318,11 @@ class Explorer:
                 memory = state.memory_bytes + nbytes
                 if self._memory and memory > self.space.device_memory_bytes:
                     pruned["memory"] += 1
+                    continue
+                if choice.op in scalars.SCALAR_OPS and scalars.cuts(
+                        choice.op, scalars.kernel_source(state.graph, state.tensors[inputs[0]], choice.op),
+                        self.chained_scalars):
+                    pruned["scalar_chain"] += 1
                     continue
                 if self.rules.extra_at[Level.KERNEL]:
                     failed = self.extra_verdict(

@@ -14,6 +14,8 @@ from benchmarks.mugraphs import CASES, attention, mlp
 from mirage.generator.egraph_subexpression import Backend, SubexpressionCheck, SubexpressionConfig
 from mirage.generator.pruning import prefix_terms, target_terms
 from mirage.generator.pruning.rules import identity_reductions
+from mirage.generator.scalars import chained_scalars, scalar_chains
+from mirage.mugraph.ops import Op
 from tests.unit.verifier.verifier_graphs import small_attention, tiled_matmul
 
 
@@ -100,6 +102,26 @@ def test_no_prefix_of_an_equivalent_mugraph_is_pruned(name, reference, equivalen
 @pytest.mark.parametrize(("name", "reference", "equivalent"), EQUIVALENT, ids=[row[0] for row in EQUIVALENT])
 def test_no_equivalent_mugraph_has_a_reduction_that_identity_reduction_cuts(name, reference, equivalent):
     assert identity_reductions(equivalent()) == []
+
+
+@pytest.mark.parametrize(("name", "reference", "equivalent"), EQUIVALENT, ids=[row[0] for row in EQUIVALENT])
+def test_no_equivalent_mugraph_has_a_scalar_chain_that_the_search_cuts(name, reference, equivalent):
+    assert scalar_chains(equivalent(), chained_scalars(reference())) == []
+
+
+def test_scalar_chains_are_found_at_both_levels_through_accumulators_and_savers():
+    g = mi.new_kernel_graph()
+    x = g.new_input(dims=(4, 8), dtype=mi.float16)
+    tb = mi.new_threadblock_graph((4, 1, 1), forloop_range=1)
+    scaled = tb.mul_scalar(tb.new_input(x, (0, -1, -1)), 0.5)
+    tb.new_output(tb.mul_scalar(tb.forloop_accum(scaled), 0.5), (0, -1, -1))
+    tb.new_output(tb.forloop_accum(tb.add_scalar(scaled, 1.0)), (0, -1, -1))
+    twice, shifted = g.customized([x], tb)
+    g.mark_output(g.mul_scalar(twice, 2.0))
+    g.mark_output(g.add_scalar(shifted, 1.0))
+    graph = g.freeze()
+    assert scalar_chains(graph) == ["%1/%3", "%2", "%3"]  # not the block's add of a product
+    assert scalar_chains(graph, frozenset({Op.MUL_SCALAR})) == ["%3"]
 
 
 def test_identity_reductions_are_found_at_both_levels():
