@@ -283,11 +283,13 @@ def print_times(times: dict[str, float], by_time: bool = False) -> None:
         print(f"    {us:8.2f} µs  {label}", flush=True)
 
 
-def program_arguments(doc: str, argv=None, programs: str = "", time_limit: float | None = None):
+def program_arguments(doc: str, argv=None, programs: str = "", time_limit: float | None = None,
+                      compile_option: bool = False):
     """The command line of a benchmark over named programs: ``--out`` (the folder of its JSON record),
     ``--programs`` (comma-separated; ``programs`` by default, "" for all) and, with a default
     ``time_limit``, ``--time-limit`` (the search budget per subprogram) and ``--split-rounds`` (the
-    frontend's ``split_rounds``: how often fruitless subprograms are split and searched again).
+    frontend's ``split_rounds``: how often fruitless subprograms are split and searched again);
+    ``compile_option``: ``--compile`` (time torch.compile too).
     ``doc``: the module's docstring, whose first line describes the command.  Returns the parsed
     arguments, ``wanted`` added: the set of programs asked for (empty: all)."""
     import argparse
@@ -300,6 +302,9 @@ def program_arguments(doc: str, argv=None, programs: str = "", time_limit: float
                             help="search budget per subprogram, s")
         parser.add_argument("--split-rounds", type=int, default=1,
                             help="rounds of splitting fruitless subprograms (Options.split_rounds)")
+    if compile_option:
+        parser.add_argument("--compile", action="store_true",
+                            help="also time torch.compile (mode max-autotune-no-cudagraphs, as the suite)")
     args = parser.parse_args(argv)
     args.wanted = set(filter(None, args.programs.split(",")))
     return args

@@ -698,7 +698,7 @@ def _relative_error(fast, model, inputs) -> float:
 def main(argv=None) -> None:
     from benchmarks.stream_floor import program_arguments, write_record
 
-    args = program_arguments(__doc__, argv, time_limit=15.0)
+    args = program_arguments(__doc__, argv, time_limit=15.0, compile_option=True)
     wanted = args.wanted
     from mirage.codegen.profile import device_facts, time_graph
     from mirage.frontend import graphs
@@ -731,6 +731,10 @@ def main(argv=None) -> None:
                              ("mirage_graph_us", fast, False)]
                     if hasattr(model, "fused"):
                         timed.append(("sdpa_us", model.fused, False))
+                    if args.compile:
+                        compiled = torch.compile(model, mode="max-autotune-no-cudagraphs")
+                        compiled(*inputs)  # compiled and tuned here, not inside the timing
+                        timed.append(("torch_compile_us", compiled, False))
                     if name in GIVEN:
                         given = mi.superoptimize(model, inputs, search=False, candidates=[GIVEN[name]()],
                                                  use_cache=False, progress=False)
