@@ -184,6 +184,27 @@ def _leaky_relu(b: RegionBuilder, node, p):
     return _relu_parts(b, b.tensor_operand(p["self"]), float(p.get("negative_slope", 0.01)))
 
 
+def _softshrink(b: RegionBuilder, node, p):
+    """``x − λ`` above λ, ``x + λ`` below −λ, 0 between: ``relu(x − λ) − relu(−x − λ)`` (NaN and ±inf
+    as PyTorch gives them)."""
+    x, lam = b.tensor_operand(p["self"]), float(p.get("lambd", 0.5))
+    if lam < 0:
+        raise Unlowerable(f"softshrink with a negative lambda {lam}")
+    above = b.unary("relu", b.shift(x, -lam))
+    below = b.unary("relu", b.shift(b.scale(x, -1.0), -lam))
+    return b.add(above, below, -1.0)
+
+
+def _logit(b: RegionBuilder, node, p):
+    """``ln(x / (1 − x))`` as ``ln x − ln(1 + (−x))``: ±inf at 1 and 0, NaN outside [0, 1], exact near
+    both ends; ``eps`` clamps x to [eps, 1 − eps] first."""
+    x = b.tensor_operand(p["self"])
+    eps = p.get("eps")
+    if eps is not None:
+        x = b.unary("clamp", x, float(eps), 1.0 - float(eps))
+    return b.add(b.unary("log", x), b.unary("log1p", b.scale(x, -1.0)), -1.0)
+
+
 SELU_ALPHA, SELU_SCALE = 1.6732632423543772, 1.0507009873554805  # torch.nn.SELU's constants
 
 
@@ -561,6 +582,9 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("clamp_max", C, _clamp, "min(x, hi): clamp to [−inf, hi]"),
         Lowering("abs", C, _abs, "relu(x) + relu(−x)"),
         Lowering("leaky_relu", C, _leaky_relu, "relu(x) − slope·relu(−x)"),
+        Lowering("softshrink", C, _softshrink, "relu(x − λ) − relu(−x − λ)"),
+        Lowering("logit", C, _logit, "ln x − ln(1 − x), x clamped to [eps, 1 − eps] with eps"),
+        Lowering("special_expit", C, _unary("sigmoid"), "as sigmoid"),
         Lowering("elu", C, _elu, "relu(x) − relu(alpha·(1 − exp(x))), times its scale"),
         Lowering("selu", C, _elu, "an elu of SELU's alpha and scale"),
         Lowering("celu", C, _elu, "an elu of input scale 1/alpha"),
@@ -589,6 +613,8 @@ LOWERINGS: dict[str, Lowering] = {
         Lowering("log_softmax", C, _log_softmax, "x − log Σexp(x), the row maximum out of the exp and "
                  "back after the log (last dim)"),
         Lowering("_log_softmax", C, _log_softmax, "as log_softmax"),
+        Lowering("special_log_softmax", C, _log_softmax, "as log_softmax"),
+        Lowering("special_logsumexp", C, _logsumexp, "as logsumexp"),
         Lowering("logsumexp", C, _logsumexp, "log Σexp(x) over one dim, stabilised as log_softmax "
                  "(a +inf value: NaN here, inf in PyTorch)"),
         Lowering("linalg_vector_norm", C, _vector_norm, "2-norm: sqrt(Σx²) over dims"),

@@ -258,12 +258,21 @@ def _creates_cycle(members: set[fx.Node], order: dict[fx.Node, int]) -> bool:
 
 
 def _is_compute(node: fx.Node) -> bool:
-    """An aten op producing a tensor (asserts, shape queries, getitems and views, such as the slices
-    of a merged product, are not worth a notice)."""
+    """An aten op producing a tensor or several (``var_mean``); asserts, shape queries, getitems and
+    views, such as the slices of a merged product, are not worth a notice."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
             or node.target.is_view:
         return False
-    return isinstance(node.meta.get("val"), torch.Tensor) and not node.target.__name__.startswith("_assert")
+    value = node.meta.get("val")
+    several = isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value)
+    if several and node.target.overloadpacket.__name__ in _VIEW_LISTS:
+        return False
+    return (isinstance(value, torch.Tensor) or several) and not node.target.__name__.startswith("_assert")
+
+
+# ops returning several views of their operands (their schemas do not say so)
+_VIEW_LISTS = frozenset({"broadcast_tensors", "split", "split_with_sizes", "chunk", "unbind", "tensor_split",
+                         "meshgrid"})
 
 
 # ops that start with a matrix product (attention with q·kᵀ)

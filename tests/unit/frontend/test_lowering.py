@@ -612,3 +612,25 @@ def test_log_softmaxes_are_pytorchs_far_from_zero(function):
     got = fast(x).double()
     want = function(x.double()).double()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("function", [
+    F.softshrink, lambda x: F.softshrink(x, 2.0), torch.logit, lambda x: torch.logit(x, eps=1e-3),
+    torch.special.expit, lambda x: torch.special.log_softmax(x, -1), lambda x: torch.special.logsumexp(x, -1),
+], ids=["softshrink", "softshrink_2", "logit", "logit_eps", "special_expit", "special_log_softmax",
+        "special_logsumexp"])
+def test_shrinks_logits_and_special_aliases_give_what_pytorch_gives_at_extremes(function):
+    """softshrink as two relus and logit as ln x − ln(1 − x): ±inf, NaN, 0, 1 and values outside [0, 1]
+    as PyTorch gives them; the ``torch.special`` names as their plain ops."""
+    x = torch.tensor([[float("inf"), float("-inf"), float("nan"), 0.0, 1.0, 0.5, 1e-7, 1 - 1e-7, 0.3, 0.9,
+                       -0.2, 1.5, 3.0, -3.0, 0.25, 2.5]])
+    fast = mi.superoptimize(function, (x,), search=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    got, want = fast(x).double(), function(x.double()).float().double()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_an_op_of_several_outputs_left_in_pytorch_is_reported():
+    fast = mi.superoptimize(lambda x: torch.var_mean(x, -1)[0] * 2.0, (torch.randn(4, 8),), search=False,
+                            progress=False)
+    assert [op.reason for op in fast.partition.pytorch_ops] == ["no µGraph lowering"]
