@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -26,8 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mirage.errors import MirageError
-from mirage.mugraph.graph import BlockGraph, KernelGraph
-from mirage.mugraph.ops import Op
+from mirage.mugraph.graph import KernelGraph
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +84,6 @@ class Trial:
                 "defer_values": self.variant.defer_values, "tma_copies": self.variant.tma_copies,
                 "grids": [b.grid_dim for b in self.variant.graph.block_graphs()],
                 "forloop_ranges": [b.forloop_range for b in self.variant.graph.block_graphs()],
-                "threads": [math.prod(b.block_dim) for b in self.variant.graph.block_graphs()],
                 "median_us": self.median_us, "dependent_launch": self.dependent_launch,
                 "spread_blocks": self.spread_blocks, "launch_us": self.launch_us,
                 "relative_error": self.error, "failure": self.failure}
@@ -182,62 +179,17 @@ def variants(candidates: Sequence[KernelGraph], stages: Sequence[int] = (2, 3, 4
             for w in warpgroup if s in stages or w[0]]
 
 
-# thread counts a kernel of few blocks is also built with where the candidates are the search's
-# µGraphs, which run 128 threads a block (SearchSpace.block_dims): a row of 32,000 logits in one
-# block of 128 threads is a long serial chain per thread
-WIDE_THREADS = (256, 512, 1024)
-
-
-def block_dims(graph: KernelGraph) -> tuple[tuple[int, int, int], ...]:
-    """The block dims of ``graph``'s graph-defined ops, in node order."""
-    return tuple(b.block_dim for b in graph.block_graphs())
-
-
-def with_block_dims(graph: KernelGraph, dims: Sequence[tuple[int, int, int]]) -> KernelGraph:
-    """``graph`` with its graph-defined ops' block dims set to ``dims`` (in node order)."""
-    given = iter(dims)
-    nodes = tuple(dataclasses.replace(n, attrs=dataclasses.replace(n.attrs, block_dim=tuple(next(given))))
-                  if isinstance(n.attrs, BlockGraph) else n for n in graph.nodes)
-    return dataclasses.replace(graph, nodes=nodes)
-
-
-def widened(graph: KernelGraph, sms: int, threads: Sequence[int] = WIDE_THREADS) -> list[KernelGraph]:
-    """Copies of ``graph`` whose kernels of fewer blocks than the GPU has SMs run more threads a block,
-    one copy per count in ``threads``: such a grid leaves SMs idle, and each block's threads carry
-    its whole tile.  Kernels with an ``exp`` and a product (attention chains, whose forms assume their
-    warps) keep their threads; so does a graph with no kernel to widen (no copy)."""
-    def widenable(block: BlockGraph) -> bool:
-        ops = {n.op for n in block.nodes}
-        return (block.num_blocks < sms and block.block_dim == (128, 1, 1)
-                and not {Op.EXP, Op.MATMUL} <= ops)
-
-    kernels = graph.block_graphs()
-    if not any(widenable(b) for b in kernels):
-        return []
-    return [with_block_dims(graph, [(t, 1, 1) if widenable(b) else b.block_dim for b in kernels])
-            for t in threads]
-
-
-def multiprocessors(inputs: Sequence) -> int:
-    """The SM count of the GPU that holds ``inputs`` (the current one where no input is a tensor)."""
-    import torch
-
-    device = next((t.device for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda), None)
-    return torch.cuda.get_device_properties(device or torch.cuda.current_device()).multi_processor_count
-
-
 def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], inputs: Sequence | None = None,
                    stages: Sequence[int] = (2, 3, 4), max_workers: int | None = None,
                    replays: int = 100, ties: float = 0.01, multicast: Sequence[int] = (0, 2),
-                   warpgroup: Sequence[Form] = WARPGROUP_FORMS, final_rounds: int = FINAL_ROUNDS,
-                   wide_threads: Sequence[int] = ()) -> Selection:
+                   warpgroup: Sequence[Form] = WARPGROUP_FORMS, final_rounds: int = FINAL_ROUNDS
+                   ) -> Selection:
     """Build every candidate at every pipeline depth in ``stages`` (and, where the µGraph has inputs
     that every block loads alike, with them multicast to clusters of each size in ``multicast``; where
     it has an online-softmax chain that qualifies, in each of the chain's forms that ``warpgroup``
-    lists: warp or warpgroup MMAs, P·V deferred or not, K and V copied by TMA or not; where a kernel
-    has fewer blocks than the GPU has SMs, also with each thread count of ``wide_threads``:
-    :func:`widened`), time each on the GPU, time the builds that could win ``final_rounds`` times more
-    (:func:`final_round`; 0: not at all), and keep the fastest that matches ``reference``."""
+    lists: warp or warpgroup MMAs, P·V deferred or not, K and V copied by TMA or not), time each on
+    the GPU, time the builds that could win ``final_rounds`` times more (:func:`final_round`; 0: not
+    at all), and keep the fastest that matches ``reference``."""
     from mirage.codegen import dependent_launch
     from mirage.codegen.gpu_check import check_on_gpu, random_inputs
     from mirage.codegen.lower_program import generate_cuda_program
@@ -245,12 +197,6 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
     from mirage.codegen.runtime import build_many
 
     start = time.perf_counter()
-    if inputs is None:
-        inputs = random_inputs(reference, seed=0)
-    inputs = list(inputs)
-    if wide_threads:
-        sms = multiprocessors(inputs)
-        candidates = [*candidates, *(w for g in candidates for w in widened(g, sms, wide_threads))]
     trials = [Trial(v) for v in variants(candidates, stages, multicast, warpgroup)]
     programs, built = [], []
     seen: set[tuple[str, str]] = set()
@@ -281,6 +227,9 @@ def select_fastest(reference: KernelGraph, candidates: Sequence[KernelGraph], in
         programs.append(program)
         built.append(trial)
     compiled = dict(zip(map(id, built), build_many(programs, max_workers=max_workers), strict=True))
+    if inputs is None:
+        inputs = random_inputs(reference, seed=0)
+    inputs = list(inputs)
     for trial in built:
         program = compiled[id(trial)]
         if isinstance(program, Exception):

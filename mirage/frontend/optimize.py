@@ -18,7 +18,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -483,28 +482,19 @@ def profile_choice(reference: KernelGraph, candidates: list[KernelGraph]
     built (``BuildChoice.as_dict``: pipeline depth and launch mode), its time (µs a call) and the
     inputs (positions) its kernels read in place where they are declared as views (transposed, or
     through strides: the others it copies, which the guard charges to it)."""
-    from mirage.codegen.select import WIDE_THREADS, block_dims, select_fastest, with_block_dims
+    from mirage.codegen.select import select_fastest
 
     given = candidates[:PROFILE_CANDIDATES]
     renamed = [_rename(g, reference) for g in given]  # built with the reference's input patterns
-    selection = select_fastest(reference, renamed, stages=(2, 3), wide_threads=WIDE_THREADS)
+    selection = select_fastest(reference, renamed, stages=(2, 3))
     best = selection.best
     built = best.variant.graph
-    picked = next((g for g, r in zip(given, renamed, strict=True) if r is built), None)
-    searched = ""
-    if picked is None:  # a candidate built with more threads a block (select.widened)
-        dims = block_dims(built)
-        picked = next((with_block_dims(g, dims) for g, r in zip(given, renamed, strict=True)
-                       if with_block_dims(r, dims) == built), built)
-        as_found = [t.median_us for t in selection.trials
-                    if t.median_us is not None and any(t.variant.graph is r for r in renamed)]
-        searched = f"; the fastest at the search's threads: {min(as_found):.2f} µs" if as_found else ""
+    picked = next((g for g, r in zip(given, renamed, strict=True) if r is built), built)
     launch = ("on, one block per SM" if best.spread_blocks else "on") if best.dependent_launch else "off"
     cuda = getattr(selection.program, "cuda", None)  # None: every declared view counts as read in place
     in_place = None if cuda is None else frozenset(cuda.transposed_inputs) | frozenset(cuda.input_strides)
     note = (f"fastest of {len(selection.trials)} GPU builds: {best.median_us:.2f} µs "
-            f"(pipeline stages {best.variant.stages}, dependent launch {launch}; {build_shape(best)}"
-            f"{searched})")
+            f"(pipeline stages {best.variant.stages}, dependent launch {launch}; {build_shape(best)})")
     return picked, note, best.build.as_dict(), best.median_us, in_place
 
 
@@ -513,7 +503,6 @@ def build_shape(trial) -> str:
     its attention chains (``warpgroup``: warpgroup MMAs; ``TMA``: K and V copied by the TMA unit)."""
     variant = trial.variant
     kernels = ", ".join(f"grid {tuple(b.grid_dim)} loop {b.forloop_range}"
-                        + ("" if b.block_dim == (128, 1, 1) else f" threads {math.prod(b.block_dim)}")
                         for b in variant.graph.block_graphs())
     forms = [name for name, on in (("warpgroup", variant.warpgroup_softmax), ("TMA", variant.tma_copies),
                                    (f"multicast {variant.multicast_cluster}", variant.multicast_cluster > 1))

@@ -80,7 +80,7 @@ def test_selection_tells_the_guard_which_views_its_winner_copies(monkeypatch):
     gm = capture(BertSelfAttention().eval(), (torch.randn(2, 128, 768),), {})
     attention = _attention(gm)
 
-    def built_as_given(reference, candidates, stages, wide_threads=()):
+    def built_as_given(reference, candidates, stages):
         trial = select.Trial(select.Variant(candidates[0]), median_us=4.0)
         program = SimpleNamespace(cuda=generate_cuda_program(candidates[0], None))
         return select.Selection(trial, [trial], program)
