@@ -225,9 +225,23 @@ def strip_names(graph: KernelGraph) -> KernelGraph:
 def cache_key(reference: KernelGraph, settings: SearchSettings) -> str:
     from mirage import __version__
 
-    text = json.dumps({"graph": content_hash(strip_names(reference)), "settings": settings.to_dict(),
-                       "version": __version__, "spaces": _spaces_hash()}, sort_keys=True)
+    document = {"graph": content_hash(strip_names(reference)), "settings": settings.to_dict(),
+                "version": __version__, "spaces": _spaces_hash()}
+    templates = split_row_candidates(reference)
+    if templates:  # what the choice is made among besides the search's (a key of its own)
+        document["split_rows"] = [content_hash(g) for g in templates]
+    text = json.dumps(document, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def split_row_candidates(reference: KernelGraph) -> list[KernelGraph]:
+    """Split-row µGraphs for a long-row log_softmax or logsumexp (:mod:`mirage.generator.split_rows`),
+    which the search's spaces cannot hold; none where the generator is not installed."""
+    try:
+        from mirage.generator import split_rows
+    except ImportError:
+        return []
+    return split_rows.candidates(reference)
 
 
 @functools.cache
@@ -589,6 +603,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
                           build=entry.get("build"))
     start = time.perf_counter()
     given = verified_candidates(reference, candidates)
+    templates = verified_candidates(reference, split_row_candidates(reference)) if search else []
     if not search and not given:
         return Choice(reference, "reference", key, "search disabled (search=False)")
     found, note, graphs = None, "search disabled (search=False)", []
@@ -608,11 +623,11 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
             found, note, graphs = _drop_unstable(reference, found, note, graphs)
             found, note, graphs = fused_first(reference, found, note, graphs)
         except SearchUnavailable as error:
-            if not given:
+            if not given and not templates:
                 return Choice(reference, "reference", key, f"fallback: {error}")
             note = f"no search: {error}"
         except Exception as error:  # a failed search must not lose the (correct) reference program
-            fallback = "the verified candidates" if given else "the reference graph"
+            fallback = "the verified candidates" if given or templates else "the reference graph"
             logger.warning("mirage: the search for %s failed (%s: %s); running %s",
                            reference.name or "a subprogram", type(error).__name__, error, fallback)
             message = str(error).splitlines()[0] if str(error) else ""
@@ -620,13 +635,16 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
             if isinstance(error, BrokenProcessPool):
                 reason += (" (a search worker process died: out of memory or killed; "
                            "search_overrides={'workers': 1} searches in this process)")
-            if not given:
+            if not given and not templates:
                 return Choice(reference, "reference", key, f"fallback: search failed: {reason}")
             note = f"search failed: {reason}"
+    if templates:
+        note = f"{note}; {len(templates)} split-row µGraph(s) float-checked"
     if given:
         note = f"{note}; {len(given)} of {len(candidates)} given candidate(s) verified"
-        graphs = list(graphs) + given
-        found = found if found is not None else given[0]
+    if given or templates:
+        graphs = list(graphs) + given + templates
+        found = found if found is not None else (given + templates)[0]
     seconds = time.perf_counter() - start
     if found is not None and not _fits(found, reference, "the searched µGraph"):
         return Choice(reference, "reference", key, "fallback: the search returned another signature")
@@ -636,9 +654,9 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     if found is not None and profile_on:
         searched = []
         for g in [found, *graphs]:
-            if g not in given and g not in searched and _fits(g, reference, "a searched µGraph"):
+            if g not in given + templates and g not in searched and _fits(g, reference, "a searched µGraph"):
                 searched.append(g)
-        ranked = searched[:max(PROFILE_CANDIDATES - len(given), 1)] + given
+        ranked = searched[:max(PROFILE_CANDIDATES - len(given) - len(templates), 1)] + templates + given
         from mirage.codegen.select import SelectionError
 
         try:
@@ -662,7 +680,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     if found is None:
         choice = Choice(reference, "reference", key, f"search found nothing better ({note})", seconds)
     else:
-        source = "candidate" if any(found is g for g in given) else "search"
+        source = ("candidate" if any(found is g for g in given)
+                  else "split rows" if any(found is g for g in templates) else "search")
         choice = Choice(_rename(found, reference), source, key, note, seconds, build)
     if cache_dir is not None:
         _write_entry_or_warn(cache_dir, key, reference, choice, settings)

@@ -141,6 +141,10 @@ class _Builder:
         outs = [self.tensor_type(self, Ref(index, j)) for j in range(len(node.outputs))]
         return outs[0] if len(outs) == 1 else outs
 
+    def apply(self, op: Op, inputs: Sequence, attrs=None):
+        """``op`` with ``attrs`` on ``inputs``: a node of another graph copied by its op, not its name."""
+        return self._add(op, inputs, attrs)
+
     # element-wise and matrix ops shared by the kernel and block levels
     def matmul(self, a, b):
         return self._add(Op.MATMUL, (a, b))

@@ -56,7 +56,7 @@ def test_softmax_rows_reduce_max_and_sum():
     kernel = _kernel(row_softmax())
     plan = kernel.row_loop
     ops = sorted(kernel.block_graph.nodes[i].op.value for i in plan.reductions)
-    assert ops == ["reduction", "reduction_max", "reduction_max"]
+    assert ops == ["reduction", "reduction_max"]  # its exp reads x − max(x): the rewrite adds no second max
     assert plan.row_threads == 32 and plan.scratch_floats == 0  # a warp a row: shuffles only
 
 

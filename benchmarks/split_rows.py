@@ -1,0 +1,171 @@
+"""Long rows of few rows, split over blocks: ``log_softmax(x / t)`` and ``logsumexp(x / t)`` over a
+vocabulary (8 rows of 32,000 logits, a sampler's next-token step), written as the two-kernel µGraph a
+split reduction takes, next to the one-kernel µGraph of one block a row that the search finds now.
+
+* ``split``: a first graph-defined op of (rows, splits) blocks, each saving its slice's maximum and
+  ``Σ exp(x − max)``; a second that combines a row's partials, ``g = max Mᵢ``,
+  ``lse = g + log Σ Pᵢ·exp(Mᵢ − g)``, and (log_softmax) writes its slice of ``x − lse``.  This is the
+  combine that the online-softmax rewrite would give a split logsumexp (docs/optimizer.md §8), written
+  out: the search's `mlp` space holds one graph-defined op, so it cannot find this form yet.
+* ``whole``: one block a row, the row's maximum and sum in one step (the form selected now).
+
+Each build is float-checked against float64 (logits of standard deviation 1 and 30), and PyTorch's
+own call is timed in the same run.  Writes ``split_rows_<date>.json`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import mirage as mi
+
+TEMPERATURE = 0.7
+SHAPES = ((8, 32000), (4, 128256))  # Llama 2's and Llama 3's vocabularies
+SPLITS = (8, 16, 32)
+THREADS = (128, 256, 512)
+WHOLE_THREADS = (128, 512, 1024)
+
+
+def reference(rows: int, cols: int, log_softmax: bool) -> mi.KernelGraph:
+    """The subprogram as the frontend lowers it (LAX: no maximum)."""
+    g = mi.new_kernel_graph("split_rows")
+    x = g.mul_scalar(g.new_input((rows, cols), mi.float16, name="x"), 1 / TEMPERATURE)
+    lse = g.log(g.reduction(g.exp(x), 1))
+    g.mark_output(g.sub(x, lse) if log_softmax else lse)
+    return g.freeze()
+
+
+def _slice_partials(tb, x1):
+    """A slice's maximum and its ``Σ exp(x − max)``, both [1, 1]."""
+    m = tb.reduction_max(x1, 1)
+    return m, tb.reduction(tb.exp(tb.sub(x1, m)), 1)
+
+
+def split(rows: int, cols: int, log_softmax: bool, splits: int, threads: int) -> mi.KernelGraph:
+    g = mi.new_kernel_graph("split_rows")
+    x = g.new_input((rows, cols), mi.float16, name="x")
+    t1 = mi.new_threadblock_graph(grid_dim=(rows, splits, 1), block_dim=(threads, 1, 1), forloop_range=1)
+    m, s = _slice_partials(t1, t1.mul_scalar(t1.new_input(x, input_map=(0, 1, -1)), 1 / TEMPERATURE))
+    t1.new_output(t1.forloop_accum(m), output_map=(0, 1, -1))
+    t1.new_output(t1.forloop_accum(s), output_map=(0, 1, -1))
+    maxima, partials = g.customized([x], t1)  # [rows, splits] each
+    grid = (rows, splits, 1) if log_softmax else (rows, 1, 1)
+    t2 = mi.new_threadblock_graph(grid_dim=grid, block_dim=(threads if log_softmax else 128, 1, 1),
+                                  forloop_range=1)
+    bm = t2.new_input(maxima, input_map=(0, -1, -1))
+    bp = t2.new_input(partials, input_map=(0, -1, -1))
+    top = t2.reduction_max(bm, 1)
+    total = t2.reduction(t2.mul(bp, t2.exp(t2.sub(bm, top))), 1)
+    lse = t2.add(t2.log(total), top)
+    if log_softmax:
+        x1 = t2.mul_scalar(t2.new_input(x, input_map=(0, 1, -1)), 1 / TEMPERATURE)
+        t2.new_output(t2.forloop_accum(t2.sub(x1, lse)), output_map=(0, 1, -1))
+        (out,) = g.customized([maxima, partials, x], t2)
+    else:
+        t2.new_output(t2.forloop_accum(lse), output_map=(0, -1, -1))
+        (out,) = g.customized([maxima, partials], t2)
+    g.mark_output(out)
+    return g.freeze()
+
+
+def whole(rows: int, cols: int, log_softmax: bool, threads: int) -> mi.KernelGraph:
+    g = mi.new_kernel_graph("split_rows")
+    x = g.new_input((rows, cols), mi.float16, name="x")
+    tb = mi.new_threadblock_graph(grid_dim=(rows, 1, 1), block_dim=(threads, 1, 1), forloop_range=1)
+    x1 = tb.mul_scalar(tb.new_input(x, input_map=(0, -1, -1)), 1 / TEMPERATURE)
+    m, s = _slice_partials(tb, x1)
+    lse = tb.add(tb.log(s), m)
+    tb.new_output(tb.forloop_accum(tb.sub(x1, lse) if log_softmax else lse), output_map=(0, -1, -1))
+    (out,) = g.customized([x], tb)
+    g.mark_output(out)
+    return g.freeze()
+
+
+def builds() -> list[tuple[dict, mi.KernelGraph | str]]:
+    """(what, µGraph) per build; in place of the µGraph, why it cannot be built (its tiles exceed
+    shared memory: one block of Llama 3's 128,256 logits)."""
+    from mirage.errors import MirageError
+
+    out = []
+    for rows, cols in SHAPES:
+        for log_softmax in (True, False):
+            case = {"rows": rows, "cols": cols, "op": "log_softmax" if log_softmax else "logsumexp"}
+            shape = (rows, cols, log_softmax)
+            forms = [({**case, "form": "split", "splits": s, "threads": t}, split, (*shape, s, t))
+                     for s in SPLITS for t in THREADS]
+            forms += [({**case, "form": "whole", "threads": t}, whole, (*shape, t)) for t in WHOLE_THREADS]
+            for row, make, given in forms:
+                try:
+                    out.append((row, make(*given)))
+                except MirageError as error:
+                    out.append((row, f"build: {str(error).splitlines()[0]}"))
+    return out
+
+
+def main(argv=None) -> None:
+    import torch
+
+    from mirage.codegen.gpu_check import check_on_gpu
+    from mirage.codegen.lower_program import generate_cuda_program
+    from mirage.codegen.profile import device_facts, time_graph
+    from mirage.codegen.runtime import build_many
+    from mirage.errors import MirageError
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
+    args = parser.parse_args(argv)
+    rows, programs = [], []
+    for row, graph in builds():
+        if isinstance(graph, str):
+            rows.append({**row, "failure": graph})
+            continue
+        try:
+            programs.append(generate_cuda_program(graph, None))
+        except MirageError as error:
+            rows.append({**row, "failure": f"generate: {str(error).splitlines()[0]}"})
+            continue
+        rows.append(row)
+        row["graph"] = graph
+    built = iter(build_many(programs))
+    for row in rows:
+        graph = row.pop("graph", None)
+        if graph is None:
+            continue
+        program = next(built)
+        if isinstance(program, Exception):
+            row["failure"] = f"compile: {str(program).splitlines()[0]}"
+            continue
+        ref = reference(row["rows"], row["cols"], row["op"] == "log_softmax")
+        x = torch.randn(row["rows"], row["cols"], device="cuda", dtype=torch.float16)
+        program.load()
+        row["us"] = time_graph(lambda p=program, i=[x]: p.launch(i), replays=100).median_us
+        checks = [check_on_gpu(ref, program, inputs=[x * s]) for s in (1.0, 30.0)]
+        row["passed"] = all(c.passed for c in checks)
+        row["relative_error"] = max(c.worst_error for c in checks)
+        print(row, flush=True)
+    torch_us = {}
+    for rows_, cols in SHAPES:
+        x = torch.randn(rows_, cols, device="cuda", dtype=torch.float16)
+        calls = {"log_softmax": lambda v=x: torch.log_softmax(v / TEMPERATURE, -1),
+                 "logsumexp": lambda v=x: torch.logsumexp(v / TEMPERATURE, -1)}
+        for op, fn in calls.items():
+            torch_us[f"{rows_}x{cols}/{op}"] = time_graph(fn, replays=100).median_us
+    best = {}
+    for key in torch_us:
+        shape, op = key.split("/")
+        for form in ("split", "whole"):
+            times = [r["us"] for r in rows if f"{r['rows']}x{r['cols']}" == shape and r["op"] == op
+                     and r["form"] == form and r.get("passed")]
+            best[f"{key}/{form}"] = min(times) if times else None
+        print(f"{key}: torch {torch_us[key]:.2f} µs, split {best[f'{key}/split']}, "
+              f"whole {best[f'{key}/whole']}")
+    facts = device_facts()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    with open(Path(args.out) / f"split_rows_{facts['date']}.json", "w") as f:
+        json.dump({"facts": facts, "builds": rows, "torch_us": torch_us, "best": best}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

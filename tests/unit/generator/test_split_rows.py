@@ -1,0 +1,74 @@
+"""Split-row µGraphs for long-row log_softmax and logsumexp (mirage.generator.split_rows): the
+pattern they take, the same function as the reference in float64 far outside exp's range, stable as
+written, and the frontend's choice among them where the search finds nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mirage as mi
+from mirage.generator import split_rows
+from mirage.optimizer.softmax import online_softmax, unstable_exps
+from tests.unit.optimizer.optimizer_graphs import interpret
+
+
+def lse_reference(rows: int, cols: int, log_softmax: bool, scale: float = 1 / 0.7, rank: int = 2):
+    g = mi.new_kernel_graph("lse")
+    x = g.new_input((1,) * (rank - 2) + (rows, cols), mi.float16)
+    x = g.add_scalar(g.mul_scalar(x, scale), 0.25)
+    lse = g.log(g.reduction(g.exp(x), rank - 1))
+    g.mark_output(g.sub(x, lse) if log_softmax else lse)
+    return g.freeze()
+
+
+def softmax_reference(rows: int, cols: int):
+    g = mi.new_kernel_graph("softmax")
+    e = g.exp(g.new_input((rows, cols), mi.float16))
+    g.mark_output(g.div(e, g.reduction(e, 1)))
+    return g.freeze()
+
+
+@pytest.mark.parametrize("log_softmax", [True, False], ids=["log_softmax", "logsumexp"])
+def test_long_rows_of_few_rows_get_split_candidates_computing_the_reference(log_softmax):
+    reference = lse_reference(8, 32000, log_softmax)
+    found = split_rows.match(reference)
+    assert found.log_softmax is log_softmax
+    assert [n.op.value for n in found.chain] == ["mul_scalar", "add_scalar"]
+    graphs = split_rows.candidates(reference)
+    assert [(b.grid_dim, b.block_dim[0]) for b in (g.block_graphs()[0] for g in graphs)] == [
+        ((8, 16, 1), 128), ((8, 16, 1), 256), ((8, 8, 1), 128), ((8, 8, 1), 256)]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 32000)) * 60  # exp(x / 0.7) reaches e^250: far past float32, not float64
+    x[1] -= 400.0
+    want = interpret(reference, [x])[0]
+    for graph in graphs[::3]:
+        assert graph.output_types == reference.output_types
+        np.testing.assert_allclose(interpret(graph, [x])[0], want, rtol=1e-9, atol=1e-9)
+        assert unstable_exps(graph) == 0
+        assert online_softmax(graph)[0] == graph  # written stable: the rewrite leaves it
+
+
+def test_short_rows_many_rows_and_other_programs_get_none():
+    assert split_rows.candidates(lse_reference(8, 4096, True)) == []  # one block a row does well
+    assert split_rows.candidates(lse_reference(128, 32000, True)) == []  # rows fill the SMs
+    assert split_rows.candidates(lse_reference(8, 32000, True, rank=3)) == []
+    assert split_rows.candidates(softmax_reference(8, 32000)) == []
+    assert split_rows.match(softmax_reference(8, 32000)) is None
+    assert len(split_rows.candidates(lse_reference(4, 128256, False))) == 4  # Llama 3's vocabulary
+
+
+def test_the_frontend_runs_a_split_candidate_where_the_search_finds_nothing(monkeypatch):
+    from mirage.frontend import optimize
+
+    reference = lse_reference(4, 8192, True)
+    monkeypatch.setattr(optimize, "run_search", lambda reference, settings, progress=True: (
+        None, "search found nothing (stubbed)", [], False))
+    choice = optimize.choose(reference, optimize.SearchSettings(time_limit_s=1), progress=False)
+    assert choice.source == "split rows"
+    assert "split-row µGraph(s) float-checked" in choice.detail
+    assert [b.grid_dim for b in choice.graph.block_graphs()] == [(4, 4, 1), (4, 4, 1)]
+    x = np.random.default_rng(1).standard_normal((4, 8192)) * 30
+    np.testing.assert_allclose(interpret(choice.graph, [x])[0], interpret(reference, [x])[0], rtol=1e-9)
+    key = optimize.cache_key(reference, optimize.SearchSettings())
+    assert key != optimize.cache_key(lse_reference(4, 8192, True, scale=1.0), optimize.SearchSettings())
