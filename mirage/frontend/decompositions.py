@@ -7,7 +7,9 @@ PyTorch:
   ``relu6`` (``hardtanh``), ``outer`` and ``dot``, the 2-norm ``linalg_norm``, ``cosine_similarity``
   (norms clamped by a 0-d constant, which capture makes a number), ``pairwise_distance`` (a 2-norm
   of the difference plus eps), and the losses
-  ``mse_loss``, ``l1_loss`` and ``binary_cross_entropy_with_logits`` (through ``log_sigmoid``);
+  ``mse_loss``, ``l1_loss``, ``binary_cross_entropy_with_logits`` (through ``log_sigmoid``) and
+  ``cross_entropy`` (a ``log_softmax`` over the classes, then ``nll_loss``'s pick of each target's
+  log-probability, a gather that stays in PyTorch);
 * by the functions here: ``prelu`` (:func:`prelu`), ``batch_norm`` in eval mode (:func:`batch_norm`,
   each channel's affine map from the running statistics), ``instance_norm`` (:func:`instance_norm`)
   and ``group_norm`` (:func:`group_norm`; PyTorch's ``native_group_norm`` decomposition ends in
@@ -95,7 +97,8 @@ _VIA = {aten.batch_norm.default: aten._native_batch_norm_legit_no_training.defau
 _TORCH = (aten.einsum.default, aten.glu.default, aten.addcmul.default, aten.addcdiv.default,
           aten.relu6.default, aten.outer.default, aten.dot.default, aten.linalg_norm.default,
           aten.mse_loss.default, aten.l1_loss.default, aten.binary_cross_entropy_with_logits.default,
-          aten.cosine_similarity.default, aten.pairwise_distance.default)
+          aten.cosine_similarity.default, aten.pairwise_distance.default,
+          aten.cross_entropy_loss.default)
 
 
 def described() -> list[tuple[str, str]]:
