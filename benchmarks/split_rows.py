@@ -6,7 +6,10 @@ split reduction takes, next to the one-kernel µGraph of one block a row that th
   ``Σ exp(x − max)``; a second that combines a row's partials, ``g = max Mᵢ``,
   ``lse = g + log Σ Pᵢ·exp(Mᵢ − g)``, and (log_softmax) writes its slice of ``x − lse``.  This is the
   combine that the online-softmax rewrite would give a split logsumexp (docs/optimizer.md §8), written
-  out: the search's `mlp` space holds one graph-defined op, so it cannot find this form yet.
+  out (``mirage.generator.split_rows``, which the frontend now proposes: the search's `mlp` space holds
+  one graph-defined op, so it cannot find this form).  The record of 2026-11-30
+  (``split_rows_h200_2026-11-30.json``) was taken with the slice's maximum saved after its sum; the
+  frontend's µGraphs, timed through ``mi.superoptimize``, save it first.
 * ``whole``: one block a row, the row's maximum and sum in one step (the form selected now).
 
 Each build is float-checked against float64 (logits of standard deviation 1 and 30), and PyTorch's
@@ -20,6 +23,7 @@ import json
 from pathlib import Path
 
 import mirage as mi
+from mirage.generator import split_rows
 
 TEMPERATURE = 0.7
 SHAPES = ((8, 32000), (4, 128256))  # Llama 2's and Llama 3's vocabularies
@@ -37,37 +41,9 @@ def reference(rows: int, cols: int, log_softmax: bool) -> mi.KernelGraph:
     return g.freeze()
 
 
-def _slice_partials(tb, x1):
-    """A slice's maximum and its ``Σ exp(x − max)``, both [1, 1]."""
-    m = tb.reduction_max(x1, 1)
-    return m, tb.reduction(tb.exp(tb.sub(x1, m)), 1)
-
-
 def split(rows: int, cols: int, log_softmax: bool, splits: int, threads: int) -> mi.KernelGraph:
-    g = mi.new_kernel_graph("split_rows")
-    x = g.new_input((rows, cols), mi.float16, name="x")
-    t1 = mi.new_threadblock_graph(grid_dim=(rows, splits, 1), block_dim=(threads, 1, 1), forloop_range=1)
-    m, s = _slice_partials(t1, t1.mul_scalar(t1.new_input(x, input_map=(0, 1, -1)), 1 / TEMPERATURE))
-    t1.new_output(t1.forloop_accum(m), output_map=(0, 1, -1))
-    t1.new_output(t1.forloop_accum(s), output_map=(0, 1, -1))
-    maxima, partials = g.customized([x], t1)  # [rows, splits] each
-    grid = (rows, splits, 1) if log_softmax else (rows, 1, 1)
-    t2 = mi.new_threadblock_graph(grid_dim=grid, block_dim=(threads if log_softmax else 128, 1, 1),
-                                  forloop_range=1)
-    bm = t2.new_input(maxima, input_map=(0, -1, -1))
-    bp = t2.new_input(partials, input_map=(0, -1, -1))
-    top = t2.reduction_max(bm, 1)
-    total = t2.reduction(t2.mul(bp, t2.exp(t2.sub(bm, top))), 1)
-    lse = t2.add(t2.log(total), top)
-    if log_softmax:
-        x1 = t2.mul_scalar(t2.new_input(x, input_map=(0, 1, -1)), 1 / TEMPERATURE)
-        t2.new_output(t2.forloop_accum(t2.sub(x1, lse)), output_map=(0, 1, -1))
-        (out,) = g.customized([maxima, partials, x], t2)
-    else:
-        t2.new_output(t2.forloop_accum(lse), output_map=(0, -1, -1))
-        (out,) = g.customized([maxima, partials], t2)
-    g.mark_output(out)
-    return g.freeze()
+    """The split-row µGraph that the frontend proposes (:func:`mirage.generator.split_rows.split_graph`)."""
+    return split_rows.split_graph(split_rows.match(reference(rows, cols, log_softmax)), splits, threads)
 
 
 def whole(rows: int, cols: int, log_softmax: bool, threads: int) -> mi.KernelGraph:
@@ -75,8 +51,8 @@ def whole(rows: int, cols: int, log_softmax: bool, threads: int) -> mi.KernelGra
     x = g.new_input((rows, cols), mi.float16, name="x")
     tb = mi.new_threadblock_graph(grid_dim=(rows, 1, 1), block_dim=(threads, 1, 1), forloop_range=1)
     x1 = tb.mul_scalar(tb.new_input(x, input_map=(0, -1, -1)), 1 / TEMPERATURE)
-    m, s = _slice_partials(tb, x1)
-    lse = tb.add(tb.log(s), m)
+    m = tb.reduction_max(x1, 1)
+    lse = tb.add(tb.log(tb.reduction(tb.exp(tb.sub(x1, m)), 1)), m)
     tb.new_output(tb.forloop_accum(tb.sub(x1, lse) if log_softmax else lse), output_map=(0, -1, -1))
     (out,) = g.customized([x], tb)
     g.mark_output(out)

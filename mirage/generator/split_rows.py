@@ -1,16 +1,17 @@
-"""Split-row µGraphs for ``log_softmax`` and ``logsumexp`` over long rows of few rows.
+"""Split-row µGraphs for ``log_softmax``, ``logsumexp`` and ``softmax`` over long rows of few rows.
 
-A sampler's next-token step takes ``log_softmax(logits / t)`` over a vocabulary: 8 rows of 32,000, or
-4 of Llama 3's 128,256.  A µGraph of one block a row leaves all but 8 of an H100's 132 SMs idle, and
-the row may not fit a block's shared memory at all; the search's ``mlp`` space holds one
-graph-defined op, so it finds nothing else.  What such rows take is the split reduction that
+A sampler's next-token step takes ``log_softmax(logits / t)`` (or ``softmax``) over a vocabulary: 8
+rows of 32,000, or 4 of Llama 3's 128,256.  A µGraph of one block a row leaves all but 8 of an H100's
+132 SMs idle, and the row may not fit a block's shared memory at all; the search's ``mlp`` space holds
+one graph-defined op, so it finds nothing else.  What such rows take is the split reduction that
 FlashDecoding gives attention's keys (:mod:`mirage.generator.flash_decoding`), written for a row:
 
 * a first graph-defined op of (rows, splits) blocks, each saving its slice's maximum ``Mᵢ`` and
   ``Pᵢ = Σ exp(x − Mᵢ)`` over the slice;
 * a second that combines a row's partials, ``g = max Mᵢ`` and ``lse = g + log Σ Pᵢ·exp(Mᵢ − g)``, and
-  for log_softmax writes its slice of ``x − lse`` ((rows, splits) blocks), for logsumexp the row's
-  ``lse`` ((rows, 1) blocks).
+  for log_softmax writes its slice of ``x − lse`` ((rows, splits) blocks), for softmax its slice of
+  ``exp(x − lse)`` (no more than 1, whatever the logits), for logsumexp the row's ``lse`` ((rows, 1)
+  blocks).
 
 The µGraphs are written stable (the maxima explicit, as the online-softmax rewrite would make them:
 docs/optimizer.md §8), so the rewrite leaves them as they are; the finite-field verifier cannot
@@ -44,16 +45,26 @@ SPLITS = (2, 4, 8, 16, 32, 64)
 THREADS = (128, 256)  # a block's threads (2,000-column slices ran fastest at 128, 4,000 at 256)
 
 
+LOGSUMEXP, LOG_SOFTMAX, SOFTMAX = "logsumexp", "log_softmax", "softmax"
+# the reference's ops after f, per form (the frontend's lowerings)
+FORMS = {(Op.EXP, Op.REDUCTION, Op.LOG): LOGSUMEXP, (Op.EXP, Op.REDUCTION, Op.LOG, Op.SUB): LOG_SOFTMAX,
+         (Op.EXP, Op.REDUCTION, Op.DIV): SOFTMAX}
+
+
 @dataclass(frozen=True)
 class RowLogSumExp:
     """A reference that is ``log Σ exp(f(x))`` over the last dim of a 2-D ``x`` (``f``: a chain of
-    unary element-wise ops), its output that or ``f(x)`` less it (log_softmax)."""
+    unary element-wise ops), ``f(x)`` less it (log_softmax), or ``exp(f(x)) / Σ exp(f(x))``."""
 
     rows: int
     cols: int
     dtype: object
     chain: tuple[Node, ...]  # f, in order
-    log_softmax: bool
+    form: str  # LOGSUMEXP, LOG_SOFTMAX or SOFTMAX
+
+    @property
+    def log_softmax(self) -> bool:
+        return self.form == LOG_SOFTMAX
 
 
 def match(reference: KernelGraph) -> RowLogSumExp | None:
@@ -73,23 +84,23 @@ def match(reference: KernelGraph) -> RowLogSumExp | None:
         chain.append(node)
         at = i
     rest = list(nodes[at + 1:])
-    ops = [n.op for n in rest]
-    if ops not in ([Op.EXP, Op.REDUCTION, Op.LOG], [Op.EXP, Op.REDUCTION, Op.LOG, Op.SUB]):
+    form = FORMS.get(tuple(n.op for n in rest))
+    if form is None:
         return None
-    first = at + 1
-    exp, reduction, log = rest[:3]
-    chained = (exp.inputs[0].node == at and reduction.inputs[0].node == first
-               and reduction.attrs.dim == 1 and log.inputs[0].node == first + 1)
-    log_softmax = len(rest) == 4
-    if log_softmax:
+    first = at + 1  # the exp; then the row sum, then the log or the division
+    exp, reduction, last = rest[:3]
+    chained = (exp.inputs[0].node == at and reduction.inputs[0].node == first and reduction.attrs.dim == 1
+               and [r.node for r in last.inputs] == ([first + 1] if form != SOFTMAX else [first, first + 1]))
+    if form == LOG_SOFTMAX:
         chained = chained and [r.node for r in rest[3].inputs] == [at, first + 2]
     if not chained or reference.outputs[0].node != len(nodes) - 1:
         return None
-    return RowLogSumExp(x_type.shape[0], x_type.shape[1], x_type.dtype, tuple(chain), log_softmax)
+    return RowLogSumExp(x_type.shape[0], x_type.shape[1], x_type.dtype, tuple(chain), form)
 
 
 def candidates(reference: KernelGraph) -> list[KernelGraph]:
-    """Split-row µGraphs for ``reference`` (none where it is no long-row logsumexp or log_softmax)."""
+    """Split-row µGraphs for ``reference`` (none where it is no long-row logsumexp, log_softmax or
+    softmax)."""
     found = match(reference)
     if found is None or found.cols < MIN_COLS or found.rows >= MAX_ROWS:
         return []
@@ -118,16 +129,18 @@ def split_graph(found: RowLogSumExp, splits: int, threads: int) -> KernelGraph:
     t1.new_output(t1.forloop_accum(m), output_map=(0, 1, -1))
     t1.new_output(t1.forloop_accum(t1.reduction(t1.exp(t1.sub(x1, m)), 1)), output_map=(0, 1, -1))
     maxima, partials = g.customized([x], t1)  # [rows, splits] each
-    grid = (found.rows, splits if found.log_softmax else 1, 1)
-    t2 = mi.new_threadblock_graph(grid_dim=grid, block_dim=(threads if found.log_softmax else 128, 1, 1),
+    whole = found.form != LOGSUMEXP  # the second op writes every value of the row, not one a row
+    grid = (found.rows, splits if whole else 1, 1)
+    t2 = mi.new_threadblock_graph(grid_dim=grid, block_dim=(threads if whole else 128, 1, 1),
                                   forloop_range=1)
     bm = t2.new_input(maxima, input_map=(0, -1, -1))
     bp = t2.new_input(partials, input_map=(0, -1, -1))
     top = t2.reduction_max(bm, 1)
     lse = t2.add(t2.log(t2.reduction(t2.mul(bp, t2.exp(t2.sub(bm, top))), 1)), top)
-    if found.log_softmax:
-        x2 = _chain(t2, t2.new_input(x, input_map=(0, 1, -1)), found.chain)
-        t2.new_output(t2.forloop_accum(t2.sub(x2, lse)), output_map=(0, 1, -1))
+    if whole:
+        shifted = t2.sub(_chain(t2, t2.new_input(x, input_map=(0, 1, -1)), found.chain), lse)
+        t2.new_output(t2.forloop_accum(shifted if found.log_softmax else t2.exp(shifted)),
+                      output_map=(0, 1, -1))
         (out,) = g.customized([maxima, partials, x], t2)
     else:
         t2.new_output(t2.forloop_accum(lse), output_map=(0, -1, -1))

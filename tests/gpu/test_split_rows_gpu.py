@@ -1,4 +1,4 @@
-"""Split-row log_softmax and logsumexp on the GPU (mirage.generator.split_rows): every candidate
+"""Split-row log_softmax, logsumexp and softmax on the GPU (mirage.generator.split_rows): every candidate
 against float64 with logits far outside exp's half and float32 range and rows of −inf, and a sampler's
 ``log_softmax(logits / 0.7)`` through ``mirage.superoptimize``."""
 
@@ -14,17 +14,18 @@ from mirage.codegen.gpu_check import check_on_gpu  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
 from mirage.generator import split_rows  # noqa: E402
-from tests.unit.generator.test_split_rows import lse_reference  # noqa: E402
+from tests.unit.generator.test_split_rows import lse_reference, softmax_reference  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 SHAPES = {"llama2": (8, 32000), "llama3": (4, 128256)}
 
 
-@pytest.mark.parametrize("log_softmax", [True, False], ids=["log_softmax", "logsumexp"])
+@pytest.mark.parametrize("form", ["log_softmax", "logsumexp", "softmax"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_split_candidates_match_float64_far_outside_exps_range(shape, log_softmax):
-    reference = lse_reference(*SHAPES[shape], log_softmax)
+def test_split_candidates_match_float64_far_outside_exps_range(shape, form):
+    reference = (softmax_reference(*SHAPES[shape], scale=1 / 0.7) if form == "softmax"
+                 else lse_reference(*SHAPES[shape], form == "log_softmax"))
     graphs = split_rows.candidates(reference)
     assert graphs
     x = torch.randn(*SHAPES[shape], device="cuda") * 40  # x / 0.7 reaches ±250

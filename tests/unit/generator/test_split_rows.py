@@ -22,9 +22,9 @@ def lse_reference(rows: int, cols: int, log_softmax: bool, scale: float = 1 / 0.
     return g.freeze()
 
 
-def softmax_reference(rows: int, cols: int):
+def softmax_reference(rows: int, cols: int, scale: float = 1.0):
     g = mi.new_kernel_graph("softmax")
-    e = g.exp(g.new_input((rows, cols), mi.float16))
+    e = g.exp(g.mul_scalar(g.new_input((rows, cols), mi.float16), scale))
     g.mark_output(g.div(e, g.reduction(e, 1)))
     return g.freeze()
 
@@ -49,12 +49,31 @@ def test_long_rows_of_few_rows_get_split_candidates_computing_the_reference(log_
         assert online_softmax(graph)[0] == graph  # written stable: the rewrite leaves it
 
 
+def test_a_softmax_over_a_vocabulary_writes_exp_of_x_less_the_logsumexp():
+    """``exp(f(x) − lse)``: the same function, and no value past 1 (finite in float16's range) where
+    the reference's own exps overflow."""
+    from tests.unit.optimizer.optimizer_graphs import run_fp16_range
+
+    reference = softmax_reference(8, 32000, scale=1 / 0.7)
+    assert split_rows.match(reference).form == split_rows.SOFTMAX
+    graphs = split_rows.candidates(reference)
+    assert [b.grid_dim for b in graphs[0].block_graphs()] == [(8, 16, 1), (8, 16, 1)]
+    x = np.random.default_rng(2).standard_normal((8, 32000)) * 60
+    want = interpret(reference, [x])[0]
+    for graph in graphs[::3]:
+        np.testing.assert_allclose(interpret(graph, [x])[0], want, rtol=1e-9, atol=1e-12)
+        fp16 = run_fp16_range(graph, [x])[0]
+        assert np.isfinite(fp16).all() and fp16.max() <= 1.0
+    assert not np.isfinite(run_fp16_range(reference, [x])[0]).all()
+
+
 def test_short_rows_many_rows_and_other_programs_get_none():
     assert split_rows.candidates(lse_reference(8, 4096, True)) == []  # one block a row does well
     assert split_rows.candidates(lse_reference(128, 32000, True)) == []  # rows fill the SMs
     assert split_rows.candidates(lse_reference(8, 32000, True, rank=3)) == []
-    assert split_rows.candidates(softmax_reference(8, 32000)) == []
-    assert split_rows.match(softmax_reference(8, 32000)) is None
+    g = mi.new_kernel_graph("sum_of_exps")  # no log, no division
+    g.mark_output(g.reduction(g.exp(g.new_input((8, 32000), mi.float16)), 1))
+    assert split_rows.match(g.freeze()) is None
     assert len(split_rows.candidates(lse_reference(4, 128256, False))) == 4  # Llama 3's vocabulary
 
 
