@@ -13,14 +13,13 @@ split reduction takes, next to the one-kernel µGraph of one block a row that th
 * ``whole``: one block a row, the row's maximum and sum in one step (the form selected now).
 
 Each build is float-checked against float64 (logits of standard deviation 1 and 30), and PyTorch's
-own call is timed in the same run.  Writes ``split_rows_<date>.json`` into ``--out``.
+own call is timed in the same run.  Writes ``split_rows_<date>.json`` into ``--out`` (the builds as its
+``rows``; the record of 2026-11-30 names them ``builds``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import mirage as mi
 from mirage.generator import split_rows
@@ -83,6 +82,7 @@ def builds() -> list[tuple[dict, mi.KernelGraph | str]]:
 def main(argv=None) -> None:
     import torch
 
+    from benchmarks.stream_floor import write_record
     from mirage.codegen.gpu_check import check_on_gpu
     from mirage.codegen.lower_program import generate_cuda_program
     from mirage.codegen.profile import device_facts, time_graph
@@ -137,10 +137,7 @@ def main(argv=None) -> None:
             best[f"{key}/{form}"] = min(times) if times else None
         print(f"{key}: torch {torch_us[key]:.2f} µs, split {best[f'{key}/split']}, "
               f"whole {best[f'{key}/whole']}")
-    facts = device_facts()
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    with open(Path(args.out) / f"split_rows_{facts['date']}.json", "w") as f:
-        json.dump({"facts": facts, "builds": rows, "torch_us": torch_us, "best": best}, f, indent=1)
+    write_record(args.out, "split_rows", device_facts(), rows, torch_us=torch_us, best=best)
 
 
 if __name__ == "__main__":

@@ -310,12 +310,12 @@ def program_arguments(doc: str, argv=None, programs: str = "", time_limit: float
     return args
 
 
-def write_record(folder: str, name: str, facts: dict, rows: list) -> Path:
-    """Write ``{facts, rows}`` as ``<name>_<date>.json`` into ``folder`` (made if missing)."""
+def write_record(folder: str, name: str, facts: dict, rows: list, **more) -> Path:
+    """Write ``{facts, rows, **more}`` as ``<name>_<date>.json`` into ``folder`` (made if missing)."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}_{facts['date']}.json"
-    path.write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
+    path.write_text(json.dumps({"facts": facts, "rows": rows, **more}, indent=1))
     print("wrote", path)
     return path
 
