@@ -37,8 +37,9 @@ def draw(rows: list[dict], facts: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(rows) + 2), 4.5))
-    width = 0.8 / len(BARS)
-    for k, (label, field) in enumerate(BARS):
+    shown = [(label, field) for label, field in BARS if any(r.get(field) is not None for r in rows)]
+    width = 0.8 / len(shown)  # a series no program has (SDPA) takes no slot, colour or legend entry
+    for k, (label, field) in enumerate(shown):
         xs = [i + k * width for i, r in enumerate(rows) if r.get(field) is not None]
         values = [r[field] for r in rows if r.get(field) is not None]
         bars = ax.bar(xs, values, width, label=label)
