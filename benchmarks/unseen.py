@@ -605,6 +605,7 @@ PROGRAMS = {
     "log_softmax_head": (LogSoftmaxHead, [(32, 768)]),
     "token_log_probs": (LogProbs, [(8, 32000)]),  # Llama's vocabulary
     "llama3_log_probs": (LogProbs, [(4, 128256)]),  # Llama 3's vocabulary: split rows
+    "gpt2_log_probs": (LogProbs, [(8, 50257)]),  # GPT-2's: 29 slices of 1,733 columns
     "t5_feed_forward": (T5FeedForward, [(1, 128, 512)]),
     "rwkv_channel_mix": (RWKVChannelMix, [(1, 128, 768)]),
     "moe_router": (MoERouter, [(128, 1024)]),

@@ -41,7 +41,9 @@ from mirage.mugraph.ops import UNARY, Op
 MIN_COLS = 8192  # rows at least this long: shorter ones fit one block a row well
 MAX_ROWS = 64  # rows fewer than this: more of them fill the SMs one block a row
 SLICE_COLS = (2048, 4096)  # columns a block of the first op takes, about (fastest on an H200)
-SPLITS = (2, 4, 8, 16, 32, 64)
+MAX_SPLITS = 256
+# a vocabulary of no such divisor (BERT's 30,522 = 6 · 5,087) takes the one nearest 4,096 in this range
+FALLBACK_SLICE_COLS = (512, 8192)
 THREADS = (128, 256)  # a block's threads (2,000-column slices ran fastest at 128, 4,000 at 256)
 
 
@@ -104,12 +106,22 @@ def candidates(reference: KernelGraph) -> list[KernelGraph]:
     found = match(reference)
     if found is None or found.cols < MIN_COLS or found.rows >= MAX_ROWS:
         return []
-    out = []
-    for cols in SLICE_COLS:
-        for splits in SPLITS:
-            if found.cols % splits == 0 and cols // 2 < found.cols // splits <= cols:
-                out += [split_graph(found, splits, t) for t in THREADS]
-    return out
+    return [split_graph(found, s, t) for s in split_counts(found.cols) for t in THREADS]
+
+
+def split_counts(cols: int) -> list[int]:
+    """How many slices a row of ``cols`` is cut into: for each size of :data:`SLICE_COLS`, the fewest
+    equal slices of more than half that size and no more (a power of two or not: GPT-2's 50,257 is
+    29 slices of 1,733); where neither size has one, the count whose slices come nearest 4,096 columns
+    within :data:`FALLBACK_SLICE_COLS`; none where no count divides the row that way."""
+    divisors = [s for s in range(2, MAX_SPLITS + 1) if cols % s == 0]
+    found = [next((s for s in divisors if size // 2 < cols // s <= size), None) for size in SLICE_COLS]
+    counts = [s for s in found if s is not None]
+    if not counts:
+        low, high = FALLBACK_SLICE_COLS
+        near = sorted((abs(cols // s - SLICE_COLS[-1]), s) for s in divisors if low <= cols // s <= high)
+        counts = [near[0][1]] if near else []
+    return counts
 
 
 def _chain(tb, x, chain: tuple[Node, ...]):

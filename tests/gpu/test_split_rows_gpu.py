@@ -18,7 +18,7 @@ from tests.unit.generator.test_split_rows import lse_reference, softmax_referenc
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = {"llama2": (8, 32000), "llama3": (4, 128256)}
+SHAPES = {"llama2": (8, 32000), "llama3": (4, 128256), "gpt2": (8, 50257)}  # GPT-2's: 29 slices of 1,733
 
 
 @pytest.mark.parametrize("form", ["log_softmax", "logsumexp", "softmax"])

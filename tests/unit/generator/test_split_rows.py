@@ -67,6 +67,19 @@ def test_a_softmax_over_a_vocabulary_writes_exp_of_x_less_the_logsumexp():
     assert not np.isfinite(run_fp16_range(reference, [x])[0]).all()
 
 
+def test_vocabularies_of_no_power_of_two_are_cut_into_equal_slices_of_any_count():
+    """GPT-2's 50,257 columns are 29 slices of 1,733; BERT's 30,522 have no count of 1,025–4,096
+    columns a slice, so 6 of 5,087; a prime length none."""
+    assert split_rows.split_counts(32000) == [16, 8] and split_rows.split_counts(128256) == [64, 32]
+    assert split_rows.split_counts(50257) == [29] and split_rows.split_counts(30522) == [6]
+    assert split_rows.split_counts(100003) == []
+    reference = lse_reference(4, 50257, True)
+    (graph, _) = split_rows.candidates(reference)  # one count, two thread counts
+    assert [b.grid_dim for b in graph.block_graphs()] == [(4, 29, 1), (4, 29, 1)]
+    x = np.random.default_rng(3).standard_normal((4, 50257)) * 30
+    np.testing.assert_allclose(interpret(graph, [x])[0], interpret(reference, [x])[0], rtol=1e-9, atol=1e-9)
+
+
 def test_short_rows_many_rows_and_other_programs_get_none():
     assert split_rows.candidates(lse_reference(8, 4096, True)) == []  # one block a row does well
     assert split_rows.candidates(lse_reference(128, 32000, True)) == []  # rows fill the SMs
