@@ -235,8 +235,9 @@ def cache_key(reference: KernelGraph, settings: SearchSettings) -> str:
 
 
 def split_row_candidates(reference: KernelGraph) -> list[KernelGraph]:
-    """Split-row µGraphs for a long-row log_softmax or logsumexp (:mod:`mirage.generator.split_rows`),
-    which the search's spaces cannot hold; none where the generator is not installed."""
+    """Split-row µGraphs for a long-row log_softmax, logsumexp or softmax
+    (:mod:`mirage.generator.split_rows`), which the search's spaces cannot hold; none where the
+    generator is not installed."""
     try:
         from mirage.generator import split_rows
     except ImportError:

@@ -14,7 +14,9 @@ FlashDecoding gives attention's keys (:mod:`mirage.generator.flash_decoding`), w
   blocks).
 
 The µGraphs are written stable (the maxima explicit, as the online-softmax rewrite would make them:
-docs/optimizer.md §8), so the rewrite leaves them as they are; the finite-field verifier cannot
+docs/optimizer.md §8), so the rewrite leaves them as they are (the softmax's second exp it reports as
+one it cannot rewrite: its shift is the row's logsumexp, not a maximum of its tile); the finite-field
+verifier cannot
 interpret a maximum, so the frontend checks them in floating point against the reference, and
 profile-guided selection times them beside the search's µGraphs.  Measured on an H200
 (``benchmarks/split_rows.py``): 8 × 32,000 log_softmax in 3.70 µs against PyTorch's 9.47, logsumexp
