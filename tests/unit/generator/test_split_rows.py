@@ -104,3 +104,22 @@ def test_the_frontend_runs_a_split_candidate_where_the_search_finds_nothing(monk
     np.testing.assert_allclose(interpret(choice.graph, [x])[0], interpret(reference, [x])[0], rtol=1e-9)
     key = optimize.cache_key(reference, optimize.SearchSettings())
     assert key != optimize.cache_key(lse_reference(4, 8192, True, scale=1.0), optimize.SearchSettings())
+
+
+def test_a_language_model_heads_log_probs_get_split_rows_after_the_product():
+    """``log_softmax(lm_head(x) / 0.7)``: the whole finds nothing in its budget, so the partition cuts
+    the product from the log_softmax, and the log_softmax over 16,384 logits gets the split-row
+    µGraphs; the result is PyTorch's in float64."""
+    torch = pytest.importorskip("torch")
+
+    head = torch.nn.Linear(64, 16384, bias=False).eval()
+    x = torch.randn(8, 64)
+
+    def log_probs(v):
+        return torch.log_softmax(head(v) / 0.7, -1)
+
+    fast = mi.superoptimize(log_probs, (x,), time_limit_s=2, progress=False, use_cache=False)
+    assert "split-row µGraph(s) float-checked" in fast.report()
+    with torch.no_grad():
+        want = torch.log_softmax(x.double() @ head.weight.double().t() / 0.7, -1)
+        torch.testing.assert_close(fast(x).double(), want, rtol=1e-5, atol=1e-5)
