@@ -6,7 +6,8 @@ rows of 32,000, or 4 of Llama 3's 128,256.  A µGraph of one block a row leaves 
 one graph-defined op, so it finds nothing else.  What such rows take is the split reduction that
 FlashDecoding gives attention's keys (:mod:`mirage.generator.flash_decoding`), written for a row:
 
-* a first graph-defined op of (rows, splits) blocks, each saving its slice's maximum ``Mᵢ`` and
+* a first graph-defined op of (rows, splits) blocks, each saving its slice's maximum ``Mᵢ`` (no lower
+  than the dtype's lowest finite value, so that a slice all −inf gives ``Pᵢ = 0``, not NaN) and
   ``Pᵢ = Σ exp(x − Mᵢ)`` over the slice;
 * a second that combines a row's partials, ``g = max Mᵢ`` and ``lse = g + log Σ Pᵢ·exp(Mᵢ − g)``, and
   for log_softmax writes its slice of ``x − lse`` ((rows, splits) blocks), for softmax its slice of
@@ -34,6 +35,7 @@ in 3.43 against 21.91.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import mirage as mi
@@ -126,6 +128,11 @@ def split_counts(cols: int) -> list[int]:
     return counts
 
 
+def _lowest(dtype) -> float:
+    """The lowest finite value of ``dtype`` that float32 (the kernels' arithmetic) holds too."""
+    return -65504.0 if dtype is mi.float16 else -3.38e38
+
+
 def _chain(tb, x, chain: tuple[Node, ...]):
     for node in chain:
         x = tb.apply(node.op, (x,), node.attrs)
@@ -139,7 +146,8 @@ def split_graph(found: RowLogSumExp, splits: int, threads: int) -> KernelGraph:
     t1 = mi.new_threadblock_graph(grid_dim=(found.rows, splits, 1), block_dim=(threads, 1, 1),
                                   forloop_range=1)
     x1 = _chain(t1, t1.new_input(x, input_map=(0, 1, -1)), found.chain)
-    m = t1.reduction_max(x1, 1)
+    # a slice all −inf (a vocabulary's masked or padded tail) keeps exp(x − m) = 0, not NaN
+    m = t1.clamp(t1.reduction_max(x1, 1), _lowest(found.dtype), math.inf)
     t1.new_output(t1.forloop_accum(m), output_map=(0, 1, -1))
     t1.new_output(t1.forloop_accum(t1.reduction(t1.exp(t1.sub(x1, m)), 1)), output_map=(0, 1, -1))
     maxima, partials = g.customized([x], t1)  # [rows, splits] each

@@ -80,6 +80,30 @@ def test_vocabularies_of_no_power_of_two_are_cut_into_equal_slices_of_any_count(
     np.testing.assert_allclose(interpret(graph, [x])[0], interpret(reference, [x])[0], rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("form", ["logsumexp", "log_softmax", "softmax"])
+def test_masked_tails_and_rows_all_minus_inf_give_pytorchs_values(form):
+    """A vocabulary's masked tail fills whole slices with −inf: their maxima are floored at the dtype's
+    lowest finite value, so their sums are 0, not NaN (which would spoil the row); a row all −inf gives
+    PyTorch's −inf (logsumexp) or NaN (log_softmax, softmax)."""
+    torch = pytest.importorskip("torch")
+    reference = (softmax_reference(8, 32000, scale=1 / 0.7) if form == "softmax"
+                 else lse_reference(8, 32000, form == "log_softmax"))
+    x = np.random.default_rng(4).standard_normal((8, 32000)) * 10
+    x[0, 30000:] = -np.inf  # the last slice of 2,000 and half of the one before
+    x[1] = -np.inf
+    t = torch.from_numpy(x / 0.7 if form == "softmax" else x / 0.7 + 0.25)
+    want = {"logsumexp": lambda: torch.logsumexp(t, -1, keepdim=True),
+            "log_softmax": lambda: torch.log_softmax(t, -1),
+            "softmax": lambda: torch.softmax(t, -1)}[form]().numpy()
+    for graph in split_rows.candidates(reference)[::2]:
+        with np.errstate(invalid="ignore"):
+            got = interpret(graph, [x])[0]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-9, atol=1e-12)
+
+
 def test_short_rows_many_rows_and_other_programs_get_none():
     assert split_rows.candidates(lse_reference(8, 4096, True)) == []  # one block a row does well
     assert split_rows.candidates(lse_reference(128, 32000, True)) == []  # rows fill the SMs
