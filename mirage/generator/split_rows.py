@@ -146,8 +146,11 @@ def split_graph(found: RowLogSumExp, splits: int, threads: int) -> KernelGraph:
     t1 = mi.new_threadblock_graph(grid_dim=(found.rows, splits, 1), block_dim=(threads, 1, 1),
                                   forloop_range=1)
     x1 = _chain(t1, t1.new_input(x, input_map=(0, 1, -1)), found.chain)
-    # a slice all −inf (a vocabulary's masked or padded tail) keeps exp(x − m) = 0, not NaN
-    m = t1.clamp(t1.reduction_max(x1, 1), _lowest(found.dtype), math.inf)
+    # a slice all −inf (a vocabulary's masked or padded tail) keeps exp(x − m) = 0, not NaN; for a
+    # logsumexp a +inf logit keeps exp(x − m) = inf, so the row's is inf as PyTorch's (its softmaxes
+    # are NaN there, as x − m = NaN makes them)
+    ceiling = -_lowest(found.dtype) if found.form == LOGSUMEXP else math.inf
+    m = t1.clamp(t1.reduction_max(x1, 1), _lowest(found.dtype), ceiling)
     t1.new_output(t1.forloop_accum(m), output_map=(0, 1, -1))
     t1.new_output(t1.forloop_accum(t1.reduction(t1.exp(t1.sub(x1, m)), 1)), output_map=(0, 1, -1))
     maxima, partials = g.customized([x], t1)  # [rows, splits] each

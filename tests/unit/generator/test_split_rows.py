@@ -84,13 +84,15 @@ def test_vocabularies_of_no_power_of_two_are_cut_into_equal_slices_of_any_count(
 def test_masked_tails_and_rows_all_minus_inf_give_pytorchs_values(form):
     """A vocabulary's masked tail fills whole slices with −inf: their maxima are floored at the dtype's
     lowest finite value, so their sums are 0, not NaN (which would spoil the row); a row all −inf gives
-    PyTorch's −inf (logsumexp) or NaN (log_softmax, softmax)."""
+    PyTorch's −inf (logsumexp) or NaN (log_softmax, softmax), a +inf logit PyTorch's inf or NaN."""
     torch = pytest.importorskip("torch")
     reference = (softmax_reference(8, 32000, scale=1 / 0.7) if form == "softmax"
                  else lse_reference(8, 32000, form == "log_softmax"))
     x = np.random.default_rng(4).standard_normal((8, 32000)) * 10
     x[0, 30000:] = -np.inf  # the last slice of 2,000 and half of the one before
     x[1] = -np.inf
+    x[2, 7] = np.inf  # PyTorch: logsumexp inf, the softmaxes NaN
+    x[3, 5:31000:3] = -np.inf
     t = torch.from_numpy(x / 0.7 if form == "softmax" else x / 0.7 + 0.25)
     want = {"logsumexp": lambda: torch.logsumexp(t, -1, keepdim=True),
             "log_softmax": lambda: torch.log_softmax(t, -1),
