@@ -20,11 +20,14 @@ import mirage as mi
 from benchmarks.mugraphs.attention import one_kernel
 from benchmarks.unseen_models import (
     ConvNeXtMLP,
+    InstanceNormReLU,
     LogProbs,
     LogSoftmaxHead,
     MoERouter,
     RWKVChannelMix,
     T5FeedForward,
+    TokenLoss,
+    TokenProbs,
 )
 from mirage.mugraph.graph import BlockGraph
 
@@ -600,12 +603,16 @@ PROGRAMS = {
     "conv_block": (ConvBlock, [(2, 16, 32, 32)]),
     "groupnorm_silu": (functools.partial(GroupNormSiLU, 64, 8), [(2, 64, 16, 16)]),  # groups of 2,048
     "sd_groupnorm_silu": (GroupNormSiLU, [(2, 320, 64, 64)]),  # SD's first level: groups of 40,960
+    "sd_groupnorm_silu_640": (functools.partial(GroupNormSiLU, 640), [(2, 640, 32, 32)]),  # its second
+    "style_instance_norm": (InstanceNormReLU, [(1, 64, 256, 256)]),  # 64 rows of 65,536
     "mamba_dt": (MambaDt, [(1, 512, 48)]),
     "mish_mlp": (MishMLP, [(8, 512)]),
     "log_softmax_head": (LogSoftmaxHead, [(32, 768)]),
     "token_log_probs": (LogProbs, [(8, 32000)]),  # Llama's vocabulary
     "llama3_log_probs": (LogProbs, [(4, 128256)]),  # Llama 3's vocabulary: split rows
     "gpt2_log_probs": (LogProbs, [(8, 50257)]),  # GPT-2's: 29 slices of 1,733 columns
+    "token_probs": (TokenProbs, [(8, 32000)]),
+    "token_loss": (TokenLoss, [(8, 32000)]),  # the log_softmax lowered, the targets' pick in PyTorch
     "t5_feed_forward": (T5FeedForward, [(1, 128, 512)]),
     "rwkv_channel_mix": (RWKVChannelMix, [(1, 128, 768)]),
     "moe_router": (MoERouter, [(128, 1024)]),

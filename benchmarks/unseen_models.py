@@ -25,6 +25,38 @@ class LogProbs(nn.Module):
         return torch.log_softmax(logits / 0.7, -1)
 
 
+class TokenProbs(nn.Module):
+    """A sampler's probabilities of next tokens: the softmax of logits divided by a temperature."""
+
+    def forward(self, logits):
+        return torch.softmax(logits / 0.7, -1)
+
+
+class TokenLoss(nn.Module):
+    """Each token's cross-entropy against its target (an evaluation's per-token loss): the targets are
+    a buffer, as the program's inputs are the logits alone."""
+
+    def __init__(self, rows: int = 8, vocabulary: int = 32000):
+        super().__init__()
+        seeded = torch.Generator().manual_seed(0)
+        self.register_buffer("targets", torch.randint(0, vocabulary, (rows,), generator=seeded))
+
+    def forward(self, logits):
+        return F.cross_entropy(logits, self.targets, reduction="none")
+
+
+class InstanceNormReLU(nn.Module):
+    """A style-transfer network's norm and activation: ``nn.InstanceNorm2d`` with a gain and bias per
+    channel, then ReLU (fast neural style's residual blocks)."""
+
+    def __init__(self, channels: int = 64):
+        super().__init__()
+        self.norm = nn.InstanceNorm2d(channels, affine=True)
+
+    def forward(self, x):
+        return torch.relu(self.norm(x))
+
+
 class T5FeedForward(nn.Module):
     """T5's feed-forward layer: its RMS norm written out (no mean subtracted), ReLU, the residual."""
 

@@ -236,13 +236,13 @@ def cache_key(reference: KernelGraph, settings: SearchSettings) -> str:
 
 def split_row_candidates(reference: KernelGraph) -> list[KernelGraph]:
     """Split-row µGraphs for a long-row log_softmax, logsumexp or softmax
-    (:mod:`mirage.generator.split_rows`), which the search's spaces cannot hold; none where the
-    generator is not installed."""
+    (:mod:`mirage.generator.split_rows`) or norm (:mod:`mirage.generator.split_norms`), which the
+    search's spaces cannot hold; none where the generator is not installed."""
     try:
-        from mirage.generator import split_rows
+        from mirage.generator import split_norms, split_rows
     except ImportError:
         return []
-    return split_rows.candidates(reference)
+    return split_rows.candidates(reference) + split_norms.candidates(reference)
 
 
 @functools.cache

@@ -343,7 +343,7 @@ def rms(A, x, n: int, eps: float):
     """sqrt(Σ x² / n + eps) over the last axis: shared by rms_norm and the rms accumulator."""
     mean = A.mul(A.sum(A.mul(x, x), axis=-1), A.const(Fraction(1, n), x))
     if eps:
-        mean = A.add(mean, A.const(Fraction(eps), x))
+        mean = A.add(mean, A.const(float(eps), x))
     return A.sqrt(mean)
 
 
@@ -393,8 +393,8 @@ _F = {
     Op.SQUARE: lambda A, at, it, x: A.mul(x, x),
     **{op: _opaque(op) for op in OPAQUE_UNARY},
     Op.CLAMP: lambda A, at, it, x: A.opaque(f"clamp[{at.min},{at.max}]", x, _clamp(at)),
-    Op.MUL_SCALAR: lambda A, at, it, x: A.mul(x, A.const(Fraction(at.value), x)),
-    Op.ADD_SCALAR: lambda A, at, it, x: A.add(x, A.const(Fraction(at.value), x)),
+    Op.MUL_SCALAR: lambda A, at, it, x: A.mul(x, A.const(float(at.value), x)),
+    Op.ADD_SCALAR: lambda A, at, it, x: A.add(x, A.const(float(at.value), x)),
     Op.ADD: lambda A, at, it, x, y: A.add(x, y),
     Op.SUB: lambda A, at, it, x, y: A.sub(x, y),
     Op.MUL: lambda A, at, it, x, y: A.mul(x, y),

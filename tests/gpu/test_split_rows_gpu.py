@@ -24,7 +24,10 @@ SHAPES = {"llama2": (8, 32000), "llama3": (4, 128256), "gpt2": (8, 50257)}  # GP
 @pytest.mark.parametrize("form", ["log_softmax", "logsumexp", "softmax"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_split_candidates_match_float64_far_outside_exps_range(shape, form):
-    reference = (softmax_reference(*SHAPES[shape], scale=1 / 0.7) if form == "softmax"
+    # the softmax's scale is exact in float16: x / 0.7 rounded to float16 (the reference's
+    # intermediate, as PyTorch's) is off by up to 1/16 at ±250, which exp makes a 6 % error of the
+    # probability against float64's unrounded quotient, in PyTorch's own softmax as in ours
+    reference = (softmax_reference(*SHAPES[shape], scale=0.5) if form == "softmax"
                  else lse_reference(*SHAPES[shape], form == "log_softmax"))
     graphs = split_rows.candidates(reference)
     assert graphs

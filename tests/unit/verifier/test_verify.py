@@ -46,6 +46,11 @@ EQUIVALENT = [
      graph(lambda g, x, w: g.mul(g.sqrt(g.square(x)), g.sqrt(g.square(x))), ((3, 4),) * 2)),
     ("silu of equal arguments", graph(lambda g, x, w: g.silu(g.add(x, w)), ((3, 4),) * 2),
      graph(lambda g, x, w: g.silu(g.add(w, x)), ((3, 4),) * 2)),
+    # scalars are the rationals they stand for: 1/20 · 1/1536 is 1/30720 (a mean of slice means),
+    # though no float of the three is that product exactly
+    ("a mean in two steps",
+     graph(lambda g, x, w: g.mul_scalar(g.add_scalar(x, 0.1), 1 / 30720), ((3, 4),) * 2),
+     graph(lambda g, x, w: g.mul_scalar(g.mul_scalar(g.add_scalar(x, 0.1), 1 / 1536), 0.05), ((3, 4),) * 2)),
 ]
 
 # (name, reference, candidate): none equivalent
