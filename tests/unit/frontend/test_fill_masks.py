@@ -129,6 +129,19 @@ def test_a_non_causal_buffer_and_is_causal_keep_their_forms():
     assert any(b.source.startswith("_causal_mask_8x8") for b in sub.inputs)
 
 
+def test_a_norms_zero_bias_is_no_causal_mask_and_may_be_trained():
+    """An instance norm's bias starts at zeros, one value a row after its decomposition: the values of
+    a causal mask one key wide.  A parameter makes no pattern's promise, so a bias trained since the
+    capture gives its new values instead of a MaskPatternError."""
+    model = torch.nn.Sequential(torch.nn.InstanceNorm2d(8, affine=True), torch.nn.ReLU())
+    x = torch.randn(1, 8, 16, 16)
+    fast = mi.superoptimize(model, (x,), search=False)
+    assert all(_patterns(sub) == [""] * len(_patterns(sub)) for sub in fast.partition.subprograms)
+    with torch.no_grad():
+        model[0].bias.add_(0.5)
+        torch.testing.assert_close(fast(x), model(x))
+
+
 @pytest.mark.parametrize("form", ["fill", "additive"])
 def test_a_causal_mask_built_in_the_forward_from_constants_is_folded_and_promised(form):
     def attention(q, k, v):
