@@ -52,13 +52,57 @@ class Interpreted:
                 for o, d in zip(outs, self.dtypes, strict=True)]
 
 
+def is_parameter(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a parameter or a view of one."""
+    return isinstance(t if t._base is None else t._base, Parameter)
+
+
+class KeptCopies:
+    """Copies of parameters and buffers (another layout, a broadcast made dense), each kept while the
+    tensor it copies keeps its address, shape, strides and version counter."""
+
+    def __init__(self) -> None:
+        self._copies: dict[object, tuple[tuple, torch.Tensor]] = {}
+        self.reuse_in_graphs = False  # Options.reuse_copies_in_graphs
+
+    def get(self, slot: object, t: torch.Tensor, make: Callable[[], torch.Tensor],
+            refresh: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The copy of ``t`` kept in ``slot``: ``make()`` when there is none, ``refresh(kept)`` (in
+        place) when ``t`` changed since."""
+        key = (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))
+        cached = self._copies.get(slot)
+        if graphs.capturing((t,)):
+            reuse = self.reuse_in_graphs or not graphs.recording_constants((t,))
+            if reuse and cached is not None and cached[0] == key:
+                # a capture standing for calls from Python (graphs.standing_for_calls), or one whose
+                # owner chose to read the calls' copies (Options.reuse_copies_in_graphs)
+                return cached[1]
+            # otherwise the copy is recorded: a replay runs no Python to see a changed parameter
+            return make()
+        if cached is None:
+            cached = self._copies[slot] = (key, make())
+        elif cached[0] != key:  # refreshed in place: a CUDA graph that reads the copy reads the new values
+            cached = self._copies[slot] = (key, refresh(cached[1]))
+        return cached[1]
+
+    def __len__(self) -> int:
+        return len(self._copies)
+
+    def __contains__(self, slot: object) -> bool:
+        return slot in self._copies
+
+    @property
+    def bytes(self) -> int:
+        return sum(copy.numel() * copy.element_size() for _, copy in self._copies.values())
+
+
 class Compiled:
     kind = "cuda"
 
     def __init__(self, graph: KernelGraph, launch: Launcher) -> None:
         self.graph = graph
         self.launch = launch
-        self._copies: dict[int, tuple[tuple, torch.Tensor]] = {}
+        self.kept = KeptCopies()
         # after the first call's checks, a program's launch without them: a subprogram's inputs keep
         # the shapes, dtypes and device of its specialization
         owner = getattr(launch, "__self__", None)
@@ -76,7 +120,14 @@ class Compiled:
         # a call copied one of them (a strided view): then a caller's CUDA graph copies it in each replay
         self.constants: frozenset[int] = frozenset()
         self.copies_constants = False
-        self.reuse_in_graphs = False  # Options.reuse_copies_in_graphs
+
+    @property
+    def reuse_in_graphs(self) -> bool:  # Options.reuse_copies_in_graphs
+        return self.kept.reuse_in_graphs
+
+    @reuse_in_graphs.setter
+    def reuse_in_graphs(self, value: bool) -> None:
+        self.kept.reuse_in_graphs = value
 
     def _contiguous(self, position: int, t: torch.Tensor) -> torch.Tensor:
         """``t`` made contiguous (or column-major, where the program reads that input in place so and
@@ -95,29 +146,16 @@ class Compiled:
             ready = t.mT.is_contiguous() if position in self.transposed else t.is_contiguous()
         if ready:
             return t
-        if position not in self.constants and not isinstance(t if t._base is None else t._base, Parameter):
+        if position not in self.constants and not is_parameter(t):
             return in_layout(t, position in self.transposed, strides, view)
         self.copies_constants = True
-        key = (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()))
-        cached = self._copies.get(position)
-        if graphs.capturing((t,)):
-            reuse = self.reuse_in_graphs or not graphs.recording_constants((t,))
-            if reuse and cached is not None and cached[0] == key:
-                # a capture standing for calls from Python (graphs.standing_for_calls), or one whose
-                # owner chose to read the calls' copies (Options.reuse_copies_in_graphs)
-                return cached[1]
-            # otherwise the copy is recorded: a replay runs no Python to see a changed parameter
-            return in_layout(t, position in self.transposed, strides, view)
-        if cached is None:
-            cached = self._copies[position] = (key, in_layout(t, position in self.transposed, strides, view))
-        elif cached[0] != key:  # refreshed in place: a CUDA graph that reads the copy reads the new values
-            cached = self._copies[position] = (key, cached[1].copy_(t))
-        return cached[1]
+        return self.kept.get(position, t, lambda: in_layout(t, position in self.transposed, strides, view),
+                             lambda kept: kept.copy_(t))
 
     @property
     def kept_bytes(self) -> int:
         """The memory the kept copies of parameters and buffers take."""
-        return sum(copy.numel() * copy.element_size() for _, copy in self._copies.values())
+        return self.kept.bytes
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         inputs = [self._contiguous(i, t) for i, t in enumerate(inputs)]

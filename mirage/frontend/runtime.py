@@ -42,7 +42,7 @@ from mirage.frontend.capture import (
     updates_state,
 )
 from mirage.frontend.errors import CaptureError, InputError, InputGradError
-from mirage.frontend.executor import make_executor
+from mirage.frontend.executor import KeptCopies, is_parameter, make_executor
 from mirage.frontend.guard import OURS, Verdict, check
 from mirage.frontend.optimize import Choice, choose
 from mirage.frontend.options import Options
@@ -73,17 +73,40 @@ class SubprogramModule(nn.Module):
         self._position = {name: i for i, name in enumerate(self.sources)}
         self._executors: dict[torch.device, Any] = {}
         self.constant_sources: frozenset[str] = frozenset()  # the sources that are parameters or buffers
+        # a parameter or buffer that a binding broadcasts and reshapes into a copy (a group norm's gain
+        # in the groups' frame) is kept while it is unchanged, as the executor keeps its layout copies
+        self.kept = KeptCopies()
+        self._bound_views: set[int] = set()  # the bindings that view such a tensor: nothing to keep
 
     @property
     def copies_constants(self) -> bool:
         """Whether a call copied a parameter or buffer it reads as a strided view (see executor)."""
-        return any(getattr(e, "copies_constants", False) for e in self._executors.values())
+        return len(self.kept) > 0 or any(getattr(e, "copies_constants", False)
+                                         for e in self._executors.values())
 
     @property
     def kept_copies(self) -> tuple[int, int]:
         """How many copies of parameters and buffers the calls keep, and their bytes."""
-        executors = [e for e in self._executors.values() if hasattr(e, "kept_bytes")]
-        return sum(len(e._copies) for e in executors), sum(e.kept_bytes for e in executors)
+        kept = [self.kept] + [e.kept for e in self._executors.values() if hasattr(e, "kept")]
+        return sum(len(k) for k in kept), sum(k.bytes for k in kept)
+
+    def _bound(self, k: int, binding, t: torch.Tensor) -> torch.Tensor:
+        """Input ``k``: ``t`` through its binding, a kept copy where that copies a constant."""
+        if k in self._bound_views or not (binding.source in self.constant_sources or is_parameter(t)):
+            return binding.apply(t)
+
+        def refresh(kept: torch.Tensor) -> torch.Tensor:
+            return kept.copy_(binding.apply(t))
+
+        self.kept.reuse_in_graphs = self.reuse_in_graphs
+        slot = (k, t.device)
+        if slot in self.kept:
+            return self.kept.get(slot, t, lambda: binding.apply(t).contiguous(), refresh)
+        bound = binding.apply(t)
+        if bound.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+            self._bound_views.add(k)  # a view: the executor keeps a layout copy where it needs one
+            return bound
+        return self.kept.get(slot, t, bound.contiguous, refresh)  # the first call's copy is the one kept
 
     @property
     def read_in_place(self) -> list[str]:
@@ -110,8 +133,8 @@ class SubprogramModule(nn.Module):
         bindings = self.subprogram.inputs
         executor = self.executor(sources[self._position[bindings[0].source]].device)
         views = getattr(executor, "views", {})  # inputs its kernels read as the view of split dims
-        inputs = [(b.viewed if k in views else b.apply)(sources[self._position[b.source]])
-                  for k, b in enumerate(bindings)]
+        inputs = [b.viewed(sources[self._position[b.source]]) if k in views
+                  else self._bound(k, b, sources[self._position[b.source]]) for k, b in enumerate(bindings)]
         results = executor(inputs)
         return tuple(o.apply(results[o.index]) for o in self.subprogram.outputs)
 
@@ -253,7 +276,8 @@ class Specialization:
         count, size = (sum(k[0] for k in kept), sum(k[1] for k in kept)) if kept else (0, 0)
         if count:
             lines.append(f"  kept copies: {count} parameter(s) read as strided views (a transposed "
-                         f"weight), {size / 1024:,.0f} KiB, made again when a parameter changes")
+                         f"weight) or broadcast into a frame (a group norm's gain), {size / 1024:,.0f} KiB, "
+                         "made again when a parameter changes")
         # a stack is None once a parameter was given a tensor of its own (`.data = ...`)
         stacks = [m.names for m in self.module.modules() if isinstance(m, StackedParameters)
                   and m._stack is not None and m._stack.dim() == 2] \

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import mirage as mi
 import mirage.frontend.decompositions
 from mirage.frontend.capture import capture
+from mirage.frontend.runtime import SubprogramModule
 from mirage.mugraph.ops import Op
 
 NORM_OPS = {Op.REDUCTION: 1, Op.MUL_SCALAR: 1, Op.SUB: 1, Op.RMS_NORM: 1}
@@ -40,6 +41,28 @@ def test_group_norm_is_one_subprogram_and_matches_float64(shape, groups, affine)
     assert _ops(fast) == NORM_OPS | ({Op.MUL: 1, Op.ADD: 1} if affine else {})
     expected = norm.double()(x.double())
     torch.testing.assert_close(fast(x).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_group_norms_gain_and_bias_in_the_groups_frame_are_kept_until_they_change():
+    """The gain and bias, one value a channel, are broadcast to the groups' frame ((batch · groups,
+    values a group): no strides view them so): the copies are made at the first call and kept while
+    the parameters keep their versions; a trained gain is copied again."""
+    torch.manual_seed(1)
+    norm = nn.GroupNorm(4, 8)
+    x = torch.randn(2, 8, 3, 3)
+    (sub,) = mi.superoptimize(norm, (x,), search=False).partition.subprograms
+    fast = mi.superoptimize(norm, (x,), search=False, candidates=[sub.graph])  # the reference runs
+    torch.testing.assert_close(fast(x), norm(x), rtol=1e-5, atol=1e-5)
+    (module,) = [m for spec in fast.specializations for m in spec.module.modules()
+                 if isinstance(m, SubprogramModule)]
+    assert module.kept_copies == (2, 2 * 8 * 18 * 4)  # two float32 frames of (2 · 4 groups, 18 values)
+    kept = {slot: copy.data_ptr() for slot, (_, copy) in module.kept._copies.items()}
+    fast(x)
+    assert {slot: copy.data_ptr() for slot, (_, copy) in module.kept._copies.items()} == kept
+    with torch.no_grad():
+        norm.weight.mul_(3.0)
+        torch.testing.assert_close(fast(x), norm(x), rtol=1e-5, atol=1e-5)
+    assert "kept copies: 2 parameter(s)" in fast.report()
 
 
 def test_float16_group_norm_with_large_activations():
