@@ -58,13 +58,13 @@ def whole(rows: int, cols: int, log_softmax: bool, threads: int) -> mi.KernelGra
     return g.freeze()
 
 
-def builds() -> list[tuple[dict, mi.KernelGraph | str]]:
+def builds(shapes=SHAPES) -> list[tuple[dict, mi.KernelGraph | str]]:
     """(what, µGraph) per build; in place of the µGraph, why it cannot be built (its tiles exceed
     shared memory: one block of Llama 3's 128,256 logits)."""
     from mirage.errors import MirageError
 
     out = []
-    for rows, cols in SHAPES:
+    for rows, cols in shapes:
         for log_softmax in (True, False):
             case = {"rows": rows, "cols": cols, "op": "log_softmax" if log_softmax else "logsumexp"}
             shape = (rows, cols, log_softmax)
@@ -91,9 +91,17 @@ def main(argv=None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
+    parser.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES),
+                        help="ROWSxCOLS,... (default: %(default)s)")
     args = parser.parse_args(argv)
+    try:
+        shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+        parser.error(f"--shapes takes ROWSxCOLS pairs such as 8x32000,4x128256, got {args.shapes!r}")
     rows, programs = [], []
-    for row, graph in builds():
+    for row, graph in builds(shapes):
         if isinstance(graph, str):
             rows.append({**row, "failure": graph})
             continue
@@ -122,7 +130,7 @@ def main(argv=None) -> None:
         row["relative_error"] = max(c.worst_error for c in checks)
         print(row, flush=True)
     torch_us = {}
-    for rows_, cols in SHAPES:
+    for rows_, cols in shapes:
         x = torch.randn(rows_, cols, device="cuda", dtype=torch.float16)
         calls = {"log_softmax": lambda v=x: torch.log_softmax(v / TEMPERATURE, -1),
                  "logsumexp": lambda v=x: torch.logsumexp(v / TEMPERATURE, -1)}

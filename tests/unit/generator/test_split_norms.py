@@ -63,6 +63,24 @@ def test_an_uncentred_rms_norm_saves_one_partial_a_slice():
     assert SlicedVerifier(reference, seed=0).verify(graph).equivalent
 
 
+def test_a_norm_with_nothing_after_it_and_a_residual_read_of_x():
+    """A group norm without gain or bias ends at the norm; ``x + norm(x)`` reads x's tile again."""
+    g = mi.new_kernel_graph("bare")
+    x = g.new_input((4, 8192), mi.float32)
+    g.mark_output(g.rms_norm(g.sub(x, g.mul_scalar(g.reduction(x, 1), 1 / 8192)), eps=1e-5))
+    bare = g.freeze()
+    g = mi.new_kernel_graph("residual")
+    x = g.new_input((4, 8192), mi.float32)
+    g.mark_output(g.add(x, g.rms_norm(x, eps=1e-6)))
+    residual = g.freeze()
+    for reference in (bare, residual):
+        graphs = split_norms.candidates(reference)
+        assert len(graphs) == 4
+        inputs = _inputs(reference, 2, offset=-7.0)
+        want = interpret(reference, inputs)[0]
+        np.testing.assert_allclose(interpret(graphs[0], inputs)[0], want, rtol=1e-9)
+
+
 def test_short_rows_many_rows_and_other_programs_get_none():
     assert split_norms.candidates(group_norm_reference(64, 4096)) == []  # a row fits a block
     assert split_norms.candidates(group_norm_reference(2048, 16384)) == []  # rows fill the SMs
