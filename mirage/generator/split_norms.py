@@ -35,11 +35,9 @@ import math
 from dataclasses import dataclass
 
 import mirage as mi
-from mirage.generator.split_rows import MIN_COLS, THREADS, split_counts
+from mirage.generator.split_rows import MAX_ROWS, MIN_COLS, THREADS, split_counts
 from mirage.mugraph.graph import KernelGraph
 from mirage.mugraph.ops import BINARY, UNARY, Op
-
-MAX_ROWS = 1024  # more rows than this fill the SMs one block a row (where a row fits one)
 
 
 @dataclass(frozen=True)
@@ -111,7 +109,8 @@ def candidates(reference: KernelGraph) -> list[KernelGraph]:
     found = match(reference)
     if found is None or found.cols < MIN_COLS or found.rows > MAX_ROWS:
         return []
-    return [split_graph(reference, found, s, t) for s in split_counts(found.cols) for t in THREADS]
+    return [split_graph(reference, found, s, t) for s in split_counts(found.cols, found.rows)
+            for t in THREADS]
 
 
 _MAPS = {(True, True): (0, 1, -1), (True, False): (0, -1, -1), (False, True): (-1, 1, -1),

@@ -108,7 +108,11 @@ def test_masked_tails_and_rows_all_minus_inf_give_pytorchs_values(form):
 
 def test_short_rows_many_rows_and_other_programs_get_none():
     assert split_rows.candidates(lse_reference(8, 4096, True)) == []  # one block a row does well
-    assert split_rows.candidates(lse_reference(128, 32000, True)) == []  # rows fill the SMs
+    assert split_rows.candidates(lse_reference(512, 32000, True)) == []  # rows fill the SMs
+    # 256 rows: the counts whose grids stay within a kernel's 4,096 blocks (16 and 8 slices; 32 would not)
+    assert split_rows.split_counts(32000, 256) == [16, 8] and split_rows.split_counts(128256, 128) == [32]
+    assert [b.grid_dim for b in split_rows.candidates(lse_reference(256, 32000, True))[0].block_graphs()] == [
+        (256, 16, 1), (256, 16, 1)]
     assert split_rows.candidates(lse_reference(8, 32000, True, rank=3)) == []
     g = mi.new_kernel_graph("sum_of_exps")  # no log, no division
     g.mark_output(g.reduction(g.exp(g.new_input((8, 32000), mi.float16)), 1))
