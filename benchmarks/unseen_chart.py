@@ -1,6 +1,7 @@
 """A bar chart of programs of no test (``python -m benchmarks.unseen`` records): each program's time
-through ``mi.superoptimize`` beside PyTorch's own fused kernel (SDPA, where the program has one)
-and the program as written (eager), µs a call. Where several records hold a program, the last one
+through ``mi.superoptimize`` beside PyTorch's own fused kernel (SDPA, where the program has one),
+``torch.compile`` (where the record timed it: ``--compile``) and the program as written (eager), µs a
+call. Where several records hold a program, the last one
 given wins.
 
     python -m benchmarks.unseen_chart benchmarks/results/unseen_h200_2026-11-30_*.json \\
@@ -14,7 +15,8 @@ import json
 from pathlib import Path
 
 # what each bar shows: (label, the record's field)
-BARS = (("mirage", "mirage_us"), ("SDPA", "sdpa_us"), ("eager (as written)", "eager_us"))
+BARS = (("mirage", "mirage_us"), ("SDPA", "sdpa_us"), ("torch.compile", "torch_compile_us"),
+        ("eager (as written)", "eager_us"))
 
 
 def latest_rows(records: list[dict], programs: list[str] | None = None) -> list[dict]:
