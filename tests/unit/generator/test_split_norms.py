@@ -110,3 +110,19 @@ def test_group_norm_through_superoptimize_runs_the_split_norm():
     assert "split-row µGraph(s) float-checked" in fast.report()
     want = F.silu(F.group_norm(x.double(), 4, weight.double(), bias.double(), eps=1e-5))
     torch.testing.assert_close(fast(x).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_norm_over_one_long_row_gets_the_split_norm():
+    """``nn.LayerNorm(16384)`` lowers to the same mean, ``rms_norm``, gain and bias: split candidates."""
+    torch = pytest.importorskip("torch")
+
+    norm = torch.nn.LayerNorm(16384).eval()
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.2), norm.bias.normal_()
+    x = torch.randn(4, 16384) * 3 - 2
+    (sub,) = mi.superoptimize(norm, (x,), search=False).partition.subprograms
+    assert len(split_norms.candidates(sub.graph)) == 4
+    fast = mi.superoptimize(norm, (x,), time_limit_s=2, progress=False, use_cache=False)
+    assert "split-row µGraph(s) float-checked" in fast.report()
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x).double(), norm.double()(x.double()), rtol=1e-5, atol=1e-5)
