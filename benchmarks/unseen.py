@@ -604,6 +604,7 @@ PROGRAMS = {
     "groupnorm_silu": (functools.partial(GroupNormSiLU, 64, 8), [(2, 64, 16, 16)]),  # groups of 2,048
     "sd_groupnorm_silu": (GroupNormSiLU, [(2, 320, 64, 64)]),  # SD's first level: groups of 40,960
     "sd_groupnorm_silu_640": (functools.partial(GroupNormSiLU, 640), [(2, 640, 32, 32)]),  # its second
+    "sd_groupnorm_silu_b8": (GroupNormSiLU, [(8, 320, 64, 64)]),  # a batch of 8: 256 rows of 40,960
     "style_instance_norm": (InstanceNormReLU, [(1, 64, 256, 256)]),  # 64 rows of 65,536
     "mamba_dt": (MambaDt, [(1, 512, 48)]),
     "mish_mlp": (MishMLP, [(8, 512)]),
@@ -611,6 +612,7 @@ PROGRAMS = {
     "token_log_probs": (LogProbs, [(8, 32000)]),  # Llama's vocabulary
     "llama3_log_probs": (LogProbs, [(4, 128256)]),  # Llama 3's vocabulary: split rows
     "gpt2_log_probs": (LogProbs, [(8, 50257)]),  # GPT-2's: 29 slices of 1,733 columns
+    "batch_log_probs": (LogProbs, [(64, 32000)]),  # 64 rows: split rows since they take up to 256
     "token_probs": (TokenProbs, [(8, 32000)]),
     "token_loss": (TokenLoss, [(8, 32000)]),  # the log_softmax lowered, the targets' pick in PyTorch
     "t5_feed_forward": (T5FeedForward, [(1, 128, 512)]),
