@@ -282,7 +282,7 @@ def causal_buffers(gm: fx.GraphModule) -> None:
             if value is None or not value.is_floating_point() or value.dim() < 2 or min(value.shape[-2:]) < 2:
                 continue  # a column of zeros (a norm's bias of one value a row) is no mask
             if any(isinstance(attribute(gm, str(b.target)), nn.Parameter) for b in _ancestors(operand)[1]):
-                continue  # a parameter is trained: a zero bias now holds other values later
+                continue  # a parameter may be trained: a zero bias may hold other values later
             pattern = patterns.causal(int(value.shape[-2]))
             if not patterns.matches(pattern, value):
                 continue
