@@ -108,6 +108,7 @@ def test_group_norm_through_superoptimize_runs_the_split_norm():
     x = torch.randn(1, 64, 32, 32) * 2 + 5
     fast = mi.superoptimize(norm_silu, (x,), time_limit_s=2, progress=False, use_cache=False)
     assert "split-row µGraph(s) float-checked" in fast.report()
+    assert [c.source for s in fast.specializations for c in s.choices.values()] == ["split rows"]
     want = F.silu(F.group_norm(x.double(), 4, weight.double(), bias.double(), eps=1e-5))
     torch.testing.assert_close(fast(x).double(), want, rtol=1e-5, atol=1e-5)
 
@@ -124,5 +125,6 @@ def test_a_layer_norm_over_one_long_row_gets_the_split_norm():
     assert len(split_norms.candidates(sub.graph)) == 4
     fast = mi.superoptimize(norm, (x,), time_limit_s=2, progress=False, use_cache=False)
     assert "split-row µGraph(s) float-checked" in fast.report()
+    assert [c.source for s in fast.specializations for c in s.choices.values()] == ["split rows"]
     with torch.no_grad():
         torch.testing.assert_close(fast(x).double(), norm.double()(x.double()), rtol=1e-5, atol=1e-5)
