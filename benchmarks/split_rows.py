@@ -12,6 +12,10 @@ split reduction takes, next to the one-kernel µGraph of one block a row that th
   frontend's µGraphs, timed through ``mi.superoptimize``, save it first.
 * ``whole``: one block a row, the row's maximum and sum in one step (the form selected now).
 
+``--off OPTION`` builds every split µGraph a second time with that field of
+:class:`~mirage.optimizer.OptimizerOptions` off (``--off ragged_rows``: GPT-2's slices of 1,733
+columns op by op, as before ragged row loops), the row marked ``"off"``.
+
 Each build is float-checked against float64 (logits of standard deviation 1 and 30), and PyTorch's
 own call is timed in the same run.  Writes ``split_rows_<date>.json`` into ``--out`` (the builds as its
 ``rows``; the record of 2026-11-30 names them ``builds``).
@@ -20,9 +24,11 @@ own call is timed in the same run.  Writes ``split_rows_<date>.json`` into ``--o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import mirage as mi
 from mirage.generator import split_rows
+from mirage.optimizer import OptimizerOptions
 
 TEMPERATURE = 0.7
 SHAPES = ((8, 32000), (4, 128256))  # Llama 2's and Llama 3's vocabularies
@@ -60,7 +66,8 @@ def whole(rows: int, cols: int, log_softmax: bool, threads: int) -> mi.KernelGra
 
 def builds(shapes=SHAPES) -> list[tuple[dict, mi.KernelGraph | str]]:
     """(what, µGraph) per build; in place of the µGraph, why it cannot be built (its tiles exceed
-    shared memory: one block of Llama 3's 128,256 logits)."""
+    shared memory: one block of Llama 3's 128,256 logits).  The split counts are :data:`SPLITS`
+    that divide the row and the frontend's own (GPT-2's 29)."""
     from mirage.errors import MirageError
 
     out = []
@@ -68,8 +75,9 @@ def builds(shapes=SHAPES) -> list[tuple[dict, mi.KernelGraph | str]]:
         for log_softmax in (True, False):
             case = {"rows": rows, "cols": cols, "op": "log_softmax" if log_softmax else "logsumexp"}
             shape = (rows, cols, log_softmax)
+            counts = sorted({*(s for s in SPLITS if cols % s == 0), *split_rows.split_counts(cols, rows)})
             forms = [({**case, "form": "split", "splits": s, "threads": t}, split, (*shape, s, t))
-                     for s in SPLITS for t in THREADS]
+                     for s in counts for t in THREADS]
             forms += [({**case, "form": "whole", "threads": t}, whole, (*shape, t)) for t in WHOLE_THREADS]
             for row, make, given in forms:
                 try:
@@ -93,7 +101,13 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
     parser.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES),
                         help="ROWSxCOLS,... (default: %(default)s)")
+    parser.add_argument("--off", action="append", default=[], metavar="OPTION",
+                        help="also build each split µGraph with this OptimizerOptions field off")
     args = parser.parse_args(argv)
+    known = {f.name for f in dataclasses.fields(OptimizerOptions)}
+    for name in args.off:
+        if name not in known:
+            parser.error(f"--off {name}: no such OptimizerOptions field (known: {', '.join(sorted(known))})")
     try:
         shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
     except ValueError:
@@ -101,12 +115,15 @@ def main(argv=None) -> None:
     if not shapes or any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
         parser.error(f"--shapes takes ROWSxCOLS pairs such as 8x32000,4x128256, got {args.shapes!r}")
     rows, programs = [], []
-    for row, graph in builds(shapes):
+    variants = [(row, graph, None) for row, graph in builds(shapes)]
+    variants += [({**row, "off": name}, graph, dataclasses.replace(OptimizerOptions(), **{name: False}))
+                 for name in args.off for row, graph, _ in variants if row["form"] == "split"]
+    for row, graph, options in variants:
         if isinstance(graph, str):
             rows.append({**row, "failure": graph})
             continue
         try:
-            programs.append(generate_cuda_program(graph, None))
+            programs.append(generate_cuda_program(graph, None, options=options))
         except MirageError as error:
             rows.append({**row, "failure": f"generate: {str(error).splitlines()[0]}"})
             continue
@@ -141,7 +158,7 @@ def main(argv=None) -> None:
         shape, op = key.split("/")
         for form in ("split", "whole"):
             times = [r["us"] for r in rows if f"{r['rows']}x{r['cols']}" == shape and r["op"] == op
-                     and r["form"] == form and r.get("passed")]
+                     and r["form"] == form and r.get("passed") and "off" not in r]
             best[f"{key}/{form}"] = min(times) if times else None
         print(f"{key}: torch {torch_us[key]:.2f} µs, split {best[f'{key}/split']}, "
               f"whole {best[f'{key}/whole']}")

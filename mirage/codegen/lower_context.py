@@ -379,6 +379,10 @@ class Statement:
       (through the shared floats at ``scratch``, a C++ pointer expression, where rows span warps)
     * ``rms``: ``result = arguments[0] / sqrt(Σ arguments[0]² / count + eps)``, the sum of squares
       combined over the row's threads as for ``reduce``
+
+    In a ragged loop (``mask``, RowLoop.mask) a ``load`` or ``read`` gives 0 past the row's width
+    (``kRowWidth``), by whole chunks (``chunk``) or element by element (``element``), and a ``reduce``
+    or ``rms`` leaves those columns out.
     """
 
     kind: str
@@ -394,6 +398,7 @@ class Statement:
     count: int = 1  # rms: elements of a row
     eps: float = 0.0  # rms
     column: str = "row_loop_col + e"  # load: the column of element e (RowLoop.group)
+    mask: str = ""  # load, read, reduce, rms: columns past the row's width masked (RowLoop.mask)
     groups: int = 1  # read: a thread's groups of consecutive columns, ``stride`` columns apart
     stride: int = 0
     transposed: bool = False  # load, read: the loop's row is the tile's column (RowLoop.transposed)
@@ -421,6 +426,7 @@ class RowLoopSetup:
     states: tuple[State, ...]
     threads: int  # of the block (all active when rows · row_threads equals it)
     transposed: bool = False  # the loop's rows are the tiles' columns (RowLoop.transposed)
+    width: int = 0  # a ragged row's columns (RowLoop.padded): kRowWidth, the thread's chunk masked past it
 
 
 @dataclass(frozen=True)
@@ -458,6 +464,7 @@ class RowLoopWriteBack:
     groups: int = 1  # a thread's groups of consecutive columns, ``stride`` columns apart
     stride: int = 0
     transposed: bool = False  # the loop's rows are the tiles' columns (RowLoop.transposed)
+    mask: str = ""  # columns past the row's width (kRowWidth) neither stored nor written back (RowLoop.mask)
 
 
 @dataclass(frozen=True)

@@ -80,10 +80,12 @@ class RowLoopLowering:
             if ref.node in self.plan.direct:
                 self.statements.append(Statement("read", value, iterator=f"in{ref.node}",
                                                  groups=layout["groups"], stride=layout["stride"],
-                                                 transposed=self.plan.transposed))
+                                                 transposed=self.plan.transposed,
+                                                 mask=self.plan.mask if value.wide else ""))
             else:
                 self.statements.append(Statement("load", value, tile=self.lowering.operand(ref),
-                                                 column=layout["column"], transposed=self.plan.transposed))
+                                                 column=layout["column"], transposed=self.plan.transposed,
+                                                 mask=self.plan.mask if value.wide else ""))
             self._loaded[ref.node] = value
         return self._loaded[ref.node]
 
@@ -110,11 +112,13 @@ class RowLoopLowering:
             floats = self.plan.reductions.index(i) * self.lowering.threads // 32
             scratch = f"mirage::dev::shared_at<float>(shared, {self.lowering.row_scratch_offset}) + {floats}"
         result = Value(f"v{i}", self._wide(node.outputs[0].shape))
-        return Statement(kind, result, (argument,), lanes=lanes, scratch=scratch, **fields)
+        return Statement(kind, result, (argument,), lanes=lanes, scratch=scratch,
+                         mask=self.plan.mask if argument.wide else "", **fields)
 
     def setup(self) -> RowLoopSetup:
         return RowLoopSetup(self.plan.rows, self.plan.row_threads, self.plan.chunk, self.plan.group,
-                            self.states(), self.lowering.threads, self.plan.transposed)
+                            self.states(), self.lowering.threads, self.plan.transposed,
+                            self.plan.width if self.plan.ragged else 0)
 
     def step(self) -> RowLoopStep:
         for i in self.plan.nodes:
@@ -158,7 +162,8 @@ class RowLoopLowering:
         the range allows (32 iterations at most 26 a batch: two of 16, not 26 and 6)."""
         reads = tuple(t for t in step.statements if t.kind == "read")
         per_iteration = sum(self.plan.chunk if t.result.wide else 1 for t in reads)
-        vectors = () if self.plan.transposed else tuple(sorted({t.iterator for t in reads if t.result.wide}))
+        scalar = self.plan.transposed or self.plan.mask == "element"
+        vectors = () if scalar else tuple(sorted({t.iterator for t in reads if t.result.wide}))
         return DirectLoop(batch_size(self.graph.forloop_range, READ_REGISTERS // max(per_iteration, 1)),
                           reads, vectors, step)
 
@@ -176,4 +181,4 @@ class RowLoopLowering:
         outputs = tuple((values[value], io.direct_saver(self.lowering, saver))
                         for value, saver in self.plan.outputs)
         return RowLoopWriteBack(tuple(s for s in states if s.tile is not None), outputs, tuple(statements),
-                                **self._layout)
+                                mask=self.plan.mask, **self._layout)

@@ -50,6 +50,16 @@ tile rows, and each thread owns one column whole (``chunk = R``, one thread a ro
 reductions need no other thread.  A warp's 32 threads hold 32 consecutive columns: each direct read
 and each store of element ``e`` covers 32 neighbouring elements of one tile row.
 
+Ragged rows (``ragged_rows``).  A width that no chunk of 1 to 64 columns divides (a slice of 1,733
+columns: GPT-2's 50,257 split 29 ways), or whose chunks leave threads of a reducing block without a
+row (2,000 columns: 125 chunks of 16 in a block of 128), gets the chunk that covers it with the
+threads a row has, the row padded to ``row_threads · chunk`` columns (:attr:`RowLoop.padded`, by an
+eighth of the row at most).  The padding's columns read nothing (a 0 in their registers), take no
+part in a row reduction, and are neither stored nor written back; what element-wise ops make of
+them stays in their registers.  Where whole chunks lie past the width (2,000 = 125 · 16), a
+thread's chunk is read and stored whole, in 16-byte vectors where they align (:attr:`RowLoop.mask`);
+where a chunk straddles it, element by element.  Ragged rows do not interleave.
+
 Interleaving (``row_interleave``).  A thread that holds more than 8 columns holds them in groups of 8
 (:attr:`RowLoop.group`), group ``j`` at column ``(j · row_threads + lane) · 8``: each of a warp's
 16-byte accesses then covers 512 contiguous bytes, where consecutive chunks of 16 or more columns a
@@ -92,6 +102,20 @@ class RowLoop:
     vector: int = 0  # a thread's columns come in groups of this many, interleaved across the row's
     # threads (0: one group, the chunk's consecutive columns)
     transposed: bool = False  # the loop's rows are the tiles' columns (see the module docstring)
+    padded: int = 0  # a ragged row's columns with its padding (row_threads · chunk); 0: not ragged
+
+    @property
+    def ragged(self) -> bool:
+        return self.padded > self.width
+
+    @property
+    def mask(self) -> str:
+        """How a ragged row's padding is masked: ``chunk`` where whole chunks lie past the width (a
+        thread's chunk read and stored whole, 16-byte vectors allowed), ``element`` where one chunk
+        straddles it; "" for a row with no padding."""
+        if not self.ragged:
+            return ""
+        return "chunk" if self.width % self.chunk == 0 else "element"
 
     @property
     def register_only(self) -> frozenset[int]:
@@ -111,7 +135,7 @@ class RowLoop:
     @property
     def row_threads(self) -> int:
         """Threads per row."""
-        return self.width // self.chunk
+        return (self.padded or self.width) // self.chunk
 
     @property
     def group(self) -> int:
@@ -129,12 +153,39 @@ def _rows_and_width(shape: tuple[int, ...], transposed: bool = False) -> tuple[i
     return (shape[-1], shape[-2]) if transposed else (shape[-2], shape[-1])
 
 
+CHUNKS = (1, 2, 4, 8, 16, 32, 64)
+MAX_PADDING = 8  # a ragged row's padding is at most an eighth of its width
+
+
 def _chunk(rows: int, width: int, threads: int) -> int | None:
     """Columns per thread: the fewest that let every (row, chunk) have a thread of its own."""
-    for chunk in (1, 2, 4, 8, 16, 32, 64):
+    for chunk in CHUNKS:
         if width % chunk == 0 and rows * (width // chunk) <= threads:
             return chunk
     return None
+
+
+def _fills(rows: int, row_threads: int, threads: int) -> bool:
+    """Whether rows of ``row_threads`` threads (a power of two) fill a block (what reductions need)."""
+    return rows * row_threads == threads and row_threads & (row_threads - 1) == 0
+
+
+def _ragged(rows: int, width: int, threads: int, fill: bool) -> tuple[int, int] | None:
+    """(chunk, padded width) of a ragged row: with ``fill`` (rows that reduce), the block's threads
+    split evenly among the rows (a power of two a row) and the fewest columns a thread that cover
+    the row; else the fewest columns a thread of :data:`CHUNKS` that leave a thread to every chunk.
+    None where the padding would be more than a :data:`MAX_PADDING`-th of the row (2 rows of 64 in a
+    block of 256 would leave half its threads idle at every shuffle)."""
+    found = None
+    if fill:
+        lanes = threads // rows
+        if _fills(rows, lanes, threads) and -(-width // lanes) <= CHUNKS[-1]:
+            found = -(-width // lanes), lanes
+    else:
+        found = next(((c, -(-width // c)) for c in CHUNKS if rows * -(-width // c) <= threads), None)
+    if found is None or (found[0] * found[1] - width) * MAX_PADDING > width:
+        return None
+    return found[0], found[0] * found[1]
 
 
 def _direct_inputs(graph: BlockGraph, members: set[int]) -> tuple[int, ...]:
@@ -246,7 +297,7 @@ def _states_and_reductions(graph: BlockGraph, order: list[int], width: int, redu
 
 
 def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions: bool,
-           epilogues: bool, interleave: bool, transposed: bool = False) -> RowLoop:
+           epilogues: bool, interleave: bool, transposed: bool = False, ragged: bool = True) -> RowLoop:
     require(graph.forloop_range > 1 or reductions, "a one-iteration loop")
     order = _loop_nodes(schedule)
     require(bool(order), "an empty loop body")
@@ -273,35 +324,40 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions
         require(r <= threads, f"{r} columns need more threads than the block has")
         require(2 * r >= threads, f"{r} columns leave more than half of {threads} threads idle")
         chunk = width
-    else:
+    padded = 0
+    if not transposed:
         chunk = _chunk(r, width, threads)
+        unfilled = chunk is not None and bool(reducing) and not _fills(r, width // chunk, threads)
+        if (chunk is None or unfilled) and ragged:
+            chunk, padded = _ragged(r, width, threads, bool(reducing)) or (chunk, 0)
         require(chunk is not None, f"{r} rows × {width} columns need more threads than the block has")
-    row_threads = width // chunk
+    row_threads = (padded or width) // chunk
     if reducing and not transposed:
-        require(r * row_threads == threads and row_threads & (row_threads - 1) == 0,
+        require(_fills(r, row_threads, threads),
                 f"{r} rows of {row_threads} threads in a block of {threads}: rows must fill it")
         require(row_threads <= 32 or graph.forloop_range == 1, "rows spanning warps in a loop")
     direct = _direct_inputs(graph, members) if direct_loads else ()
     post, untiled, outputs = ((), (), ())
     if epilogues:
         post, untiled, outputs = _epilogue(graph, schedule, members, states, r, width, transposed)
-    vector = VECTOR if interleave and chunk > VECTOR and not transposed else 0
+    vector = VECTOR if interleave and chunk > VECTOR and not transposed and not padded else 0
     return RowLoop(r, width, chunk, tuple(order), tuple(states), direct, tuple(reducing), outputs, threads,
-                   post, untiled, vector, transposed)
+                   post, untiled, vector, transposed, padded)
 
 
 def match(graph: BlockGraph, schedule: Schedule, direct_loads: bool = True,
           reductions: bool = True, epilogues: bool = True, interleave: bool = True,
-          columns: bool = True) -> RowLoop | None:
+          columns: bool = True, ragged: bool = True) -> RowLoop | None:
     """The row-local loop of ``graph`` (see the module docstring), or None.  ``direct_loads``: read
     the per-iteration inputs that only the body uses straight from global memory; ``reductions``:
     bodies may reduce along their rows, and one-iteration loops qualify; ``epilogues``: element-wise
     work after the loop runs in registers too, and results go from registers to the outputs;
     ``interleave``: a thread's columns in groups of :data:`VECTOR`, interleaved across the row;
     ``columns``: a body that reduces over its tiles' columns (dim -2) is the loop of the transposed
-    tiles, a column a thread (with ``reductions``)."""
+    tiles, a column a thread (with ``reductions``); ``ragged``: a width that no chunk divides is
+    padded (see the module docstring)."""
     try:
-        return _match(graph, schedule, direct_loads, reductions, epilogues, interleave)
+        return _match(graph, schedule, direct_loads, reductions, epilogues, interleave, ragged=ragged)
     except NoMatch as reason:
         if columns and reductions:
             try:

@@ -187,3 +187,39 @@ def test_column_local_build_matches_reference_and_op_by_op(built_columns, name):
     into poisoned buffers."""
     graph, ours, theirs = built_columns[name]
     assert_checked_and_matching(graph, ours, theirs, seed=9, same=_close)
+
+
+NOT_RAGGED = dataclasses.replace(OptimizerOptions(), ragged_rows=False)
+RAGGED = {  # rows no chunk divides, or whose chunks leave threads of the block idle: padded
+    # GPT-2's slice: 14 columns a thread; then whole chunks of 16 past 2,000
+    "softmax_8x1733_128t": row_softmax(rows=8, cols=1733, blocks=8, threads=128),
+    "softmax_8x1733_256t": row_softmax(rows=8, cols=1733, blocks=8, threads=256),
+    "softmax_8x2000_128t": row_softmax(rows=8, cols=2000, blocks=8, threads=128),
+    "softmax_64x1000_256t": row_softmax(rows=64, cols=1000, blocks=8, threads=256),  # 8 rows a block
+    "gated_1x5087_128t_fp16": gated_rms(rows=1, cols=5087, threads=128),  # BERT's vocabulary in 6 slices
+    "gated_2x3000_512t_bf16": gated_rms(rows=2, cols=3000, threads=512, dtype=mi.bfloat16),
+}
+
+
+@pytest.fixture(scope="module")
+def built_ragged() -> dict:
+    ours = [generate_cuda_program(g) for g in RAGGED.values()]
+    assert all("kRowWidth" in p.code for p in ours)
+    theirs = [generate_cuda_program(g, options=NOT_RAGGED) for g in RAGGED.values()]
+    assert not any("kRowWidth" in p.code for p in theirs)
+    ours, theirs = build_many(ours), build_many(theirs)
+    return {name: (RAGGED[name], ours[k], theirs[k]) for k, name in enumerate(RAGGED)}
+
+
+@pytest.mark.parametrize("name", list(RAGGED))
+def test_ragged_rows_match_reference_and_op_by_op(built_ragged, name):
+    """The padding's columns take no part in the row's max, sum or rms and are not stored: the build
+    matches float64 and the op-by-op build over launches into poisoned outputs."""
+    graph, ours, theirs = built_ragged[name]
+    assert_checked_and_matching(graph, ours, theirs, seed=13, same=_close)
+
+
+@pytest.mark.parametrize("name", ["softmax_8x2000_128t", "gated_1x5087_128t_fp16"])
+def test_ragged_rows_on_a_misaligned_input(built_ragged, name):
+    graph, ours, theirs = built_ragged[name]
+    assert_matching_on_misaligned(graph, ours, theirs, index=0, seed=17, same=_close)

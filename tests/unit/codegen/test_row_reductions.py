@@ -196,3 +196,48 @@ def test_column_norm_sass_reads_each_element_once_without_shared_memory():
     assert not re.search(r"\b(LDS|STS|LDGSTS|BAR\.SYNC)", ours)
     assert "LDGSTS" in op_by_op and "BAR.SYNC" in op_by_op
     assert "LDL" not in ours and "STL" not in ours
+
+
+RAGGED_OFF = dataclasses.replace(OptimizerOptions(), ragged_rows=False)
+
+
+@pytest.mark.parametrize(("cols", "threads", "plan"), [
+    (1733, 128, (14, 1792, "element")),  # GPT-2's slice: no chunk divides it
+    (1733, 256, (7, 1792, "element")),
+    (2000, 128, (16, 2048, "chunk")),  # 125 chunks of 16 would leave 3 of 128 threads without one
+])
+def test_rows_no_chunk_fits_are_padded(cols, threads, plan):
+    kernel = _kernel(row_softmax(rows=8, cols=cols, blocks=8, threads=threads))
+    loop = kernel.row_loop
+    assert (loop.chunk, loop.padded, loop.mask) == plan and loop.row_threads == threads
+    assert kernel.memory.buffers == () and loop.direct  # read from global memory, nothing in shared tiles
+    assert _kernel(row_softmax(rows=8, cols=cols, blocks=8, threads=threads), RAGGED_OFF).row_loop is None
+
+
+def test_padding_of_more_than_an_eighth_of_the_row_stays_op_by_op():
+    # 2 rows of 64 in a block of 256: each row's 128 threads would hold 64 columns of padding
+    assert _kernel(gated_rms(rows=2, cols=64, threads=256)).row_loop is None
+    assert _kernel(gated_rms(rows=2, cols=3000, threads=512)).row_loop.padded == 3072
+
+
+def test_ragged_rows_mask_their_padding_in_reads_reductions_and_stores():
+    element = generate_cuda_program(row_softmax(rows=8, cols=1733, blocks=8, threads=128)).code
+    assert "constexpr int kRowWidth = 1733;" in element
+    assert "read_masked(iteration, row_loop_row, row_loop_col, kRowWidth" in element
+    assert element.count("if (row_loop_col + e < kRowWidth) partial =") == 2  # the max and the sum
+    assert "if (row_loop_col + e < kRowWidth) sink(" in element
+    assert ".vectorized()" not in element.split('extern "C"')[-1]  # no 16-byte path: chunks of 14
+    chunk = generate_cuda_program(row_softmax(rows=8, cols=2000, blocks=8, threads=128)).code
+    assert "if (row_loop_col < kRowWidth) {  // chunks past the row's width" in chunk
+    assert "if (row_loop_col < kRowWidth) sink.chunk(" in chunk
+    assert "in0.vectorized()" in chunk
+
+
+@needs_nvcc
+def test_padded_rows_of_whole_chunks_load_16_bytes_without_shared_tiles():
+    programs = [generate_cuda_program(row_softmax(rows=8, cols=2000, blocks=8, threads=128), options=o).code
+                for o in (None, RAGGED_OFF)]
+    results = compile_sources(programs, CompileOptions(target=TARGETS["H100"]), dumps={Stage.SASS})
+    ours, op_by_op = (r.sass() for r in results)
+    assert re.search(r"\bLDG\.E\.128", ours) and "LDGSTS" not in ours and "LDGSTS" in op_by_op
+    assert "LDL" not in ours and "STL" not in ours

@@ -226,6 +226,14 @@ class InputIterator {
     }
   }
 
+  // The same N elements where col + e < width, 0 past it (a ragged row's padding), element by element.
+  template <int N>
+  MIRAGE_DEVICE void read_masked(int iteration, int row, int col, int width, float (&out)[N]) const {
+    const T* source = global_ + coordinate_.at(iteration) + row_offset(row) + col * strides_.stride[3];
+#pragma unroll
+    for (int e = 0; e < N; ++e) out[e] = col + e < width ? to_float(source[e * strides_.stride[3]]) : 0.0f;
+  }
+
   // Element `col` of each of the tile's first N rows (a column-local loop: a thread's whole column);
   // the threads of a warp hold consecutive columns, so each row's loads are coalesced.
   template <int N>
