@@ -12,9 +12,9 @@ split reduction takes, next to the one-kernel µGraph of one block a row that th
   frontend's µGraphs, timed through ``mi.superoptimize``, save it first.
 * ``whole``: one block a row, the row's maximum and sum in one step (the form selected now).
 
-``--off OPTION`` builds every split µGraph a second time with that field of
-:class:`~mirage.optimizer.OptimizerOptions` off (``--off ragged_rows``: GPT-2's slices of 1,733
-columns op by op, as before ragged row loops), the row marked ``"off"``.
+``--off OPTION[,OPTION...]`` builds every split µGraph a second time with those fields of
+:class:`~mirage.optimizer.OptimizerOptions` off (``--off ragged_rows,short_rows``: both kernels of
+GPT-2's slices of 1,733 columns op by op, as before row loops took them), the row marked ``"off"``.
 
 Each build is float-checked against float64 (logits of standard deviation 1 and 30), and PyTorch's
 own call is timed in the same run.  Writes ``split_rows_<date>.json`` into ``--out`` (the builds as its
@@ -101,11 +101,11 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results", help="folder of the JSON record")
     parser.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES),
                         help="ROWSxCOLS,... (default: %(default)s)")
-    parser.add_argument("--off", action="append", default=[], metavar="OPTION",
-                        help="also build each split µGraph with this OptimizerOptions field off")
+    parser.add_argument("--off", action="append", default=[], metavar="OPTION[,OPTION...]",
+                        help="also build each split µGraph with these OptimizerOptions fields off")
     args = parser.parse_args(argv)
     known = {f.name for f in dataclasses.fields(OptimizerOptions)}
-    for name in args.off:
+    for name in (n for names in args.off for n in names.split(",")):
         if name not in known:
             parser.error(f"--off {name}: no such OptimizerOptions field (known: {', '.join(sorted(known))})")
     try:
@@ -116,8 +116,9 @@ def main(argv=None) -> None:
         parser.error(f"--shapes takes ROWSxCOLS pairs such as 8x32000,4x128256, got {args.shapes!r}")
     rows, programs = [], []
     variants = [(row, graph, None) for row, graph in builds(shapes)]
-    variants += [({**row, "off": name}, graph, dataclasses.replace(OptimizerOptions(), **{name: False}))
-                 for name in args.off for row, graph, _ in variants if row["form"] == "split"]
+    variants += [({**row, "off": names}, graph,
+                  dataclasses.replace(OptimizerOptions(), **dict.fromkeys(names.split(","), False)))
+                 for names in args.off for row, graph, _ in variants if row["form"] == "split"]
     for row, graph, options in variants:
         if isinstance(graph, str):
             rows.append({**row, "failure": graph})

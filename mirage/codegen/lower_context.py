@@ -357,10 +357,18 @@ class OnlineSoftmaxWriteBack:
 
 @dataclass(frozen=True)
 class Value:
-    """A value of a row-local loop body in a thread's registers (lower_rowloop)."""
+    """A value of a row-local loop body in a thread's registers (lower_rowloop): the thread's chunk of
+    a wide row (``float name[kRowChunk]``), a short value whole (``float name[short]``, RowLoop.short)
+    or one narrow value a row (``float name``)."""
 
     name: str
     wide: bool
+    short: int = 0
+
+    @property
+    def extent(self) -> str:
+        """The C++ extent of the value's array ("" for a narrow value)."""
+        return "kRowChunk" if self.wide else str(self.short) if self.short else ""
 
 
 @dataclass(frozen=True)

@@ -71,11 +71,16 @@ class RowLoopLowering:
     def _wide(self, shape: tuple[int, ...]) -> bool:
         return self.plan.width > 1 and shape[-2 if self.plan.transposed else -1] == self.plan.width
 
+    def _value(self, name: str, shape: tuple[int, ...]) -> Value:
+        """The registers of a value of ``shape``: wide, short (RowLoop.short) or narrow."""
+        short = self.plan.short if self.plan.short and shape[-1] == self.plan.short else 0
+        return Value(name, self._wide(shape), short)
+
     def _operand(self, ref: Ref) -> Value:
         if ref.node in self.values:
             return self.values[ref.node]
         if ref.node not in self._loaded:
-            value = Value(f"x{ref.node}", self._wide(self.graph.type_of(ref).shape))
+            value = self._value(f"x{ref.node}", self.graph.type_of(ref).shape)
             layout = self._layout
             if ref.node in self.plan.direct:
                 self.statements.append(Statement("read", value, iterator=f"in{ref.node}",
@@ -111,7 +116,7 @@ class RowLoopLowering:
         if lanes > 32:  # this reduction's floats after the memory plan, one per warp
             floats = self.plan.reductions.index(i) * self.lowering.threads // 32
             scratch = f"mirage::dev::shared_at<float>(shared, {self.lowering.row_scratch_offset}) + {floats}"
-        result = Value(f"v{i}", self._wide(node.outputs[0].shape))
+        result = self._value(f"v{i}", node.outputs[0].shape)
         return Statement(kind, result, (argument,), lanes=lanes, scratch=scratch,
                          mask=self.plan.mask if argument.wide else "", **fields)
 
@@ -123,12 +128,13 @@ class RowLoopLowering:
     def step(self) -> RowLoopStep:
         for i in self.plan.nodes:
             node = self.graph.nodes[i]
-            wide = self._wide(node.outputs[0].shape)
+            shape = node.outputs[0].shape
             if node.op is Op.FUSED or node.op in ELEMENTWISE:
                 arguments = tuple(self._operand(r) for r in node.inputs)
-                value = Value(f"v{i}", wide)
+                value = self._value(f"v{i}", shape)
                 self.statements.append(Statement("map", value, arguments, self.lowering.function(i)))
-            elif node.op in (Op.REDUCTION, Op.REDUCTION_MAX) and i in self.plan.reductions:
+            elif node.op in (Op.REDUCTION, Op.REDUCTION_MAX) and (
+                    i in self.plan.reductions or i in self.plan.short_reductions):
                 combine = "max" if node.op is Op.REDUCTION_MAX else "add"
                 self.statements.append(self._reduction(i, "reduce", combine=combine))
                 value = self.statements[-1].result
@@ -137,13 +143,13 @@ class RowLoopLowering:
                 self.statements.append(self._reduction(i, "rms", count=count, eps=node.attrs.eps))
                 value = self.statements[-1].result
             elif node.op in (Op.REDUCTION, Op.REDUCTION_MAX):
-                value = Value(f"v{i}", wide)
+                value = self._value(f"v{i}", shape)
                 self.statements.append(Statement("copy", value, (self._operand(node.inputs[0]),)))
             elif node.op is Op.RUNNING_MAX:
-                value = Value(f"s{i}", wide)
+                value = self._value(f"s{i}", shape)
                 self.statements.append(Statement("running_max", value, (self._operand(node.inputs[0]),)))
             elif node.op in (Op.ACCUM, Op.ACCUM_RESCALE):
-                value = Value(f"s{i}", wide)
+                value = self._value(f"s{i}", shape)
                 argument = self._operand(node.inputs[0])
                 rescale = None
                 if node.op is Op.ACCUM_RESCALE:
@@ -161,7 +167,7 @@ class RowLoopLowering:
         """The loop in batches whose reads fill at most :data:`READ_REGISTERS` registers, as even as
         the range allows (32 iterations at most 26 a batch: two of 16, not 26 and 6)."""
         reads = tuple(t for t in step.statements if t.kind == "read")
-        per_iteration = sum(self.plan.chunk if t.result.wide else 1 for t in reads)
+        per_iteration = sum(self.plan.chunk if t.result.wide else t.result.short or 1 for t in reads)
         scalar = self.plan.transposed or self.plan.mask == "element"
         vectors = () if scalar else tuple(sorted({t.iterator for t in reads if t.result.wide}))
         return DirectLoop(batch_size(self.graph.forloop_range, READ_REGISTERS // max(per_iteration, 1)),

@@ -80,6 +80,8 @@ class OptimizerOptions:
     row_interleave: bool = True  # ...a thread's columns in groups of 8 interleaved across its row
     ragged_rows: bool = True  # ...and rows that no chunk of columns divides padded to one that covers
     # them (a split-row slice of 1,733 columns; row_loop), not lowered op by op through shared memory
+    short_rows: bool = True  # ...and bodies that also reduce short values (a split reduction's partials)
+    # held whole by every thread of the row (row_loop)
     column_loops: bool = False  # ...and bodies that reduce over dim -2 as the loop of the transposed
     # tiles, a whole column a thread (row_loop); off: QKNorm's key norm measured slower than op by op
     # (docs/performance.md §3)
@@ -318,7 +320,7 @@ def _row_loop(k: int, block: BlockGraph, state: PassState) -> RowLoop | None:
         return None
     o = state.options
     return match_row_loop(block, dict(state.records["schedule"])[k], o.direct_row_loads, o.row_reductions,
-                          o.row_epilogues, o.row_interleave, o.column_loops, o.ragged_rows)
+                          o.row_epilogues, o.row_interleave, o.column_loops, o.ragged_rows, o.short_rows)
 
 
 def _memory(k: int, block: BlockGraph, state: PassState) -> MemoryPlan:

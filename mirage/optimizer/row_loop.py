@@ -60,6 +60,14 @@ them stays in their registers.  Where whole chunks lie past the width (2,000 = 1
 thread's chunk is read and stored whole, in 16-byte vectors where they align (:attr:`RowLoop.mask`);
 where a chunk straddles it, element by element.  Ragged rows do not interleave.
 
+Short rows (``short_rows``).  A body may also hold values of a second, short width ``S`` (at most
+:data:`SHORT_MAX`): a split reduction's partials, ``[R, S]`` a row, that the second kernel of a
+split log_softmax or norm reduces to the row's logsumexp or statistics before it writes its slice
+of the wide row.  Every thread of a row holds a short value whole and reduces it by itself (no
+shuffle, no barrier; the partials are the same few addresses for all of the row's threads), so a
+short value may be read, mapped and reduced to a narrow one, but not mixed with wide values, kept
+across iterations or written out (:attr:`RowLoop.short`, ``short_reductions``).
+
 Interleaving (``row_interleave``).  A thread that holds more than 8 columns holds them in groups of 8
 (:attr:`RowLoop.group`), group ``j`` at column ``(j · row_threads + lane) · 8``: each of a warp's
 16-byte accesses then covers 512 contiguous bytes, where consecutive chunks of 16 or more columns a
@@ -103,6 +111,8 @@ class RowLoop:
     # threads (0: one group, the chunk's consecutive columns)
     transposed: bool = False  # the loop's rows are the tiles' columns (see the module docstring)
     padded: int = 0  # a ragged row's columns with its padding (row_threads · chunk); 0: not ragged
+    short: int = 0  # S of the short values (see the module docstring); 0: none
+    short_reductions: tuple[int, ...] = ()  # nodes reducing a short value, each thread by itself
 
     @property
     def ragged(self) -> bool:
@@ -155,6 +165,7 @@ def _rows_and_width(shape: tuple[int, ...], transposed: bool = False) -> tuple[i
 
 CHUNKS = (1, 2, 4, 8, 16, 32, 64)
 MAX_PADDING = 8  # a ragged row's padding is at most an eighth of its width
+SHORT_MAX = 64  # the widest short value a thread holds whole (registers)
 
 
 def _chunk(rows: int, width: int, threads: int) -> int | None:
@@ -263,11 +274,12 @@ def _loop_nodes(schedule: Schedule) -> list[int]:
 
 
 def _states_and_reductions(graph: BlockGraph, order: list[int], width: int, reductions: bool,
-                           transposed: bool) -> tuple[list[int], list[int]]:
-    """The loop's states (accumulators, running maxima) and its reductions along a wide row."""
+                           transposed: bool, short: int = 0) -> tuple[list[int], list[int], list[int]]:
+    """The loop's states (accumulators, running maxima), its reductions along a wide row and those
+    of short values (each thread its own)."""
     members = set(order)
     along = -2 if transposed else -1  # the tile dim of the loop's rows
-    states, reducing = [], []
+    states, reducing, short_reducing = [], [], []
     for i in order:
         node = graph.nodes[i]
         op = node.op
@@ -283,21 +295,28 @@ def _states_and_reductions(graph: BlockGraph, order: list[int], width: int, redu
                 kind in (AccumKind.NONE, AccumKind.MAX) or source.shape[along] == 1
             )
             require(elementwise, f"%{i}: a {kind.value} accumulator that is not element-wise")
+            require(not short or graph.type_of(Ref(i)).shape[-1] != short, f"%{i}: a short state")
             if op is Op.ACCUM_RESCALE:
                 require(node.inputs[1].node in members, f"%{i} rescales by a maximum outside the loop")
             states.append(i)
         elif op in (Op.REDUCTION, Op.REDUCTION_MAX, Op.RMS_NORM):
             require(reductions or op is not Op.RMS_NORM, f"%{i}: rms_norm in the loop body")
-            if _row_reduction(graph, i, width, transposed):
+            source = graph.type_of(node.inputs[0]).shape
+            if short and source[-1] == short:
+                require(op is not Op.RMS_NORM and node.attrs.dim == len(source) - 1,
+                        f"%{i}: a short value's rms_norm, or a reduction across its rows")
+                short_reducing.append(i)
+            elif _row_reduction(graph, i, width, transposed):
                 require(reductions, f"%{i} reduces along the row")
                 reducing.append(i)
         else:
             raise NoMatch(f"%{i}: {op.value} in the loop body")
-    return states, reducing
+    return states, reducing, short_reducing
 
 
 def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions: bool,
-           epilogues: bool, interleave: bool, transposed: bool = False, ragged: bool = True) -> RowLoop:
+           epilogues: bool, interleave: bool, transposed: bool = False, ragged: bool = True,
+           short_rows: bool = True) -> RowLoop:
     require(graph.forloop_range > 1 or reductions, "a one-iteration loop")
     order = _loop_nodes(schedule)
     require(bool(order), "an empty loop body")
@@ -307,10 +326,13 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions
     dims = {_rows_and_width(s, transposed) for s in shapes}
     rows = {r for r, _ in dims}
     widths = {w for _, w in dims} - {1}
-    require(len(rows) == 1 and len(widths) <= 1, f"tiles of shapes {sorted(dims)}: not rows × (1 or W)")
+    short = min(widths) if len(widths) == 2 and short_rows and reductions and not transposed else 0
+    require(len(rows) == 1 and len(widths - {short}) <= 1 and short <= SHORT_MAX,
+            f"tiles of shapes {sorted(dims)}: not rows × (1 or W)")
     (r,) = rows
-    width = widths.pop() if widths else 1
-    states, reducing = _states_and_reductions(graph, order, width, reductions, transposed)
+    width = max(widths) if widths else 1
+    states, reducing, short_reducing = _states_and_reductions(graph, order, width, reductions, transposed,
+                                                              short)
     uses = graph.consumers()
     for i in order:
         if i in states:
@@ -342,12 +364,12 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions
         post, untiled, outputs = _epilogue(graph, schedule, members, states, r, width, transposed)
     vector = VECTOR if interleave and chunk > VECTOR and not transposed and not padded else 0
     return RowLoop(r, width, chunk, tuple(order), tuple(states), direct, tuple(reducing), outputs, threads,
-                   post, untiled, vector, transposed, padded)
+                   post, untiled, vector, transposed, padded, short, tuple(short_reducing))
 
 
 def match(graph: BlockGraph, schedule: Schedule, direct_loads: bool = True,
           reductions: bool = True, epilogues: bool = True, interleave: bool = True,
-          columns: bool = True, ragged: bool = True) -> RowLoop | None:
+          columns: bool = True, ragged: bool = True, short_rows: bool = True) -> RowLoop | None:
     """The row-local loop of ``graph`` (see the module docstring), or None.  ``direct_loads``: read
     the per-iteration inputs that only the body uses straight from global memory; ``reductions``:
     bodies may reduce along their rows, and one-iteration loops qualify; ``epilogues``: element-wise
@@ -355,9 +377,11 @@ def match(graph: BlockGraph, schedule: Schedule, direct_loads: bool = True,
     ``interleave``: a thread's columns in groups of :data:`VECTOR`, interleaved across the row;
     ``columns``: a body that reduces over its tiles' columns (dim -2) is the loop of the transposed
     tiles, a column a thread (with ``reductions``); ``ragged``: a width that no chunk divides is
-    padded (see the module docstring)."""
+    padded; ``short_rows``: values of a second, short width are held whole by every thread (see the
+    module docstring)."""
     try:
-        return _match(graph, schedule, direct_loads, reductions, epilogues, interleave, ragged=ragged)
+        return _match(graph, schedule, direct_loads, reductions, epilogues, interleave, ragged=ragged,
+                      short_rows=short_rows)
     except NoMatch as reason:
         if columns and reductions:
             try:

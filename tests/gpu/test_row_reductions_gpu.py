@@ -223,3 +223,30 @@ def test_ragged_rows_match_reference_and_op_by_op(built_ragged, name):
 def test_ragged_rows_on_a_misaligned_input(built_ragged, name):
     graph, ours, theirs = built_ragged[name]
     assert_matching_on_misaligned(graph, ours, theirs, index=0, seed=17, same=_close)
+
+
+NOT_SHORT = dataclasses.replace(OptimizerOptions(), short_rows=False, ragged_rows=False)
+
+
+def _split_log_softmax(rows: int, cols: int, splits: int, threads: int) -> mi.KernelGraph:
+    from mirage.generator import split_rows
+    from tests.unit.generator.test_split_rows import lse_reference
+
+    return split_rows.split_graph(split_rows.match(lse_reference(rows, cols, True)), splits, threads)
+
+
+SHORT = {  # a split log_softmax's combine: the row's partials held whole by every thread
+    "gpt2_29_128t": _split_log_softmax(8, 50257, 29, 128),
+    "gpt2_29_256t": _split_log_softmax(8, 50257, 29, 256),
+    "llama_16_128t": _split_log_softmax(8, 32000, 16, 128),
+    "llama3_64_256t": _split_log_softmax(4, 128256, 64, 256),
+}
+
+
+def test_split_combines_with_short_rows_match_reference_and_op_by_op():
+    graphs = list(SHORT.values())
+    ours = [generate_cuda_program(g) for g in graphs]
+    assert all("// whole: a short value" in p.code for p in ours)
+    ours, theirs = build_many(ours), build_many([generate_cuda_program(g, options=NOT_SHORT) for g in graphs])
+    for graph, a, b in zip(graphs, ours, theirs, strict=True):
+        assert_checked_and_matching(graph, a, b, seed=19, same=_close)

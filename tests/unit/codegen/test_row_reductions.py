@@ -9,6 +9,7 @@ import re
 import pytest
 from codegen_helpers import needs_nvcc, sass_by_function
 
+import mirage as mi
 from benchmarks.mugraphs import ntrans
 from mirage.codegen.compile import CompileOptions, Stage, compile_sources
 from mirage.codegen.lower_program import generate_cuda_program
@@ -241,3 +242,52 @@ def test_padded_rows_of_whole_chunks_load_16_bytes_without_shared_tiles():
     ours, op_by_op = (r.sass() for r in results)
     assert re.search(r"\bLDG\.E\.128", ours) and "LDGSTS" not in ours and "LDGSTS" in op_by_op
     assert "LDL" not in ours and "STL" not in ours
+
+
+SHORT_OFF = dataclasses.replace(OptimizerOptions(), short_rows=False)
+
+
+def _split_log_softmax(cols: int, splits: int, threads: int = 128):
+    from mirage.generator import split_rows
+    from tests.unit.generator.test_split_rows import lse_reference
+
+    return split_rows.split_graph(split_rows.match(lse_reference(8, cols, True)), splits, threads)
+
+
+def test_a_split_combine_holds_its_partials_whole_in_every_thread():
+    """The second kernel of a split log_softmax reduces a row's 29 partial maxima and sums to its
+    logsumexp, then writes its slice of 1,733 columns: row-local, each thread reducing the partials by
+    itself; with short_rows=False, op by op through shared memory."""
+    graph = _split_log_softmax(50257, 29)
+    first, second = prepare(graph).kernels
+    assert first.row_loop.short == 0 and first.row_loop.padded == 1792
+    loop = second.row_loop
+    assert (loop.short, loop.width, loop.chunk, loop.padded) == (29, 1733, 16, 1744)
+    assert len(loop.short_reductions) == 2
+    assert loop.reductions == () and second.memory.buffers == ()
+    assert prepare(graph, options=SHORT_OFF).kernels[1].row_loop is None
+    code = generate_cuda_program(graph).code.split('extern "C"')[-1]
+    assert code.count("read<false>(iteration, row_loop_row, 0,") == 2
+    assert "float x0_batch[kCount][29];" in code
+    assert "row_combine<1, mirage::dev::MaxReduce>" in code and "__syncthreads" not in code
+
+
+def _short_state(kept: bool):
+    g = mi.new_kernel_graph()
+    x = g.new_input((8, 2048), mi.float16)
+    p = g.new_input((8, 16), mi.float16)
+    tb = mi.new_threadblock_graph(grid_dim=(8, 1, 1), block_dim=(128, 1, 1), forloop_range=1)
+    bx, bp = tb.new_input(x, input_map=(0, -1, -1)), tb.new_input(p, input_map=(0, -1, -1))
+    tb.new_output(tb.forloop_accum(tb.mul(bx, tb.reduction(tb.exp(bp), 1))), output_map=(0, -1, -1))
+    if kept:
+        tb.new_output(tb.forloop_accum(tb.exp(bp)), output_map=(0, -1, -1))
+    for out in g.customized([x, p], tb):
+        g.mark_output(out)
+    return g.freeze()
+
+
+def test_short_values_are_reduced_within_the_iteration_not_kept():
+    """A short value reduced to a narrow one within the iteration is row-local; one the body also
+    accumulates (a state of [R, S]) is not: only wide and narrow values are states."""
+    assert _kernel(_short_state(kept=False)).row_loop.short == 16
+    assert _kernel(_short_state(kept=True)).row_loop is None
