@@ -165,7 +165,11 @@ def _rows_and_width(shape: tuple[int, ...], transposed: bool = False) -> tuple[i
 
 CHUNKS = (1, 2, 4, 8, 16, 32, 64)
 MAX_PADDING = 8  # a ragged row's padding is at most an eighth of its width
-SHORT_MAX = 64  # the widest short value a thread holds whole (registers)
+# the widest short value a thread holds whole: on an H200 a split log_softmax's combine of 8 partials
+# ran faster so than op by op (3.18 against 3.72 µs at 8 × 32,000), of 16 about as fast, of 32 slower
+# (6.10 against 4.66), and of 64 (Llama 3's vocabulary) twice as slow (split_rows_h200_2026-11-30_
+# short_rows.json, docs/performance.md §3)
+SHORT_MAX = 16
 
 
 def _chunk(rows: int, width: int, threads: int) -> int | None:

@@ -236,10 +236,10 @@ def _split_log_softmax(rows: int, cols: int, splits: int, threads: int) -> mi.Ke
 
 
 SHORT = {  # a split log_softmax's combine: the row's partials held whole by every thread
-    "gpt2_29_128t": _split_log_softmax(8, 50257, 29, 128),
-    "gpt2_29_256t": _split_log_softmax(8, 50257, 29, 256),
+    "llama_8_256t": _split_log_softmax(8, 32000, 8, 256),
     "llama_16_128t": _split_log_softmax(8, 32000, 16, 128),
-    "llama3_64_256t": _split_log_softmax(4, 128256, 64, 256),
+    "bert_6_512t": _split_log_softmax(4, 30522, 6, 512),  # slices of 5,087: ragged too
+    "bert_6_128t": _split_log_softmax(4, 30522, 6, 128),
 }
 
 

@@ -255,21 +255,24 @@ def _split_log_softmax(cols: int, splits: int, threads: int = 128):
 
 
 def test_a_split_combine_holds_its_partials_whole_in_every_thread():
-    """The second kernel of a split log_softmax reduces a row's 29 partial maxima and sums to its
-    logsumexp, then writes its slice of 1,733 columns: row-local, each thread reducing the partials by
-    itself; with short_rows=False, op by op through shared memory."""
-    graph = _split_log_softmax(50257, 29)
+    """The second kernel of a split log_softmax reduces a row's 16 partial maxima and sums to its
+    logsumexp, then writes its slice of 2,000 columns: row-local, each thread reducing the partials by
+    itself; with short_rows=False, op by op through shared memory.  GPT-2's 29 partials are more than
+    a thread holds so (SHORT_MAX), and its combine stays op by op."""
+    graph = _split_log_softmax(32000, 16)
     first, second = prepare(graph).kernels
-    assert first.row_loop.short == 0 and first.row_loop.padded == 1792
+    assert first.row_loop.short == 0 and first.row_loop.padded == 2048
     loop = second.row_loop
-    assert (loop.short, loop.width, loop.chunk, loop.padded) == (29, 1733, 16, 1744)
+    assert (loop.short, loop.width, loop.chunk, loop.padded) == (16, 2000, 16, 0)
     assert len(loop.short_reductions) == 2
     assert loop.reductions == () and second.memory.buffers == ()
     assert prepare(graph, options=SHORT_OFF).kernels[1].row_loop is None
     code = generate_cuda_program(graph).code.split('extern "C"')[-1]
     assert code.count("read<false>(iteration, row_loop_row, 0,") == 2
-    assert "float x0_batch[kCount][29];" in code
+    assert "float x0_batch[kCount][16];" in code
     assert "row_combine<1, mirage::dev::MaxReduce>" in code and "__syncthreads" not in code
+    gpt2 = prepare(_split_log_softmax(50257, 29)).kernels
+    assert gpt2[0].row_loop.padded == 1792 and gpt2[1].row_loop is None
 
 
 def _short_state(kept: bool):
