@@ -358,17 +358,17 @@ class OnlineSoftmaxWriteBack:
 @dataclass(frozen=True)
 class Value:
     """A value of a row-local loop body in a thread's registers (lower_rowloop): the thread's chunk of
-    a wide row (``float name[kRowChunk]``), a short value whole (``float name[short]``, RowLoop.short)
-    or one narrow value a row (``float name``)."""
+    a wide row (``float name[kRowChunk]``), its lane's chunk of a short value (``float
+    name[kShortChunk]``, RowLoop.short) or one narrow value a row (``float name``)."""
 
     name: str
     wide: bool
-    short: int = 0
+    short: bool = False
 
     @property
     def extent(self) -> str:
         """The C++ extent of the value's array ("" for a narrow value)."""
-        return "kRowChunk" if self.wide else str(self.short) if self.short else ""
+        return "kRowChunk" if self.wide else "kShortChunk" if self.short else ""
 
 
 @dataclass(frozen=True)
@@ -390,7 +390,7 @@ class Statement:
 
     In a ragged loop (``mask``, RowLoop.mask) a ``load`` or ``read`` gives 0 past the row's width
     (``kRowWidth``), by whole chunks (``chunk``) or element by element (``element``), and a ``reduce``
-    or ``rms`` leaves those columns out.
+    or ``rms`` leaves those columns out; a short value's (``short``) past ``kShort``.
     """
 
     kind: str
@@ -435,6 +435,9 @@ class RowLoopSetup:
     threads: int  # of the block (all active when rows · row_threads equals it)
     transposed: bool = False  # the loop's rows are the tiles' columns (RowLoop.transposed)
     width: int = 0  # a ragged row's columns (RowLoop.padded): kRowWidth, the thread's chunk masked past it
+    short: int = 0  # S of the short values (RowLoop.short): kShort
+    short_lanes: int = 0  # lanes of a row holding a short value: kShortLanes
+    short_chunk: int = 0  # columns of it a lane holds: kShortChunk
 
 
 @dataclass(frozen=True)

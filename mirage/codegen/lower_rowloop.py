@@ -73,8 +73,8 @@ class RowLoopLowering:
 
     def _value(self, name: str, shape: tuple[int, ...]) -> Value:
         """The registers of a value of ``shape``: wide, short (RowLoop.short) or narrow."""
-        short = self.plan.short if self.plan.short and shape[-1] == self.plan.short else 0
-        return Value(name, self._wide(shape), short)
+        wide = self._wide(shape)
+        return Value(name, wide, not wide and self.plan.short > 1 and shape[-1] == self.plan.short)
 
     def _operand(self, ref: Ref) -> Value:
         if ref.node in self.values:
@@ -86,11 +86,11 @@ class RowLoopLowering:
                 self.statements.append(Statement("read", value, iterator=f"in{ref.node}",
                                                  groups=layout["groups"], stride=layout["stride"],
                                                  transposed=self.plan.transposed,
-                                                 mask=self.plan.mask if value.wide else ""))
+                                                 mask=self._mask(value)))
             else:
                 self.statements.append(Statement("load", value, tile=self.lowering.operand(ref),
                                                  column=layout["column"], transposed=self.plan.transposed,
-                                                 mask=self.plan.mask if value.wide else ""))
+                                                 mask=self._mask(value)))
             self._loaded[ref.node] = value
         return self._loaded[ref.node]
 
@@ -111,19 +111,23 @@ class RowLoopLowering:
         """A ``reduce`` or ``rms`` statement of node ``i`` along the row (see Statement)."""
         node = self.graph.nodes[i]
         argument = self._operand(node.inputs[0])
-        lanes = self.plan.row_threads if argument.wide else 1
+        lanes = self.plan.row_threads if argument.wide else self.plan.short_lanes if argument.short else 1
         scratch = "nullptr"
         if lanes > 32:  # this reduction's floats after the memory plan, one per warp
             floats = self.plan.reductions.index(i) * self.lowering.threads // 32
             scratch = f"mirage::dev::shared_at<float>(shared, {self.lowering.row_scratch_offset}) + {floats}"
         result = self._value(f"v{i}", node.outputs[0].shape)
         return Statement(kind, result, (argument,), lanes=lanes, scratch=scratch,
-                         mask=self.plan.mask if argument.wide else "", **fields)
+                         mask=self._mask(argument), **fields)
+
+    def _mask(self, value: Value) -> str:
+        """Statement.mask of a statement over ``value``."""
+        return self.plan.mask if value.wide else "short" if value.short else ""
 
     def setup(self) -> RowLoopSetup:
-        return RowLoopSetup(self.plan.rows, self.plan.row_threads, self.plan.chunk, self.plan.group,
-                            self.states(), self.lowering.threads, self.plan.transposed,
-                            self.plan.width if self.plan.ragged else 0)
+        p = self.plan
+        return RowLoopSetup(p.rows, p.row_threads, p.chunk, p.group, self.states(), self.lowering.threads,
+                            p.transposed, p.width if p.ragged else 0, p.short, p.short_lanes, p.short_chunk)
 
     def step(self) -> RowLoopStep:
         for i in self.plan.nodes:
@@ -167,8 +171,10 @@ class RowLoopLowering:
         """The loop in batches whose reads fill at most :data:`READ_REGISTERS` registers, as even as
         the range allows (32 iterations at most 26 a batch: two of 16, not 26 and 6)."""
         reads = tuple(t for t in step.statements if t.kind == "read")
-        per_iteration = sum(self.plan.chunk if t.result.wide else t.result.short or 1 for t in reads)
-        scalar = self.plan.transposed or self.plan.mask == "element"
+        p = self.plan
+        per_iteration = sum(p.chunk if t.result.wide else p.short_chunk if t.result.short else 1
+                            for t in reads)
+        scalar = p.transposed or p.mask == "element"
         vectors = () if scalar else tuple(sorted({t.iterator for t in reads if t.result.wide}))
         return DirectLoop(batch_size(self.graph.forloop_range, READ_REGISTERS // max(per_iteration, 1)),
                           reads, vectors, step)

@@ -61,12 +61,14 @@ thread's chunk is read and stored whole, in 16-byte vectors where they align (:a
 where a chunk straddles it, element by element.  Ragged rows do not interleave.
 
 Short rows (``short_rows``).  A body may also hold values of a second, short width ``S`` (at most
-:data:`SHORT_MAX`): a split reduction's partials, ``[R, S]`` a row, that the second kernel of a
+:data:`SHORT_CHUNK` a lane): a split reduction's partials, ``[R, S]`` a row, that the second kernel of a
 split log_softmax or norm reduces to the row's logsumexp or statistics before it writes its slice
-of the wide row.  Every thread of a row holds a short value whole and reduces it by itself (no
-shuffle, no barrier; the partials are the same few addresses for all of the row's threads), so a
-short value may be read, mapped and reduced to a narrow one, but not mixed with wide values, kept
-across iterations or written out (:attr:`RowLoop.short`, ``short_reductions``).
+of the wide row.  The first ``min(row_threads, 32)`` lanes of a row (:attr:`RowLoop.short_lanes`, all
+in one warp) each hold ``short_chunk`` consecutive columns of a short value, the columns past ``S``
+masked as a ragged row's, and reduce it by warp shuffles: no barrier, and every thread of the row
+(each warp of a row does the same) gets the result.  The rows fill the block then, as for row
+reductions.  A short value may be read, mapped and reduced to a narrow one, but not mixed with wide
+values, kept across iterations or written out (:attr:`RowLoop.short`, ``short_reductions``).
 
 Interleaving (``row_interleave``).  A thread that holds more than 8 columns holds them in groups of 8
 (:attr:`RowLoop.group`), group ``j`` at column ``(j · row_threads + lane) · 8``: each of a warp's
@@ -113,6 +115,16 @@ class RowLoop:
     padded: int = 0  # a ragged row's columns with its padding (row_threads · chunk); 0: not ragged
     short: int = 0  # S of the short values (see the module docstring); 0: none
     short_reductions: tuple[int, ...] = ()  # nodes reducing a short value, each thread by itself
+
+    @property
+    def short_lanes(self) -> int:
+        """Lanes of a row that hold a short value (the row's threads, at most a warp)."""
+        return min(self.row_threads, 32)
+
+    @property
+    def short_chunk(self) -> int:
+        """Columns of a short value a lane holds."""
+        return -(-self.short // self.short_lanes) if self.short else 0
 
     @property
     def ragged(self) -> bool:
@@ -165,11 +177,7 @@ def _rows_and_width(shape: tuple[int, ...], transposed: bool = False) -> tuple[i
 
 CHUNKS = (1, 2, 4, 8, 16, 32, 64)
 MAX_PADDING = 8  # a ragged row's padding is at most an eighth of its width
-# the widest short value a thread holds whole: on an H200 a split log_softmax's combine of 8 partials
-# ran faster so than op by op (3.18 against 3.72 µs at 8 × 32,000), of 16 about as fast, of 32 slower
-# (6.10 against 4.66), and of 64 (Llama 3's vocabulary) twice as slow (split_rows_h200_2026-11-30_
-# short_rows.json, docs/performance.md §3)
-SHORT_MAX = 16
+SHORT_CHUNK = 8  # the most columns of a short value a lane holds (256 over a warp)
 
 
 def _chunk(rows: int, width: int, threads: int) -> int | None:
@@ -331,7 +339,7 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions
     rows = {r for r, _ in dims}
     widths = {w for _, w in dims} - {1}
     short = min(widths) if len(widths) == 2 and short_rows and reductions and not transposed else 0
-    require(len(rows) == 1 and len(widths - {short}) <= 1 and short <= SHORT_MAX,
+    require(len(rows) == 1 and len(widths - {short}) <= 1,
             f"tiles of shapes {sorted(dims)}: not rows × (1 or W)")
     (r,) = rows
     width = max(widths) if widths else 1
@@ -352,12 +360,16 @@ def _match(graph: BlockGraph, schedule: Schedule, direct_loads: bool, reductions
         chunk = width
     padded = 0
     if not transposed:
+        fill = bool(reducing) or bool(short)  # shuffles need every thread of a row
         chunk = _chunk(r, width, threads)
-        unfilled = chunk is not None and bool(reducing) and not _fills(r, width // chunk, threads)
+        unfilled = chunk is not None and fill and not _fills(r, width // chunk, threads)
         if (chunk is None or unfilled) and ragged:
-            chunk, padded = _ragged(r, width, threads, bool(reducing)) or (chunk, 0)
+            chunk, padded = _ragged(r, width, threads, fill) or (chunk, 0)
         require(chunk is not None, f"{r} rows × {width} columns need more threads than the block has")
     row_threads = (padded or width) // chunk
+    if short:
+        require(_fills(r, row_threads, threads), f"{r} rows of {row_threads} threads hold short values")
+        require(-(-short // min(row_threads, 32)) <= SHORT_CHUNK, f"short values of {short} columns")
     if reducing and not transposed:
         require(_fills(r, row_threads, threads),
                 f"{r} rows of {row_threads} threads in a block of {threads}: rows must fill it")

@@ -247,32 +247,33 @@ def test_padded_rows_of_whole_chunks_load_16_bytes_without_shared_tiles():
 SHORT_OFF = dataclasses.replace(OptimizerOptions(), short_rows=False)
 
 
-def _split_log_softmax(cols: int, splits: int, threads: int = 128):
+def _split_log_softmax(cols: int, splits: int, threads: int = 128, rows: int = 8):
     from mirage.generator import split_rows
     from tests.unit.generator.test_split_rows import lse_reference
 
-    return split_rows.split_graph(split_rows.match(lse_reference(8, cols, True)), splits, threads)
+    return split_rows.split_graph(split_rows.match(lse_reference(rows, cols, True)), splits, threads)
 
 
-def test_a_split_combine_holds_its_partials_whole_in_every_thread():
-    """The second kernel of a split log_softmax reduces a row's 16 partial maxima and sums to its
-    logsumexp, then writes its slice of 2,000 columns: row-local, each thread reducing the partials by
-    itself; with short_rows=False, op by op through shared memory.  GPT-2's 29 partials are more than
-    a thread holds so (SHORT_MAX), and its combine stays op by op."""
-    graph = _split_log_softmax(32000, 16)
+def test_a_split_combine_reduces_its_partials_across_a_warps_lanes():
+    """The second kernel of a split log_softmax reduces a row's 29 partial maxima and sums to its
+    logsumexp, then writes its slice of 1,733 columns: row-local, lane l of each warp holding partial
+    l and the warp's shuffles reducing them (no barrier); with short_rows=False, op by op through
+    shared memory.  Llama 3's 64 partials are two a lane."""
+    graph = _split_log_softmax(50257, 29)
     first, second = prepare(graph).kernels
-    assert first.row_loop.short == 0 and first.row_loop.padded == 2048
+    assert first.row_loop.short == 0 and first.row_loop.padded == 1792
     loop = second.row_loop
-    assert (loop.short, loop.width, loop.chunk, loop.padded) == (16, 2000, 16, 0)
-    assert len(loop.short_reductions) == 2
-    assert loop.reductions == () and second.memory.buffers == ()
+    assert (loop.short, loop.short_lanes, loop.short_chunk) == (29, 32, 1)
+    assert (loop.width, loop.chunk, loop.padded, loop.row_threads) == (1733, 14, 1792, 128)
+    assert len(loop.short_reductions) == 2 and loop.reductions == () and second.memory.buffers == ()
     assert prepare(graph, options=SHORT_OFF).kernels[1].row_loop is None
     code = generate_cuda_program(graph).code.split('extern "C"')[-1]
-    assert code.count("read<false>(iteration, row_loop_row, 0,") == 2
-    assert "float x0_batch[kCount][16];" in code
-    assert "row_combine<1, mirage::dev::MaxReduce>" in code and "__syncthreads" not in code
-    gpt2 = prepare(_split_log_softmax(50257, 29)).kernels
-    assert gpt2[0].row_loop.padded == 1792 and gpt2[1].row_loop is None
+    assert "constexpr int kShort = 29;" in code and "constexpr int kShortChunk = 1;" in code
+    assert code.count("read_masked(iteration, row_loop_row, short_col, kShort,") == 2
+    assert code.count("if (short_col + e < kShort) partial =") == 2
+    assert "row_combine<32, mirage::dev::MaxReduce>(partial, nullptr)" in code and "__syncthreads" not in code
+    llama3 = prepare(_split_log_softmax(128256, 64, threads=256)).kernels[1].row_loop
+    assert (llama3.short, llama3.short_lanes, llama3.short_chunk) == (64, 32, 2)
 
 
 def _short_state(kept: bool):
