@@ -196,6 +196,8 @@ RAGGED = {  # rows no chunk divides, or whose chunks leave threads of the block 
     "softmax_8x1733_256t": row_softmax(rows=8, cols=1733, blocks=8, threads=256),
     "softmax_8x2000_128t": row_softmax(rows=8, cols=2000, blocks=8, threads=128),
     "softmax_64x1000_256t": row_softmax(rows=64, cols=1000, blocks=8, threads=256),  # 8 rows a block
+    "softmax_4x16032_256t": row_softmax(rows=4, cols=16032, blocks=4, threads=256),  # groups of 8 masked
+    "gated_1x4008_128t_bf16": gated_rms(rows=1, cols=4008, threads=128, dtype=mi.bfloat16),
     "gated_1x5087_128t_fp16": gated_rms(rows=1, cols=5087, threads=128),  # BERT's vocabulary in 6 slices
     "gated_2x3000_512t_bf16": gated_rms(rows=2, cols=3000, threads=512, dtype=mi.bfloat16),
 }

@@ -206,6 +206,7 @@ RAGGED_OFF = dataclasses.replace(OptimizerOptions(), ragged_rows=False)
     (1733, 128, (14, 1792, "element")),  # GPT-2's slice: no chunk divides it
     (1733, 256, (7, 1792, "element")),
     (2000, 128, (16, 2048, "chunk")),  # 125 chunks of 16 would leave 3 of 128 threads without one
+    (16032, 256, (64, 16384, "vector")),  # Llama 3's slice of 8: whole 16-byte groups, 63 → 64 a thread
 ])
 def test_rows_no_chunk_fits_are_padded(cols, threads, plan):
     kernel = _kernel(row_softmax(rows=8, cols=cols, blocks=8, threads=threads))
@@ -232,6 +233,9 @@ def test_ragged_rows_mask_their_padding_in_reads_reductions_and_stores():
     assert "if (row_loop_col < kRowWidth) {  // chunks past the row's width" in chunk
     assert "if (row_loop_col < kRowWidth) sink.chunk(" in chunk
     assert "in0.vectorized()" in chunk
+    vector = generate_cuda_program(row_softmax(rows=8, cols=16032, blocks=8, threads=256)).code
+    assert "groups of 8 past the row's width are padding" in vector and "in0.vectorized()" in vector
+    assert "if (row_loop_col + j * 8 < kRowWidth)" in vector.split("groups of 8 past")[1]
 
 
 @needs_nvcc
