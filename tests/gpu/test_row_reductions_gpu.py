@@ -60,14 +60,18 @@ COMBINES = {  # split-KV attention: its combine's O / l after the loop, from reg
 }
 
 
+def _pairs(graphs: dict, marker: str, ours=None, theirs=None) -> dict:
+    """name → (graph, its build with options ``ours``, whose code holds ``marker``, its build with
+    options ``theirs``, whose code does not)."""
+    programs = [[generate_cuda_program(g, options=o) for g in graphs.values()] for o in (ours, theirs)]
+    assert all(marker in p.code for p in programs[0]) and not any(marker in p.code for p in programs[1])
+    mine, other = (build_many(p) for p in programs)
+    return {name: (graph, mine[k], other[k]) for k, (name, graph) in enumerate(graphs.items())}
+
+
 @pytest.fixture(scope="module")
 def built() -> dict:
-    ours = [generate_cuda_program(g) for g in GRAPHS.values()]
-    assert all("row_combine<" in p.code for p in ours)
-    theirs = [generate_cuda_program(g, options=OFF) for g in GRAPHS.values()]
-    assert not any("row_combine<" in p.code for p in theirs)
-    ours, theirs = build_many(ours), build_many(theirs)
-    return {name: (GRAPHS[name], ours[k], theirs[k]) for k, name in enumerate(GRAPHS)}
+    return _pairs(GRAPHS, "row_combine<", theirs=OFF)
 
 
 def _close(x, y):
@@ -173,12 +177,7 @@ COLUMN_GRAPHS = {  # bodies that reduce over their tiles' rows: a column a threa
 
 @pytest.fixture(scope="module")
 def built_columns() -> dict:
-    ours = [generate_cuda_program(g, options=COLUMNS) for g in COLUMN_GRAPHS.values()]
-    assert all("read_column(" in p.code for p in ours)
-    theirs = [generate_cuda_program(g) for g in COLUMN_GRAPHS.values()]
-    assert not any("read_column(" in p.code for p in theirs)
-    ours, theirs = build_many(ours), build_many(theirs)
-    return {name: (COLUMN_GRAPHS[name], ours[k], theirs[k]) for k, name in enumerate(COLUMN_GRAPHS)}
+    return _pairs(COLUMN_GRAPHS, "read_column(", ours=COLUMNS)
 
 
 @pytest.mark.parametrize("name", list(COLUMN_GRAPHS))
@@ -205,12 +204,7 @@ RAGGED = {  # rows no chunk divides, or whose chunks leave threads of the block 
 
 @pytest.fixture(scope="module")
 def built_ragged() -> dict:
-    ours = [generate_cuda_program(g) for g in RAGGED.values()]
-    assert all("kRowWidth" in p.code for p in ours)
-    theirs = [generate_cuda_program(g, options=NOT_RAGGED) for g in RAGGED.values()]
-    assert not any("kRowWidth" in p.code for p in theirs)
-    ours, theirs = build_many(ours), build_many(theirs)
-    return {name: (RAGGED[name], ours[k], theirs[k]) for k, name in enumerate(RAGGED)}
+    return _pairs(RAGGED, "kRowWidth", theirs=NOT_RAGGED)
 
 
 @pytest.mark.parametrize("name", list(RAGGED))
@@ -248,9 +242,5 @@ SHORT = {  # a split log_softmax's combine: the row's partials over a warp's lan
 
 
 def test_split_combines_with_short_rows_match_reference_and_op_by_op():
-    graphs = list(SHORT.values())
-    ours = [generate_cuda_program(g) for g in graphs]
-    assert all("// a short value" in p.code for p in ours)
-    ours, theirs = build_many(ours), build_many([generate_cuda_program(g, options=NOT_SHORT) for g in graphs])
-    for graph, a, b in zip(graphs, ours, theirs, strict=True):
-        assert_checked_and_matching(graph, a, b, seed=19, same=_close)
+    for graph, ours, theirs in _pairs(SHORT, "// a short value", theirs=NOT_SHORT).values():
+        assert_checked_and_matching(graph, ours, theirs, seed=19, same=_close)
