@@ -14,7 +14,8 @@ def test_builds_take_the_frontends_split_counts_beside_the_fixed_ones():
     splits = {row["splits"] for row, graph in built if row["form"] == "split" and not isinstance(graph, str)}
     assert splits == {29}
     assert sum(row["form"] == "split" for row, _ in built) == 2 * len(split_rows.THREADS)
-    assert {row["splits"] for row, _ in split_rows.builds([(8, 32000)]) if row["form"] == "split"} == {8, 16, 32}
+    llama = split_rows.builds([(8, 32000)])
+    assert {row["splits"] for row, _ in llama if row["form"] == "split"} == {8, 16, 32}
 
 
 def test_off_names_option_fields_and_refuses_others(capsys):
