@@ -4,8 +4,9 @@ Each thread owns row ``tid / row_threads`` and the ``chunk`` consecutive columns
 ``(tid % row_threads) · chunk`` of the wide ``[R, W]`` values; narrow ``[R, 1]`` values are computed
 by every thread of the row (a few redundant flops instead of a barrier).  The statements
 (:class:`~mirage.codegen.lower_context.Statement`) are rendered by ``templates/steps.j2``
-(``row_loop``) as straight-line code over fp32 registers: a wide value is ``float name[kChunk]``,
-a narrow one ``float name``.
+(``row_loop``) as straight-line code over fp32 registers: a wide value is ``float name[kRowChunk]``,
+a short one (RowLoop.short) its lane's ``float name[kShortChunk]`` from column ``short_col``, a narrow
+one ``float name``.  A ragged row's padding (RowLoop.padded) is masked past ``kRowWidth``.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ class OptimizerOptions:
     ragged_rows: bool = True  # ...and rows that no chunk of columns divides padded to one that covers
     # them (a split-row slice of 1,733 columns; row_loop), not lowered op by op through shared memory
     short_rows: bool = True  # ...and bodies that also reduce short values (a split reduction's partials)
-    # held whole by every thread of the row (row_loop)
+    # spread over a warp's lanes and reduced by shuffles (row_loop)
     column_loops: bool = False  # ...and bodies that reduce over dim -2 as the loop of the transposed
     # tiles, a whole column a thread (row_loop); off: QKNorm's key norm measured slower than op by op
     # (docs/performance.md §3)

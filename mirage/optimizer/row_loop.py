@@ -62,9 +62,9 @@ where whole 16-byte groups do, group by group; where a group straddles it, eleme
 Ragged rows do not interleave.
 
 Short rows (``short_rows``).  A body may also hold values of a second, short width ``S`` (at most
-:data:`SHORT_CHUNK` a lane): a split reduction's partials, ``[R, S]`` a row, that the second kernel of a
-split log_softmax or norm reduces to the row's logsumexp or statistics before it writes its slice
-of the wide row.  The first ``min(row_threads, 32)`` lanes of a row (:attr:`RowLoop.short_lanes`, all
+:data:`SHORT_CHUNK` columns a lane): a split reduction's partials, ``[R, S]`` a row, that the second
+kernel of a split log_softmax or norm reduces to the row's logsumexp or statistics before it writes
+its slice of the wide row.  The first ``min(row_threads, 32)`` lanes of a row (:attr:`RowLoop.short_lanes`, all
 in one warp) each hold ``short_chunk`` consecutive columns of a short value, the columns past ``S``
 masked as a ragged row's, and reduce it by warp shuffles: no barrier, and every thread of the row
 (each warp of a row does the same) gets the result.  The rows fill the block then, as for row
@@ -115,7 +115,7 @@ class RowLoop:
     transposed: bool = False  # the loop's rows are the tiles' columns (see the module docstring)
     padded: int = 0  # a ragged row's columns with its padding (row_threads · chunk); 0: not ragged
     short: int = 0  # S of the short values (see the module docstring); 0: none
-    short_reductions: tuple[int, ...] = ()  # nodes reducing a short value, each thread by itself
+    short_reductions: tuple[int, ...] = ()  # nodes reducing a short value (by a warp's shuffles)
 
     @property
     def short_lanes(self) -> int:
@@ -301,7 +301,7 @@ def _loop_nodes(schedule: Schedule) -> list[int]:
 def _states_and_reductions(graph: BlockGraph, order: list[int], width: int, reductions: bool,
                            transposed: bool, short: int = 0) -> tuple[list[int], list[int], list[int]]:
     """The loop's states (accumulators, running maxima), its reductions along a wide row and those
-    of short values (each thread its own)."""
+    of short values."""
     members = set(order)
     along = -2 if transposed else -1  # the tile dim of the loop's rows
     states, reducing, short_reducing = [], [], []
@@ -406,7 +406,7 @@ def match(graph: BlockGraph, schedule: Schedule, direct_loads: bool = True,
     ``interleave``: a thread's columns in groups of :data:`VECTOR`, interleaved across the row;
     ``columns``: a body that reduces over its tiles' columns (dim -2) is the loop of the transposed
     tiles, a column a thread (with ``reductions``); ``ragged``: a width that no chunk divides is
-    padded; ``short_rows``: values of a second, short width are held whole by every thread (see the
+    padded; ``short_rows``: values of a second, short width are spread over a warp's lanes (see the
     module docstring)."""
     try:
         return _match(graph, schedule, direct_loads, reductions, epilogues, interleave, ragged=ragged,
