@@ -64,12 +64,13 @@ Ragged rows do not interleave.
 Short rows (``short_rows``).  A body may also hold values of a second, short width ``S`` (at most
 :data:`SHORT_CHUNK` columns a lane): a split reduction's partials, ``[R, S]`` a row, that the second
 kernel of a split log_softmax or norm reduces to the row's logsumexp or statistics before it writes
-its slice of the wide row.  The first ``min(row_threads, 32)`` lanes of a row (:attr:`RowLoop.short_lanes`, all
-in one warp) each hold ``short_chunk`` consecutive columns of a short value, the columns past ``S``
-masked as a ragged row's, and reduce it by warp shuffles: no barrier, and every thread of the row
-(each warp of a row does the same) gets the result.  The rows fill the block then, as for row
-reductions.  A short value may be read, mapped and reduced to a narrow one, but not mixed with wide
-values, kept across iterations or written out (:attr:`RowLoop.short`, ``short_reductions``).
+its slice of the wide row.  The first ``min(row_threads, 32)`` lanes of a row
+(:attr:`RowLoop.short_lanes`, all in one warp) each hold ``short_chunk`` consecutive columns of a
+short value, the columns past ``S`` masked as a ragged row's, and reduce it by warp shuffles: no
+barrier, and every thread of the row (each warp of a row does the same) gets the result.  The rows
+fill the block then, as for row reductions.  A short value may be read, mapped and reduced to a
+narrow one, but not mixed with wide values, kept across iterations or written out
+(:attr:`RowLoop.short`, ``short_reductions``).
 
 Interleaving (``row_interleave``).  A thread that holds more than 8 columns holds them in groups of 8
 (:attr:`RowLoop.group`), group ``j`` at column ``(j · row_threads + lane) · 8``: each of a warp's
