@@ -389,8 +389,9 @@ class Statement:
       combined over the row's threads as for ``reduce``
 
     In a ragged loop (``mask``, RowLoop.mask) a ``load`` or ``read`` gives 0 past the row's width
-    (``kRowWidth``), by whole chunks (``chunk``) or element by element (``element``), and a ``reduce``
-    or ``rms`` leaves those columns out; a short value's (``short``) past ``kShort``.
+    (``kRowWidth``), by whole chunks (``chunk``), whole groups of 8 (``vector``) or element by element
+    (``element``), and a ``reduce`` or ``rms`` leaves those columns out; a short value's (``short``)
+    past ``kShort``.
     """
 
     kind: str
