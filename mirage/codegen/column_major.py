@@ -122,7 +122,8 @@ def split_reads(graph: KernelGraph, contexts: dict,
     """The inputs with split dims (``KernelInput.split_strides``; positions among the graph's inputs) that
     every reader takes in place: graph-defined ops only, whose iterators copy by threads (no tensor
     map), never step a split dim in their for-loop and fill tiles whose extent along it divides its
-    inner extent (a tile never straddles the split: ``dev::Strides``). ``contexts``: each kernel's
+    inner extent (a tile never straddles the split: ``dev::Strides``), or along a split last dim is a
+    multiple of it (``dev::InputIterator::column_offset``). ``contexts``: each kernel's
     lowered context by node; ``kernel_inputs``: each kernel parameter's input position by node."""
     split = {p: graph.nodes[n].attrs.splits() for p, n in enumerate(graph.input_nodes)
              if isinstance(graph.nodes[n].attrs, KernelInput) and graph.nodes[n].attrs.split_strides}
@@ -143,7 +144,10 @@ def split_reads(graph: KernelGraph, contexts: dict,
             rank = len(graph.type_of(Ref(graph.input_nodes[p], 0)).shape)
             for d, (inner, _) in split[p].items():
                 d4 = d + 4 - rank
-                fits = inner % it.tile.layout.dims[d4] == 0
+                extent = it.tile.layout.dims[d4]
+                # the last dim (a broadcast inner part) also splits within a tile that starts its spans
+                # (dev::InputIterator::column_offset); never a tile read transposed
+                fits = inner % extent == 0 or (d4 == 3 and extent % inner == 0 and it.view is None)
                 legal[p] = legal[p] and not it.tma and it.forloop_dim != d4 and fits
     return tuple(sorted(p for p in split if legal[p]))
 

@@ -175,7 +175,8 @@ def _strides(x: Boundary, binding: InputBinding) -> tuple[tuple | None, Shape | 
     ``k.transpose(-1, -2)``) or a view stepping one of them by one element (``x.view(s, h, d)
     .transpose(0, 1)``), broadcasts among them (stride 0: a bias expanded over the heads), which
     kernels may read in place (mirage.codegen.column_major), and dims that two strides step (the
-    (batch · heads) of a head split at batch > 1: ``new_input``'s pairs), with the shape of the view
+    (batch · heads) of a head split at batch > 1: ``new_input``'s pairs; the last dim only over a
+    broadcast, a group norm's gain in rows of (channels · positions)), with the shape of the view
     that holds them as two dims; else (None, None): row-major, or copied so."""
     if len(binding.shape) < 2:
         return None, None
@@ -190,8 +191,8 @@ def _strides(x: Boundary, binding: InputBinding) -> tuple[tuple | None, Shape | 
             view = unshaped.view(binding.shape)
         except RuntimeError:  # not one stride a dim: perhaps two
             strides = merged_strides(binding.shape, tuple(unshaped.shape), tuple(unshaped.stride()))
-            if isinstance(strides[-1], tuple):
-                return None, None  # a row's own dim takes one stride: copied
+            if isinstance(strides[-1], tuple) and strides[-1][1][1] != 0:
+                return None, None  # a row's own dim takes one stride, or two over a broadcast: else copied
             split = tuple(n for entry, d in zip(strides, binding.shape, strict=True)
                           for n in ((entry[0][0], entry[1][0]) if isinstance(entry, tuple) else (d,)))
             if split == tuple(binding.shape):

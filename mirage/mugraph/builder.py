@@ -293,10 +293,16 @@ def _pending_line(op: Op, refs, attrs) -> str:
 def declared_strides(shape: tuple[int, ...], strides) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
     """``new_input``'s strides as ``KernelInput``'s layout, strides and split strides; ValueError where
     they are not ints, or pairs ((outer size, outer stride), (inner size, inner stride)) for a dim that
-    two strides step (not the last, nor in a column-major view the second-to-last), or not a view the
-    kernels can read."""
+    two strides step (not the last, unless its inner stride is 0, nor in a column-major view the
+    second-to-last), or not a view the kernels can read."""
     flat, splits = split_pairs(shape, strides)
     view_shape, view_strides = split_view(shape, flat, splits)
+    if len(shape) - 1 in splits:  # a broadcast inner part of the last dim: the rest row-major
+        layout, _ = input_layout(view_shape[:-1], view_strides[:-1])
+        if layout:
+            raise ValueError(f"strides {tuple(strides)}: a last dim split over a broadcast takes its outer "
+                             "stride as a row-major view's last")
+        return "", tuple(s if n > 1 else 1 for s, n in zip(flat, shape, strict=True)), split_triples(splits)
     layout, viewed = input_layout(view_shape, view_strides)
     if not splits:
         return layout, viewed, ()

@@ -126,19 +126,22 @@ class KernelInput:
     # triples (dim, inner, outer), index i of that dim at (i // inner) · outer + (i % inner) · strides[dim]
     # (:func:`split_view` gives the view of two dims that calls pass); not the last dim (nor, in the col
     # layout, the second-to-last: the dims its rows are stored along)
+    # The last dim too, in the row-major layout, where its inner part is a broadcast (stride 0): a
+    # group norm's gain, one value a channel, read as rows of (channels of a group · positions)
     split_strides: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layout not in INPUT_LAYOUTS:
             raise ValueError(f"unknown input layout {self.layout!r}: one of {sorted(INPUT_LAYOUTS)}")
         inner = -2 if self.layout == "col" else -1
-        if self.strides and (len(self.strides) < 2 or self.strides[inner] != 1
+        broadcast_rows = self.layout == "" and self.split_last
+        if self.strides and (len(self.strides) < 2 or self.strides[inner] != (0 if broadcast_rows else 1)
                              or any(s < 0 for s in self.strides)):
             dim = "second-to-last" if inner == -2 else "last"
             raise ValueError(f"input strides {self.strides} must be positive or 0 (a broadcast), with 1 for "
                              f"the {dim} dim (layout {self.layout!r})")
         splits = self.split_strides
-        last = len(self.strides) - (2 if self.layout == "col" else 1)
+        last = len(self.strides) - (2 if self.layout == "col" else 1) + (1 if broadcast_rows else 0)
         if splits and (not self.strides or len(splits) % 3 or any(
                 not 0 <= d < last or inner < 2 or outer < 0
                 for d, inner, outer in zip(splits[::3], splits[1::3], splits[2::3], strict=True))):
@@ -149,6 +152,11 @@ class KernelInput:
     def splits(self) -> dict[int, tuple[int, int]]:
         """The split dims: dim → (inner extent, outer stride)."""
         return split_dims(self.split_strides)
+
+    @property
+    def split_last(self) -> bool:
+        """Whether the last dim is split (its inner part then a broadcast, stride 0)."""
+        return bool(self.strides) and len(self.strides) - 1 in split_dims(self.split_strides)
 
 
 INPUT_LAYOUTS = frozenset({"", "col"})
@@ -226,9 +234,13 @@ def split_pairs(shape: Sequence[int], strides: Sequence) -> tuple[list[int], dic
         except (TypeError, ValueError):
             raise ValueError(f"stride {s!r} of dim {d} is neither an int nor ((outer size, outer stride), "
                              "(inner size, inner stride))") from None
-        if outer_n * inner_n != n or min(outer_n, inner_n) < 2 or d >= len(shape) - 1:
+        # the last dim splits only as a broadcast within its inner part (a group norm's gain, one value
+        # a channel, against rows of (channels of a group · positions)): its elements are not stepped
+        last = d == len(shape) - 1
+        if outer_n * inner_n != n or min(outer_n, inner_n) < 2 or (last and inner != 0):
             raise ValueError(f"dim {d} of {n} elements cannot split as {outer_n} × {inner_n} (a split dim "
-                             "comes before the last, its sizes ≥ 2 and their product its size)")
+                             "comes before the last, or is the last with an inner stride of 0; its sizes "
+                             "≥ 2 and their product its size)")
         splits[d] = (inner_n, outer)
         flat.append(inner)
     return flat, splits

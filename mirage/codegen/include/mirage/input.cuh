@@ -201,11 +201,23 @@ class InputIterator {
   // branch and the compiler may hoist its loads), the N elements are loaded as 16- or 8-byte
   // vectors where N · sizeof(T) allows (col a multiple of N).
   MIRAGE_DEVICE float read(int iteration, int row, int col) const {
-    return to_float(global_[coordinate_.at(iteration) + row_offset(row) + col * strides_.stride[3]]);
+    return to_float(global_[coordinate_.at(iteration) + row_offset(row) + column_offset(col)]);
   }
 
   template <bool Vectors, int N>
   MIRAGE_DEVICE void read(int iteration, int row, int col, float (&out)[N]) const {
+    if (broadcast_rows()) {  // the row's elements repeat over spans: no vectors
+      const T* row_start = global_ + coordinate_.at(iteration) + row_offset(row);
+      if (strides_.inner[3] % N == 0 && col % N == 0) {  // N columns of one span: one element
+        const float value = to_float(row_start[column_offset(col)]);
+#pragma unroll
+        for (int e = 0; e < N; ++e) out[e] = value;
+        return;
+      }
+#pragma unroll
+      for (int e = 0; e < N; ++e) out[e] = to_float(row_start[column_offset(col + e)]);
+      return;
+    }
     const T* source = global_ + coordinate_.at(iteration) + row_offset(row) + col * strides_.stride[3];
     constexpr int kBytes = N * static_cast<int>(sizeof(T));
     if constexpr (Vectors && kVectorizableShape && kBytes % 8 == 0) {
@@ -229,9 +241,9 @@ class InputIterator {
   // The same N elements where col + e < width, 0 past it (a ragged row's padding), element by element.
   template <int N>
   MIRAGE_DEVICE void read_masked(int iteration, int row, int col, int width, float (&out)[N]) const {
-    const T* source = global_ + coordinate_.at(iteration) + row_offset(row) + col * strides_.stride[3];
+    const T* source = global_ + coordinate_.at(iteration) + row_offset(row);
 #pragma unroll
-    for (int e = 0; e < N; ++e) out[e] = col + e < width ? to_float(source[e * strides_.stride[3]]) : 0.0f;
+    for (int e = 0; e < N; ++e) out[e] = col + e < width ? to_float(source[column_offset(col + e)]) : 0.0f;
   }
 
   // Element `col` of each of the tile's first N rows (a column-local loop: a thread's whole column);
@@ -239,10 +251,14 @@ class InputIterator {
   template <int N>
   MIRAGE_DEVICE void read_column(int iteration, int col, float (&out)[N]) const {
     static_assert(N <= L::dim2, "a column of one [rows, cols] tile");
-    const T* source = global_ + coordinate_.at(iteration) + col * strides_.stride[3];
+    const T* source = global_ + coordinate_.at(iteration) + column_offset(col);
 #pragma unroll
     for (int e = 0; e < N; ++e, source += strides_.stride[2]) out[e] = to_float(*source);
   }
+
+  // Whether direct reads may take vector loads: the tiles' rows aligned for them (vectorized()), or
+  // rows that repeat their elements over spans, which read element by element whatever the others do.
+  MIRAGE_DEVICE bool direct_vectors() const { return vectorized_ || broadcast_rows(); }
 
  private:
   static MIRAGE_DEVICE bool aligned(const T* global, const Strides& strides, TileCoordinate coordinate) {
@@ -250,6 +266,14 @@ class InputIterator {
   }
 
   MIRAGE_DEVICE int64_t row_offset(int row) const { return strided_row_offset<L>(strides_, row); }
+
+  // Element offset of column `col` of a tile: of a split last dim (a broadcast inner part, stride 0:
+  // a group norm's gain over a row of channels · positions), tiles start at a span's start or lie
+  // in one span (mirage.codegen.column_major.split_reads), so the split applies within the tile.
+  MIRAGE_DEVICE int64_t column_offset(int col) const { return dim_offset(strides_, 3, col); }
+
+  // Whether the rows repeat their elements (a split last dim): never copied or read by vectors.
+  MIRAGE_DEVICE bool broadcast_rows() const { return strides_.stride[3] == 0; }
 
   MIRAGE_DEVICE void copy_vectorized(const T* source, T* target) const {
     constexpr int kChunksPerRow = L::cols / kVector;
@@ -285,7 +309,7 @@ class InputIterator {
   // memory, whose stores wait for the loads).
   MIRAGE_DEVICE void issue_elements(const T* source, int iteration) const {
     for_staged(iteration, [&](T& value, int element) {
-      value = source[row_offset(element / L::cols) + (element % L::cols) * strides_.stride[3]];
+      value = source[row_offset(element / L::cols) + column_offset(element % L::cols)];
     });
   }
 
@@ -316,7 +340,7 @@ class InputIterator {
     for (int element = thread_index(); element < L::size; element += NumThreads) {
       const int row = element / L::cols;
       const int col = element % L::cols;
-      target[L::element_offset(row, col)] = source[row_offset(row) + col * strides_.stride[3]];
+      target[L::element_offset(row, col)] = source[row_offset(row) + column_offset(col)];
     }
   }
 
