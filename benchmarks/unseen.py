@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import mirage as mi
 from benchmarks.mugraphs.attention import one_kernel
 from benchmarks.unseen_models import (
+    MODEL_PROGRAMS,
     ConvNeXtMLP,
     InstanceNormReLU,
     LogProbs,
@@ -663,6 +664,7 @@ PROGRAMS = {
     "qknorm_attention": (QKNormAttention, [(1, 16, 256, 64)] * 3),
     "rotary_attention": (RotaryAttention, [(1, 32, 256, 64)] + [(1, 8, 256, 64)] * 2 + [(1, 1, 256, 64)] * 2),
 }
+PROGRAMS.update(MODEL_PROGRAMS)  # benchmarks.unseen_models: more model families
 
 
 # µGraphs written by hand for programs whose search did not reach them (docs/performance.md): each is

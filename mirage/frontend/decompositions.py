@@ -9,7 +9,8 @@ PyTorch:
   of the difference plus eps), and the losses
   ``mse_loss``, ``l1_loss``, ``binary_cross_entropy_with_logits`` (through ``log_sigmoid``) and
   ``cross_entropy`` (a ``log_softmax`` over the classes, then ``nll_loss``'s pick of each target's
-  log-probability, a gather that stays in PyTorch);
+  log-probability, a gather that stays in PyTorch), and ``kl_div`` (with ``log_target=True``
+  ``exp(t) · (t − x)``; without, ``xlogy(t, t) − t · x``, whose ``xlogy`` stays in PyTorch);
 * by the functions here: ``prelu`` (:func:`prelu`), ``batch_norm`` in eval mode (:func:`batch_norm`,
   each channel's affine map from the running statistics), ``instance_norm`` (:func:`instance_norm`)
   and ``group_norm`` (:func:`group_norm`; PyTorch's ``native_group_norm`` decomposition ends in
@@ -98,7 +99,7 @@ _TORCH = (aten.einsum.default, aten.glu.default, aten.addcmul.default, aten.addc
           aten.relu6.default, aten.outer.default, aten.dot.default, aten.linalg_norm.default,
           aten.mse_loss.default, aten.l1_loss.default, aten.binary_cross_entropy_with_logits.default,
           aten.cosine_similarity.default, aten.pairwise_distance.default,
-          aten.cross_entropy_loss.default)
+          aten.cross_entropy_loss.default, aten.kl_div.default)
 
 
 def described() -> list[tuple[str, str]]:

@@ -23,7 +23,7 @@ import torch.fx as fx
 
 from mirage.frontend import shapes
 from mirage.frontend.capture import GROUPED_MASK
-from mirage.frontend.region import FLOAT_DTYPES, RegionBuilder, Unlowerable, Value
+from mirage.frontend.region import FLOAT_DTYPES, Operand, RegionBuilder, Unlowerable, Value
 from mirage.mugraph.ops import SOFTPLUS_THRESHOLD, SOFTPLUS_THRESHOLD_MIN
 
 
@@ -387,10 +387,26 @@ def _logsumexp(b: RegionBuilder, node, p):
     return b.logsumexp(b.tensor_operand(p["self"]), p["dim"], bool(p.get("keepdim", False)))
 
 
+def _as_rows(b: RegionBuilder, x: Operand, normalized: int) -> Operand:
+    """``x`` with its last ``normalized`` dims as one: a norm over them is a norm over rows of their
+    product (a LayerNorm over (H, W) takes one reduction, not one a dim), its weight one row."""
+    if normalized == 1:
+        return x
+    rank = len(x.shape)
+    merged = (*x.shape[:rank - normalized], math.prod(x.shape[rank - normalized:]))
+    if isinstance(x, Value):
+        return b.relabel(x, merged)
+    return Value(b.tensor(x, b.default_shape(merged)), merged)
+
+
 def _rms_norm(b: RegionBuilder, node, p):
-    x = b.tensor_operand(p["input"])
-    if len(p["normalized_shape"]) != 1:
-        raise Unlowerable("rms_norm over more than the last dim")
+    rows = _as_rows(b, b.tensor_operand(p["input"]), len(p["normalized_shape"]))
+    if len(p["normalized_shape"]) > 1:  # as rows of the normalized dims' product, viewed back after
+        weight = p.get("weight")
+        w = None if weight is None else _as_rows(b, b.tensor_operand(weight), len(p["normalized_shape"]))
+        out = _rms_norm(b, node, {**p, "input": rows, "weight": w, "normalized_shape": rows.shape[-1:]})
+        return b.relabel(out, tuple(node.meta["val"].shape))
+    x = rows
     eps = p.get("eps")
     eps = float(torch.finfo(node.meta["val"].dtype).eps) if eps is None else float(eps)
     graph_shape, logical = b.frame(x)
@@ -410,6 +426,12 @@ def _layer_norm(b: RegionBuilder, node, p):  # (x − mean) / sqrt(mean((x − m
     rank, normalized = len(x.shape), len(p["normalized_shape"])
     if not 1 <= normalized <= rank:
         raise Unlowerable(f"layer_norm over {normalized} dims of a tensor of {rank}")
+    if normalized > 1:  # as rows of the normalized dims' product, viewed back after
+        parts = {k: None if p.get(k) is None else _as_rows(b, b.tensor_operand(p[k]), normalized)
+                 for k in ("weight", "bias")}
+        rows = _as_rows(b, x, normalized)
+        out = _layer_norm(b, node, {**p, **parts, "input": rows, "normalized_shape": rows.shape[-1:]})
+        return b.relabel(out, tuple(x.shape))
     last = list(range(rank - normalized, rank))
     centered = b.add(x, b.reduce(x, last, True, mean=True), -1.0)
     variance = b.reduce(power(b, centered, 2.0), last, True, mean=True)

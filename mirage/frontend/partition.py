@@ -394,5 +394,5 @@ def _partition(gm: fx.GraphModule, budget: Budget, kept: frozenset[fx.Node],
 def _kept_reason(cast: fx.Node) -> str:
     (source,) = cast.all_input_nodes[:1]
     before, after = (str(n.meta["val"].dtype).removeprefix("torch.") for n in (source, cast))
-    return (f"a subprogram would hold values computed from this {after} upcast in {before} "
-            "(upcasts='input_precision' keeps them there)")
+    return (f"this {after} upcast stays in PyTorch so that its users compute in {after} as written "
+            f"(upcasts='input_precision' computes them in {before} inside a subprogram)")

@@ -307,6 +307,8 @@ class RegionBuilder:
     # ---- operands -----------------------------------------------------------------------------
 
     def operand(self, arg) -> Operand | float:
+        if isinstance(arg, (Value, Boundary)):  # lowered already (a rule's operand in another form)
+            return arg
         if isinstance(arg, fx.Node):
             if arg in self.values:
                 return self.values[arg]

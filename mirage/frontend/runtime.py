@@ -73,8 +73,8 @@ class SubprogramModule(nn.Module):
         self._position = {name: i for i, name in enumerate(self.sources)}
         self._executors: dict[torch.device, Any] = {}
         self.constant_sources: frozenset[str] = frozenset()  # the sources that are parameters or buffers
-        # a parameter or buffer that a binding broadcasts and reshapes into a copy (a group norm's gain
-        # in the groups' frame) is kept while it is unchanged, as the executor keeps its layout copies
+        # a parameter or buffer that a binding broadcasts and reshapes into a copy (a rotary table
+        # over the heads) is kept while it is unchanged, as the executor keeps its layout copies
         self.kept = KeptCopies()
         self._bound_views: set[int] = set()  # the bindings that view such a tensor: nothing to keep
 
@@ -275,9 +275,9 @@ class Specialization:
             if isinstance(self.module, nn.Module) else []
         count, size = (sum(k[0] for k in kept), sum(k[1] for k in kept)) if kept else (0, 0)
         if count:
-            lines.append(f"  kept copies: {count} parameter(s) read as strided views (a transposed "
-                         f"weight) or broadcast into a frame (a group norm's gain), {size / 1024:,.0f} KiB, "
-                         "made again when a parameter changes")
+            lines.append(f"  kept copies: {count} parameter(s) or buffer(s) read as strided views (a "
+                         f"transposed weight) or broadcast into a frame (a rotary table over the heads), "
+                         f"{size / 1024:,.0f} KiB, made again when one changes")
         # a stack is None once a parameter was given a tensor of its own (`.data = ...`)
         stacks = [m.names for m in self.module.modules() if isinstance(m, StackedParameters)
                   and m._stack is not None and m._stack.dim() == 2] \

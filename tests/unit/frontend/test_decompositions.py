@@ -45,8 +45,10 @@ def test_group_norm_is_one_subprogram_and_matches_float64(shape, groups, affine)
 
 def test_a_group_norms_gain_and_bias_in_the_groups_frame_are_kept_until_they_change():
     """The gain and bias, one value a channel, are broadcast to the groups' frame ((batch · groups,
-    values a group): no strides view them so): the copies are made at the first call and kept while
-    the parameters keep their versions; a trained gain is copied again."""
+    values a group)) where a program takes that frame's shape (here the interpreter; generated kernels
+    read them through their strides instead, tests/gpu/test_broadcast_rows_gpu.py): the copies are made
+    at the first call and kept while the parameters keep their versions; a trained gain is copied
+    again."""
     torch.manual_seed(1)
     norm = nn.GroupNorm(4, 8)
     x = torch.randn(2, 8, 3, 3)
@@ -205,6 +207,8 @@ REDUCTIONS = {
     "bce": _bce,
     "bce_pos_weight": _bce_weighted,
     "instance_norm": lambda a, b: F.instance_norm(a.reshape(2, 8, 4, 4), weight=b[0, :8] + 1, bias=b[1, :8]),
+    "kl_div": lambda a, b: F.kl_div(F.log_softmax(a, -1), F.log_softmax(b / 2, -1), reduction="batchmean",
+                                    log_target=True),  # a distillation loss
 }
 
 
@@ -212,8 +216,8 @@ REDUCTIONS = {
 def test_vector_products_norms_losses_and_instance_norm_lower_whole(name):
     """Products with a vector (``W @ x``, ``addmv``, ``outer``, ``dot``), the 2-norm, cosine similarity
     (against zeros too, where the clamp of the norms decides), the losses (binary
-    cross-entropy with logits of ±40 too, through ``log_sigmoid``) and ``instance_norm``: no op left
-    in PyTorch, the result float64 PyTorch's."""
+    cross-entropy with logits of ±40 too, through ``log_sigmoid``; ``kl_div`` of log-probabilities) and
+    ``instance_norm``: no op left in PyTorch, the result float64 PyTorch's."""
     function = REDUCTIONS[name]
     torch.manual_seed(6)
     xs = (torch.randn(16, 16), torch.randn(16, 16))

@@ -576,14 +576,30 @@ def test_new_unaries_give_what_pytorch_gives_at_extremes(function):
 @pytest.mark.parametrize("shape, normalized", [((4, 8, 16), (8, 16)), ((2, 3, 4, 5), (3, 4, 5))])
 def test_layer_norm_over_several_last_dims(shape, normalized):
     """``F.layer_norm`` over (C, H, W) or (S, D): the means over all the normalized dims, its weight and
-    bias of that shape; against float64."""
+    bias of that shape; against float64. Lowered as a norm of rows of the dims' product: one reduction
+    for the mean and one ``rms_norm``, as a norm over one dim (not a reduction a dim for each)."""
     torch.manual_seed(8)
     x, w, b = torch.randn(*shape), torch.randn(*normalized), torch.randn(*normalized)
     fast = mi.superoptimize(lambda x, w, b: F.layer_norm(x, normalized, w, b), (x, w, b), search=False,
                             progress=False)
     assert not fast.partition.pytorch_ops
+    ops = Counter(n.op for s in fast.partition.subprograms for n in s.graph.nodes)
+    assert ops[Op.REDUCTION] == 1 and ops[Op.RMS_NORM] == 1, ops
     want = F.layer_norm(x.double(), normalized, w.double(), b.double())
     torch.testing.assert_close(fast(x, w, b).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_over_several_last_dims():
+    """``F.rms_norm`` over (S, D) with a weight of that shape: one ``rms_norm`` op of rows of S · D
+    (it ran in PyTorch before); against float64."""
+    torch.manual_seed(9)
+    x, w = torch.randn(4, 8, 16), torch.randn(8, 16)
+    fast = mi.superoptimize(lambda x, w: F.rms_norm(x, (8, 16), w), (x, w), search=False, progress=False)
+    assert not fast.partition.pytorch_ops
+    ops = Counter(n.op for s in fast.partition.subprograms for n in s.graph.nodes)
+    assert ops[Op.RMS_NORM] == 1 and ops[Op.REDUCTION] == 0, ops
+    want = F.rms_norm(x.double(), (8, 16), w.double())
+    torch.testing.assert_close(fast(x, w).double(), want, rtol=1e-5, atol=1e-5)
 
 
 LOG_SOFTMAXES = {
