@@ -1,13 +1,14 @@
 """Programs that no test and no benchmark family names, run end to end: capture, search (with a short
 budget), verification, code generation, compilation and timing on the GPU, then the result against
-PyTorch eager (and, for attention, PyTorch's fused ``scaled_dot_product_attention``).  Prints one
-line per program and writes unseen_<date>.json into ``--out`` (default benchmarks/results).  On a
-machine without a GPU the subprograms run through the interpreter and only correctness is
-reported."""
+PyTorch eager (and, for attention, PyTorch's fused ``scaled_dot_product_attention``).  Errors are
+measured against a float64 copy of the model, eager PyTorch's own beside ours.  Prints one line per
+program and writes unseen_<date>.json into ``--out`` (default benchmarks/results).  On a machine
+without a GPU the subprograms run through the interpreter and only correctness is reported."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 import time
@@ -700,12 +701,23 @@ def _read_in_place(fast) -> dict[str, list[str]]:
             if isinstance(module, SubprogramModule) and module.read_in_place}
 
 
-def _relative_error(fast, model, inputs) -> float:
-    """The largest error of any output, relative to that output's largest value."""
+def _reference(model, inputs) -> tuple[object, str]:
+    """The outputs to measure errors against: a float64 copy of the model on float64 inputs, or where it
+    does not run so (an op of no float64 kernel), the model's own; and which of the two."""
     with torch.no_grad():
-        got, want = fast(*inputs), model(*inputs)
+        try:
+            return copy.deepcopy(model).double()(*(x.double() for x in inputs)), "float64"
+        except (RuntimeError, TypeError, NotImplementedError):
+            return model(*inputs), "eager"
+
+
+def _relative_error(fn, inputs, want) -> float:
+    """The largest error of any of ``fn``'s outputs against ``want``, relative to that output's largest
+    value."""
+    with torch.no_grad():
+        got = fn(*inputs)
     pairs = zip(got, want, strict=True) if isinstance(want, tuple) else [(got, want)]
-    return max(((g.float() - w.float()).abs().max() / w.float().abs().max()).item() for g, w in pairs)
+    return max(((g.double() - w.double()).abs().max() / w.double().abs().max()).item() for g, w in pairs)
 
 
 def main(argv=None) -> None:
@@ -730,7 +742,11 @@ def main(argv=None) -> None:
         try:
             fast = mi.superoptimize(model, inputs, time_limit_s=args.time_limit, use_cache=False,
                                     progress=False, split_rounds=args.split_rounds)
-            row["relative_error"] = _relative_error(fast, model, inputs)
+            # against float64 (``reference``), with eager PyTorch's own error beside it: an error of ours
+            # above eager's is what to look at, one of both is the program's (its float16 rounding)
+            want, row["reference"] = _reference(model, inputs)
+            row["relative_error"] = _relative_error(fast, inputs, want)
+            row["eager_relative_error"] = _relative_error(model, inputs, want)
             row["seconds"] = time.time() - start
             row["report"] = fast.report()
             row["kernels"] = _kernels(fast)
@@ -751,7 +767,7 @@ def main(argv=None) -> None:
                     if name in GIVEN:
                         given = mi.superoptimize(model, inputs, search=False, candidates=[GIVEN[name]()],
                                                  use_cache=False, progress=False)
-                        row["given_relative_error"] = _relative_error(given, model, inputs)
+                        row["given_relative_error"] = _relative_error(given, inputs, want)
                         row["given_kernels"] = _kernels(given)
                         timed += [("given_us", given, True), ("given_graph_us", given, False)]
                     for key, fn, calls in timed:

@@ -277,6 +277,10 @@ _VIEW_LISTS = frozenset({"broadcast_tensors", "split", "split_with_sizes", "chun
 
 # ops that start with a matrix product (attention with q·kᵀ)
 PRODUCTS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "scaled_dot_product_attention"})
+# compute ops a part of a product-free subprogram holds when one that no µGraph beat is split by size:
+# a part's one-kernel form (its inputs, ops and outputs) then fits the block budget the search raises
+# for it (frontend.optimize.MOST_BLOCK_OPS), where a chain of 16 (an AdamW step) does not
+SIZE_CUT_OPS = 6
 
 
 def product_cuts(gm: fx.GraphModule, subprogram: Subprogram) -> frozenset[str]:
@@ -285,7 +289,7 @@ def product_cuts(gm: fx.GraphModule, subprogram: Subprogram) -> frozenset[str]:
     linear after a norm).  Where there is none, after its products: each op that reads a product's
     result (through views) starts the product's epilogue as a subprogram of its own (a residual and a
     LayerNorm after a projection, BERT's output block, whose norm needs whole rows of the product).
-    Each part is a smaller search."""
+    Each part is a smaller search (one of no product: :func:`size_segments`)."""
     members = dict(zip(subprogram.nodes, subprogram.ops, strict=True))
     nodes = {n.name: n for n in gm.graph.nodes}
     next_layers = frozenset(name for name, op in members.items()
@@ -304,21 +308,37 @@ def product_cuts(gm: fx.GraphModule, subprogram: Subprogram) -> frozenset[str]:
                      and lowering_of(nodes[name]).kind is Kind.COMPUTE and reads_a_product(nodes[name]))
 
 
-def partition(gm: fx.GraphModule, budget: Budget | None = None, cuts: frozenset[str] = frozenset()
-              ) -> Partition:
+def size_segments(gm: fx.GraphModule, subprogram: Subprogram) -> dict[str, tuple[str, int]]:
+    """Where to split a subprogram of no matrix product that no µGraph beat (an element-wise chain such
+    as an AdamW step): its compute ops in program order, :data:`SIZE_CUT_OPS` a segment, each op's
+    segment (the subprogram's name and a count) by name; empty where it has a product or fits one
+    segment."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    if any(op in PRODUCTS for op in subprogram.ops):
+        return {}
+    compute = [name for name in subprogram.nodes if lowering_of(nodes[name]).kind is Kind.COMPUTE]
+    if len(compute) <= SIZE_CUT_OPS:
+        return {}
+    return {name: (subprogram.name, k // SIZE_CUT_OPS) for k, name in enumerate(compute)}
+
+
+def partition(gm: fx.GraphModule, budget: Budget | None = None, cuts: frozenset[str] = frozenset(),
+              segments: dict[str, tuple[str, int]] | None = None) -> Partition:
     """Partition a captured (aten-level) program.  ``cuts``: nodes that start a subprogram of their
-    own instead of joining their operands' (:func:`product_cuts`)."""
+    own instead of joining their operands' (:func:`product_cuts`); ``segments``: compute nodes that
+    join only subprograms of the same segment (:func:`size_segments`), the others only each other's."""
     budget = budget or Budget()
     kept: frozenset[fx.Node] = frozenset()
     while True:
-        part, widened = _partition(gm, budget, kept, cuts)
+        part, widened = _partition(gm, budget, kept, cuts, segments or {})
         if not widened - kept:
             return part
         kept |= widened
 
 
 def _partition(gm: fx.GraphModule, budget: Budget, kept: frozenset[fx.Node],
-               cuts: frozenset[str] = frozenset()) -> tuple[Partition, frozenset[fx.Node]]:
+               cuts: frozenset[str] = frozenset(), segments: dict[str, tuple[str, int]] | None = None
+               ) -> tuple[Partition, frozenset[fx.Node]]:
     """One round: the partition keeping the upcasts ``kept`` in PyTorch, and the upcasts behind the
     widened values its subprograms keep live (to keep in the next round; none with "exact" off)."""
     nodes = list(gm.graph.nodes)
@@ -329,6 +349,7 @@ def _partition(gm: fx.GraphModule, budget: Budget, kept: frozenset[fx.Node],
     through: list[fx.Node] = []
     upcasts = Upcasts(kept=kept)
     next_id = 0
+    segment_of: dict[int, tuple[str, int] | None] = {}  # each region's segment (its first compute op's)
     for node in nodes:
         row = lowering_of(node)
         if row is None:
@@ -343,6 +364,8 @@ def _partition(gm: fx.GraphModule, budget: Budget, kept: frozenset[fx.Node],
         for producer in node.all_input_nodes:
             if producer in region_of and region_of[producer] not in candidates:
                 candidates.append(region_of[producer])
+        if segments and row.kind is Kind.COMPUTE:  # a compute op joins its own segment's regions only
+            candidates = [c for c in candidates if segment_of.get(c) == segments.get(node.name)]
         if row.kind is Kind.LAYOUT:  # joins the subprogram of its operand, or stays a PyTorch view
             operand = node.args[0] if node.args else None
             attempts = [[region_of[operand]]] if operand in region_of else []
@@ -365,6 +388,8 @@ def _partition(gm: fx.GraphModule, budget: Budget, kept: frozenset[fx.Node],
                 continue
             target = min(ids) if ids else next_id
             next_id += 0 if ids else 1
+            if not ids and row.kind is Kind.COMPUTE:
+                segment_of[target] = (segments or {}).get(node.name)
             for i in ids:
                 del regions[i]
             regions[target] = members

@@ -46,7 +46,7 @@ from mirage.frontend.executor import KeptCopies, is_parameter, make_executor
 from mirage.frontend.guard import OURS, Verdict, check
 from mirage.frontend.optimize import Choice, choose
 from mirage.frontend.options import Options
-from mirage.frontend.partition import Partition, Subprogram, partition, product_cuts
+from mirage.frontend.partition import Partition, Subprogram, partition, product_cuts, size_segments
 from mirage.frontend.products import StackedParameters
 from mirage.frontend.region import eager_strides
 from mirage.frontend.runners import boundary_runner, torch_ops_runner
@@ -462,26 +462,29 @@ class MirageModule(nn.Module):
     def _split_fruitless(self, gm: fx.GraphModule, part: Partition, choices: dict[str, Choice],
                          device: str | None) -> tuple[Partition, dict[str, Choice], tuple[str, ...]]:
         """Split each subprogram whose search found nothing where ``partition.product_cuts`` says
-        (before the products that start its next layer, else after its products), and search the
-        parts; subprograms left as they were keep their choices.  With ``Options.split_rounds`` above
-        1, parts that are fruitless in turn split again (a projection, then its residual and norm),
+        (before the products that start its next layer, else after its products; one of no product
+        by size, ``partition.size_segments``), and search the parts; subprograms left as they were
+        keep their choices.  With ``Options.split_rounds`` above 1, parts that are fruitless in turn
+        split again (a projection, then its residual and norm),
         each round searching only its new parts; 0 splits nothing.  A split is kept only where it
         changes the partition; then also what the split subprograms' searches gave, one line each, for
         the report."""
         cuts: frozenset[str] = frozenset()
+        segments: dict[str, tuple[str, int]] = {}
         notes: tuple[str, ...] = ()
         for _ in range(self.options.split_rounds):
             fruitless = [s for s in part.subprograms if runs_in_pytorch(choices[s.name], self.options)]
             wider = cuts.union(*(product_cuts(gm, s) for s in fruitless))
-            if wider == cuts:
+            sized = {**segments, **{n: k for s in fruitless for n, k in size_segments(gm, s).items()}}
+            if wider == cuts and sized == segments:
                 break
-            split = partition(gm, self.options.budget, wider)
+            split = partition(gm, self.options.budget, wider, sized)
             before = {s.nodes: choices[s.name] for s in part.subprograms}
             if {s.nodes for s in split.subprograms} == set(before):
                 break
             logger.info("mirage: %s: splitting subprograms that no µGraph beat before %s", self.name,
                         ", ".join(sorted(wider - cuts)))
-            cuts = wider
+            cuts, segments = wider, sized
             kept = {s.nodes for s in split.subprograms}
             notes += tuple(f"{len(s.nodes)} torch ops ({', '.join(s.ops)}): {choices[s.name].detail}"
                            for s in fruitless if s.nodes not in kept)

@@ -204,3 +204,42 @@ def test_a_product_without_a_next_layer_is_cut_from_its_epilogue():
         assert only.ops[only.nodes.index(cut)] == "add"
         parts = partition(gm, cuts=frozenset({cut})).subprograms
         assert [p.ops for p in parts] == [product, ("add", "layer_norm")]
+
+
+def _adamw(p, g, m, v):
+    """An AdamW step written out element-wise: 16 ops, no product, three results."""
+    m = 0.9 * m + 0.1 * g
+    v = 0.999 * v + 0.001 * g * g
+    m_hat, v_hat = m / (1 - 0.9 ** 10), v / (1 - 0.999 ** 10)
+    return p - 1e-3 * (m_hat / (torch.sqrt(v_hat) + 1e-8) + 0.01 * p), m, v
+
+
+def test_a_chain_of_no_product_splits_by_size_and_its_parts_stay_apart():
+    """A subprogram of no matrix product that no µGraph beat is split by size (``size_segments``): its
+    compute ops in segments of ``SIZE_CUT_OPS`` in program order, no part joining ops of two segments
+    (a later op reading values of several would merge them again), every op in one part."""
+    from mirage.frontend.partition import SIZE_CUT_OPS, size_segments
+
+    inputs = tuple(torch.randn(4, 8) for _ in range(3)) + (torch.rand(4, 8) + 0.1,)
+    gm, part = _partition(_adamw, inputs)
+    (whole,) = part.subprograms
+    segments = size_segments(gm, whole)
+    assert len(segments) == sum(op != "view" for op in whole.ops) > SIZE_CUT_OPS
+    assert len(set(segments.values())) == -(-len(segments) // SIZE_CUT_OPS)
+    split = partition(gm, Budget(), frozenset(), segments)
+    assert len(split.subprograms) >= len(set(segments.values())) and split.pytorch_ops == ()
+    assert sorted(n for s in split.subprograms for n in s.nodes) == sorted(whole.nodes)
+    for sub in split.subprograms:
+        assert len({segments[n] for n in sub.nodes if n in segments}) == 1, sub.nodes
+    assert size_segments(gm, split.subprograms[0]) == {}  # a part fits one segment: not split again
+
+
+def test_a_chain_of_no_product_that_no_graph_beats_is_split_and_its_parts_searched():
+    """Through ``superoptimize``: the whole chain's search finds nothing (its one-kernel form needs
+    more block ops than the search holds), so it is split by size and the parts searched; the results
+    stay float64 PyTorch's."""
+    inputs = tuple(torch.randn(4, 8) for _ in range(3)) + (torch.rand(4, 8) + 0.1,)
+    fast = mi.superoptimize(_adamw, inputs, time_limit_s=2, use_cache=False, progress=False)
+    assert len(fast.partition.subprograms) > 1 and "before a split: 16 torch ops" in fast.report()
+    for got, want in zip(fast(*inputs), _adamw(*(x.double() for x in inputs)), strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
