@@ -148,6 +148,7 @@ def split_reads(graph: KernelGraph, contexts: dict,
                 # the last dim (a broadcast inner part) also splits within a tile that starts its spans
                 # (dev::InputIterator::column_offset); never a tile read transposed
                 fits = inner % extent == 0 or (d4 == 3 and extent % inner == 0 and it.view is None)
+                fits = fits and not (d4 == 3 and it.multicast > 1)  # dev::InputIterator's BroadcastRows only
                 legal[p] = legal[p] and not it.tma and it.forloop_dim != d4 and fits
     return tuple(sorted(p for p in split if legal[p]))
 

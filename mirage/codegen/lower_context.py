@@ -108,6 +108,12 @@ class InputIteratorContext:
     # text, dev::TileEnds; "mirage::dev::kEven" elsewhere); None on even grids
     tile_ends: tuple[str, str, str, str] | None = None
 
+    @property
+    def broadcast_rows(self) -> bool:
+        """Whether its source's last dim is split over a broadcast (``KernelInput.split_last``:
+        ``dev::InputIterator``'s ``BroadcastRows``)."""
+        return self.source_split is not None and self.source_split[1][3] != 0
+
 
 @dataclass(frozen=True)
 class OutputSaverContext:

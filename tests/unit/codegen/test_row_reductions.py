@@ -228,13 +228,13 @@ def test_ragged_rows_mask_their_padding_in_reads_reductions_and_stores():
     assert "read_masked(iteration, row_loop_row, row_loop_col, kRowWidth" in element
     assert element.count("if (row_loop_col + e < kRowWidth) partial =") == 2  # the max and the sum
     assert "if (row_loop_col + e < kRowWidth) sink(" in element
-    assert ".vectorized()" not in element.split('extern "C"')[-1]  # no 16-byte path: chunks of 14
+    assert ".direct_vectors()" not in element.split('extern "C"')[-1]  # no 16-byte path: chunks of 14
     chunk = generate_cuda_program(row_softmax(rows=8, cols=2000, blocks=8, threads=128)).code
     assert "if (row_loop_col < kRowWidth) {  // chunks past the row's width" in chunk
     assert "if (row_loop_col < kRowWidth) sink.chunk(" in chunk
-    assert "in0.vectorized()" in chunk
+    assert "in0.direct_vectors()" in chunk
     vector = generate_cuda_program(row_softmax(rows=8, cols=16032, blocks=8, threads=256)).code
-    assert "groups of 8 past the row's width are padding" in vector and "in0.vectorized()" in vector
+    assert "groups of 8 past the row's width are padding" in vector and "in0.direct_vectors()" in vector
     assert "if (row_loop_col + j * 8 < kRowWidth)" in vector.split("groups of 8 past")[1]
 
 

@@ -117,8 +117,10 @@ MIRAGE_DEVICE void pipelined_forloop(int forloop_range, Body body, const Iterato
 // EvictFirst: the 16-byte copies mark their lines first to leave L2 (an L2 cache policy): a tile that
 // no other block reads (a GEMV's weight strip) streams through L2 without pushing out what is read
 // again (X, the outputs).
+// BroadcastRows: the source's last dim is split over a broadcast (its inner part of stride 0: a group
+// norm's gain over rows of channels · positions); see column_offset.
 template <class T, class L, int Stages, int NumThreads, bool Coherent = false, bool Staggered = false,
-          bool EvictFirst = false>
+          bool EvictFirst = false, bool BroadcastRows = false>
 class InputIterator {
  public:
   using Element = T;
@@ -206,7 +208,7 @@ class InputIterator {
 
   template <bool Vectors, int N>
   MIRAGE_DEVICE void read(int iteration, int row, int col, float (&out)[N]) const {
-    if (broadcast_rows()) {  // the row's elements repeat over spans: no vectors
+    if constexpr (BroadcastRows) {  // the row's elements repeat over spans: no vectors
       const T* row_start = global_ + coordinate_.at(iteration) + row_offset(row);
       if (strides_.inner[3] % N == 0 && col % N == 0) {  // N columns of one span: one element
         const float value = to_float(row_start[column_offset(col)]);
@@ -270,10 +272,13 @@ class InputIterator {
   // Element offset of column `col` of a tile: of a split last dim (a broadcast inner part, stride 0:
   // a group norm's gain over a row of channels · positions), tiles start at a span's start or lie
   // in one span (mirage.codegen.column_major.split_reads), so the split applies within the tile.
-  MIRAGE_DEVICE int64_t column_offset(int col) const { return dim_offset(strides_, 3, col); }
+  MIRAGE_DEVICE int64_t column_offset(int col) const {
+    if constexpr (BroadcastRows) return col / strides_.inner[3] * strides_.outer[3];
+    return col * strides_.stride[3];
+  }
 
   // Whether the rows repeat their elements (a split last dim): never copied or read by vectors.
-  MIRAGE_DEVICE bool broadcast_rows() const { return strides_.stride[3] == 0; }
+  static constexpr MIRAGE_DEVICE bool broadcast_rows() { return BroadcastRows; }
 
   MIRAGE_DEVICE void copy_vectorized(const T* source, T* target) const {
     constexpr int kChunksPerRow = L::cols / kVector;

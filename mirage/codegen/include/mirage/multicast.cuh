@@ -91,7 +91,7 @@ class MulticastIterator {
     if (!bulk_) {
       for (int element = thread_index(); element < L::size; element += NumThreads) {
         const int row = element / L::cols, col = element % L::cols;
-        target[L::element_offset(row, col)] = source[strided_row_offset<L>(strides_, row) + dim_offset(strides_, 3, col)];
+        target[L::element_offset(row, col)] = source[strided_row_offset<L>(strides_, row) + col * strides_.stride[3]];
       }
       if (thread_index() == 0) Barrier::arrive(full(slot));
       return;
