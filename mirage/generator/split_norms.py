@@ -104,10 +104,23 @@ def _broadcasts(shape: tuple[int, ...], rows: int, cols: int) -> bool:
     return len(shape) == 2 and shape[0] in (1, rows) and shape[1] in (1, cols)
 
 
+def one_block_bytes(reference: KernelGraph, found: RowNorm) -> int:
+    """The shared memory the search's one-block form of ``reference`` takes by its estimate (every
+    tensor its own buffer): a row of each input and op that holds one."""
+    return sum(found.cols * n.outputs[0].dtype.itemsize for n in reference.nodes
+               if n.outputs and n.outputs[0].shape[-1] == found.cols)
+
+
 def candidates(reference: KernelGraph) -> list[KernelGraph]:
-    """Split-row µGraphs for ``reference`` (none where it is no long-row norm)."""
+    """Split-row µGraphs for ``reference`` (none where it is no long-row norm): rows of
+    :data:`MIN_COLS` or more, and shorter ones whose one-block form the search cannot hold (a
+    LayerNorm with its gain and bias over rows of 8,000: 112 KB against the space's 96)."""
+    from mirage.generator.space import CONFIGS
+
     found = match(reference)
-    if found is None or found.cols < MIN_COLS or found.rows > MAX_ROWS:
+    if found is None or found.rows > MAX_ROWS:
+        return []
+    if found.cols < MIN_COLS and one_block_bytes(reference, found) <= CONFIGS["mlp"].shared_memory_bytes:
         return []
     return [split_graph(reference, found, s, t) for s in split_counts(found.cols, found.rows)
             for t in THREADS]

@@ -128,3 +128,24 @@ def test_a_layer_norm_over_one_long_row_gets_the_split_norm():
     assert [c.source for s in fast.specializations for c in s.choices.values()] == ["split rows"]
     with torch.no_grad():
         torch.testing.assert_close(fast(x).double(), norm.double()(x.double()), rtol=1e-5, atol=1e-5)
+
+
+def test_rows_too_long_for_the_searchs_one_block_form_get_the_split_norm():
+    """A spectrogram's ``nn.LayerNorm((100, 80))`` normalizes rows of 8,000: under ``MIN_COLS``, but its
+    one-block form (x, the gain, the bias and four row tiles of ops) takes 112 KB of shared memory by the
+    search's estimate, over the space's 96, so the search finds nothing; the split norm is offered, and
+    its result is PyTorch's in float64. A LayerNorm over rows of 4,096 gets none."""
+    torch = pytest.importorskip("torch")
+
+    for cols, wanted in ((4096, 0), (8000, 4)):
+        norm = torch.nn.LayerNorm(cols).half()
+        (sub,) = mi.superoptimize(norm, (torch.randn(4, cols).half(),), search=False).partition.subprograms
+        assert len(split_norms.candidates(sub.graph)) == wanted, cols
+    norm = torch.nn.LayerNorm((100, 80)).eval()
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.2), norm.bias.normal_()
+    x = torch.randn(4, 100, 80) * 3 - 2
+    fast = mi.superoptimize(norm, (x,), time_limit_s=2, progress=False, use_cache=False)
+    assert "split-row µGraph(s) float-checked" in fast.report()
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x).double(), norm.double()(x.double()), rtol=1e-5, atol=1e-5)
