@@ -465,10 +465,9 @@ class MirageModule(nn.Module):
         (before the products that start its next layer, else after its products; one of no product
         by size, ``partition.size_segments``), and search the parts; subprograms left as they were
         keep their choices.  With ``Options.split_rounds`` above 1, parts that are fruitless in turn
-        split again (a projection, then its residual and norm),
-        each round searching only its new parts; 0 splits nothing.  A split is kept only where it
-        changes the partition; then also what the split subprograms' searches gave, one line each, for
-        the report."""
+        split again (a projection, then its residual and norm), each round searching only its new
+        parts; 0 splits nothing.  A split is kept only where it changes the partition; then also what
+        the split subprograms' searches gave, one line each, for the report."""
         cuts: frozenset[str] = frozenset()
         segments: dict[str, tuple[str, int]] = {}
         notes: tuple[str, ...] = ()

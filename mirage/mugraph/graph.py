@@ -124,10 +124,10 @@ class KernelInput:
     strides: tuple[int, ...] = ()
     # dims that one stride cannot step, such as the (batch · heads) dim of a head split at batch > 1:
     # triples (dim, inner, outer), index i of that dim at (i // inner) · outer + (i % inner) · strides[dim]
-    # (:func:`split_view` gives the view of two dims that calls pass); not the last dim (nor, in the col
-    # layout, the second-to-last: the dims its rows are stored along)
-    # The last dim too, in the row-major layout, where its inner part is a broadcast (stride 0): a
-    # group norm's gain, one value a channel, read as rows of (channels of a group · positions)
+    # (:func:`split_view` gives the view of two dims that calls pass); not, in the col layout, the
+    # second-to-last (the dim its rows are stored along); the last only in the row-major layout and
+    # where its inner part is a broadcast (stride 0, ``split_last``): a group norm's gain, one value a
+    # channel, read as rows of (channels of a group · positions)
     split_strides: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
