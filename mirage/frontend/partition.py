@@ -310,16 +310,18 @@ def product_cuts(gm: fx.GraphModule, subprogram: Subprogram) -> frozenset[str]:
 
 def size_segments(gm: fx.GraphModule, subprogram: Subprogram) -> dict[str, tuple[str, int]]:
     """Where to split a subprogram of no matrix product that no µGraph beat (an element-wise chain such
-    as an AdamW step): its compute ops in program order, :data:`SIZE_CUT_OPS` a segment, each op's
-    segment (the subprogram's name and a count) by name; empty where it has a product or fits one
-    segment."""
+    as an AdamW step, or two ``log_softmax``es): its compute ops in program order, about
+    :data:`SIZE_CUT_OPS` kernel-graph ops a segment (torch ops that lower to several, a
+    ``log_softmax``'s five, count as their mean), each op's segment (the subprogram's name and a
+    count) by name; empty where it has a product or fits one segment."""
     nodes = {n.name: n for n in gm.graph.nodes}
-    if any(op in PRODUCTS for op in subprogram.ops):
+    if any(op in PRODUCTS for op in subprogram.ops) or subprogram.num_ops <= SIZE_CUT_OPS:
         return {}
     compute = [name for name in subprogram.nodes if lowering_of(nodes[name]).kind is Kind.COMPUTE]
-    if len(compute) <= SIZE_CUT_OPS:
+    per = max(1, SIZE_CUT_OPS * len(compute) // subprogram.num_ops)  # torch ops a segment
+    if len(compute) <= per:
         return {}
-    return {name: (subprogram.name, k // SIZE_CUT_OPS) for k, name in enumerate(compute)}
+    return {name: (subprogram.name, k // per) for k, name in enumerate(compute)}
 
 
 def partition(gm: fx.GraphModule, budget: Budget | None = None, cuts: frozenset[str] = frozenset(),

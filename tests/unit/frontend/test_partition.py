@@ -243,3 +243,19 @@ def test_a_chain_of_no_product_that_no_graph_beats_is_split_and_its_parts_search
     assert len(fast.partition.subprograms) > 1 and "before a split: 16 torch ops" in fast.report()
     for got, want in zip(fast(*inputs), _adamw(*(x.double() for x in inputs)), strict=True):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_ops_of_several_graph_ops_count_as_their_mean_in_a_size_split():
+    """A distillation loss's two tempered ``log_softmax``es and their difference: five torch ops but
+    eleven kernel-graph ops, split so that no part holds both ``log_softmax``es."""
+    from mirage.frontend.partition import size_segments
+
+    def two_log_softmaxes(s, t):
+        return torch.log_softmax(t / 2, -1) - torch.log_softmax(s / 2, -1)
+
+    gm, part = _partition(two_log_softmaxes, (torch.randn(4, 64), torch.randn(4, 64)))
+    (whole,) = part.subprograms
+    assert len(whole.ops) == 5 and whole.num_ops > 6
+    split = partition(gm, Budget(), frozenset(), size_segments(gm, whole))
+    assert len(split.subprograms) > 1
+    assert all(s.ops.count("log_softmax") <= 1 for s in split.subprograms)
