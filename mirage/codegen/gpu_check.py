@@ -7,7 +7,9 @@ poisoned (NaN) beforehand, so that an element no block writes shows, and compare
 
 The error of an output is normwise: ``max|gpu − reference| / max|reference|``; it must stay below
 the tolerance of the output's dtype (:data:`TOLERANCES`), and every element must be finite where the
-reference is.
+reference is. Where the reference lies beyond the dtype's range (a quotient by a value near zero), it
+rounds to an infinity: the output must hold that infinity (or the dtype's largest value) of its sign,
+and those elements are left out of the error's scale.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class OutputCheck:
     relative_error: float  # max|gpu − ref| / max|ref|
     max_abs_error: float
     reference_max: float
-    unwritten: int  # NaN or inf elements of the GPU result where the reference is finite
+    unwritten: int  # NaN or inf elements where the reference is finite in range, or wrong where it overflows
     tolerance: float
 
     @property
@@ -137,14 +139,21 @@ def compare(
     graph: KernelGraph,
     tolerances: dict[DType, float] | None = None,
 ) -> tuple[OutputCheck, ...]:
+    import torch
+
     tolerances = tolerances or TOLERANCES
     checks = []
     for k, (got, ref, t) in enumerate(zip(gpu_outputs, reference_outputs, graph.output_types, strict=True)):
         got = got.detach().double().cpu().reshape(t.shape).numpy()  # an output of split dims: their view
         ref = np.asarray(ref, dtype=np.float64)
-        finite = np.isfinite(ref)
-        bad = int(np.count_nonzero(~np.isfinite(got) & finite))
-        diff = np.where(finite & np.isfinite(got), np.abs(got - ref), 0.0)
+        largest = float(torch.finfo(t.dtype.torch()).max)
+        # beyond the dtype's range the reference rounds to an infinity: an overflow of its sign is right
+        over = np.isfinite(ref) & (np.abs(ref) > largest)
+        finite = np.isfinite(ref) & ~over
+        overflowed = over & (np.sign(got) == np.sign(ref)) & (np.abs(got) >= largest)
+        bad = int(np.count_nonzero(~np.isfinite(got) & finite) + np.count_nonzero(over & ~overflowed))
+        with np.errstate(invalid="ignore"):  # inf - inf where both overflow: left out below
+            diff = np.where(finite & np.isfinite(got), np.abs(got - ref), 0.0)
         reference_max = float(np.max(np.abs(ref[finite]), initial=0.0))
         max_abs = float(np.max(diff, initial=0.0))
         relative = max_abs / max(reference_max, 1e-30) if max_abs else 0.0

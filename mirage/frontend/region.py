@@ -32,7 +32,7 @@ from mirage.frontend.capture import PATTERN
 from mirage.mugraph import patterns
 from mirage.mugraph.builder import DTensor, declared_strides
 from mirage.mugraph.graph import dense_strides, input_layout, merged_strides, output_strides
-from mirage.mugraph.ops import Op
+from mirage.mugraph.ops import ELEMENTWISE, Op
 
 Shape = tuple[int, ...]
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -299,6 +299,7 @@ class RegionBuilder:
         self.values: dict[fx.Node, Value] = {}
         self.bindings: list[InputBinding] = []
         self._inputs: dict[InputBinding, DTensor] = {}
+        self._boundaries: dict[int, Boundary] = {}  # graph input node -> the outside tensor it holds
         self.softmax_exps: list[int] = []
         self.wide: set[fx.Node] = set()  # fx nodes whose torch dtype is wider than their graph tensor
         self.widened: dict[int, fx.Node] = {}  # graph node -> the wide fx node it was emitted for
@@ -343,6 +344,7 @@ class RegionBuilder:
                                                          name=x.node.name, pattern=_pattern(x, binding),
                                                          strides=strides)
             self.bindings.append(binding if view is None else replace(binding, view=view))
+            self._boundaries[self._inputs[binding].ref.node] = x
         return self._inputs[binding]
 
     def raw(self, x: Operand, shape: Sequence[int] | None = None) -> tuple[DTensor, bool]:
@@ -457,7 +459,7 @@ class RegionBuilder:
         targets = next((t for t in (self._targets(f, out, pairs) for f in frames) if t is not None), None)
         expanded: dict[int, Shape] = {}
         if targets is None and full:  # a computed operand holds merged dims an outside one broadcasts over
-            targets, expanded = self._expanded_targets(full[0], out, pairs)
+            targets, expanded, pairs = self._expanded_targets(full[0], out, pairs)
         if targets is None:
             raise Unlowerable(f"operands of shapes {list(sa)} and {list(sb)} are held in graph tensors that "
                               "do not broadcast")
@@ -486,24 +488,68 @@ class RegionBuilder:
             targets.append(target)
         return targets
 
-    @classmethod
-    def _expanded_targets(cls, frame: Shape, out: Shape,
-                          pairs) -> tuple[list[Shape] | None, dict[int, Shape]]:
+    def _expanded_targets(self, frame: Shape, out: Shape,
+                          pairs) -> tuple[list[Shape] | None, dict[int, Shape], tuple]:
         """Graph shapes of both operands in ``frame`` where the outside operands that do not fit it
         are expanded over the dims that a graph dim merges with others they do not broadcast over
-        (bound with ``expand``: read through stride 0 where the program can, else copied), and for
-        those, the shape they are expanded to (:func:`shapes.expanded_target`)."""
-        targets, expanded = [], {}
+        (bound with ``expand``: read through stride 0 where the program can, else copied), for
+        those the shape they are expanded to (:func:`shapes.expanded_target`), and the operands,
+        with a computed one that does not fit replaced by its recomputation in the frame
+        (:meth:`_replayed`: DiT's ``x · (1 + scale[:, None])`` in rows of (batch · tokens))."""
+        targets, expanded, operands = [], {}, list(pairs)
         for k, (x, s) in enumerate(pairs):
-            target = cls._targets(frame, out, ((x, s),))
+            target = self._targets(frame, out, ((x, s),))
             if target is not None:
                 targets.append(target[0])
             elif isinstance(x, Boundary):
                 held, expanded[k] = shapes.expanded_target(frame, out, shapes.pad(s, len(out)))
                 targets.append(held)
+            elif (again := self._replayed(x, frame, out)) is not None:
+                operands[k] = (again, s)
+                targets.append(tuple(again.tensor.dims))
             else:
-                return None, {}
-        return targets, expanded
+                return None, {}, pairs
+        return targets, expanded, tuple(operands)
+
+    def _replayed(self, x: Value, frame: Shape, out: Shape) -> Value | None:
+        """``x`` computed again in ``frame`` where it is an element-wise function of outside tensors
+        alone, each bound as the frame needs it (expanded over merged dims, read through stride 0),
+        or None. The first computation stays where other ops use it; the graph's pruning drops it
+        where none does."""
+        graph = self.builder.graph
+        chain, stack = set(), [x.tensor.ref.node]
+        while stack:
+            i = stack.pop()
+            if i in chain:
+                continue
+            chain.add(i)
+            node = graph.nodes[i]
+            if node.op is Op.INPUT:
+                if i not in self._boundaries:
+                    return None
+            elif node.op in ELEMENTWISE:
+                stack.extend(ref.node for ref in node.inputs)
+            else:
+                return None
+        again: dict[int, DTensor] = {}
+        for i in sorted(chain):
+            node = graph.nodes[i]
+            if node.op is Op.INPUT:
+                leaf = self._boundaries[i]
+                logical = shapes.pad(leaf.shape, len(out))
+                fits = self._targets(frame, out, ((leaf, logical),))
+                if fits is not None:
+                    again[i] = self.bind(leaf, fits[0])
+                else:
+                    held, expand = shapes.expanded_target(frame, out, logical)
+                    again[i] = self.bind(leaf, held, expand=expand)
+                continue
+            first = self.size
+            again[i] = self.emit("apply", node.op, [again[ref.node] for ref in node.inputs], node.attrs)
+            if i in self.widened:  # computed as narrowly as the first time
+                for j in range(first, self.size):
+                    self.widened[j] = self.widened[i]
+        return Value(again[x.tensor.ref.node], x.shape, x.reciprocal)
 
     def add(self, a: Operand, b: Operand, sign: float = 1.0) -> Value:
         def combine(ta, ra, tb, rb):

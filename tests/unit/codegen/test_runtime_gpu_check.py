@@ -94,3 +94,39 @@ def test_a_failed_check_says_whether_outputs_were_non_finite():
     assert [r.failure() for r in results][0] == ""
     assert results[1].unwritten == 32 and "32 output element(s) NaN or inf" in results[1].failure()
     assert results[2].failure().startswith("relative error 0.05")
+
+
+def quotient_graph() -> mi.KernelGraph:
+    g = mi.new_kernel_graph("quotient")
+    a = g.new_input(dims=(4, 32), dtype=mi.float16)
+    b = g.new_input(dims=(4, 32), dtype=mi.float16)
+    g.mark_output(g.div(a, b))
+    return g.freeze()
+
+
+@pytest.mark.parametrize(
+    "overflow, passed",
+    [
+        (lambda ref: torch.sign(ref) * float("inf"), True),  # the reference rounded to float16
+        (lambda ref: torch.sign(ref) * 65504.0, True),  # the largest float16, its sign kept
+        (lambda ref: -torch.sign(ref) * float("inf"), False),  # the wrong sign
+        (lambda ref: torch.full_like(ref, float("nan")), False),  # never written
+        (lambda ref: torch.sign(ref) * 1000.0, False),  # finite, far off
+    ],
+)
+def test_elements_beyond_the_dtype_range_must_overflow_with_their_sign(overflow, passed):
+    """A quotient by a value near zero lies beyond float16 in float64: the GPU's infinity there is the
+    rounded reference, not an error, and those elements leave the error's scale."""
+    graph = quotient_graph()
+    a = torch.tensor([[3.0, -2.0] * 16] * 4, dtype=torch.float16)
+    b = torch.full((4, 32), 0.5, dtype=torch.float16)
+    b[1, :2] = 1e-5  # 3 / 1e-5 and -2 / 1e-5 overflow float16
+    (reference,) = mi.interpret(graph, [a, b])
+    got = torch.from_numpy(reference).half()
+    over = torch.from_numpy(np.abs(reference) > 65504)
+    assert int(over.sum()) == 2
+    got = torch.where(over, overflow(torch.from_numpy(reference)).half(), got)
+    (check,) = compare([got], [reference], graph)
+    assert check.passed is passed
+    assert check.reference_max == 6.0  # 3 / 0.5: the overflowing quotients are left out
+    assert check.unwritten == (0 if passed else 2)

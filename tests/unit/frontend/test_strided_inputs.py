@@ -11,6 +11,7 @@ import mirage as mi
 from benchmarks.unseen import BertSelfAttention, ViTAttention
 from mirage.errors import GraphError
 from mirage.frontend import capture, partition
+from mirage.frontend.capture import as_module
 
 
 def _attention_inputs(sub):
@@ -286,3 +287,37 @@ def test_a_key_padding_mask_broadcast_over_heads_is_a_split_view(gpu_like):
     with torch.no_grad():
         want = copy.deepcopy(model).double()(*(x.double() for x in xs))
         torch.testing.assert_close(fast(*xs).double(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("computed", [True, False])
+def test_a_modulation_over_the_tokens_is_held_in_rows_of_batch_and_tokens(gpu_like, computed):
+    """DiT's adaLN: ``norm(x) · (1 + scale[:, None]) + shift[:, None]``, shift and scale one row a batch
+    index. The norm's rows merge batch and tokens, over which ``1 + scale`` broadcasts in part: that
+    sum is computed again from scale read through a split rows' dim (tokens stride 0), so the region
+    stays in the flat frame of (batch · tokens) rows, one graph for the search, no copy."""
+    from benchmarks.unseen_models import DiTModulate
+
+    def modulate(x, shift, scale):
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=1e-6)
+        return h * (1 + scale[:, None]) + shift[:, None] if computed else h * scale[:, None] + shift[:, None]
+
+    x, c = torch.randn(2, 64, 384), torch.randn(2, 384)
+    shift, scale = torch.randn(2, 384), torch.randn(2, 384)
+    (sub,) = partition(capture(as_module(modulate), (x, shift, scale), {})).subprograms
+    assert all(n.outputs[0].shape[0] == 128 for n in sub.graph.nodes)  # rows of batch · tokens
+    declared = [sub.graph.nodes[i].attrs for i in sub.graph.input_nodes if sub.graph.nodes[i].attrs.strides]
+    assert [(a.strides, a.split_strides) for a in declared] == [((0, 1), (0, 64, 384))] * 2
+    fast = mi.superoptimize(modulate, (x, shift, scale), search=False, use_cache=False, progress=False)
+    want = modulate(x.double(), shift.double(), scale.double())
+    torch.testing.assert_close(fast(x, shift, scale).double(), want, rtol=1e-4, atol=1e-4)
+    assert "kept copies" not in fast.report()
+
+    model = DiTModulate().eval()  # the same through a module's projection: its chunks are rows 768 apart
+    subs = partition(capture(model, (x, c), {})).subprograms
+    assert {n.outputs[0].shape[0] for n in subs[-1].graph.nodes} == {128}
+    assert {subs[-1].graph.nodes[i].attrs.split_strides for i in subs[-1].graph.input_nodes} == {
+        (), (0, 64, 768)}
+    fast = mi.superoptimize(model, (x, c), search=False, use_cache=False, progress=False)
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(x.double(), c.double())
+        torch.testing.assert_close(fast(x, c).double(), want, rtol=1e-4, atol=1e-4)

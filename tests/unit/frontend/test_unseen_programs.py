@@ -11,7 +11,8 @@ import mirage as mi
 from benchmarks.unseen import PROGRAMS
 from tests.unit.frontend.frontend_calls import float64_calls
 
-LARGE = {"long_causal_attention", "wide_head_attention", "decode_attention"}  # minutes in float64
+LARGE = {"long_causal_attention", "wide_head_attention", "decode_attention",  # minutes in float64
+         "sd15_self_attention"}  # a minute (16 heads of 4,096 tokens); sd15_cross_attention stays
 
 
 @pytest.mark.parametrize("name", sorted(set(PROGRAMS) - LARGE))
