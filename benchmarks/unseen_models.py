@@ -312,6 +312,34 @@ class CumulativeLayerNorm(nn.Module):
         return (x - cum_mean.unsqueeze(1)) / cum_std.unsqueeze(1) * self.gain + self.bias
 
 
+class RMSpropStep(nn.Module):
+    """RMSprop with momentum written out element-wise (Keras' defaults): the mean square (a positive
+    buffer), the step scaled by its root, the momentum buffer; three outputs."""
+
+    def __init__(self, shape=(512, 1024), lr: float = 1e-3, alpha: float = 0.9, eps: float = 1e-7,
+                 momentum: float = 0.9):
+        super().__init__()
+        self.lr, self.alpha, self.eps, self.momentum = lr, alpha, eps, momentum
+        self.register_buffer("square", torch.rand(shape, generator=torch.Generator().manual_seed(0)) + 0.1)
+
+    def forward(self, p, g, buf):
+        square = self.alpha * self.square + (1 - self.alpha) * g * g
+        buf = self.momentum * buf + g / (torch.sqrt(square) + self.eps)
+        return p - self.lr * buf, square, buf
+
+
+class SnakeActivation(nn.Module):
+    """BigVGAN's Snake activation, ``x + sin²(αx) / α`` with a learned α a channel, on (batch, channels,
+    frames) activations: α broadcasts over the batch and the frames."""
+
+    def __init__(self, channels: int = 256):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.rand(1, channels, 1) + 0.5)
+
+    def forward(self, x):
+        return x + torch.sin(self.alpha * x) ** 2 / (self.alpha + 1e-9)
+
+
 MODEL_PROGRAMS = {
     "gemma_mlp": (GemmaMLP, [(16, 512)]),
     "gemma_rms_norm": (GemmaRMSNorm, [(1, 64, 2048)]),
@@ -327,4 +355,6 @@ MODEL_PROGRAMS = {
     "adamw_step": (AdamWStep, [(256, 1024)] * 3),  # three outputs
     "min_p_filter": (MinPFilter, [(8, 32000)]),  # amax and masked_fill
     "cumulative_layer_norm": (CumulativeLayerNorm, [(2, 128, 64)]),  # cumsum
+    "rmsprop_step": (RMSpropStep, [(512, 1024)] * 3),  # element-wise, three outputs
+    "snake_activation": (SnakeActivation, [(4, 256, 512)]),  # α a channel, over batch and frames
 }

@@ -60,7 +60,7 @@ class Choice:
     """The µGraph chosen for one subprogram, and where it came from."""
 
     graph: KernelGraph
-    source: str  # "search": searched now; "cache": from disk; "reference": fallback, no search
+    source: str  # "search", "split rows", "element-wise" (generated), "candidate", "cache", "reference"
     key: str
     detail: str
     seconds: float = 0.0
@@ -230,6 +230,9 @@ def cache_key(reference: KernelGraph, settings: SearchSettings) -> str:
     templates = split_row_candidates(reference)
     if templates:  # what the choice is made among besides the search's (a key of its own)
         document["split_rows"] = [content_hash(g) for g in templates]
+    chains = elementwise_candidates(reference)
+    if chains:
+        document["elementwise"] = [content_hash(g) for g in chains]
     text = json.dumps(document, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -243,6 +246,17 @@ def split_row_candidates(reference: KernelGraph) -> list[KernelGraph]:
     except ImportError:
         return []
     return split_rows.candidates(reference) + split_norms.candidates(reference)
+
+
+def elementwise_candidates(reference: KernelGraph) -> list[KernelGraph]:
+    """One-kernel µGraphs for an element-wise reference of any length
+    (:mod:`mirage.generator.elementwise`: AdamW's step, beyond what the search's spaces hold); none
+    where the generator is not installed."""
+    try:
+        from mirage.generator import elementwise
+    except ImportError:
+        return []
+    return elementwise.candidates(reference)
 
 
 @functools.cache
@@ -604,7 +618,9 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
                           build=entry.get("build"))
     start = time.perf_counter()
     given = verified_candidates(reference, candidates)
-    templates = verified_candidates(reference, split_row_candidates(reference)) if search else []
+    split = verified_candidates(reference, split_row_candidates(reference)) if search else []
+    chains = verified_candidates(reference, elementwise_candidates(reference)) if search else []
+    templates = split + chains
     if not search and not given:
         return Choice(reference, "reference", key, "search disabled (search=False)")
     found, note, graphs = None, "search disabled (search=False)", []
@@ -639,8 +655,10 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
             if not given and not templates:
                 return Choice(reference, "reference", key, f"fallback: search failed: {reason}")
             note = f"search failed: {reason}"
-    if templates:
-        note = f"{note}; {len(templates)} split-row µGraph(s) float-checked"
+    if split:
+        note = f"{note}; {len(split)} split-row µGraph(s) float-checked"
+    if chains:
+        note = f"{note}; {len(chains)} one-kernel element-wise µGraph(s) verified"
     if given:
         note = f"{note}; {len(given)} of {len(candidates)} given candidate(s) verified"
     if given or templates:
@@ -682,7 +700,8 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
         choice = Choice(reference, "reference", key, f"search found nothing better ({note})", seconds)
     else:
         source = ("candidate" if any(found is g for g in given)
-                  else "split rows" if any(found is g for g in templates) else "search")
+                  else "split rows" if any(found is g for g in split)
+                  else "element-wise" if any(found is g for g in chains) else "search")
         choice = Choice(_rename(found, reference), source, key, note, seconds, build)
     if cache_dir is not None:
         _write_entry_or_warn(cache_dir, key, reference, choice, settings)
