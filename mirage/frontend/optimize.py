@@ -60,7 +60,7 @@ class Choice:
     """The µGraph chosen for one subprogram, and where it came from."""
 
     graph: KernelGraph
-    source: str  # "search", "split rows", "element-wise" (generated), "candidate", "cache", "reference"
+    source: str  # "search", "split rows", "row-wise" (generated), "candidate", "cache", "reference"
     key: str
     detail: str
     seconds: float = 0.0
@@ -230,9 +230,9 @@ def cache_key(reference: KernelGraph, settings: SearchSettings) -> str:
     templates = split_row_candidates(reference)
     if templates:  # what the choice is made among besides the search's (a key of its own)
         document["split_rows"] = [content_hash(g) for g in templates]
-    chains = elementwise_candidates(reference)
+    chains = rowwise_candidates(reference)
     if chains:
-        document["elementwise"] = [content_hash(g) for g in chains]
+        document["rowwise"] = [content_hash(g) for g in chains]
     text = json.dumps(document, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -248,15 +248,15 @@ def split_row_candidates(reference: KernelGraph) -> list[KernelGraph]:
     return split_rows.candidates(reference) + split_norms.candidates(reference)
 
 
-def elementwise_candidates(reference: KernelGraph) -> list[KernelGraph]:
-    """One-kernel µGraphs for an element-wise reference of any length
-    (:mod:`mirage.generator.elementwise`: AdamW's step, beyond what the search's spaces hold); none
+def rowwise_candidates(reference: KernelGraph) -> list[KernelGraph]:
+    """One-kernel µGraphs for a row-wise reference of any length (:mod:`mirage.generator.rowwise`:
+    AdamW's step, two log_softmaxes and their difference, beyond what the search's spaces hold); none
     where the generator is not installed."""
     try:
-        from mirage.generator import elementwise
+        from mirage.generator import rowwise
     except ImportError:
         return []
-    return elementwise.candidates(reference)
+    return rowwise.candidates(reference)
 
 
 @functools.cache
@@ -619,7 +619,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     start = time.perf_counter()
     given = verified_candidates(reference, candidates)
     split = verified_candidates(reference, split_row_candidates(reference)) if search else []
-    chains = verified_candidates(reference, elementwise_candidates(reference)) if search else []
+    chains = verified_candidates(reference, rowwise_candidates(reference)) if search else []
     templates = split + chains
     if not search and not given:
         return Choice(reference, "reference", key, "search disabled (search=False)")
@@ -658,7 +658,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     if split:
         note = f"{note}; {len(split)} split-row µGraph(s) float-checked"
     if chains:
-        note = f"{note}; {len(chains)} one-kernel element-wise µGraph(s) verified"
+        note = f"{note}; {len(chains)} one-kernel row-wise µGraph(s) verified"
     if given:
         note = f"{note}; {len(given)} of {len(candidates)} given candidate(s) verified"
     if given or templates:
@@ -701,7 +701,7 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     else:
         source = ("candidate" if any(found is g for g in given)
                   else "split rows" if any(found is g for g in split)
-                  else "element-wise" if any(found is g for g in chains) else "search")
+                  else "row-wise" if any(found is g for g in chains) else "search")
         choice = Choice(_rename(found, reference), source, key, note, seconds, build)
     if cache_dir is not None:
         _write_entry_or_warn(cache_dir, key, reference, choice, settings)

@@ -194,7 +194,7 @@ def test_missing_search_falls_back_to_the_reference_and_caches_nothing(monkeypat
         raise SearchUnavailable("mirage.generator offers no search (test)")
 
     monkeypatch.setattr(optimize, "run_search", unavailable)
-    monkeypatch.setattr(optimize, "elementwise_candidates", lambda reference: [])  # nor a generated one
+    monkeypatch.setattr(optimize, "rowwise_candidates", lambda reference: [])  # nor a generated one
     fast = mi.superoptimize(program, INPUTS)
     choice = fast.specializations[0].choices["sp0"]
     assert choice.source == "reference" and choice.detail.startswith("fallback:")
@@ -363,7 +363,7 @@ def test_a_fruitless_search_leaves_the_subprogram_in_pytorch(monkeypatch, isolat
         return None, "0 verified µGraph(s); search stopped: test", [], False
 
     monkeypatch.setattr(optimize, "run_search", finds_nothing)
-    monkeypatch.setattr(optimize, "elementwise_candidates", lambda reference: [])  # nor a generated one
+    monkeypatch.setattr(optimize, "rowwise_candidates", lambda reference: [])  # nor a generated one
     fast = mi.superoptimize(program, INPUTS)
     spec = fast.specializations[0]
     assert spec.choices["sp0"].source == "reference"

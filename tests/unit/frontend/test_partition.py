@@ -235,12 +235,12 @@ def test_a_chain_of_no_product_splits_by_size_and_its_parts_stay_apart():
 
 
 def _centred_step(p, g, m, v):
-    """An optimizer step whose update is centred a row: 15 graph ops, one of them a row sum (so no
-    one-kernel element-wise µGraph, mirage.generator.elementwise, takes it whole)."""
+    """An optimizer step whose update is centred a column: 15 graph ops, one of them a column sum (so
+    no one-kernel row-wise µGraph, mirage.generator.rowwise, takes it whole)."""
     m = 0.9 * m + 0.1 * g
     v = 0.999 * v + 0.001 * g * g
     u = m / (torch.sqrt(v) + 1e-8)
-    return p - 1e-3 * (u - u.mean(-1, keepdim=True)), m, v
+    return p - 1e-3 * (u - u.mean(0, keepdim=True)), m, v
 
 
 def test_a_chain_of_no_product_that_no_graph_beats_is_split_and_its_parts_searched():
@@ -256,11 +256,11 @@ def test_a_chain_of_no_product_that_no_graph_beats_is_split_and_its_parts_search
 
 def test_an_element_wise_chain_too_long_for_the_search_is_one_generated_kernel():
     """AdamW's step whole: its search finds nothing, its one-kernel element-wise µGraph
-    (mirage.generator.elementwise) runs instead of a split into parts."""
+    (mirage.generator.rowwise) runs instead of a split into parts."""
     inputs = tuple(torch.randn(4, 8) for _ in range(3)) + (torch.rand(4, 8) + 0.1,)
     fast = mi.superoptimize(_adamw, inputs, time_limit_s=1, use_cache=False, progress=False)
     assert len(fast.partition.subprograms) == 1 and "before a split" not in fast.report()
-    assert [c.source for c in fast.specializations[0].choices.values()] == ["element-wise"]
+    assert [c.source for c in fast.specializations[0].choices.values()] == ["row-wise"]
     for got, want in zip(fast(*inputs), _adamw(*(x.double() for x in inputs)), strict=True):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 

@@ -1,4 +1,4 @@
-"""One-kernel element-wise µGraphs (mirage.generator.elementwise) on a GPU: every candidate of a chain
+"""One-kernel element-wise µGraphs (mirage.generator.rowwise) on a GPU: every candidate of a chain
 with row and column broadcasts passes the float check at short, long and single rows; AdamW's step
 through ``mi.superoptimize`` runs as one kernel and matches float64."""
 
@@ -15,15 +15,15 @@ import mirage as mi  # noqa: E402
 from mirage.codegen.gpu_check import check_on_gpu  # noqa: E402
 from mirage.codegen.lower_program import generate_cuda_program  # noqa: E402
 from mirage.codegen.runtime import build_many  # noqa: E402
-from mirage.generator import elementwise  # noqa: E402
-from tests.unit.generator.test_elementwise import adamw_reference, modulated  # noqa: E402
+from mirage.generator import rowwise  # noqa: E402
+from tests.unit.generator.test_rowwise import adamw_reference, modulated  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("shape", [(64, 512), (256, 1024), (8, 32000), (1, 4096), (3, 1000)])
 def test_every_candidate_passes_the_float_check(shape):
-    graphs = elementwise.candidates(modulated(*shape))
+    graphs = rowwise.candidates(modulated(*shape))
     for graph, program in zip(graphs, build_many([generate_cuda_program(g, None) for g in graphs]),
                               strict=True):
         result = check_on_gpu(graph, program.with_poison())
@@ -31,7 +31,7 @@ def test_every_candidate_passes_the_float_check(shape):
 
 
 def test_adamw_candidates_pass_the_float_check():
-    graphs = elementwise.candidates(adamw_reference())
+    graphs = rowwise.candidates(adamw_reference())
     for graph, program in zip(graphs, build_many([generate_cuda_program(g, None) for g in graphs]),
                               strict=True):
         assert check_on_gpu(graph, program.with_poison()).passed
@@ -47,7 +47,7 @@ def test_adamw_runs_as_one_kernel_and_matches_float64():
     (spec,) = fast.specializations
     assert len(spec.partition.subprograms) == 1, fast.report()
     (choice,) = spec.choices.values()
-    assert choice.source in ("element-wise", "search") and choice.build is not None, fast.report()
+    assert choice.source in ("row-wise", "search") and choice.build is not None, fast.report()
     want = copy.deepcopy(model).double()(*(x.double() for x in inputs))
     for got, expected in zip(fast(*inputs), want, strict=True):
         assert float((got.double() - expected).abs().max() / expected.abs().max()) < 2e-3

@@ -1,6 +1,7 @@
-"""One-kernel element-wise µGraphs (mirage.generator.elementwise): they compute the reference (float64
-interpretation), take the rows' and columns' broadcasts of their inputs, compile for sm_90a without
-local memory, and reach ``mi.superoptimize`` for AdamW's sixteen ops as one kernel."""
+"""One-kernel row-wise µGraphs (mirage.generator.rowwise): they compute the reference (float64
+interpretation), take the rows' and columns' broadcasts of their inputs and the rows' reductions,
+compile for sm_90a without local memory, and reach ``mi.superoptimize`` for AdamW's sixteen ops and a
+distillation loss's two log_softmaxes as one kernel each."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import mirage as mi
-from mirage.generator import elementwise
+from mirage.generator import rowwise
 from mirage.mugraph.interpret import interpret
 from mirage.mugraph.ops import Op
 
@@ -35,7 +36,7 @@ def _inputs(graph, seed: int = 0):
 @pytest.mark.parametrize("shape", [(64, 512), (256, 1024), (8, 32000), (1, 4096)])
 def test_candidates_compute_the_reference_with_its_broadcasts(shape):
     reference = modulated(*shape)
-    graphs = elementwise.candidates(reference)
+    graphs = rowwise.candidates(reference)
     assert graphs
     inputs = _inputs(reference)
     want = interpret(reference, inputs)
@@ -48,24 +49,68 @@ def test_candidates_compute_the_reference_with_its_broadcasts(shape):
 
 
 def test_grids_take_rows_and_split_long_or_few_rows():
-    grids = lambda shape: [g.block_graphs()[0].grid_dim for g in elementwise.candidates(modulated(*shape))]  # noqa: E731
+    grids = lambda shape: [g.block_graphs()[0].grid_dim for g in rowwise.candidates(modulated(*shape))]  # noqa: E731
     assert grids((256, 1024)) == [(256, 1, 1), (128, 1, 1)]
     assert grids((64, 512)) == [(64, 2, 1)]  # 64 blocks of a row: halves of rows, 128 blocks
     assert grids((8, 32000)) == [(8, 32, 1), (4, 32, 1)]  # slices of 1,000 columns: 256 blocks
-    assert elementwise.column_splits(1, 4096) == 16  # one row: slices of 256
+    assert rowwise.column_splits(1, 4096) == 16  # one row: slices of 256
 
 
-def test_what_is_not_element_wise_gets_none():
+def two_log_softmaxes(rows: int = 32, cols: int = 1000):
+    """A distillation loss's tempered log_softmaxes of two logits and their difference, as lowered."""
+    g = mi.new_kernel_graph("distill")
+    s, t = g.new_input((rows, cols), mi.float16), g.new_input((rows, cols), mi.float16)
+
+    def log_softmax(x):
+        x = g.mul_scalar(x, 0.5)
+        return g.sub(x, g.log(g.reduction(g.exp(x), 1)))
+
+    g.mark_output(g.sub(log_softmax(t), log_softmax(s)))
+    return g.freeze()
+
+
+def test_rows_reduced_whole_give_one_block_rows_and_compute_the_reference():
+    reference = two_log_softmaxes()
+    found = rowwise.match(reference)
+    assert found.whole_rows and (found.rows, found.cols) == (32, 1000)
+    graphs = rowwise.candidates(reference)
+    assert [g.block_graphs()[0].grid_dim for g in graphs] == [(32, 1, 1)]
+    assert graphs[0].block_graphs()[0].block_dim == (128, 1, 1)
+    inputs = _inputs(reference)
+    np.testing.assert_allclose(interpret(graphs[0], inputs)[0], interpret(reference, inputs)[0],
+                               rtol=1e-9, atol=1e-9)
+    from mirage.optimizer.softmax import unstable_exps
+
+    assert unstable_exps(graphs[0]) == 0  # the rewrite stabilises both exps in the block
+
+
+def test_a_norm_with_an_output_a_row_takes_whole_rows():
     g = mi.new_kernel_graph()
-    x = g.new_input((8, 64), mi.float16)
-    g.mark_output(g.exp(g.reduction(x, 1)))  # a reduction
-    assert elementwise.candidates(g.freeze()) == []
-    g = mi.new_kernel_graph()
-    g.mark_output(g.exp(g.new_input((8, 64), mi.float16)))  # one op: the search's
-    assert elementwise.candidates(g.freeze()) == []
+    x, gain = g.new_input((64, 4096), mi.float16), g.new_input((1, 4096), mi.float16)
+    g.mark_output(g.silu(g.mul(g.rms_norm(x, eps=1e-6), gain)))
+    g.mark_output(g.reduction(g.square(x), 1))  # (64, 1)
+    (graph,) = rowwise.candidates(g.freeze())
+    assert graph.block_graphs()[0].grid_dim == (64, 1, 1) and graph.block_graphs()[0].block_dim == (512, 1, 1)
+    inputs = _inputs(g.freeze())
+    for got, want in zip(interpret(graph, inputs), interpret(g.freeze(), inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_what_is_not_row_wise_gets_none():
+    def none_for(build) -> bool:
+        g = mi.new_kernel_graph()
+        g.mark_output(build(g, g.new_input((8, 64), mi.float16)))
+        return rowwise.candidates(g.freeze()) == []
+
+    assert none_for(lambda g, x: g.exp(g.reduction(x, 0)))  # a column's sum
+    assert none_for(lambda g, x: g.exp(x))  # one op: the search's
+    assert none_for(lambda g, x: g.exp(g.matmul(x, g.new_input((64, 8), mi.float16))))  # a product
     g = mi.new_kernel_graph()
     g.mark_output(g.exp(g.silu(g.new_input((2, 8, 64), mi.float16))))  # 3-D
-    assert elementwise.candidates(g.freeze()) == []
+    assert rowwise.candidates(g.freeze()) == []
+    g = mi.new_kernel_graph()
+    g.mark_output(g.silu(g.exp(g.reduction(g.new_input((8, 9000), mi.float16), 1))))  # rows too long
+    assert rowwise.candidates(g.freeze()) == []
 
 
 def test_the_generated_kernel_compiles_for_sm90a_without_local_memory():
@@ -78,7 +123,7 @@ def test_the_generated_kernel_compiles_for_sm90a_without_local_memory():
         find_nvcc()
     except ToolchainError:
         pytest.skip("nvcc is not installed")
-    graphs = elementwise.candidates(adamw_reference())[:1] + elementwise.candidates(modulated(8, 32000))[:1]
+    graphs = rowwise.candidates(adamw_reference())[:1] + rowwise.candidates(modulated(8, 32000))[:1]
     programs = [generate_cuda_program(g, 90) for g in graphs]
     results = compile_sources([p.code for p in programs], CompileOptions(target=TARGETS["H100"]),
                               dumps={Stage.SASS})
@@ -109,7 +154,7 @@ def test_adamw_runs_as_one_element_wise_kernel_through_superoptimize():
     fast = mi.superoptimize(model, inputs, time_limit_s=1, progress=False, use_cache=False)
     (spec,) = fast.specializations
     (choice,) = spec.choices.values()
-    assert choice.source == "element-wise" and "one-kernel element-wise µGraph(s) verified" in fast.report()
+    assert choice.source == "row-wise" and "one-kernel row-wise µGraph(s) verified" in fast.report()
     assert sum(n.op is Op.CUSTOMIZED for n in choice.graph.nodes) == 1
     want = copy.deepcopy(model).double()(*(x.double() for x in inputs))
     for got, expected in zip(fast(*inputs), want, strict=True):
