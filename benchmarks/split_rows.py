@@ -48,7 +48,8 @@ def reference(rows: int, cols: int, log_softmax: bool) -> mi.KernelGraph:
 
 def split(rows: int, cols: int, log_softmax: bool, splits: int, threads: int) -> mi.KernelGraph:
     """The split-row µGraph that the frontend proposes (:func:`mirage.generator.split_rows.split_graph`)."""
-    return split_rows.split_graph(split_rows.match(reference(rows, cols, log_softmax)), splits, threads)
+    graph = reference(rows, cols, log_softmax)
+    return split_rows.split_graph(graph, split_rows.match(graph), splits, threads)
 
 
 def whole(rows: int, cols: int, log_softmax: bool, threads: int) -> mi.KernelGraph:

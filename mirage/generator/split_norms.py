@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 import mirage as mi
-from mirage.generator.split_rows import MAX_ROWS, MIN_COLS, THREADS, split_counts
+from mirage.generator.split_rows import MAX_ROWS, MIN_COLS, THREADS, TILE_MAPS, broadcasts, split_counts
 from mirage.mugraph.graph import KernelGraph
 from mirage.mugraph.ops import BINARY, UNARY, Op
 
@@ -95,13 +95,9 @@ def match(reference: KernelGraph) -> RowNorm | None:
         made.add(i)
     if reference.outputs[0].node != (tail[-1] if tail else norm):
         return None
-    if any(not _broadcasts(nodes[i].outputs[0].shape, rows, cols) for i in reference.input_nodes):
+    if any(not broadcasts(nodes[i].outputs[0].shape, rows, cols) for i in reference.input_nodes):
         return None
     return RowNorm(rows, cols, x_type.dtype, x, centered, float(nodes[norm].attrs.eps), norm, tail)
-
-
-def _broadcasts(shape: tuple[int, ...], rows: int, cols: int) -> bool:
-    return len(shape) == 2 and shape[0] in (1, rows) and shape[1] in (1, cols)
 
 
 def one_block_bytes(reference: KernelGraph, found: RowNorm) -> int:
@@ -124,10 +120,6 @@ def candidates(reference: KernelGraph) -> list[KernelGraph]:
         return []
     return [split_graph(reference, found, s, t) for s in split_counts(found.cols, found.rows)
             for t in THREADS]
-
-
-_MAPS = {(True, True): (0, 1, -1), (True, False): (0, -1, -1), (False, True): (-1, 1, -1),
-         (False, False): (-1, -1, -1)}  # a tile's input map by (one a row, one a column)
 
 
 def split_graph(reference: KernelGraph, found: RowNorm, splits: int, threads: int) -> KernelGraph:
@@ -167,7 +159,7 @@ def split_graph(reference: KernelGraph, found: RowNorm, splits: int, threads: in
         for ref in node.inputs:
             if ref.node not in tiles:  # an input of the reference: its tile, once
                 rows, cols = reference.nodes[ref.node].outputs[0].shape
-                tiles[ref.node] = t2.new_input(inputs[ref.node], input_map=_MAPS[rows > 1, cols > 1])
+                tiles[ref.node] = t2.new_input(inputs[ref.node], input_map=TILE_MAPS[rows > 1, cols > 1])
                 read.append(inputs[ref.node])
             operands.append(tiles[ref.node])
         tiles[i] = t2.apply(node.op, operands, node.attrs)

@@ -1,7 +1,8 @@
 """Split-row µGraphs for ``log_softmax``, ``logsumexp`` and ``softmax`` over long rows of few rows.
 
 A sampler's next-token step takes ``log_softmax(logits / t)`` (or ``softmax``) over a vocabulary: 8
-rows of 32,000, or 4 of Llama 3's 128,256.  A µGraph of one block a row leaves all but 8 of an H100's
+rows of 32,000, or 4 of Llama 3's 128,256, often with a mask (min-p, top-k: 0 or −inf a token) or a
+bias added to the logits first.  A µGraph of one block a row leaves all but 8 of an H100's
 132 SMs idle, and the row may not fit a block's shared memory at all; the search's ``mlp`` space holds
 one graph-defined op, so it finds nothing else.  What such rows take is the split reduction that
 FlashDecoding gives attention's keys (:mod:`mirage.generator.flash_decoding`), written for a row:
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 
 import mirage as mi
 from mirage.mugraph.graph import KernelGraph, Node
-from mirage.mugraph.ops import UNARY, Op
+from mirage.mugraph.ops import BINARY, UNARY, Op
 from mirage.mugraph.target import DEFAULT_TARGET
 
 MIN_COLS = 8192  # rows at least this long: shorter ones fit one block a row well
@@ -63,48 +64,66 @@ FORMS = {(Op.EXP, Op.REDUCTION, Op.LOG): LOGSUMEXP, (Op.EXP, Op.REDUCTION, Op.LO
 @dataclass(frozen=True)
 class RowLogSumExp:
     """A reference that is ``log Σ exp(f(x))`` over the last dim of a 2-D ``x`` (``f``: a chain of
-    unary element-wise ops), ``f(x)`` less it (log_softmax), or ``exp(f(x)) / Σ exp(f(x))``."""
+    element-wise ops, unary or with another input, a mask or a bias added to the logits), ``f(x)``
+    less it (log_softmax), or ``exp(f(x)) / Σ exp(f(x))``."""
 
     rows: int
     cols: int
     dtype: object
-    chain: tuple[Node, ...]  # f, in order
+    chain: tuple[Node, ...]  # f, in order: each takes the one before it (or inputs) and inputs
     form: str  # LOGSUMEXP, LOG_SOFTMAX or SOFTMAX
+    x: int = 0  # the input node f starts from, where the chain is empty
+    chain_nodes: tuple[int, ...] = ()  # the chain's node indices
 
     @property
     def log_softmax(self) -> bool:
         return self.form == LOG_SOFTMAX
 
 
+def broadcasts(shape: tuple[int, ...], rows: int, cols: int) -> bool:
+    """Whether a tensor of ``shape`` is (rows, cols) or broadcast from a row or a column of it."""
+    return len(shape) == 2 and shape[0] in (1, rows) and shape[1] in (1, cols)
+
+
 def match(reference: KernelGraph) -> RowLogSumExp | None:
     """The pattern of ``reference``, or None."""
     nodes = reference.nodes
-    inputs = reference.input_nodes
-    if len(inputs) != 1 or len(reference.outputs) != 1:
+    inputs = set(reference.input_nodes)
+    if not inputs or len(reference.outputs) != 1:
         return None
-    x_type = nodes[inputs[0]].outputs[0]
-    if x_type.rank != 2:
+    body = [i for i in range(len(nodes)) if i not in inputs]
+    exp = next((i for i in body if nodes[i].op is Op.EXP), None)
+    if exp is None:
         return None
-    chain, at = [], inputs[0]
-    for i in range(inputs[0] + 1, len(nodes)):
+    chain = [i for i in body if i < exp]
+    at = nodes[exp].inputs[0].node
+    for k, i in enumerate(chain):  # a path: each node takes the one before it, and inputs besides
         node = nodes[i]
-        if node.op is Op.EXP or node.op not in UNARY or node.op is Op.LOG or node.inputs[0].node != at:
-            break
-        chain.append(node)
-        at = i
-    rest = list(nodes[at + 1:])
-    form = FORMS.get(tuple(n.op for n in rest))
+        operands = [r.node for r in node.inputs]
+        if node.op not in UNARY | BINARY or node.op in (Op.EXP, Op.LOG):
+            return None
+        before = chain[k - 1] if k else None
+        if any(o != before and o not in inputs for o in operands) or (k and before not in operands):
+            return None
+    if chain and at != chain[-1] or not chain and at not in inputs:
+        return None
+    x_type = nodes[at].outputs[0]
+    if x_type.rank != 2 or any(not broadcasts(nodes[i].outputs[0].shape, *x_type.shape) for i in inputs):
+        return None
+    rest = [i for i in body if i > at]
+    form = FORMS.get(tuple(nodes[i].op for i in rest))
     if form is None:
         return None
-    first = at + 1  # the exp; then the row sum, then the log or the division
-    exp, reduction, last = rest[:3]
-    chained = (exp.inputs[0].node == at and reduction.inputs[0].node == first and reduction.attrs.dim == 1
-               and [r.node for r in last.inputs] == ([first + 1] if form != SOFTMAX else [first, first + 1]))
+    exp_, reduction, last = (nodes[i] for i in rest[:3])
+    first = rest[0]
+    chained = (first == exp and reduction.inputs[0].node == first and reduction.attrs.dim == 1
+               and [r.node for r in last.inputs] == ([rest[1]] if form != SOFTMAX else [first, rest[1]]))
     if form == LOG_SOFTMAX:
-        chained = chained and [r.node for r in rest[3].inputs] == [at, first + 2]
-    if not chained or reference.outputs[0].node != len(nodes) - 1:
+        chained = chained and [r.node for r in nodes[rest[3]].inputs] == [at, rest[2]]
+    if not chained or reference.outputs[0].node != rest[-1]:
         return None
-    return RowLogSumExp(x_type.shape[0], x_type.shape[1], x_type.dtype, tuple(chain), form)
+    return RowLogSumExp(x_type.shape[0], x_type.shape[1], x_type.dtype, tuple(nodes[i] for i in chain), form,
+                        at if not chain else nodes[chain[0]].inputs[0].node, tuple(chain))
 
 
 def candidates(reference: KernelGraph) -> list[KernelGraph]:
@@ -113,7 +132,8 @@ def candidates(reference: KernelGraph) -> list[KernelGraph]:
     found = match(reference)
     if found is None or found.cols < MIN_COLS or found.rows > MAX_ROWS:
         return []
-    return [split_graph(found, s, t) for s in split_counts(found.cols, found.rows) for t in THREADS]
+    return [split_graph(reference, found, s, t) for s in split_counts(found.cols, found.rows)
+            for t in THREADS]
 
 
 def split_counts(cols: int, rows: int = 1) -> list[int]:
@@ -138,19 +158,38 @@ def _lowest(dtype) -> float:
     return -65504.0 if dtype is mi.float16 else -3.38e38
 
 
-def _chain(tb, x, chain: tuple[Node, ...]):
-    for node in chain:
-        x = tb.apply(node.op, (x,), node.attrs)
+TILE_MAPS = {(True, True): (0, 1, -1), (True, False): (0, -1, -1), (False, True): (-1, 1, -1),
+         (False, False): (-1, -1, -1)}  # a tile's input map by (one a row, one a column)
+
+
+def _chain(tb, reference: KernelGraph, found: RowLogSumExp, inputs: dict, read: list):
+    """f(x) in block graph ``tb``: each input the chain takes read once, as a tile of its broadcast
+    (its kernel tensor appended to ``read``, the graph-defined op's inputs)."""
+    tiles = {}
+
+    def tile(i: int):
+        if i not in tiles:
+            if reference.nodes[i].op is Op.INPUT:
+                rows, cols = reference.nodes[i].outputs[0].shape
+                tiles[i] = tb.new_input(inputs[i], input_map=TILE_MAPS[rows > 1, cols > 1])
+                read.append(inputs[i])
+        return tiles[i]
+
+    x = tile(found.x)
+    for i, node in zip(found.chain_nodes, found.chain, strict=True):
+        tiles[i] = x = tb.apply(node.op, [tile(r.node) for r in node.inputs], node.attrs)
     return x
 
 
-def split_graph(found: RowLogSumExp, splits: int, threads: int) -> KernelGraph:
+def split_graph(reference: KernelGraph, found: RowLogSumExp, splits: int, threads: int) -> KernelGraph:
     """The two graph-defined ops of the module docstring, ``splits`` slices a row."""
     g = mi.new_kernel_graph("split_rows")
-    x = g.new_input((found.rows, found.cols), found.dtype)
+    inputs = {i: g.new_input(reference.nodes[i].outputs[0].shape, reference.nodes[i].outputs[0].dtype)
+              for i in reference.input_nodes}
     t1 = mi.new_threadblock_graph(grid_dim=(found.rows, splits, 1), block_dim=(threads, 1, 1),
                                   forloop_range=1)
-    x1 = _chain(t1, t1.new_input(x, input_map=(0, 1, -1)), found.chain)
+    first: list = []
+    x1 = _chain(t1, reference, found, inputs, first)
     # a slice all −inf (a vocabulary's masked or padded tail) keeps exp(x − m) = 0, not NaN; for a
     # logsumexp a +inf logit keeps exp(x − m) = inf, so the row's is inf as PyTorch's (its softmaxes
     # are NaN there, as x − m = NaN makes them)
@@ -158,7 +197,7 @@ def split_graph(found: RowLogSumExp, splits: int, threads: int) -> KernelGraph:
     m = t1.clamp(t1.reduction_max(x1, 1), _lowest(found.dtype), ceiling)
     t1.new_output(t1.forloop_accum(m), output_map=(0, 1, -1))
     t1.new_output(t1.forloop_accum(t1.reduction(t1.exp(t1.sub(x1, m)), 1)), output_map=(0, 1, -1))
-    maxima, partials = g.customized([x], t1)  # [rows, splits] each
+    maxima, partials = g.customized(first, t1)  # [rows, splits] each
     whole = found.form != LOGSUMEXP  # the second op writes every value of the row, not one a row
     grid = (found.rows, splits if whole else 1, 1)
     t2 = mi.new_threadblock_graph(grid_dim=grid, block_dim=(threads if whole else 128, 1, 1),
@@ -168,10 +207,11 @@ def split_graph(found: RowLogSumExp, splits: int, threads: int) -> KernelGraph:
     top = t2.reduction_max(bm, 1)
     lse = t2.add(t2.log(t2.reduction(t2.mul(bp, t2.exp(t2.sub(bm, top))), 1)), top)
     if whole:
-        shifted = t2.sub(_chain(t2, t2.new_input(x, input_map=(0, 1, -1)), found.chain), lse)
+        second = [maxima, partials]
+        shifted = t2.sub(_chain(t2, reference, found, inputs, second), lse)
         t2.new_output(t2.forloop_accum(shifted if found.log_softmax else t2.exp(shifted)),
                       output_map=(0, 1, -1))
-        (out,) = g.customized([maxima, partials, x], t2)
+        (out,) = g.customized(second, t2)
     else:
         t2.new_output(t2.forloop_accum(lse), output_map=(0, -1, -1))
         (out,) = g.customized([maxima, partials], t2)

@@ -228,7 +228,8 @@ def _split_log_softmax(rows: int, cols: int, splits: int, threads: int) -> mi.Ke
     from mirage.generator import split_rows
     from tests.unit.generator.test_split_rows import lse_reference
 
-    return split_rows.split_graph(split_rows.match(lse_reference(rows, cols, True)), splits, threads)
+    graph = lse_reference(rows, cols, True)
+    return split_rows.split_graph(graph, split_rows.match(graph), splits, threads)
 
 
 SHORT = {  # a split log_softmax's combine: the row's partials over a warp's lanes, reduced by shuffles

@@ -255,7 +255,8 @@ def _split_log_softmax(cols: int, splits: int, threads: int = 128, rows: int = 8
     from mirage.generator import split_rows
     from tests.unit.generator.test_split_rows import lse_reference
 
-    return split_rows.split_graph(split_rows.match(lse_reference(rows, cols, True)), splits, threads)
+    graph = lse_reference(rows, cols, True)
+    return split_rows.split_graph(graph, split_rows.match(graph), splits, threads)
 
 
 def test_a_split_combine_reduces_its_partials_across_a_warps_lanes():

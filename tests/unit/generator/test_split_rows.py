@@ -9,6 +9,7 @@ import pytest
 
 import mirage as mi
 from mirage.generator import split_rows
+from mirage.mugraph.ops import Op
 from mirage.optimizer.softmax import online_softmax, unstable_exps
 from tests.unit.optimizer.optimizer_graphs import interpret
 
@@ -153,3 +154,52 @@ def test_a_language_model_heads_log_probs_get_split_rows_after_the_product():
     with torch.no_grad():
         want = torch.log_softmax(x.double() @ head.weight.double().t() / 0.7, -1)
         torch.testing.assert_close(fast(x).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def masked_reference(rows: int, cols: int, form: str = "softmax", bias_shape=None):
+    """A sampler's masked logits: ``softmax(x / t + mask)`` (min-p, top-k: the mask 0 or −inf), or a
+    ``log_softmax`` of the logits plus a bias of ``bias_shape`` (a logit bias a token)."""
+    g = mi.new_kernel_graph("masked")
+    x = g.new_input((rows, cols), mi.float16)
+    other = g.new_input(bias_shape or (rows, cols), mi.float16)
+    z = g.add(g.mul_scalar(x, 1 / 0.7), other)
+    if form == "softmax":
+        e = g.exp(z)
+        g.mark_output(g.div(e, g.reduction(e, 1)))
+    else:
+        g.mark_output(g.sub(z, g.log(g.reduction(g.exp(z), 1))))
+    return g.freeze()
+
+
+@pytest.mark.parametrize(("form", "bias_shape"), [("softmax", None), ("log_softmax", (1, 32000))])
+def test_logits_with_a_mask_or_a_bias_get_split_candidates(form, bias_shape):
+    """The chain f may add another input (a mask of −inf, a bias a token): both kernels read its tile
+    beside x's, by its broadcast; a slice all −inf (the vocabulary's masked tail) gives 0, not NaN."""
+    reference = masked_reference(8, 32000, form, bias_shape)
+    found = split_rows.match(reference)
+    assert [n.op.value for n in found.chain] == ["mul_scalar", "add"] and found.form == form
+    graphs = split_rows.candidates(reference)
+    assert len(graphs) == 4
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 32000)) * 8
+    other = rng.standard_normal(bias_shape or (8, 32000))
+    if form == "softmax":
+        other = np.where(rng.random((8, 32000)) < 0.9, -np.inf, 0.0)  # 90 % of the tokens hidden
+        other[:, 30000:] = -np.inf  # whole slices hidden
+    want = interpret(reference, [x, other])[0]
+    assert np.isfinite(want).all()
+    for graph in graphs:
+        assert graph.input_types == reference.input_types
+        (first, second) = graph.block_graphs()
+        assert sum(n.op is Op.INPUT for n in first.nodes) == 2  # x and the mask or bias
+        np.testing.assert_allclose(interpret(graph, [x, other])[0], want, rtol=1e-9, atol=1e-9)
+        # the softmax's second exp is shifted by the row's logsumexp, which the analysis counts apart
+        assert unstable_exps(graph) == (form == "softmax")
+
+
+def test_a_chain_that_is_no_path_is_no_match():
+    g = mi.new_kernel_graph()
+    x, y = g.new_input((8, 32000), mi.float16), g.new_input((8, 32000), mi.float16)
+    z = g.add(g.exp(x), g.silu(y))  # an exp before the row's, and two branches
+    g.mark_output(g.sub(z, g.log(g.reduction(g.exp(z), 1))))
+    assert split_rows.match(g.freeze()) is None
