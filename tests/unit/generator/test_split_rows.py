@@ -203,3 +203,20 @@ def test_a_chain_that_is_no_path_is_no_match():
     z = g.add(g.exp(x), g.silu(y))  # an exp before the row's, and two branches
     g.mark_output(g.sub(z, g.log(g.reduction(g.exp(z), 1))))
     assert split_rows.match(g.freeze()) is None
+
+
+def test_min_p_sampling_runs_its_masked_softmax_as_split_rows():
+    """Min-p over 8 × 32,000 logits through ``superoptimize``: the maximum and the comparison stay in
+    PyTorch, the masked softmax after them (``softmax(logits + mask)``, the mask 0 or −inf) takes the
+    split-row µGraphs; the result is eager PyTorch's in float32."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.unseen_models import MinPFilter
+
+    model = MinPFilter().eval()
+    logits = torch.randn(8, 32000, generator=torch.Generator().manual_seed(0)) * 3
+    fast = mi.superoptimize(model, (logits,), time_limit_s=1, progress=False, use_cache=False)
+    (spec,) = fast.specializations
+    masked = [s for s in spec.partition.subprograms if len(s.graph.input_types) == 2]
+    assert [spec.choices[s.name].source for s in masked] == ["split rows"], fast.report()
+    with torch.no_grad():
+        torch.testing.assert_close(fast(logits), model(logits), rtol=1e-4, atol=1e-6)
