@@ -248,6 +248,24 @@ def split_row_candidates(reference: KernelGraph) -> list[KernelGraph]:
     return split_rows.candidates(reference) + split_norms.candidates(reference)
 
 
+def _beyond_the_space(reference: KernelGraph, settings: SearchSettings) -> str:
+    """Why the search cannot give ``reference``'s one-kernel form ("" where it can): the block ops of
+    that form past the space's budget (raised by :func:`with_block_budget` to
+    :data:`MOST_BLOCK_OPS` at most). Its other forms, several kernels, move more memory than the
+    one-kernel row-wise µGraph (:func:`rowwise_candidates`), so the search is skipped there: AdamW's
+    step searched its whole budget in vain."""
+    from mirage.generator.space import CONFIGS
+
+    budget = next((json.loads(v) for name, v in settings.overrides if name in _BLOCK_BUDGET_NAMES), None)
+    if budget is None and settings.config in CONFIGS:
+        budget = CONFIGS[settings.config].max_block_ops
+    needed = one_kernel_block_ops(reference)
+    if budget is None or needed <= budget:
+        return ""
+    return (f"the one-kernel form takes {needed} block ops, past the search space's {budget}, and the "
+            "row-wise µGraph is that form")
+
+
 def rowwise_candidates(reference: KernelGraph) -> list[KernelGraph]:
     """One-kernel µGraphs for a row-wise reference of any length (:mod:`mirage.generator.rowwise`:
     AdamW's step, two log_softmaxes and their difference, beyond what the search's spaces hold); none
@@ -624,7 +642,10 @@ def choose(reference: KernelGraph, settings: SearchSettings, *, search: bool = T
     if not search and not given:
         return Choice(reference, "reference", key, "search disabled (search=False)")
     found, note, graphs = None, "search disabled (search=False)", []
-    if search:
+    beyond = _beyond_the_space(reference, settings) if chains else ""
+    if search and beyond:  # the one-kernel form is the row-wise µGraph's, which the search cannot give
+        note = f"search skipped: {beyond}"
+    elif search:
         named = dict(settings.overrides)
         if cache_dir is None and "cache" not in named:
             # no search cache (use_cache=False): the generator's store of finished searches is off too

@@ -260,7 +260,8 @@ def test_an_element_wise_chain_too_long_for_the_search_is_one_generated_kernel()
     inputs = tuple(torch.randn(4, 8) for _ in range(3)) + (torch.rand(4, 8) + 0.1,)
     fast = mi.superoptimize(_adamw, inputs, time_limit_s=1, use_cache=False, progress=False)
     assert len(fast.partition.subprograms) == 1 and "before a split" not in fast.report()
-    assert [c.source for c in fast.specializations[0].choices.values()] == ["row-wise"]
+    (choice,) = fast.specializations[0].choices.values()
+    assert choice.source == "row-wise" and choice.detail.startswith("search skipped")
     for got, want in zip(fast(*inputs), _adamw(*(x.double() for x in inputs)), strict=True):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 

@@ -155,7 +155,24 @@ def test_adamw_runs_as_one_element_wise_kernel_through_superoptimize():
     (spec,) = fast.specializations
     (choice,) = spec.choices.values()
     assert choice.source == "row-wise" and "one-kernel row-wise µGraph(s) verified" in fast.report()
+    assert "search skipped: the one-kernel form takes 23 block ops, past the search space's 13" in (
+        choice.detail)
     assert sum(n.op is Op.CUSTOMIZED for n in choice.graph.nodes) == 1
     want = copy.deepcopy(model).double()(*(x.double() for x in inputs))
     for got, expected in zip(fast(*inputs), want, strict=True):
         assert float((got.double() - expected).abs().max() / expected.abs().max()) < 2e-3
+
+
+def test_the_search_runs_where_its_budget_holds_the_one_kernel_form():
+    """The search is skipped only where the one-kernel form is past the space's block-op budget: a
+    caller's larger budget (``search_overrides``) searches again, a short chain is searched."""
+    from mirage.frontend.optimize import SearchSettings, _beyond_the_space, with_block_budget
+
+    def beyond(reference, settings=None) -> str:  # the settings widened as choose() widens them
+        settings = settings or SearchSettings(config="mlp")
+        return _beyond_the_space(reference, with_block_budget(reference, settings))
+
+    reference = adamw_reference()
+    assert "23 block ops, past the search space's 13" in beyond(reference)
+    assert beyond(reference, SearchSettings(config="mlp", overrides=(("max_block_ops", "24"),))) == ""
+    assert beyond(modulated()) == ""  # 13 block ops: the budget is raised to them
