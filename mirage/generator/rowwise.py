@@ -39,11 +39,13 @@ from dataclasses import dataclass
 import mirage as mi
 from mirage.mugraph.graph import KernelGraph
 from mirage.mugraph.ops import ELEMENTWISE, Op
+from mirage.mugraph.target import DEFAULT_TARGET
 
 MIN_OPS = 2  # a lone op is what the search enumerates in full
 ROW_OPS = frozenset({Op.REDUCTION, Op.REDUCTION_MAX, Op.RMS_NORM})  # along the last dim only
 ROWS_PER_BLOCK = (1, 2, 4)  # a block's rows: the search's picks for AdamW's parts took 1 and 2
 MAX_SLICE_COLS = 4096  # columns a block takes at most where no op reduces a row
+MIN_SLICE_COLS = 256  # and at least, where rows are cut
 MAX_ROW_COLS = 8192  # a row a block holds whole (longer ones: mirage.generator.split_rows, split_norms)
 FEW_BLOCKS = 132  # a grid of fewer blocks leaves SMs of an H100 or H200 idle: columns split further
 THREADS = 128
@@ -92,9 +94,10 @@ def match(reference: KernelGraph) -> RowWise | None:
 
 def column_splits(rows: int, cols: int) -> int:
     """Slices a row is cut into: the fewest equal ones of no more than :data:`MAX_SLICE_COLS` columns,
-    doubled while the grid of one row a block stays under :data:`FEW_BLOCKS` and slices keep 256."""
+    doubled while the grid of one row a block stays under :data:`FEW_BLOCKS` and slices keep
+    :data:`MIN_SLICE_COLS`."""
     splits = next((s for s in range(1, cols + 1) if cols % s == 0 and cols // s <= MAX_SLICE_COLS), 1)
-    while rows * splits < FEW_BLOCKS and cols % (2 * splits) == 0 and cols // (2 * splits) >= 256:
+    while rows * splits < FEW_BLOCKS and cols % (2 * splits) == 0 and cols // (2 * splits) >= MIN_SLICE_COLS:
         splits *= 2
     return splits
 
@@ -102,16 +105,20 @@ def column_splits(rows: int, cols: int) -> int:
 def candidates(reference: KernelGraph) -> list[KernelGraph]:
     """One-kernel µGraphs for ``reference`` (none where it is not row-wise, :func:`match`), one for
     each count of rows a block in :data:`ROWS_PER_BLOCK` that divides the rows and keeps the grid at
-    half of :data:`FEW_BLOCKS` or more (a block a row always)."""
+    half of :data:`FEW_BLOCKS` or more (a block a row always) and within the target's blocks a kernel
+    (4,096, the search's bound: more rows are left to the search, whose µGraphs loop over them)."""
     found = match(reference)
     if found is None:
         return []
     splits = 1 if found.whole_rows else column_splits(found.rows, found.cols)
+    if splits > 1 and found.cols // splits < MIN_SLICE_COLS:  # a length of no fitting divisor (a prime)
+        return []
     threads = THREADS
     if found.whole_rows:  # about 8 values of a row a thread, in warps
         threads = min(MAX_THREADS, max(THREADS, -(-found.cols // 8 // 32) * 32))
     graphs = [one_kernel(reference, found.rows // r, splits, threads) for r in ROWS_PER_BLOCK
-              if found.rows % r == 0 and (r == 1 or found.rows // r * splits >= FEW_BLOCKS // 2)]
+              if found.rows % r == 0 and (r == 1 or found.rows // r * splits >= FEW_BLOCKS // 2)
+              and found.rows // r * splits <= DEFAULT_TARGET.max_blocks_per_kernel]
     if any(n.op is Op.EXP for n in reference.nodes):  # stable where the reference is
         from mirage.optimizer.softmax import unstable_exps
 

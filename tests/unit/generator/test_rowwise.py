@@ -54,6 +54,9 @@ def test_grids_take_rows_and_split_long_or_few_rows():
     assert grids((64, 512)) == [(64, 2, 1)]  # 64 blocks of a row: halves of rows, 128 blocks
     assert grids((8, 32000)) == [(8, 32, 1), (4, 32, 1)]  # slices of 1,000 columns: 256 blocks
     assert rowwise.column_splits(1, 4096) == 16  # one row: slices of 256
+    assert rowwise.candidates(modulated(4, 10007)) == []  # a prime length: slices of one column, none
+    assert grids((8192, 1024)) == [(4096, 1, 1), (2048, 1, 1)]  # grids within 4,096 blocks
+    assert grids((65536, 1024)) == []  # none within them: left to the search
 
 
 def two_log_softmaxes(rows: int = 32, cols: int = 1000):
