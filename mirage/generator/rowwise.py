@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mirage as mi
+from mirage.generator.split_rows import apply_nodes, broadcast_map
 from mirage.mugraph.graph import KernelGraph
 from mirage.mugraph.ops import ELEMENTWISE, Op
 from mirage.mugraph.target import DEFAULT_TARGET
@@ -136,18 +137,15 @@ def one_kernel(reference: KernelGraph, row_blocks: int, splits: int, threads: in
                                   forloop_range=1)
 
     def grid_map(r: int, c: int) -> tuple[int, int, int]:  # a grid axis of one block maps nothing
-        return 0 if r > 1 and row_blocks > 1 else -1, 1 if c > 1 and splits > 1 else -1, -1
+        return broadcast_map(r if row_blocks > 1 else 1, c if splits > 1 else 1)
 
-    tiles = {}
-    for i, node in enumerate(reference.nodes):
-        if node.op is Op.INPUT:
-            tiles[i] = tb.new_input(inputs[i], input_map=grid_map(*node.outputs[0].shape))
-        else:
-            tiles[i] = tb.apply(node.op, [tiles[ref.node] for ref in node.inputs], node.attrs)
+    tiles: dict = {}
+    read: list = []  # the inputs, in the reference's order
+    apply_nodes(tb, reference, range(len(reference.nodes)), inputs, tiles, read, grid_map)
     for ref in reference.outputs:
         tb.new_output(tb.forloop_accum(tiles[ref.node]),
                       output_map=grid_map(*reference.nodes[ref.node].outputs[0].shape))
-    made = g.customized(list(inputs.values()), tb)
+    made = g.customized(read, tb)
     for t in made if isinstance(made, list) else [made]:
         g.mark_output(t)
     return g.freeze()

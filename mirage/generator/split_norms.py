@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 import mirage as mi
-from mirage.generator.split_rows import MAX_ROWS, MIN_COLS, THREADS, TILE_MAPS, broadcasts, split_counts
+from mirage.generator.split_rows import MAX_ROWS, MIN_COLS, THREADS, apply_nodes, broadcasts, split_counts
 from mirage.mugraph.graph import KernelGraph
 from mirage.mugraph.ops import BINARY, UNARY, Op
 
@@ -153,16 +153,7 @@ def split_graph(reference: KernelGraph, found: RowNorm, splits: int, threads: in
         variance = t2.add(variance, spread)
         value = t2.sub(value, mean)
     tiles[found.norm] = t2.div(value, t2.sqrt(t2.add_scalar(variance, found.eps)))
-    for i in found.tail:
-        node = reference.nodes[i]
-        operands = []
-        for ref in node.inputs:
-            if ref.node not in tiles:  # an input of the reference: its tile, once
-                rows, cols = reference.nodes[ref.node].outputs[0].shape
-                tiles[ref.node] = t2.new_input(inputs[ref.node], input_map=TILE_MAPS[rows > 1, cols > 1])
-                read.append(inputs[ref.node])
-            operands.append(tiles[ref.node])
-        tiles[i] = t2.apply(node.op, operands, node.attrs)
+    apply_nodes(t2, reference, found.tail, inputs, tiles, read)  # each input of the tail read once
     last = found.tail[-1] if found.tail else found.norm
     t2.new_output(t2.forloop_accum(tiles[last]), output_map=(0, 1, -1))
     (out,) = g.customized([*partials, *read], t2)

@@ -159,26 +159,45 @@ def _lowest(dtype) -> float:
 
 
 TILE_MAPS = {(True, True): (0, 1, -1), (True, False): (0, -1, -1), (False, True): (-1, 1, -1),
-         (False, False): (-1, -1, -1)}  # a tile's input map by (one a row, one a column)
+             (False, False): (-1, -1, -1)}  # a tile's input map by (one a row, one a column)
+
+
+def broadcast_map(rows: int, cols: int) -> tuple[int, int, int]:
+    """The input map of a tile of a (rows, cols) tensor on a grid of (rows, slices) blocks."""
+    return TILE_MAPS[rows > 1, cols > 1]
+
+
+def read_tile(tb, reference: KernelGraph, i: int, inputs: dict, tiles: dict, read: list,
+              map_of=broadcast_map):
+    """Node ``i``'s tile in block graph ``tb``: from ``tiles``, or, an input of ``reference``, read once
+    by its input map (``map_of`` its shape) and its kernel tensor appended to ``read``, the
+    graph-defined op's inputs."""
+    if i not in tiles:
+        tiles[i] = tb.new_input(inputs[i], input_map=map_of(*reference.nodes[i].outputs[0].shape))
+        read.append(inputs[i])
+    return tiles[i]
+
+
+def apply_nodes(tb, reference: KernelGraph, nodes, inputs: dict, tiles: dict, read: list,
+                map_of=broadcast_map):
+    """``reference``'s nodes ``nodes`` copied into ``tb`` in order (an input read as :func:`read_tile`
+    reads it, as are the other nodes' operands); the last one's tile."""
+    made = None
+    for i in nodes:
+        node = reference.nodes[i]
+        if node.op is Op.INPUT:
+            made = read_tile(tb, reference, i, inputs, tiles, read, map_of)
+            continue
+        operands = [read_tile(tb, reference, r.node, inputs, tiles, read, map_of) for r in node.inputs]
+        tiles[i] = made = tb.apply(node.op, operands, node.attrs)
+    return made
 
 
 def _chain(tb, reference: KernelGraph, found: RowLogSumExp, inputs: dict, read: list):
-    """f(x) in block graph ``tb``: each input the chain takes read once, as a tile of its broadcast
-    (its kernel tensor appended to ``read``, the graph-defined op's inputs)."""
-    tiles = {}
-
-    def tile(i: int):
-        if i not in tiles:
-            if reference.nodes[i].op is Op.INPUT:
-                rows, cols = reference.nodes[i].outputs[0].shape
-                tiles[i] = tb.new_input(inputs[i], input_map=TILE_MAPS[rows > 1, cols > 1])
-                read.append(inputs[i])
-        return tiles[i]
-
-    x = tile(found.x)
-    for i, node in zip(found.chain_nodes, found.chain, strict=True):
-        tiles[i] = x = tb.apply(node.op, [tile(r.node) for r in node.inputs], node.attrs)
-    return x
+    """f(x) in block graph ``tb``, each input the chain takes read once as a tile of its broadcast."""
+    tiles: dict = {}
+    x = read_tile(tb, reference, found.x, inputs, tiles, read)
+    return apply_nodes(tb, reference, found.chain_nodes, inputs, tiles, read) if found.chain_nodes else x
 
 
 def split_graph(reference: KernelGraph, found: RowLogSumExp, splits: int, threads: int) -> KernelGraph:
